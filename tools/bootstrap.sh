@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Set up vmprof on a fresh Debian/Ubuntu host, idempotently:
+#   Debian packages (bcc's Python module, bpftool, gcc, a kernel-headers tree
+#   when the running kernel ships none), a venv at .venv that can import bcc,
+#   and the project with its test dependencies.
+# Used by both README commands and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf 'bootstrap: %s\n' "$*"; }
+die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
+
+kver=$(uname -r)
+pkgs=(python3-bpfcc bpftool gcc make python3-venv tmux)
+[ -e "/lib/modules/$kver/build/include/uapi/linux/bpf.h" ] || pkgs+=(linux-headers-amd64)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  [ "$(id -u)" -eq 0 ] || die "Debian packages missing (${missing[*]}); run this script as root once"
+  command -v apt-get >/dev/null || die "apt-get not found; install ${missing[*]} with your package manager"
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null || die "apt-get update failed (no network to the package mirror?)"
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+    || die "apt-get install ${missing[*]} failed"
+fi
+
+# bcc compiles BPF C against /lib/modules/$kver/build.  Our BPF C uses UAPI
+# headers only (kernel offsets come from BTF), so any Debian headers tree works
+# when the running kernel ships none (DESIGN.md section 4).
+if [ ! -e "/lib/modules/$kver/build/include/uapi/linux/bpf.h" ]; then
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$hdr" ] || die "no kernel headers tree found in /usr/src; apt-get install linux-headers-amd64"
+  common=${hdr%-amd64}-common
+  say "linking $hdr as /lib/modules/$kver/build (the running kernel ships no headers)"
+  mkdir -p "/lib/modules/$kver"
+  ln -sfn "$hdr" "/lib/modules/$kver/build"
+  [ -d "$common" ] && ln -sfn "$common" "/lib/modules/$kver/source"
+fi
+
+# A venv on the system Python, which is where Debian puts bcc's module.
+if ! .venv/bin/python -c 'import bcc' 2>/dev/null; then
+  say "creating .venv (system site packages, for bcc)"
+  rm -rf .venv
+  /usr/bin/python3 -m venv --system-site-packages .venv || die "could not create .venv with /usr/bin/python3"
+fi
+say "installing vmprof and its test dependencies into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
+  || die "pip install failed (is PyPI reachable?)"
+.venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual' \
+  || die "the venv cannot import its dependencies"
+say "ready: .venv/bin/vmprof"

@@ -1,0 +1,215 @@
+"""Thin ctypes binding of the KVM ioctl API used by the demo VMM.
+
+Written by hand because no maintained Python package wraps /dev/kvm; only the
+ioctls the demo VMM needs are here.  The structures follow
+include/uapi/linux/kvm.h and arch/x86/include/uapi/asm/kvm.h.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+
+_IOC_WRITE, _IOC_READ = 1, 2
+KVMIO = 0xAE
+
+
+def _ioc(direction: int, nr: int, size: int) -> int:
+    return (direction << 30) | (size << 16) | (KVMIO << 8) | nr
+
+
+class KvmRegs(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rsp", "rbp",
+        "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "rip", "rflags")]
+
+
+class KvmSegment(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_uint64), ("limit", ctypes.c_uint32),
+                ("selector", ctypes.c_uint16), ("type", ctypes.c_uint8),
+                ("present", ctypes.c_uint8), ("dpl", ctypes.c_uint8),
+                ("db", ctypes.c_uint8), ("s", ctypes.c_uint8), ("l", ctypes.c_uint8),
+                ("g", ctypes.c_uint8), ("avl", ctypes.c_uint8),
+                ("unusable", ctypes.c_uint8), ("padding", ctypes.c_uint8)]
+
+
+class KvmDtable(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_uint64), ("limit", ctypes.c_uint16),
+                ("padding", ctypes.c_uint16 * 3)]
+
+
+class KvmSregs(ctypes.Structure):
+    _fields_ = [("cs", KvmSegment), ("ds", KvmSegment), ("es", KvmSegment),
+                ("fs", KvmSegment), ("gs", KvmSegment), ("ss", KvmSegment),
+                ("tr", KvmSegment), ("ldt", KvmSegment),
+                ("gdt", KvmDtable), ("idt", KvmDtable),
+                ("cr0", ctypes.c_uint64), ("cr2", ctypes.c_uint64),
+                ("cr3", ctypes.c_uint64), ("cr4", ctypes.c_uint64),
+                ("cr8", ctypes.c_uint64), ("efer", ctypes.c_uint64),
+                ("apic_base", ctypes.c_uint64),
+                ("interrupt_bitmap", ctypes.c_uint64 * 4)]
+
+
+class KvmUserspaceMemoryRegion(ctypes.Structure):
+    _fields_ = [("slot", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("guest_phys_addr", ctypes.c_uint64), ("memory_size", ctypes.c_uint64),
+                ("userspace_addr", ctypes.c_uint64)]
+
+
+class KvmRunIo(ctypes.Structure):
+    _fields_ = [("direction", ctypes.c_uint8), ("size", ctypes.c_uint8),
+                ("port", ctypes.c_uint16), ("count", ctypes.c_uint32),
+                ("data_offset", ctypes.c_uint64)]
+
+
+class KvmRunMmio(ctypes.Structure):
+    _fields_ = [("phys_addr", ctypes.c_uint64), ("data", ctypes.c_uint8 * 8),
+                ("len", ctypes.c_uint32), ("is_write", ctypes.c_uint8)]
+
+
+class KvmRunExit(ctypes.Union):
+    _fields_ = [("io", KvmRunIo), ("mmio", KvmRunMmio), ("raw", ctypes.c_uint8 * 256)]
+
+
+class KvmRunHead(ctypes.Structure):
+    """The first bytes of struct kvm_run (the shared page of a vCPU)."""
+    _fields_ = [("request_interrupt_window", ctypes.c_uint8),
+                ("immediate_exit", ctypes.c_uint8), ("padding1", ctypes.c_uint8 * 6),
+                ("exit_reason", ctypes.c_uint32),
+                ("ready_for_interrupt_injection", ctypes.c_uint8),
+                ("if_flag", ctypes.c_uint8), ("flags", ctypes.c_uint16),
+                ("cr8", ctypes.c_uint64), ("apic_base", ctypes.c_uint64),
+                ("exit", KvmRunExit)]
+
+
+KVM_GET_API_VERSION = _ioc(0, 0x00, 0)
+KVM_CREATE_VM = _ioc(0, 0x01, 0)
+KVM_GET_VCPU_MMAP_SIZE = _ioc(0, 0x04, 0)
+KVM_CREATE_VCPU = _ioc(0, 0x41, 0)
+KVM_SET_USER_MEMORY_REGION = _ioc(_IOC_WRITE, 0x46, ctypes.sizeof(KvmUserspaceMemoryRegion))
+KVM_RUN = _ioc(0, 0x80, 0)
+KVM_GET_REGS = _ioc(_IOC_READ, 0x81, ctypes.sizeof(KvmRegs))
+KVM_SET_REGS = _ioc(_IOC_WRITE, 0x82, ctypes.sizeof(KvmRegs))
+KVM_GET_SREGS = _ioc(_IOC_READ, 0x83, ctypes.sizeof(KvmSregs))
+KVM_SET_SREGS = _ioc(_IOC_WRITE, 0x84, ctypes.sizeof(KvmSregs))
+
+# kvm_run.exit_reason values
+EXIT_NAMES = {0: "UNKNOWN", 1: "EXCEPTION", 2: "IO", 3: "HYPERCALL", 4: "DEBUG",
+              5: "HLT", 6: "MMIO", 8: "SHUTDOWN", 9: "FAIL_ENTRY", 10: "INTR",
+              17: "INTERNAL_ERROR", 24: "SYSTEM_EVENT"}
+KVM_EXIT_IO = 2
+KVM_EXIT_INTR = 10
+KVM_EXIT_IO_OUT = 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+_libc.ioctl.restype = ctypes.c_int
+
+
+class KvmError(OSError):
+    pass
+
+
+def ioctl(fd: int, request: int, arg: ctypes.Structure | int | None = None) -> int:
+    """ioctl that releases the GIL (ctypes does) so vCPU threads run in parallel."""
+    if isinstance(arg, ctypes.Structure):
+        ptr: int | None = ctypes.addressof(arg)
+    else:
+        ptr = arg
+    ret = _libc.ioctl(fd, request, ptr)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise KvmError(err, os.strerror(err))
+    return ret
+
+
+def open_kvm(path: str = "/dev/kvm") -> int:
+    """Open /dev/kvm, raising a KvmError whose message says what to do."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise KvmError(errno.ENOENT, f"{path} does not exist: this kernel has no KVM "
+                       "(load kvm_intel/kvm_amd, or run on a host with virtualisation)") from None
+    except PermissionError:
+        raise KvmError(errno.EACCES, f"no permission to open {path}: run as root or "
+                       "add the user to the 'kvm' group") from None
+    version = ioctl(fd, KVM_GET_API_VERSION)
+    if version != 12:
+        os.close(fd)
+        raise KvmError(errno.EINVAL, f"unexpected KVM API version {version} (want 12)")
+    return fd
+
+
+class GuestMemory:
+    """One anonymous mapping registered as guest-physical memory at GPA 0."""
+
+    def __init__(self, vm_fd: int, size: int) -> None:
+        self.size = size
+        self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._buf = (ctypes.c_char * size).from_buffer(self.map)
+        region = KvmUserspaceMemoryRegion(slot=0, flags=0, guest_phys_addr=0,
+                                          memory_size=size,
+                                          userspace_addr=ctypes.addressof(self._buf))
+        ioctl(vm_fd, KVM_SET_USER_MEMORY_REGION, region)
+
+    def write(self, gpa: int, data: bytes) -> None:
+        if gpa < 0 or gpa + len(data) > self.size:
+            raise ValueError(f"guest write outside memory: {gpa:#x}+{len(data)}")
+        self.map[gpa:gpa + len(data)] = data
+
+    def write_u64(self, gpa: int, value: int) -> None:
+        self.write(gpa, value.to_bytes(8, "little"))
+
+
+class Vcpu:
+    def __init__(self, kvm_fd: int, vm_fd: int, index: int) -> None:
+        self.index = index
+        self.fd = ioctl(vm_fd, KVM_CREATE_VCPU, index)
+        size = ioctl(kvm_fd, KVM_GET_VCPU_MMAP_SIZE)
+        self._run_map = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        self.run_page = KvmRunHead.from_buffer(self._run_map)
+
+    def run(self) -> bool:
+        """Enter the guest.  Returns False when a signal interrupted KVM_RUN."""
+        ret = _libc.ioctl(self.fd, KVM_RUN, None)
+        if ret < 0:
+            err = ctypes.get_errno()
+            if err == errno.EINTR:
+                return False
+            raise KvmError(err, f"KVM_RUN: {os.strerror(err)}")
+        return True
+
+    def get_regs(self) -> KvmRegs:
+        regs = KvmRegs()
+        ioctl(self.fd, KVM_GET_REGS, regs)
+        return regs
+
+    def set_regs(self, regs: KvmRegs) -> None:
+        ioctl(self.fd, KVM_SET_REGS, regs)
+
+    def get_sregs(self) -> KvmSregs:
+        sregs = KvmSregs()
+        ioctl(self.fd, KVM_GET_SREGS, sregs)
+        return sregs
+
+    def set_sregs(self, sregs: KvmSregs) -> None:
+        ioctl(self.fd, KVM_SET_SREGS, sregs)
+
+    def io_out_value(self) -> tuple[int, int]:
+        """(port, value) of the port write that caused the current IO exit."""
+        io = self.run_page.exit.io
+        raw = ctypes.string_at(ctypes.addressof(self.run_page) + io.data_offset, io.size)
+        return io.port, int.from_bytes(raw, "little")
+
+
+class Vm:
+    def __init__(self, mem_size: int) -> None:
+        self.kvm_fd = open_kvm()
+        self.fd = ioctl(self.kvm_fd, KVM_CREATE_VM, 0)
+        self.memory = GuestMemory(self.fd, mem_size)
+
+    def create_vcpu(self, index: int) -> Vcpu:
+        return Vcpu(self.kvm_fd, self.fd, index)

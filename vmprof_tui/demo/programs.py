@@ -1,0 +1,59 @@
+"""The demo guest programs: C sources in programs/, built on first use with gcc.
+
+They are freestanding static non-PIE x86-64 executables with a symbol table,
+loaded by the demo VMM at their link address.  Builds are cached by a hash of
+the sources and flags, so every run uses exactly the bytes the sources say.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+NAMES = ("compute", "duty", "jacobi")
+CFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie",
+          "-fno-pic", "-fno-stack-protector", "-fcf-protection=none", "-fno-asynchronous-unwind-tables",
+          "-g", "-Wl,--build-id"]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("VMPROF_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vmprof")
+    return Path(base) / "guest-programs"
+
+
+def _source_dir() -> Path:
+    return Path(str(resources.files("vmprof_tui.demo") / "programs"))
+
+
+def program_path(name: str) -> Path:
+    """Path of the built program `name`, building it if needed."""
+    if name not in NAMES:
+        raise BuildError(f"unknown demo program {name!r}; choose from {', '.join(NAMES)}")
+    src = _source_dir()
+    digest = hashlib.sha256()
+    for part in (src / f"{name}.c", src / "guest_rt.h"):
+        digest.update(part.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    out = cache_dir() / digest.hexdigest()[:16] / name
+    if out.exists():
+        return out
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise BuildError("no C compiler found to build the demo guest programs: apt-get install gcc")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(src / f"{name}.c")],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"building demo program {name} failed: {proc.stderr.strip()[:500]}")
+    tmp.rename(out)
+    return out

@@ -1,0 +1,56 @@
+/* compute: a CPU-bound program whose time split is known by construction.
+ *
+ * compute_a and compute_b run the same loop body; per round compute_a runs
+ * 4 x ROUND_ITERS iterations and compute_b 1 x ROUND_ITERS, so compute_a takes
+ * 80% and compute_b 20% of the time spent in the two (the small helpers
+ * mix_result and report_progress take well under 1%).
+ * Parameters: a = iterations per round unit (0: default), b = rounds (0: forever).
+ */
+#include "guest_rt.h"
+
+static unsigned long sink;
+
+__attribute__((noinline)) unsigned long compute_a(unsigned long x, unsigned long n)
+{
+	for (int k = 0; k < 4; k++) {
+		for (unsigned long i = 0; i < n; i++) {
+			x = x * 6364136223846793005UL + 1442695040888963407UL;
+			__asm__ volatile("" : "+r"(x));
+		}
+	}
+	return x;
+}
+
+__attribute__((noinline)) unsigned long compute_b(unsigned long x, unsigned long n)
+{
+	for (unsigned long i = 0; i < n; i++) {
+		x = x * 6364136223846793005UL + 1442695040888963407UL;
+		__asm__ volatile("" : "+r"(x));
+	}
+	return x;
+}
+
+__attribute__((noinline)) void mix_result(unsigned long x)
+{
+	sink ^= x;
+}
+
+__attribute__((noinline)) void report_progress(unsigned long units)
+{
+	port_out(PORT_PROGRESS, (unsigned int)units);
+}
+
+int main(unsigned long iters, unsigned long rounds, unsigned long c, unsigned long d)
+{
+	(void)c; (void)d;
+	if (iters == 0)
+		iters = 200000;
+	unsigned long x = 12345;
+	for (unsigned long r = 0; rounds == 0 || r < rounds; r++) {
+		x = compute_a(x, iters);
+		x = compute_b(x, iters);
+		mix_result(x);
+		report_progress(1);
+	}
+	return 0;
+}

@@ -1,0 +1,83 @@
+"""The demo scenarios: VM layouts that mirror the papers' experiments.
+
+A scenario is a list of VM specs (the JSON the demo VMM takes).  Programs are
+named here and resolved to built ELF paths by the runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The pCPU that pinned scenarios share.  CPU 0 is left to the host, the
+# profiler and the VMMs' main threads.
+SHARED_CPU = 1
+
+
+@dataclass
+class Custom:
+    """The custom form: any mix of VMs, vCPUs, programs, pinning and duty cycle."""
+    vms: int = 1
+    vcpus: int = 1
+    programs: tuple[str, ...] = ("compute",)
+    pin: int | None = None
+    busy_ms: int = 10
+    idle_ms: int = 20
+
+
+def _proc(program: str, *args: int) -> dict:
+    return {"program": program, "args": list(args)}
+
+
+def _vm(name: str, *vcpus: dict) -> dict:
+    return {"name": name, "vcpus": list(vcpus)}
+
+
+def _vcpu(pin: int | None, *processes: dict) -> dict:
+    return {"pin": pin, "processes": list(processes)}
+
+
+def duty(busy_ms: int, idle_ms: int) -> dict:
+    # The TSC rate is filled in by the runner (it calibrates the host TSC).
+    return _proc("duty", busy_ms, idle_ms, 0)
+
+
+def build(name: str, custom: Custom | None = None) -> list[dict]:
+    cpu = SHARED_CPU
+    if name == "alone":
+        return [_vm("alone", _vcpu(cpu, _proc("compute")))]
+    if name == "two-procs":
+        return [_vm("twoprocs", _vcpu(cpu, _proc("compute"), _proc("compute")))]
+    if name == "steal3":
+        return [_vm(f"steal{i}", _vcpu(cpu, _proc("compute"))) for i in (1, 2, 3)]
+    if name == "halt":
+        return [_vm("halt", _vcpu(cpu, duty(10, 20)))]
+    if name == "vcpu2-on-1":
+        return [_vm("vcpu2", _vcpu(cpu, _proc("compute")), _vcpu(cpu, _proc("jacobi")))]
+    if name == "correction":
+        return [_vm("measured", _vcpu(cpu, _proc("compute"))),
+                _vm("disturb1", _vcpu(cpu, duty(4, 4))),
+                _vm("disturb2", _vcpu(cpu, _proc("jacobi")))]
+    if name == "custom":
+        c = custom or Custom()
+        vms = []
+        for i in range(1, c.vms + 1):
+            vcpus = []
+            for j in range(c.vcpus):
+                procs = [duty(c.busy_ms, c.idle_ms) if p == "duty" else _proc(p) for p in c.programs]
+                vcpus.append(_vcpu(c.pin, *procs))
+            vms.append(_vm(f"vm{i}", *vcpus))
+        return vms
+    raise KeyError(name)
+
+
+NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "custom")
+
+DESCRIPTIONS = {
+    "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
+    "two-procs": "two copies of compute in one VM, one vCPU, time-sliced",
+    "steal3": f"three 1-vCPU VMs running compute, all pinned to CPU {SHARED_CPU}",
+    "halt": "1 VM busy 10 ms, idle 20 ms (busy 1/3, idle 2/3)",
+    "vcpu2-on-1": f"one VM with 2 vCPUs (compute, jacobi) both on CPU {SHARED_CPU}",
+    "correction": f"measured VM (compute) + two disturbance VMs, all on CPU {SHARED_CPU}",
+    "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms",
+}

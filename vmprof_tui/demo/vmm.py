@@ -1,0 +1,455 @@
+"""The demo VMM: one KVM virtual machine per process, real guest programs.
+
+Run as `python -m vmprof_tui.demo.vmm SPEC_JSON` by the demo runner.  The
+process renames itself after the VM and its vCPU threads `vcpuN`, so host tools
+(and vmprof's VM discovery) tell VMs apart.
+
+Each vCPU thread time-slices its guest processes like a guest scheduler: a
+per-thread POSIX timer interrupts KVM_RUN (EINTR) every slice; the thread then
+saves the registers of the running process and loads the next one, including
+its own CR3.  A process that asks to sleep leaves the vCPU; when no process is
+runnable the vCPU is put in KVM_MP_STATE_HALTED and KVM_RUN blocks in the
+kernel exactly as for a guest HLT, until the timer wakes it.
+
+Protocol on stdout, one JSON object per line: {"event": "ready", ...} once the
+VM runs, {"event": "fault", ...} if a guest process faults, and
+{"event": "exit", ...} with the ground truth when the VM stops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vmprof_tui.demo import kvm
+from vmprof_tui.demo.loader import (
+    DOORBELL_GPA,
+    PAGE,
+    AddressSpace,
+    BadProgram,
+    PhysAllocator,
+    load_program,
+)
+
+# Doorbell ports (programs/guest_rt.h).
+PORT_EXIT, PORT_SLEEP_MS, PORT_PROGRESS = 0x10, 0x11, 0x12
+
+KVM_SET_MP_STATE = kvm._ioc(kvm._IOC_WRITE, 0x99, 4)
+KVM_CREATE_IRQCHIP = kvm._ioc(0, 0x60, 0)
+KVM_GET_FPU = kvm._ioc(kvm._IOC_READ, 0x8C, 416)
+KVM_SET_FPU = kvm._ioc(kvm._IOC_WRITE, 0x8D, 416)
+MP_STATE_RUNNABLE, MP_STATE_HALTED = 0, 3
+KVM_EXIT_MMIO = 6
+
+TICK_SIGNAL = signal.SIGUSR1
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+SIGEV_THREAD_ID = 4
+CLOCK_MONOTONIC = 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class KvmFpu(ctypes.Structure):
+    _fields_ = [("raw", ctypes.c_uint8 * 416)]
+
+
+class _Sigevent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_uint64), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("tid", ctypes.c_int), ("pad", ctypes.c_int * 11)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("interval", _Timespec), ("value", _Timespec)]
+
+
+def set_thread_name(name: str) -> None:
+    _libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+class ThreadTimer:
+    """A POSIX timer that signals one thread (SIGEV_THREAD_ID), to interrupt its KVM_RUN."""
+
+    def __init__(self, tid: int) -> None:
+        self.id = ctypes.c_void_p()
+        ev = _Sigevent(signo=TICK_SIGNAL, notify=SIGEV_THREAD_ID, tid=tid)
+        if _libc.timer_create(CLOCK_MONOTONIC, ctypes.byref(ev), ctypes.byref(self.id)) != 0:
+            raise OSError(ctypes.get_errno(), "timer_create failed")
+
+    def arm(self, first_ns: int, interval_ns: int) -> None:
+        spec = _Itimerspec(interval=_Timespec(interval_ns // 10**9, interval_ns % 10**9),
+                           value=_Timespec(first_ns // 10**9, first_ns % 10**9))
+        _libc.timer_settime(self.id, 0, ctypes.byref(spec), None)
+
+    def delete(self) -> None:
+        _libc.timer_delete(self.id)
+
+
+@dataclass
+class GuestProcess:
+    pid: int
+    name: str
+    program: Path
+    args: list[int]
+    space: AddressSpace
+    regs: kvm.KvmRegs
+    fpu: KvmFpu | None = None
+    state: str = "runnable"  # runnable | sleeping | exited | faulted
+    wake_ns: int = 0
+    run_ns: int = 0  # wall time in KVM_RUN running this process
+    cpu_ns: int = 0  # thread CPU time in KVM_RUN running this process
+    slices: int = 0
+    work: int = 0
+    exit_code: int | None = None
+    vcpu: int = 0
+
+    def truth(self) -> dict:
+        return {"pid": self.pid, "name": self.name, "vcpu": self.vcpu, "cr3": self.space.cr3,
+                "run_ns": self.run_ns, "cpu_ns": self.cpu_ns, "work": self.work,
+                "slices": self.slices, "state": self.state, "exit_code": self.exit_code}
+
+
+@dataclass
+class VcpuStats:
+    tid: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
+    kvm_run_ns: int = 0  # in KVM_RUN with a guest process running
+    halt_ns: int = 0  # in KVM_RUN halted (no runnable process)
+    exits: dict[str, int] = field(default_factory=dict)
+
+
+def _schedstat(tid: int) -> tuple[int, int]:
+    """(on-CPU ns, run-queue wait ns) of a thread, from /proc/<pid>/task/<tid>/schedstat."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            run, wait, _ = f.read().split()
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+class VcpuThread(threading.Thread):
+    def __init__(self, vm: DemoVm, index: int, processes: list[GuestProcess], pin: int | None) -> None:
+        super().__init__(name=f"vcpu{index}", daemon=True)
+        self.vm = vm
+        self.index = index
+        self.processes = processes
+        self.pin = pin
+        self.vcpu = vm.kvm_vm.create_vcpu(index)
+        self.stats = VcpuStats()
+        self.sched = (0, 0)
+        self.ready = threading.Event()
+        self.current: GuestProcess | None = None
+        self.halted = False
+        self.done = False
+        self._sregs = self._initial_sregs()
+        self._set_halted(False)  # with an in-kernel LAPIC, vCPUs other than 0 start waiting for SIPI
+        self._rr = 0
+
+    def _initial_sregs(self) -> kvm.KvmSregs:
+        sregs = self.vcpu.get_sregs()
+
+        def seg(selector: int, code: bool) -> kvm.KvmSegment:
+            return kvm.KvmSegment(base=0, limit=0xFFFFFFFF, selector=selector,
+                                  type=11 if code else 3, present=1, dpl=3,
+                                  db=0 if code else 1, s=1, l=1 if code else 0, g=1)
+
+        sregs.cs = seg(0x33, True)
+        for name in ("ds", "es", "fs", "gs", "ss"):
+            setattr(sregs, name, seg(0x2B, False))
+        sregs.cr0 = 0x80050033  # PG WP NE ET MP PE
+        sregs.cr4 = 0x620  # PAE OSFXSR OSXMMEXCPT
+        sregs.efer = 0xD00  # LME LMA NXE
+        return sregs
+
+    # -- process switching -------------------------------------------------
+    def _load(self, proc: GuestProcess) -> None:
+        self._sregs.cr3 = proc.space.cr3
+        self.vcpu.set_sregs(self._sregs)
+        self.vcpu.set_regs(proc.regs)
+        if proc.fpu is not None:
+            kvm.ioctl(self.vcpu.fd, KVM_SET_FPU, proc.fpu)
+        self.current = proc
+
+    def _save(self) -> None:
+        proc = self.current
+        if proc is not None:
+            proc.regs = self.vcpu.get_regs()
+            proc.fpu = KvmFpu()
+            kvm.ioctl(self.vcpu.fd, KVM_GET_FPU, proc.fpu)
+        self.current = None
+
+    def _complete_pending_exit(self) -> None:
+        """Finish the pending MMIO exit without running the guest (see KVM API: immediate_exit)."""
+        self.vcpu.run_page.immediate_exit = 1
+        self.vcpu.run()
+        self.vcpu.run_page.immediate_exit = 0 if not self.vm.stopping else 1
+
+    def _pick_next(self, now: int) -> GuestProcess | None:
+        for proc in self.processes:
+            if proc.state == "sleeping" and proc.wake_ns <= now:
+                proc.state = "runnable"
+        runnable = [p for p in self.processes if p.state == "runnable"]
+        if not runnable:
+            return None
+        self._rr = (self._rr + 1) % len(runnable)
+        return runnable[self._rr]
+
+    def _set_halted(self, halted: bool) -> None:
+        state = ctypes.c_uint32(MP_STATE_HALTED if halted else MP_STATE_RUNNABLE)
+        kvm.ioctl(self.vcpu.fd, KVM_SET_MP_STATE, ctypes.addressof(state))
+        self.halted = halted
+
+    def _switch(self, now: int) -> bool:
+        """Choose what the vCPU runs next.  False when every process has ended."""
+        nxt = self._pick_next(now)
+        if nxt is not self.current:
+            self._save()
+            if nxt is not None:
+                self._load(nxt)
+        if nxt is None:
+            sleepers = [p.wake_ns for p in self.processes if p.state == "sleeping"]
+            if not sleepers:
+                return False
+            self.timer.arm(max(min(sleepers) - now, 1000), self.vm.slice_ns)
+            if not self.halted:
+                self._set_halted(True)
+        elif self.halted:
+            self._set_halted(False)
+        return True
+
+    # -- main loop ----------------------------------------------------------
+    def run(self) -> None:
+        tid = threading.get_native_id()
+        set_thread_name(f"vcpu{self.index}")
+        if self.pin is not None:
+            os.sched_setaffinity(0, {self.pin})
+        self.stats.tid = tid
+        self.timer = ThreadTimer(tid)
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - reported to the runner, never a traceback
+            self.vm.report_fault(self, None, f"vCPU {self.index} failed: {e}")
+        finally:
+            self.timer.delete()
+            self.stats.end_ns = time.monotonic_ns()
+            self.sched = _schedstat(tid)
+
+    def _loop(self) -> None:
+        self.stats.start_ns = time.monotonic_ns()
+        self.ready.set()
+        self.vm.go.wait()
+        self.timer.arm(self.vm.slice_ns, self.vm.slice_ns)
+        if not self._switch(time.monotonic_ns()):
+            return
+        exits = self.stats.exits
+        while not self.vm.stopping:
+            proc = self.current
+            t0, c0 = time.monotonic_ns(), time.thread_time_ns()
+            completed = self.vcpu.run()
+            t1, c1 = time.monotonic_ns(), time.thread_time_ns()
+            if proc is None:
+                self.stats.halt_ns += t1 - t0
+            else:
+                proc.run_ns += t1 - t0
+                proc.cpu_ns += c1 - c0
+                proc.slices += 1
+                self.stats.kvm_run_ns += t1 - t0
+            if not completed:  # timer tick or stop request
+                exits["INTR"] = exits.get("INTR", 0) + 1
+                if not self._switch(t1):
+                    return
+                continue
+            reason = self.vcpu.run_page.exit_reason
+            name = kvm.EXIT_NAMES.get(reason, str(reason))
+            exits[name] = exits.get(name, 0) + 1
+            if reason != KVM_EXIT_MMIO or proc is None or not self._doorbell(proc, t1):
+                self.vm.report_fault(self, proc, f"unexpected exit {name}")
+                return
+            if self.done:
+                return
+
+    def _doorbell(self, proc: GuestProcess, now: int) -> bool:
+        """Handle a doorbell store.  False if the exit was not a doorbell write."""
+        mmio = self.vcpu.run_page.exit.mmio
+        gpa, value = mmio.phys_addr, int.from_bytes(bytes(mmio.data)[:4], "little")
+        if not mmio.is_write or not DOORBELL_GPA <= gpa < DOORBELL_GPA + PAGE:
+            return False
+        port = (gpa - DOORBELL_GPA) // 8
+        if port == PORT_PROGRESS:
+            proc.work += value
+            return True
+        if port == PORT_SLEEP_MS:
+            proc.state, proc.wake_ns = "sleeping", now + value * 1_000_000
+        elif port == PORT_EXIT:
+            proc.state, proc.exit_code = "exited", value
+        else:
+            return False
+        self._complete_pending_exit()
+        self.done = not self._switch(now)
+        return True
+
+
+class DemoVm:
+    def __init__(self, spec: dict) -> None:
+        self.name: str = spec["name"]
+        self.slice_ns = int(spec.get("slice_ms", 4) * 1_000_000)
+        self.spec = spec
+        self.stopping = False
+        self.go = threading.Event()
+        self.lock = threading.Lock()
+        self.faults: list[dict] = []
+        self.kvm_vm = kvm.Vm(int(spec.get("mem_mb", 64)) << 20)
+        kvm.ioctl(self.kvm_vm.fd, KVM_CREATE_IRQCHIP)  # in-kernel halt needs an in-kernel LAPIC
+        alloc = PhysAllocator(self.kvm_vm.memory)
+        self.processes: list[GuestProcess] = []
+        self.vcpus: list[VcpuThread] = []
+        pid = 1
+        for index, vcpu_spec in enumerate(spec["vcpus"]):
+            procs = []
+            for p in vcpu_spec["processes"]:
+                path = Path(p["path"])
+                space = load_program(path, self.kvm_vm.memory, alloc)
+                args = [int(a) for a in p.get("args", [])] + [0, 0, 0, 0]
+                regs = kvm.KvmRegs(rip=space.entry, rsp=space.stack_top, rflags=0x2,
+                                   rdi=args[0], rsi=args[1], rdx=args[2], rcx=args[3])
+                procs.append(GuestProcess(pid=pid, name=p.get("name", path.name), program=path,
+                                          args=args[:4], space=space, regs=regs, vcpu=index))
+                pid += 1
+            self.processes += procs
+            self.vcpus.append(VcpuThread(self, index, procs, vcpu_spec.get("pin")))
+
+    def report_fault(self, vcpu: VcpuThread, proc: GuestProcess | None, what: str) -> None:
+        rip = None
+        if proc is not None:
+            proc.state = "faulted"
+            try:
+                rip = vcpu.vcpu.get_regs().rip
+            except OSError:
+                pass
+        fault = {"event": "fault", "vm": self.name, "vcpu": vcpu.index,
+                 "pid": proc.pid if proc else None, "process": proc.name if proc else None,
+                 "rip": rip, "what": what}
+        with self.lock:
+            self.faults.append(fault)
+        emit(fault)
+        self.stop()
+
+    def stop(self) -> None:
+        self.stopping = True
+        for v in self.vcpus:
+            v.vcpu.run_page.immediate_exit = 1
+            if v.ident is not None and v.is_alive():
+                try:
+                    signal.pthread_kill(v.ident, TICK_SIGNAL)
+                except ProcessLookupError:
+                    pass
+
+    def describe(self) -> dict:
+        return {"event": "ready", "vm": self.name, "pid": os.getpid(),
+                "bundle": self.spec.get("bundle"),
+                "vcpus": [{"vcpu": v.index, "tid": v.stats.tid, "pin": v.pin} for v in self.vcpus],
+                "processes": [{"pid": p.pid, "name": p.name, "vcpu": p.vcpu, "cr3": p.space.cr3,
+                               "elf": str(p.program), "args": p.args} for p in self.processes]}
+
+    def truth(self, wall_ns: int) -> dict:
+        vcpus = []
+        for v in self.vcpus:
+            cpu_ns, delay_ns = v.sched
+            vcpus.append({"vcpu": v.index, "tid": v.stats.tid, "pin": v.pin,
+                          "wall_ns": v.stats.end_ns - v.stats.start_ns,
+                          "kvm_run_ns": v.stats.kvm_run_ns, "halt_ns": v.stats.halt_ns,
+                          "thread_cpu_ns": cpu_ns, "run_delay_ns": delay_ns,
+                          "exits": v.stats.exits})
+        return {"event": "exit", "vm": self.name, "pid": os.getpid(), "wall_ns": wall_ns,
+                "vcpus": vcpus, "processes": [p.truth() for p in self.processes],
+                "faults": self.faults}
+
+
+def write_bundle(vm: DemoVm, directory: Path) -> None:
+    """Write the guest bundle (docs/bundle.md) that names this VM's guest samples."""
+    objects = directory / "objects"
+    objects.mkdir(parents=True, exist_ok=True)
+    copied: dict[Path, str] = {}
+    processes = []
+    for p in vm.processes:
+        if p.program not in copied:
+            data = p.program.read_bytes()
+            name = hashlib.sha256(data).hexdigest()[:32]
+            shutil.copyfile(p.program, objects / name)
+            copied[p.program] = f"objects/{name}"
+        maps = [{"start": m.start, "end": m.end, "perms": m.perms, "offset": m.offset,
+                 "path": m.path if m.path.startswith("[") else f"/bin/{p.name}",
+                 "object": None if m.path.startswith("[") else copied[p.program]}
+                for m in p.space.maps]
+        processes.append({"pid": p.pid, "tids": [p.pid], "name": p.name,
+                          "cmdline": [f"/bin/{p.name}", *map(str, p.args)],
+                          "exe": f"/bin/{p.name}", "cr3": [p.space.cr3], "maps": maps})
+    bundle = {"format": "vmprof-guest-bundle", "version": 1, "vm": vm.name,
+              "created_by": "vmprof demo VMM", "cr3_method": "vmm", "kernel": None,
+              "processes": processes}
+    tmp = directory / "bundle.json.tmp"
+    tmp.write_text(json.dumps(bundle, indent=1))
+    tmp.rename(directory / "bundle.json")
+
+
+_out_lock = threading.Lock()
+
+
+def emit(obj: dict) -> None:
+    with _out_lock:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m vmprof_tui.demo.vmm SPEC_JSON", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[0])
+    set_thread_name(spec["name"])
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # never outlive the runner
+    signal.signal(TICK_SIGNAL, lambda *_: None)
+    try:
+        vm = DemoVm(spec)
+    except (kvm.KvmError, BadProgram, MemoryError) as e:
+        print(f"vmprof demo: VM {spec['name']}: {e}", file=sys.stderr)
+        return 1
+    if spec.get("bundle"):
+        write_bundle(vm, Path(spec["bundle"]))
+    signal.signal(signal.SIGTERM, lambda *_: vm.stop())
+    signal.signal(signal.SIGINT, lambda *_: vm.stop())
+    start = time.monotonic_ns()
+    for v in vm.vcpus:
+        v.start()
+    for v in vm.vcpus:
+        v.ready.wait()
+    emit(vm.describe())
+    vm.go.set()
+    duration = spec.get("duration_s")
+    deadline = None if not duration else time.monotonic() + float(duration)
+    while any(v.is_alive() for v in vm.vcpus):
+        if deadline is not None and time.monotonic() >= deadline and not vm.stopping:
+            vm.stop()
+        for v in vm.vcpus:
+            v.join(timeout=0.05)
+    emit(vm.truth(time.monotonic_ns() - start))
+    return 1 if vm.faults else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
