@@ -81,8 +81,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             + ("; Ctrl-C stops" if not args.duration else ""), flush=True)
     start = last_print = time.monotonic()
     cpu: dict[tuple[int, int], int] = {}
-    if not args.json:
-        _print_demo_summary(ready, cpu, 1.0, 0.0)
     while run.alive() and not stop:
         time.sleep(0.1)
         now = time.monotonic()
@@ -102,17 +100,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def format_truth(truth: dict[str, dict]) -> str:
+    def sec(ns: int) -> str:
+        return f"{ns / 1e9:.3f}s"
+
     lines = ["ground truth (time in KVM_RUN measured by the demo VMM):"]
     for name, vm in truth.items():
-        wall = vm["wall_ns"] / 1e9
-        lines.append(f"  {name} (pid {vm['pid']}): wall {wall:.2f}s")
+        lines.append(f"  {name} (pid {vm['pid']}): wall {sec(vm['wall_ns'])}")
         for v in vm["vcpus"]:
-            lines.append(f"    vcpu{v['vcpu']} tid {v['tid']} pin {v['pin']}: guest {v['kvm_run_ns'] / 1e9:.3f}s, "
-                         f"halted {v['halt_ns'] / 1e9:.3f}s, on-CPU {v['thread_cpu_ns'] / 1e9:.3f}s, "
-                         f"run-queue wait {v['run_delay_ns'] / 1e9:.3f}s")
+            lines.append(f"    vcpu{v['vcpu']} tid {v['tid']} pin {v['pin']}: guest {sec(v['kvm_run_ns'])}, "
+                         f"halted {sec(v['halt_ns'])}, on-CPU {sec(v['thread_cpu_ns'])}, "
+                         f"run-queue wait {sec(v['run_delay_ns'])}")
         for p in vm["processes"]:
-            lines.append(f"    pid {p['pid']} {p['name']} (cr3 {p['cr3']:#x}): in KVM_RUN {p['run_ns'] / 1e9:.3f}s, "
-                         f"on-CPU {p['cpu_ns'] / 1e9:.3f}s, work {p['work']}")
+            lines.append(f"    pid {p['pid']} {p['name']} (cr3 {p['cr3']:#x}): in KVM_RUN {sec(p['run_ns'])}, "
+                         f"on-CPU {sec(p['cpu_ns'])}, work {p['work']}")
     return "\n".join(lines)
 
 

@@ -125,8 +125,14 @@ def ioctl(fd: int, request: int, arg: ctypes.Structure | int | None = None) -> i
     return ret
 
 
-def open_kvm(path: str = "/dev/kvm") -> int:
+def kvm_device() -> str:
+    """The KVM device path (VMPROF_KVM_DEVICE overrides it, e.g. for a container's own node)."""
+    return os.environ.get("VMPROF_KVM_DEVICE", "/dev/kvm")
+
+
+def open_kvm(path: str | None = None) -> int:
     """Open /dev/kvm, raising a KvmError whose message says what to do."""
+    path = path or kvm_device()
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:

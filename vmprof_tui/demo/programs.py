@@ -44,16 +44,20 @@ def program_path(name: str) -> Path:
         digest.update(part.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     out = cache_dir() / digest.hexdigest()[:16] / name
-    if out.exists():
-        return out
+    if not out.exists():
+        build(src / f"{name}.c", out)
+    return out
+
+
+def build(source: Path, out: Path, extra_flags: tuple[str, ...] = ()) -> None:
+    """Compile one guest program (it may include guest_rt.h) to `out`."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise BuildError("no C compiler found to build the demo guest programs: apt-get install gcc")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(src / f"{name}.c")],
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    proc = subprocess.run([cc, *CFLAGS, *extra_flags, f"-I{_source_dir()}", "-o", str(tmp), str(source)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"building demo program {name} failed: {proc.stderr.strip()[:500]}")
+        raise BuildError(f"building guest program {source.name} failed: {proc.stderr.strip()[:500]}")
     tmp.rename(out)
-    return out

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from vmprof_tui.demo import programs, scenarios
+from vmprof_tui.demo import kvm, programs, scenarios
 
 
 class DemoError(RuntimeError):
@@ -40,11 +40,12 @@ def tsc_ticks_per_ms() -> int:
 
 def check_kvm() -> None:
     """Fail early, with one line, when this host cannot run the demo VMs."""
-    if not os.path.exists("/dev/kvm"):
-        raise DemoError("/dev/kvm does not exist: this host has no KVM, so the demo VMs cannot run "
+    dev = kvm.kvm_device()
+    if not os.path.exists(dev):
+        raise DemoError(f"{dev} does not exist: this host has no KVM, so the demo VMs cannot run "
                         "(enable virtualisation or load kvm_intel/kvm_amd)")
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        raise DemoError("no permission to use /dev/kvm: run as root or join the 'kvm' group")
+    if not os.access(dev, os.R_OK | os.W_OK):
+        raise DemoError(f"no permission to use {dev}: run as root or join the 'kvm' group")
 
 
 def resolve_specs(specs: list[dict], bundle_root: Path, duration_s: float | None) -> list[dict]:

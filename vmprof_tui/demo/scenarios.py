@@ -62,7 +62,7 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
         vms = []
         for i in range(1, c.vms + 1):
             vcpus = []
-            for j in range(c.vcpus):
+            for _j in range(c.vcpus):
                 procs = [duty(c.busy_ms, c.idle_ms) if p == "duty" else _proc(p) for p in c.programs]
                 vcpus.append(_vcpu(c.pin, *procs))
             vms.append(_vm(f"vm{i}", *vcpus))

@@ -18,6 +18,7 @@ VM runs, {"event": "fault", ...} if a guest process faults, and
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -337,10 +338,8 @@ class DemoVm:
         rip = None
         if proc is not None:
             proc.state = "faulted"
-            try:
+            with contextlib.suppress(OSError):
                 rip = vcpu.vcpu.get_regs().rip
-            except OSError:
-                pass
         fault = {"event": "fault", "vm": self.name, "vcpu": vcpu.index,
                  "pid": proc.pid if proc else None, "process": proc.name if proc else None,
                  "rip": rip, "what": what}
@@ -354,10 +353,8 @@ class DemoVm:
         for v in self.vcpus:
             v.vcpu.run_page.immediate_exit = 1
             if v.ident is not None and v.is_alive():
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     signal.pthread_kill(v.ident, TICK_SIGNAL)
-                except ProcessLookupError:
-                    pass
 
     def describe(self) -> dict:
         return {"event": "ready", "vm": self.name, "pid": os.getpid(),

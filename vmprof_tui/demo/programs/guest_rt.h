@@ -16,10 +16,19 @@
 
 #define DOORBELL_VA 0x7fe000000000UL  /* mapped to DOORBELL_GPA by the VMM */
 
+#ifdef VMPROF_NATIVE
+/* Built as a normal host program (tests compare native and guest speed). */
+static volatile unsigned int native_doorbell[64];
+static inline void port_out(unsigned int port, unsigned int value)
+{
+	native_doorbell[port & 63] = value;
+}
+#else
 static inline void port_out(unsigned int port, unsigned int value)
 {
 	*(volatile unsigned int *)(DOORBELL_VA + port * 8UL) = value;
 }
+#endif
 
 static inline unsigned long rdtsc(void)
 {
@@ -32,6 +41,7 @@ static inline unsigned long rdtsc(void)
  * rsp to the top of its stack.  main() returning ends the process. */
 int main(unsigned long a, unsigned long b, unsigned long c, unsigned long d);
 
+#ifndef VMPROF_NATIVE
 __asm__(".text\n"
 	".global _start\n"
 	".type _start, @function\n"
@@ -49,6 +59,7 @@ __attribute__((noinline, used)) void guest_exit(unsigned int code)
 	for (;;)
 		;
 }
+#endif
 
 /* Ask the VMM to put this process to sleep; the vCPU halts if nothing else runs. */
 __attribute__((noinline)) void guest_sleep_ms(unsigned int ms)
