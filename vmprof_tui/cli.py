@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from vmprof_tui import __version__
 
@@ -117,9 +118,74 @@ def format_truth(truth: dict[str, dict]) -> str:
 
 
 # ---------------------------------------------------------------------------
+# vmprof record
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from vmprof_tui.backends import BackendError
+    from vmprof_tui.collect import CollectError
+    from vmprof_tui.recorder import Recorder, RecordError
+    from vmprof_tui.recording import RecordingError
+
+    if args.frequency <= 0 or args.frequency > 100_000:
+        print("vmprof record: -F must be between 1 and 100000 Hz", file=sys.stderr)
+        return 2
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    tty = sys.stderr.isatty()
+
+    def on_progress(p: object) -> None:
+        line = (f"recording {args.output}: {p.elapsed_s:6.1f}s  samples {p.samples}  guest {p.guest}  "
+                f"lost {p.lost}  VMs {', '.join(p.vms) or 'none'}")
+        print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    try:
+        recorder = Recorder(Path(args.output), frequency=args.frequency, vm_names=args.vm, pid=args.pid)
+        for note in recorder.backend.notes:
+            print(f"vmprof record: note: {note}", file=sys.stderr)
+        progress = recorder.run(args.duration, lambda: stop, None if args.quiet else on_progress)
+    except (BackendError, CollectError, RecordError, RecordingError) as e:
+        return _fail(str(e))
+    if tty and not args.quiet:
+        print(file=sys.stderr)
+    print(progress.summary())
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# vmprof doctor
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from vmprof_tui.doctor import run_checks
+
+    checks = run_checks()
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"{'ok ' if c.ok else 'NO '} {c.name:{width}}  {c.detail}")
+        if not c.ok and c.fix:
+            print(f"    {'':{width}}  fix: {c.fix}")
+    essential_ok = all(c.ok for c in checks if c.essential)
+    print("vmprof can record on this host." if essential_ok else "vmprof cannot record here yet: see 'fix' above.")
+    return 0 if essential_ok else 1
+
+
+# ---------------------------------------------------------------------------
 
 
 EXAMPLES = {
+    "record": """examples:
+  vmprof record -o run.vmprof -d 10          everything on every CPU for 10 s at 1000 Hz
+  vmprof record -o run.vmprof -F 10000       10 kHz until Ctrl-C
+  vmprof record -o web.vmprof --vm web1 --vm web2 -d 30   samples of two VMs only""",
+    "doctor": """examples:
+  vmprof doctor        what this host can do, and how to fix what is missing""",
     "demo": """examples:
   vmprof demo                              run the 'alone' scenario until Ctrl-C
   vmprof demo --scenario steal3 -d 10      three VMs on one pCPU for 10 s
@@ -142,6 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     from vmprof_tui.demo import programs, scenarios
+
+    p = add("record", "sample the whole host (host, VMMs, every guest) into a recording file", cmd_record)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="recording file to write")
+    p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ", help="samples per second per CPU")
+    p.add_argument("-d", "--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--vm", action="append", default=[], metavar="NAME",
+                   help="keep only samples of this VM (repeatable; scheduler events are always kept)")
+    p.add_argument("--pid", type=int, default=None, help="keep only samples of this host process")
+    p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+
+    add("doctor", "check what this host can do (privileges, BTF, bcc, KVM backend, PMU, LBR, helper)", cmd_doctor)
 
     p = add("demo", "run the built-in demo VMs (real KVM guests with known ground truth)", cmd_demo)
     p.add_argument("--scenario", "-s", default="alone", choices=scenarios.NAMES, metavar="NAME",

@@ -1,0 +1,56 @@
+/* The one definition of vmprof's records, shared by the BPF programs and by
+ * Python (vmprof_tui/records.py declares the same layout as numpy dtypes and
+ * tests/test_records.py proves sizes and offsets agree).
+ * Only fixed-size UAPI types: bcc compiles this against any headers tree. */
+#ifndef VMPROF_SAMPLE_H
+#define VMPROF_SAMPLE_H
+
+#include <linux/types.h>
+
+/* vmprof_sample.flags */
+#define SAMPLE_HOST_KERNEL   0x0001  /* host IP is in the host kernel */
+#define SAMPLE_VCPU          0x0002  /* interrupted task is a vCPU thread with its vCPU loaded */
+#define SAMPLE_GUEST         0x0004  /* the interrupt arrived while the guest ran */
+#define SAMPLE_GUEST_KERNEL  0x0008  /* guest privilege was kernel (CPL 0) */
+#define SAMPLE_GUEST_UNKNOWN 0x0010  /* guest RIP/CR3 unknown (VMX without helper_kmod) */
+#define SAMPLE_HALTED        0x0020  /* vCPU mp_state was HALTED */
+
+/* One sampling interrupt (perf_event: cycles on PMU hosts, cpu-clock otherwise). */
+struct vmprof_sample {
+	__u64 time_ns;     /* bpf_ktime_get_ns(): CLOCK_MONOTONIC, one clock for all CPUs */
+	__u64 host_ip;
+	__u64 guest_ip;    /* guest RIP, when SAMPLE_GUEST */
+	__u64 guest_cr3;   /* guest CR3 as the vCPU holds it, when SAMPLE_GUEST */
+	__u32 pid;         /* host process (tgid); for vCPU threads, the VMM: the VM's identity */
+	__u32 tid;         /* host thread */
+	__u32 exit_reason; /* last VM-exit reason of the vCPU (backend numbering) */
+	__s32 stack_id;    /* host call chain id, -1 when none */
+	__u16 cpu;
+	__u16 vcpu_id;     /* kvm_vcpu.vcpu_id, when SAMPLE_VCPU */
+	__u16 flags;
+	__u16 pad;
+};
+
+/* vmprof_sched_event.flags */
+#define SCHED_PREV_VCPU    0x01  /* prev is a vCPU thread */
+#define SCHED_NEXT_VCPU    0x02  /* next is a vCPU thread */
+#define SCHED_PREV_LOADED  0x04  /* prev left the CPU inside KVM_RUN (vCPU loaded) */
+#define SCHED_PREV_HALTED  0x08  /* prev's vCPU mp_state was HALTED */
+#define SCHED_PREV_RUNNABLE 0x10 /* prev was still runnable: preempted, not blocked */
+
+/* A context switch on a CPU where the thread leaving or arriving is a vCPU thread. */
+struct vmprof_sched_event {
+	__u64 time_ns;
+	__u32 prev_pid;
+	__u32 prev_tid;
+	__u32 next_pid;
+	__u32 next_tid;
+	__u32 prev_exit_reason; /* last VM-exit reason of prev's vCPU, when SCHED_PREV_LOADED */
+	__u16 cpu;
+	__u16 prev_vcpu_id;
+	__u8 flags;
+	__u8 pad[7];
+	char next_comm[16];
+};
+
+#endif

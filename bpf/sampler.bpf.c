@@ -1,0 +1,56 @@
+/* vmprof sampler: one perf_event program on every CPU (cycles NMI on PMU
+ * hosts, cpu-clock otherwise).  For every sample it records host context and,
+ * when the interrupted task is a vCPU thread interrupted in guest mode, the
+ * vCPU, guest RIP, guest CR3, guest privilege and last exit reason. */
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+#include "sample.h"
+
+BPF_RINGBUF_OUTPUT(samples, SAMPLE_RING_PAGES);
+BPF_PERCPU_ARRAY(samples_lost, u64, 1);
+
+#include "vcpu.h"
+
+int on_sample(struct bpf_perf_event_data *ctx)
+{
+	struct vmprof_sample *s = samples.ringbuf_reserve(sizeof(struct vmprof_sample));
+	if (!s) {
+		int zero = 0;
+		u64 *lost = samples_lost.lookup(&zero);
+		if (lost)
+			(*lost)++;
+		return 0;
+	}
+	u64 id = bpf_get_current_pid_tgid();
+	s->time_ns = bpf_ktime_get_ns();
+	s->host_ip = PT_REGS_IP(&ctx->regs);
+	s->guest_ip = 0;
+	s->guest_cr3 = 0;
+	s->pid = id >> 32;
+	s->tid = (u32)id;
+	s->exit_reason = 0;
+	s->stack_id = -1;
+	s->cpu = bpf_get_smp_processor_id();
+	s->vcpu_id = 0;
+	s->flags = (ctx->regs.cs & 3) ? 0 : SAMPLE_HOST_KERNEL;
+	s->pad = 0;
+
+	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
+	if (vcpu) {
+		s->flags |= SAMPLE_VCPU;
+		s->vcpu_id = read_u32(vcpu + VCPU_VCPU_ID);
+		s->exit_reason = vcpu_exit_reason(vcpu);
+		if (read_u32(vcpu + VCPU_MP_STATE) == KVM_MP_STATE_HALTED)
+			s->flags |= SAMPLE_HALTED;
+		u8 handling = read_u8(vcpu + VCPU_INTR_FROM_GUEST);
+		if (handling) {
+			u64 rip = 0, cr3 = 0;
+			s->flags |= SAMPLE_GUEST | vcpu_guest_state(vcpu, handling, &rip, &cr3);
+			s->guest_ip = rip;
+			s->guest_cr3 = cr3;
+		}
+		remember_vcpu_thread(s->tid, s->pid);
+	}
+	samples.ringbuf_submit(s, BPF_RB_NO_WAKEUP); /* userspace drains on a timer */
+	return 0;
+}

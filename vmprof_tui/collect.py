@@ -1,0 +1,153 @@
+"""Collection: load the BPF programs with bcc, attach them, drain the ring buffers.
+
+sample → **record**: this module produces numpy arrays of the records in
+bpf/sample.h; vmprof_tui.recording writes them to disk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui.backends import Backend
+from vmprof_tui.records import SAMPLE_DTYPE, SCHED_DTYPE
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+HELPER_DIR = Path(__file__).resolve().parent.parent / "helper_kmod"
+
+
+class CollectError(RuntimeError):
+    pass
+
+
+def bpf_source() -> str:
+    """sampler.bpf.c + sched.bpf.c as one text, with vcpu.h inlined once.
+
+    bcc rewrites its map helpers (``map.lookup()``) only in the main source
+    text, not in #included files, so files that use them are pasted in."""
+    vcpu_h = (BPF_DIR / "vcpu.h").read_text()  # has include guards: pasting it twice is harmless
+    texts = [(BPF_DIR / name).read_text() for name in ("sampler.bpf.c", "sched.bpf.c")]
+    return "\n".join(t.replace('#include "vcpu.h"', vcpu_h) for t in texts)
+
+
+def pmu_available() -> bool:
+    """True when a hardware PMU exists (perf's core PMU device is registered)."""
+    devices = Path("/sys/bus/event_source/devices")
+    return any((devices / name).exists() for name in ("cpu", "cpu_core", "cpu_atom"))
+
+
+def check_privileges() -> None:
+    """Root, or CAP_BPF + CAP_PERFMON (bits 39 and 38 of the effective set)."""
+    if os.geteuid() == 0:
+        return
+    try:
+        caps = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("CapEff"))
+        eff = int(caps.split()[1], 16)
+    except (OSError, StopIteration, ValueError):
+        eff = 0
+    if not (eff >> 39 & 1 and eff >> 38 & 1) and not eff >> 21 & 1:
+        raise CollectError("not enough privileges to load BPF and open perf events: run as root "
+                           "(or grant CAP_BPF and CAP_PERFMON)")
+
+
+def _import_bcc():  # noqa: ANN202 - bcc has no type information
+    try:
+        import bcc
+    except ImportError:
+        raise CollectError("bcc's Python module is missing: apt-get install python3-bpfcc, and use a venv "
+                           "with --system-site-packages (tools/bootstrap.sh does both)") from None
+    return bcc
+
+
+@dataclass
+class Drained:
+    samples: np.ndarray
+    sched: np.ndarray
+
+
+@dataclass
+class Collector:
+    """The loaded BPF programs on every CPU."""
+    backend: Backend
+    frequency: int = 1000
+    event: str = "cpu-clock"  # or "cycles"
+    ring_pages: int = 1024  # per ring buffer, a power of two
+    _bpf: object = None
+    _sample_chunks: list[bytes] = field(default_factory=list)
+    _sched_chunks: list[bytes] = field(default_factory=list)
+
+    def start(self) -> None:
+        check_privileges()
+        bcc = _import_bcc()
+        if self.event == "cycles" and not pmu_available():
+            raise CollectError("the cycles event needs a hardware PMU and this host has none; "
+                               "use the default cpu-clock event")
+        cflags = [f"-I{BPF_DIR}", f"-I{HELPER_DIR}", f"-DSAMPLE_RING_PAGES={self.ring_pages}",
+                  f"-DSCHED_RING_PAGES={max(self.ring_pages // 4, 16)}", "-Wno-macro-redefined",
+                  *self.backend.cflags()]
+        text = bpf_source()
+        build = Path(f"/lib/modules/{os.uname().release}/build")
+        if not build.exists():
+            raise CollectError(f"bcc needs a kernel headers tree at {build}: run tools/bootstrap.sh "
+                               "(it links Debian's linux-headers there)")
+        try:
+            self._bpf = bcc.BPF(text=text, cflags=cflags)
+        except Exception as e:  # noqa: BLE001 - bcc raises bare Exception on compile/load errors
+            raise CollectError(f"loading the BPF programs failed: {str(e).splitlines()[0]}") from None
+        b = self._bpf
+        b["samples"].open_ring_buffer(self._on_sample)
+        b["sched_events"].open_ring_buffer(self._on_sched)
+        if self.event == "cycles":
+            ev_type, ev_config = bcc.PerfType.HARDWARE, bcc.PerfHWConfig.CPU_CYCLES
+        else:
+            ev_type, ev_config = bcc.PerfType.SOFTWARE, bcc.PerfSWConfig.CPU_CLOCK
+        try:
+            b.attach_perf_event(ev_type=ev_type, ev_config=ev_config, fn_name="on_sample",
+                                sample_freq=self.frequency, cpu=-1)
+        except Exception as e:  # noqa: BLE001
+            raise CollectError(f"cannot open the {self.event} perf event at {self.frequency} Hz: {e}") from None
+
+    def _on_sample(self, _ctx: int, data: int, size: int) -> None:
+        self._sample_chunks.append(ctypes.string_at(data, size))
+
+    def _on_sched(self, _ctx: int, data: int, size: int) -> None:
+        self._sched_chunks.append(ctypes.string_at(data, size))
+
+    def add_vcpu_threads(self, tids: dict[int, int]) -> None:
+        """Tell the sched program about vCPU threads found by discovery (tid -> VMM pid)."""
+        table = self._bpf["vcpu_tids"]
+        for tid, pid in tids.items():
+            table[ctypes.c_uint32(tid)] = ctypes.c_uint32(pid)
+
+    def drain(self) -> Drained:
+        """Everything recorded since the last call (records are submitted without
+        wake-ups, so the caller drains on its own timer: no feedback from wake-ups)."""
+        try:
+            self._bpf.ring_buffer_consume()
+        except OSError as e:
+            if e.errno != errno.EINTR:
+                raise
+        samples = np.frombuffer(b"".join(self._sample_chunks), dtype=SAMPLE_DTYPE)
+        sched = np.frombuffer(b"".join(self._sched_chunks), dtype=SCHED_DTYPE)
+        self._sample_chunks.clear()
+        self._sched_chunks.clear()
+        return Drained(samples, sched)
+
+    def lost(self) -> dict[str, list[int]]:
+        """Records dropped because a ring buffer was full, per CPU."""
+        return {name: [int(v) for v in self._bpf[f"{name}_lost"][ctypes.c_int(0)]]
+                for name in ("samples", "sched")}
+
+    @property
+    def started(self) -> bool:
+        return self._bpf is not None
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None

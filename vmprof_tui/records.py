@@ -1,0 +1,38 @@
+"""numpy views of the records defined in bpf/sample.h (the one definition).
+
+tests/test_records.py compiles sample.h with gcc and proves the sizes and
+offsets below are the C ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SAMPLE_DTYPE = np.dtype([
+    ("time_ns", "<u8"), ("host_ip", "<u8"), ("guest_ip", "<u8"), ("guest_cr3", "<u8"),
+    ("pid", "<u4"), ("tid", "<u4"), ("exit_reason", "<u4"), ("stack_id", "<i4"),
+    ("cpu", "<u2"), ("vcpu_id", "<u2"), ("flags", "<u2"), ("pad", "<u2"),
+])
+
+SCHED_DTYPE = np.dtype([
+    ("time_ns", "<u8"), ("prev_pid", "<u4"), ("prev_tid", "<u4"), ("next_pid", "<u4"), ("next_tid", "<u4"),
+    ("prev_exit_reason", "<u4"), ("cpu", "<u2"), ("prev_vcpu_id", "<u2"), ("flags", "u1"), ("pad", "u1", 7),
+    ("next_comm", "S16"),
+])
+
+# vmprof_sample.flags
+SAMPLE_HOST_KERNEL = 0x0001
+SAMPLE_VCPU = 0x0002
+SAMPLE_GUEST = 0x0004
+SAMPLE_GUEST_KERNEL = 0x0008
+SAMPLE_GUEST_UNKNOWN = 0x0010
+SAMPLE_HALTED = 0x0020
+
+# vmprof_sched_event.flags
+SCHED_PREV_VCPU = 0x01
+SCHED_NEXT_VCPU = 0x02
+SCHED_PREV_LOADED = 0x04
+SCHED_PREV_HALTED = 0x08
+SCHED_PREV_RUNNABLE = 0x10
+
+C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE}
