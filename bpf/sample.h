@@ -38,7 +38,7 @@ struct vmprof_sample {
 #define SCHED_PREV_HALTED  0x08  /* prev's vCPU mp_state was HALTED */
 #define SCHED_PREV_RUNNABLE 0x10 /* prev was still runnable: preempted, not blocked */
 
-/* A context switch on a CPU where the thread leaving or arriving is a vCPU thread. */
+/* A context switch on a CPU where the thread leaving or arriving is a vCPU thread or the idle task. */
 struct vmprof_sched_event {
 	__u64 time_ns;
 	__u32 prev_pid;

@@ -1,5 +1,5 @@
-/* vmprof scheduler events: every context switch in which a vCPU thread leaves
- * or takes a CPU, with whether the one leaving was preempted or blocked, and
+/* vmprof scheduler events: every context switch in which a vCPU thread (or the
+ * idle task) leaves or takes a CPU, with whether the one leaving was preempted or blocked, and
  * whether its vCPU was halted.  These give exact run/blank intervals. */
 #include "sample.h"
 
@@ -25,7 +25,9 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 		flags |= SCHED_PREV_VCPU;
 	if (loaded_vcpu(next) || vcpu_tids.lookup(&next_tid))
 		flags |= SCHED_NEXT_VCPU;
-	if (!flags)
+	/* also every switch to or from the idle task (pid 0): the host level measures idle
+	 * from these, since an idle CPU may take no sampling interrupts at all */
+	if (!flags && prev_tid != 0 && next_tid != 0)
 		return 0;
 
 	struct vmprof_sched_event *e = sched_events.ringbuf_reserve(sizeof(struct vmprof_sched_event));

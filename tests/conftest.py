@@ -6,9 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from vmprof_tui import recording
+from vmprof_tui.demo import runner
+from vmprof_tui.recorder import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -29,3 +35,39 @@ def vmprof(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProces
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.fail("this test needs root (CI runs as root); run the suite with sudo")
+
+
+class Recorded:
+    def __init__(self, rec: recording.Recording, truth: dict, ready: dict, wall_s: float) -> None:
+        self.rec, self.truth, self.ready, self.wall_s = rec, truth, ready, wall_s
+
+
+def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequency: int = 1000) -> Recorded:
+    """Record the whole life of a demo scenario: recording starts before the VMs, ends after them."""
+    require_root()
+    # The profiler and the VMMs' main threads stay on CPU 0, away from the pCPU the demo vCPUs are pinned to
+    # (scenarios.SHARED_CPU), so that the only load there is the VMs, as in the papers' experiments.
+    os.sched_setaffinity(0, {0})
+    specs = runner.scenario_specs(scenario) if isinstance(scenario, str) else scenario
+    out = tmp / f"{specs[0]['name']}.vmprof"
+    stop = threading.Event()
+    recorder = Recorder(out, frequency=frequency)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            recorder.run(None, stop.is_set)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    time.sleep(2.0)  # BPF compiled and attached
+    t0 = time.monotonic()
+    with runner.DemoRun(specs, duration_s=seconds) as run:
+        run.wait(seconds + 10)
+    time.sleep(0.3)
+    stop.set()
+    thread.join(30)
+    assert not errors, errors
+    return Recorded(recording.load(out), run.truth, run.ready, time.monotonic() - t0)

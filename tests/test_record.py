@@ -6,51 +6,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, require_root, vmprof
+from conftest import ROOT, Recorded, record_scenario, require_root, vmprof
 from elftools.elf.elffile import ELFFile
 
 from vmprof_tui import recording
 from vmprof_tui.demo import runner
-from vmprof_tui.recorder import Recorder
 from vmprof_tui.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_PREV_VCPU
-
-
-class Recorded:
-    def __init__(self, rec: recording.Recording, truth: dict, ready: dict, wall_s: float) -> None:
-        self.rec, self.truth, self.ready, self.wall_s = rec, truth, ready, wall_s
-
-
-def record_scenario(tmp: Path, scenario: str, seconds: float, frequency: int = 1000) -> Recorded:
-    """Record the whole life of a demo scenario: recording starts before the VMs, ends after them."""
-    require_root()
-    out = tmp / f"{scenario}.vmprof"
-    stop = threading.Event()
-    recorder = Recorder(out, frequency=frequency)
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            recorder.run(None, stop.is_set)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(e)
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    time.sleep(2.0)  # BPF compiled and attached
-    t0 = time.monotonic()
-    with runner.DemoRun(runner.scenario_specs(scenario), duration_s=seconds) as run:
-        run.wait(seconds + 10)
-    time.sleep(0.3)
-    stop.set()
-    thread.join(30)
-    assert not errors, errors
-    return Recorded(recording.load(out), run.truth, run.ready, time.monotonic() - t0)
 
 
 @pytest.fixture(scope="module")

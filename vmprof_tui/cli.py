@@ -76,6 +76,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     if args.json:
         print(json.dumps({"scenario": args.scenario, "vms": list(ready.values())}), flush=True)
+    elif not args.no_tui and sys.stdout.isatty():
+        try:
+            _run_top(None, args.frequency, 10.0, 1.0)
+        except Failure as e:
+            run.stop()
+            return _fail(str(e))
+        truth = run.stop()
+        print(format_truth(truth))
+        return 1 if run.faults else 0
     else:
         print(f"vmprof demo: scenario {args.scenario}: " + ", ".join(
             f"{n} (pid {vm['pid']}, {len(vm['vcpus'])} vCPU)" for n, vm in ready.items())
@@ -115,6 +124,47 @@ def format_truth(truth: dict[str, dict]) -> str:
             lines.append(f"    pid {p['pid']} {p['name']} (cr3 {p['cr3']:#x}): in KVM_RUN {sec(p['run_ns'])}, "
                          f"on-CPU {sec(p['cpu_ns'])}, work {p['work']}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# vmprof top
+
+
+def _run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float) -> None:
+    from vmprof_tui.live import LiveSession, ReplaySession
+    from vmprof_tui.tui import VmprofTop
+
+    if replay:
+        from vmprof_tui.recording import RecordingError
+
+        try:
+            session = ReplaySession(Path(replay), window_s)
+        except RecordingError as e:
+            raise Failure(str(e)) from None
+    else:
+        from vmprof_tui.backends import BackendError
+        from vmprof_tui.collect import CollectError
+
+        try:
+            session = LiveSession(frequency, window_s)
+            session.start()
+        except (BackendError, CollectError) as e:
+            raise Failure(str(e)) from None
+    try:
+        VmprofTop(session, refresh_s).run()
+    finally:
+        session.close()
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    if not args.replay:
+        from vmprof_tui import discover
+
+        if not discover.discover_vms():
+            print("vmprof top: no KVM guest runs on this host; showing the host alone "
+                  "(`vmprof demo` starts demo VMs)", file=sys.stderr)
+    _run_top(args.replay, args.frequency, args.window, args.refresh)
+    return 0
 
 
 # ---------------------------------------------------------------------------
@@ -159,6 +209,96 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------
+# vmprof report / steal
+
+
+def _parse_bundles(values: list[str]) -> dict[str, Path]:
+    out = {}
+    for v in values:
+        vm, sep, path = v.partition("=")
+        if not sep or not vm or not path:
+            raise Failure(f"--guest-bundle takes VM=PATH, not {v!r}")
+        out[vm] = Path(path)
+    return out
+
+
+def _analysis(args: argparse.Namespace):  # noqa: ANN202
+    from vmprof_tui.analysis import Analysis
+    from vmprof_tui.recording import RecordingError, load
+
+    try:
+        rec = load(Path(args.recording))
+    except RecordingError as e:
+        raise Failure(str(e)) from None
+    an = Analysis(rec, _parse_bundles(args.guest_bundle))
+    if args.vm and args.vm not in an.vm_names():
+        raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
+    return an
+
+
+def _write(args: argparse.Namespace, data: str | bytes) -> None:
+    if getattr(args, "output", None):
+        Path(args.output).write_bytes(data if isinstance(data, bytes) else data.encode())
+    elif isinstance(data, bytes):
+        sys.stdout.buffer.write(data)
+    else:
+        sys.stdout.write(data)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import importlib
+
+    an = _analysis(args)
+    level = args.level or ("guest" if args.vm else "host")
+    if level == "guest":
+        vms = [args.vm] if args.vm else an.vm_names()
+        if not vms:
+            raise Failure(f"{args.recording} has no VM: use --level host")
+        if len(vms) > 1 and args.format not in ("table", "csv"):
+            raise Failure(f"the guest level of {args.format} output covers one VM: add --vm (one of {', '.join(vms)})")
+        profiles = [an.guest_profile(vm, args.vcpu) for vm in vms]
+    else:
+        profiles = [an.host_profile(args.cpu)]
+    module = {"json": "jsonfmt", "csv": "csvfmt"}.get(args.format, args.format)
+    fmt = importlib.import_module(f"vmprof_tui.export.{module}")
+    if args.format in ("pprof", "chrome"):
+        _write(args, fmt.render_analysis(an, profiles[0], args))
+        return 0
+    out = [fmt.render(p, sort=args.sort, limit=args.limit) for p in profiles]
+    _write(args, "\n".join(out))
+    return 0
+
+
+def cmd_steal(args: argparse.Namespace) -> int:
+    from vmprof_tui.steal import render_table, steal_report
+
+    an = _analysis(args)
+    vms = [args.vm] if args.vm else an.vm_names()
+    if not vms:
+        raise Failure(f"{args.recording} has no VM, so there is no steal to show")
+    reports = [steal_report(an, vm) for vm in vms]
+    if args.format == "json":
+        _write(args, json.dumps(reports if len(reports) > 1 else reports[0], indent=1) + "\n")
+    else:
+        _write(args, "\n".join(render_table(r, args.limit) for r in reports))
+    return 0
+
+
+def _lbr_samples_of_recording(path: str, vm: str | None, process: str | None) -> tuple:
+    """Branch records stored in a recording.  `vmprof record` does not collect LBR yet (no PMU host to
+    verify it on), so every recording lacks them; say so rather than print an empty table."""
+    from vmprof_tui.lbr.command import BlocksError
+    from vmprof_tui.recording import RecordingError, load
+
+    try:
+        rec = load(Path(path))
+    except RecordingError as e:
+        raise BlocksError(str(e)) from None
+    raise BlocksError(f"{path} has no branch records (recorded with event {rec.meta.get('event')} and no LBR); "
+                      "record LBR with `perf record -b` on a PMU host and use --perf-script")
+
+
+# ---------------------------------------------------------------------------
 # vmprof doctor
 
 
@@ -184,8 +324,22 @@ EXAMPLES = {
   vmprof record -o run.vmprof -d 10          everything on every CPU for 10 s at 1000 Hz
   vmprof record -o run.vmprof -F 10000       10 kHz until Ctrl-C
   vmprof record -o web.vmprof --vm web1 --vm web2 -d 30   samples of two VMs only""",
+    "report": """examples:
+  vmprof report run.vmprof                          host level: host kernel, processes, one row per VM
+  vmprof report run.vmprof --vm web1                guest level of VM web1: processes, functions, steal, idle
+  vmprof report run.vmprof --vm web1 --vcpu 0 --format json
+  vmprof report run.vmprof --level host --cpu 1     one pCPU only
+  vmprof report run.vmprof --vm web1 --format collapsed > web1.folded   (FlameGraph, speedscope)
+  vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/bundles/web1""",
+    "steal": """examples:
+  vmprof steal run.vmprof                 every VM: steal type 1/2, idle, who stole, corrected times
+  vmprof steal run.vmprof --vm web1 --format json""",
     "doctor": """examples:
   vmprof doctor        what this host can do, and how to fix what is missing""",
+    "top": """examples:
+  vmprof top                       live: every VM, vCPU, guest process and function, steal and idle
+  vmprof top -F 499 --window 30    lower rate, longer window
+  vmprof top --replay run.vmprof   play a recording through the same screens""",
     "demo": """examples:
   vmprof demo                              run the 'alone' scenario until Ctrl-C
   vmprof demo --scenario steal3 -d 10      three VMs on one pCPU for 10 s
@@ -218,6 +372,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pid", type=int, default=None, help="keep only samples of this host process")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
 
+    from vmprof_tui.export import FORMATS
+
+    def add_rec(p: argparse.ArgumentParser) -> None:
+        p.add_argument("recording", metavar="REC", help="a recording written by vmprof record")
+        p.add_argument("--vm", default=None, metavar="NAME", help="one VM")
+        p.add_argument("--guest-bundle", action="append", default=[], metavar="VM=PATH",
+                       help="guest bundle (folder or tar) naming VM's guest samples (repeatable)")
+        p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
+        p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N rows")
+
+    p = add("report", "profile tables of a recording, at host or guest level", cmd_report)
+    add_rec(p)
+    p.add_argument("--level", choices=("host", "guest"), default=None,
+                   help="host (default without --vm) or guest (default with --vm)")
+    p.add_argument("--vcpu", type=int, default=None, metavar="N", help="guest level: one vCPU")
+    p.add_argument("--cpu", type=int, default=None, metavar="N", help="host level: one pCPU")
+    p.add_argument("--sort", choices=("samples", "name"), default="samples")
+    p.add_argument("--format", choices=FORMATS, default="table")
+
+    p = add("top", "the live screen: what every VM, vCPU, guest process and function is doing now", cmd_top)
+    p.add_argument("--replay", default=None, metavar="REC", help="play a recording instead of sampling live")
+    p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ")
+    p.add_argument("--window", type=float, default=10.0, metavar="S", help="seconds of history analysed")
+    p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
+
+    p = add("steal", "steal and idle per VM and vCPU, who stole, and corrected execution times", cmd_steal)
+    add_rec(p)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    from vmprof_tui.lbr import command as lbr_command
+
+    p = add("blocks", lbr_command.HELP, lbr_command.cmd_blocks)
+    lbr_command.add_arguments(p)
+    p.set_defaults(func=lambda a: lbr_command.cmd_blocks(a, load_recording=_lbr_samples_of_recording))
+
     add("doctor", "check what this host can do (privileges, BTF, bcc, KVM backend, PMU, LBR, helper)", cmd_doctor)
 
     p = add("demo", "run the built-in demo VMs (real KVM guests with known ground truth)", cmd_demo)
@@ -225,7 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one of: " + ", ".join(scenarios.NAMES) + " (default: alone)")
     p.add_argument("--duration", "-d", type=float, default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C)")
-    p.add_argument("--no-tui", action="store_true", help="print a plain-text summary every second")
+    p.add_argument("--no-tui", action="store_true", help="print a plain-text summary every second instead of "
+                   "opening the live screen")
+    p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ", help="live screen sampling rate")
     p.add_argument("--json", action="store_true", help="print the description and ground truth as JSON")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     g = p.add_argument_group("custom scenario")

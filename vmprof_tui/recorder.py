@@ -62,7 +62,7 @@ def _notes(elf: ELFFile):  # noqa: ANN202
             yield from section.iter_notes()
 
 
-def _snapshot_process(pid: int) -> dict | None:
+def snapshot_process(pid: int) -> dict | None:
     snap = discover.process_snapshot(pid)
     if snap is None:
         return None
@@ -191,7 +191,7 @@ class Recorder:
         p.vms = sorted(vm.name for vm in self.vms.values())
         new_pids = set(np.unique(samples["pid"]).tolist()) - self.pids_seen - {0}
         if new_pids:
-            procs = {str(pid): snap for pid in new_pids if (snap := _snapshot_process(pid))}
+            procs = {str(pid): snap for pid in new_pids if (snap := snapshot_process(pid))}
             self.pids_seen |= new_pids
             if procs:
                 self.writer.add_snapshot({f"process:{pid}": snap for pid, snap in procs.items()})

@@ -237,8 +237,8 @@ class VcpuThread(threading.Thread):
     def run(self) -> None:
         tid = threading.get_native_id()
         set_thread_name(f"vcpu{self.index}")
-        if self.pin is not None:
-            os.sched_setaffinity(0, {self.pin})
+        # pinned, or free to run anywhere (not on whatever CPU set the runner happened to have)
+        os.sched_setaffinity(0, {self.pin} if self.pin is not None else range(os.cpu_count() or 1))
         self.stats.tid = tid
         self.timer = ThreadTimer(tid)
         try:

@@ -1,0 +1,43 @@
+"""Shared pieces of the benchmarks: run a demo VM for a fixed time and measure its work rate."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from vmprof_tui.demo import runner
+
+
+def guest_rate(seconds: float, scenario: str = "alone") -> float:
+    """Work units per second of wall time of the demo's compute program (includes every interruption)."""
+    with runner.DemoRun(runner.scenario_specs(scenario), duration_s=seconds) as run:
+        run.wait(seconds + 20)
+    truth = next(iter(run.truth.values()))
+    proc = truth["processes"][0]
+    return proc["work"] / (truth["vcpus"][0]["wall_ns"] / 1e9)
+
+
+def perf_binary() -> str | None:
+    """Debian's perf (the /usr/bin/perf wrapper refuses kernels it has no build for)."""
+    candidates = sorted(Path("/usr/bin").glob("perf_*"), reverse=True)
+    for p in [*candidates, Path(shutil.which("perf") or "/nonexistent")]:
+        if p.exists() and subprocess.run([str(p), "--version"], capture_output=True).returncode == 0:
+            return str(p)
+    return None
+
+
+class Background:
+    """A command running in the background for one measurement, stopped with SIGINT."""
+
+    def __init__(self, cmd: list[str], warmup_s: float) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(warmup_s)
+
+    def stop(self) -> None:
+        self.proc.send_signal(2)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

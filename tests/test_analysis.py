@@ -1,0 +1,177 @@
+"""Unified analysis against demo VMs with known ground truth (issue 4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import Recorded, record_scenario, vmprof
+
+from vmprof_tui.analysis import Analysis, Profile
+from vmprof_tui.demo import runner
+
+
+def rows(profile: Profile, **match: str) -> list:
+    return [r for r in profile.rows if all(getattr(r, k) == v for k, v in match.items())]
+
+
+def share(profile: Profile, **match: str) -> float:
+    return 100.0 * sum(r.samples for r in rows(profile, **match)) / profile.total_samples
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Analysis]:
+    r = record_scenario(tmp_path_factory.mktemp("a"), "alone", 3.0)
+    return r, Analysis(r.rec)
+
+
+def test_alone_function_shares(alone: tuple[Recorded, Analysis]) -> None:
+    recorded, an = alone
+    g = an.guest_profile("alone")
+    proc = sum(r.samples for r in g.rows if r.process == "compute")
+    a = 100 * sum(r.samples for r in rows(g, function="compute_a")) / proc
+    b = 100 * sum(r.samples for r in rows(g, function="compute_b")) / proc
+    print(f"compute_a {a:.1f}%  compute_b {b:.1f}%  unresolved {g.unresolved_samples}")
+    assert abs(a - 80) <= 2 and abs(b - 20) <= 2
+    assert rows(g, function="compute_a")[0].module == "compute"
+    # the guest level covers the vCPU's whole life on the host time axis
+    v = recorded.truth["alone"]["vcpus"][0]
+    assert abs(g.total_samples * an.period_ns - v["wall_ns"]) <= 0.03 * v["wall_ns"]
+
+
+def test_alone_report_cli(alone: tuple[Recorded, Analysis], tmp_path: Path) -> None:
+    recorded, _ = alone
+    path = str(recorded.rec.path)
+    out = vmprof("report", path, "--vm", "alone", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["level"] == "guest" and doc["vm"] == "alone" and doc["lost_samples"] == 0
+    assert set(doc["ratios"]) == {"os", "user", "idle", "steal"}
+    assert doc["rows"][0]["function"] == "compute_a" and doc["rows"][0]["process"] == "compute"
+    host = json.loads(vmprof("report", path, "--format", "json").stdout)
+    assert set(host["ratios"]) == {"os", "user", "idle", "vm"}
+    assert any(r["function"] == "[alone]" and r["module"] == "(VM1)" for r in host["rows"])
+    table = vmprof("report", path, "--vm", "alone").stdout
+    assert "Total samples" in table and "OS:USER:IDLE:steal" in table and "compute_a" in table
+    for fmt in ("csv", "collapsed"):
+        res = vmprof("report", path, "--vm", "alone", "--format", fmt)
+        assert res.returncode == 0 and "compute_a" in res.stdout, res.stderr
+    assert "alone;compute;compute;compute_a " in vmprof("report", path, "--vm", "alone", "--format",
+                                                        "collapsed").stdout
+
+
+def test_two_procs_shares(tmp_path: Path) -> None:
+    r = record_scenario(tmp_path, "two-procs", 3.0)
+    an = Analysis(r.rec)
+    g = an.guest_profile("twoprocs")
+    truth = {p["pid"]: p for p in r.truth["twoprocs"]["processes"]}
+    total_run = sum(p["run_ns"] for p in truth.values())
+    guest_samples = sum(x.samples for x in g.rows if x.process and x.process.startswith("compute("))
+    splits = []
+    for i, pid in ((1, 1), (2, 2)):
+        name = f"compute({i})"
+        mine = [x for x in g.rows if x.process == name]
+        assert mine and all(x.pid == pid for x in mine)
+        got = 100 * sum(x.samples for x in mine) / guest_samples
+        want = 100 * truth[pid]["run_ns"] / total_run
+        print(f"{name}: {got:.1f}% (truth {want:.1f}%)")
+        assert abs(got - want) <= 3
+        splits.append(100 * sum(x.samples for x in mine if x.function == "compute_a") / sum(x.samples for x in mine))
+    assert abs(splits[0] - splits[1]) <= 3
+
+
+def test_steal3(tmp_path: Path) -> None:
+    r = record_scenario(tmp_path, "steal3", 3.0)
+    an = Analysis(r.rec)
+    # the host level over the span in which all three VMs ran, on their shared pCPU
+    tls = list(an.timelines.values())
+    w0 = an.window()[0]
+    span = ((max(t.start_ns for t in tls) - w0) / 1e9, (min(t.end_ns for t in tls) - w0) / 1e9)
+    host = Analysis(r.rec, time_range=span).host_profile(cpu=1)
+    for name, t in r.truth.items():
+        g = an.guest_profile(name)
+        v = t["vcpus"][0]
+        # truth: the share of the vCPU's life in which its guest did not run (it never halts here)
+        want = 100 * (1 - t["processes"][0]["cpu_ns"] / v["wall_ns"])
+        got = g.ratios["steal"]
+        others = sum(share(host, function=f"[{o}]") for o in r.truth if o != name)
+        print(f"{name}: guest steal {got:.1f}% (truth {want:.1f}%), host share of the others {others:.1f}%")
+        assert abs(got - want) <= 3
+        assert abs(others - got) <= 1
+        assert share(g, function="[steal]", module="(outside)") > 50
+
+
+def test_halt(tmp_path: Path) -> None:
+    r = record_scenario(tmp_path, "halt", 3.0)
+    an = Analysis(r.rec)
+    g = an.guest_profile("halt")
+    idle = share(g, function="[idle]", module="(halt_exit)")
+    host_idle = an.host_profile(cpu=1).ratios["idle"]
+    print(f"guest [idle] {idle:.1f}%, host idle on the VM's pCPU {host_idle:.1f}%")
+    assert abs(idle - 200 / 3) <= 3
+    assert abs(host_idle - 200 / 3) <= 3
+
+
+def test_vcpu2_on_1(tmp_path: Path) -> None:
+    r = record_scenario(tmp_path, "vcpu2-on-1", 3.0)
+    an = Analysis(r.rec)
+    for vcpu, other in ((0, 1), (1, 0)):
+        g = an.guest_profile("vcpu2", vcpu=vcpu)
+        on_other = share(g, function="[steal]", module=f"(on vcpu{other})")
+        truth = r.truth["vcpu2"]["vcpus"][other]
+        want = 100 * truth["thread_cpu_ns"] / r.truth["vcpu2"]["vcpus"][vcpu]["wall_ns"]
+        print(f"vcpu{vcpu}: [steal] (on vcpu{other}) {on_other:.1f}% (other vCPU's share {want:.1f}%)")
+        assert abs(on_other - want) <= 3
+
+
+def _fixed_work_spec(name: str, rounds: int) -> dict:
+    spec = runner.scenario_specs("alone")[0]
+    spec["name"] = name
+    spec["vcpus"][0]["processes"][0]["args"] = [0, rounds]
+    return spec
+
+
+def test_correction(tmp_path: Path) -> None:
+    rounds = 1500
+    alone = record_scenario(tmp_path / "alone", [_fixed_work_spec("measured", rounds)], 30)
+    t_alone = alone.truth["measured"]["processes"][0]["cpu_ns"] / 1e9
+    specs = runner.scenario_specs("correction")
+    specs[0] = _fixed_work_spec("measured", rounds)
+    disturbed = record_scenario(tmp_path / "dist", specs, 30)
+    an = Analysis(disturbed.rec)
+    from vmprof_tui.steal import steal_report
+
+    rep = steal_report(an, "measured")
+    mine = [c for c in rep["corrected"] if c["process"] == "compute"]
+    corrected = sum(c["corrected_s"] for c in mine)
+    host_corr = sum(c["host_steal_corrected_s"] for c in mine)
+    wall = disturbed.truth["measured"]["vcpus"][0]["wall_ns"] / 1e9
+    print(f"alone {t_alone:.3f}s, disturbed wall {wall:.3f}s, corrected {corrected:.3f}s "
+          f"({100 * (corrected / t_alone - 1):+.1f}%), host-steal corrected {host_corr:.3f}s "
+          f"({100 * (host_corr / t_alone - 1):+.1f}%)")
+    assert wall > 1.5 * t_alone  # the disturbance really stole time
+    assert abs(corrected - t_alone) <= 0.05 * t_alone
+    out = vmprof("steal", str(disturbed.rec.path), "--vm", "measured")
+    assert out.returncode == 0 and "corrected" in out.stdout and "run-queue delay" in out.stdout
+
+
+def test_truncated_recording_reports_complete_part(alone: tuple[Recorded, Analysis], tmp_path: Path) -> None:
+    recorded, _ = alone
+    data = recorded.rec.path.read_bytes()
+    cut = tmp_path / "cut.vmprof"
+    cut.write_bytes(data[: len(data) // 2])
+    out = vmprof("report", str(cut))
+    assert out.returncode == 0, out.stderr
+    assert "note: recording cut inside" in out.stdout
+    garbage = tmp_path / "garbage.vmprof"
+    garbage.write_bytes(b"not a recording at all")
+    bad = vmprof("report", str(garbage))
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        f"vmprof: {garbage} is not a vmprof recording (bad magic)"]
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0xFF
+    corrupt = tmp_path / "corrupt.vmprof"
+    corrupt.write_bytes(bytes(flipped))
+    res = vmprof("report", str(corrupt))
+    assert res.returncode == 0 and "note:" in res.stdout

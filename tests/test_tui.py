@@ -1,0 +1,148 @@
+"""`vmprof top` with Textual's pilot, on a replayed recording and on live demo VMs (issue 6)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, record_scenario
+from textual.widgets import DataTable
+
+from vmprof_tui.demo import runner
+from vmprof_tui.live import LiveSession, ReplaySession
+from vmprof_tui.tui import HelpScreen, VmprofTop
+
+
+@pytest.fixture(scope="module")
+def replay_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_scenario(tmp_path_factory.mktemp("tui"), "two-procs", 3.0).rec.path
+
+
+def cells(app: VmprofTop) -> list[list[str]]:
+    table = app.screen.query_one(DataTable)
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def select(pilot, app: VmprofTop, text: str) -> None:  # noqa: ANN001
+    table = app.screen.query_one(DataTable)
+    for i in range(table.row_count):
+        if any(text == str(c) for c in table.get_row_at(i)):
+            table.move_cursor(row=i)
+            await pilot.pause()
+            return
+    raise AssertionError(f"{text} not on screen: {cells(app)}")
+
+
+async def drive(app: VmprofTop, vm: str, process: str) -> None:
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause(1.5)
+        rows = cells(app)
+        assert any(r[0] == vm for r in rows) and any(r[0] == "(host)" for r in rows), rows
+        await select(pilot, app, vm)
+        await pilot.press("enter")  # VM -> vCPUs
+        await pilot.pause(0.3)
+        assert cells(app)[0][0] == "vcpu0"
+        await pilot.press("enter")  # vCPU -> processes
+        await pilot.pause(0.3)
+        await select(pilot, app, process)
+        await pilot.press("enter")  # process -> functions
+        await pilot.pause(0.3)
+        functions = [r[0] for r in cells(app)]
+        assert "compute_a" in functions and "compute_b" in functions, functions
+        for _ in range(3):
+            await pilot.press("escape")
+        await pilot.pause(0.3)
+        assert any(r[0] == vm for r in cells(app))
+        # filter, sort, pause, help
+        await pilot.press("slash")
+        await pilot.pause(0.2)
+        for ch in "host":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert [r[0] for r in cells(app)] == ["(host)"]
+        await pilot.press("slash")
+        await pilot.pause(0.2)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert len(cells(app)) >= 2
+        before = app.screen.sort_column
+        await pilot.press("o")
+        assert app.screen.sort_column == before + 1
+        await pilot.press("space")
+        assert app.paused
+        await pilot.press("space")
+        assert not app.paused
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        # steal detail and timeline of the VM
+        await select(pilot, app, vm)
+        await pilot.press("s")
+        await pilot.pause(0.3)
+        assert any(r[1] in ("type 1", "type 2", "idle") for r in cells(app))
+        await pilot.press("escape")
+        await pilot.press("t")
+        await pilot.pause(0.3)
+        assert "vcpu0" in str(app.screen.query_one("#timeline").render())
+        await pilot.press("escape")
+        await pilot.press("q")
+
+
+def test_replay_screens(replay_path: Path) -> None:
+    asyncio.run(drive(VmprofTop(ReplaySession(replay_path), refresh_s=0.5), "twoprocs", "compute(1)"))
+
+
+def test_live_screens() -> None:
+    os.sched_setaffinity(0, {0})
+    with runner.DemoRun(runner.scenario_specs("alone"), duration_s=30):
+        session = LiveSession(1000, 10.0)
+        session.start()
+        try:
+            asyncio.run(drive(VmprofTop(session, refresh_s=0.5), "alone", "compute"))
+        finally:
+            session.close()
+
+
+def test_demo_in_tmux(artifacts: Path) -> None:
+    """The README's main command, in a real terminal: the screen shows the demo VM and a guest function."""
+    tmux = shutil.which("tmux")
+    assert tmux, "tmux is installed by tools/bootstrap.sh"
+    session = f"vmprof-test-{os.getpid()}"
+    subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
+                    f"cd {ROOT} && .venv/bin/vmprof demo --scenario two-procs"], check=True)
+    try:
+        screen = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            screen = subprocess.run([tmux, "capture-pane", "-p", "-t", session], capture_output=True,
+                                    text=True).stdout
+            if "twoprocs" in screen and "compute_a" in screen:
+                break
+        (artifacts / "vmprof-demo-screen.txt").write_text(screen)
+        assert "twoprocs" in screen and "compute_a" in screen, screen
+        subprocess.run([tmux, "send-keys", "-t", session, "q"], check=True)
+        time.sleep(3)
+    finally:
+        subprocess.run([tmux, "kill-session", "-t", session], capture_output=True)
+
+
+def test_svg_screenshot(replay_path: Path, artifacts: Path) -> None:
+    async def shot() -> None:
+        app = VmprofTop(ReplaySession(replay_path), refresh_s=0.5)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await pilot.pause(1.5)
+            app.save_screenshot(filename="vmprof-top.svg", path=str(artifacts))
+            await pilot.press("q")
+
+    asyncio.run(shot())
+    svg = (artifacts / "vmprof-top.svg").read_text()
+    assert "twoprocs" in svg.replace("&#160;", " ")

@@ -1,0 +1,15 @@
+"""JSON report (contract in DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import json
+
+from vmprof_tui.analysis import Profile
+from vmprof_tui.export.table import sort_rows
+
+
+def render(profile: Profile, sort: str = "samples", limit: int | None = None) -> str:
+    doc = profile.to_json()
+    total = profile.total_samples
+    doc["rows"] = [r.to_json(total) for r in sort_rows(profile.rows, sort)[:limit]]
+    return json.dumps(doc, indent=1) + "\n"

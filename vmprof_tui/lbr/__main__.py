@@ -1,0 +1,5 @@
+import sys
+
+from vmprof_tui.lbr.command import main
+
+sys.exit(main())

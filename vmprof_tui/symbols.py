@@ -1,0 +1,188 @@
+"""Symbol resolution: host kernel (kallsyms snapshot), host processes (maps
+snapshot + ELF symbols) and guests (guest bundles), vectorised over samples.
+
+Lookups are ``searchsorted`` over sorted address tables: one numpy call per
+(process, mapping), never a Python loop per sample.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui import bundle as guest_bundle
+
+ET_EXEC = 2
+
+
+@dataclass
+class SymbolTable:
+    """Sorted function ranges: addresses in [starts[i], ends[i]) belong to names[i]."""
+    starts: np.ndarray
+    ends: np.ndarray
+    names: list[str]
+
+    @classmethod
+    def empty(cls) -> SymbolTable:
+        return cls(np.empty(0, np.uint64), np.empty(0, np.uint64), [])
+
+    @classmethod
+    def from_pairs(cls, starts: np.ndarray, ends: np.ndarray, names: list[str]) -> SymbolTable:
+        order = np.argsort(starts, kind="stable")
+        return cls(np.asarray(starts, np.uint64)[order], np.asarray(ends, np.uint64)[order],
+                   [names[i] for i in order])
+
+    def lookup(self, addrs: np.ndarray) -> np.ndarray:
+        """Index of the symbol containing each address, -1 where none does."""
+        if not len(self.starts):
+            return np.full(len(addrs), -1, np.int64)
+        idx = np.searchsorted(self.starts, addrs, side="right").astype(np.int64) - 1
+        ok = idx >= 0
+        ok[ok] = addrs[ok] < self.ends[idx[ok]]
+        idx[~ok] = -1
+        return idx
+
+
+def kallsyms_table(text: str) -> SymbolTable:
+    """Text symbols of a kallsyms dump; each ends where the next one starts."""
+    starts, names = [], []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] in ("t", "T", "w", "W"):
+            try:
+                addr = int(parts[0], 16)
+            except ValueError:
+                continue
+            if addr:
+                starts.append(addr)
+                names.append(parts[2] + (f" {parts[3]}" if len(parts) > 3 else ""))
+    if not starts:
+        return SymbolTable.empty()
+    s = np.asarray(starts, np.uint64)
+    order = np.argsort(s, kind="stable")
+    s = s[order]
+    ends = np.append(s[1:], s[-1] + np.uint64(4096))
+    return SymbolTable(s, ends, [names[i] for i in order])
+
+
+@dataclass
+class Mapping:
+    start: int
+    end: int
+    offset: int
+    path: str
+    object_path: Path | None  # the file to read symbols from (None: none available)
+
+
+class ObjectCache:
+    """ELF symbol tables by file, read once, through the hardened reader of guest bundles
+    (host files get the same limits: a corrupt library must not stop an analysis)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, guest_bundle.ElfSymbols | None] = {}
+        self.errors: dict[str, str] = {}
+
+    def get(self, path: Path) -> guest_bundle.ElfSymbols | None:
+        key = str(path)
+        if key not in self._cache:
+            try:
+                self._cache[key] = guest_bundle.read_elf_symbols(path)
+            except (guest_bundle.BundleError, OSError) as e:
+                self.errors[key] = str(e)
+                self._cache[key] = None
+        return self._cache[key]
+
+
+@dataclass
+class AddressSpace:
+    """The executable mappings of one process (host or guest)."""
+    name: str
+    pid: int | None
+    maps: list[Mapping] = field(default_factory=list)
+
+    def resolve(self, ips: np.ndarray, objects: ObjectCache) -> tuple[list[str], list[str]]:
+        """(function, module) for each ip; '[unknown]' where unresolved."""
+        functions = np.full(len(ips), "[unknown]", dtype=object)
+        modules = np.full(len(ips), "[unknown]", dtype=object)
+        for m in self.maps:
+            sel = (ips >= m.start) & (ips < m.end)
+            if not sel.any():
+                continue
+            modules[sel] = os.path.basename(m.path) or m.path
+            obj = objects.get(m.object_path) if m.object_path is not None else None
+            if obj is None:
+                continue
+            hit = ips[sel]
+            if obj.elf_type == ET_EXEC:  # linked at its run address
+                idx = obj.lookup(hit)
+            else:
+                vaddrs = obj.vaddrs_for_map(m, hit)
+                idx = np.where(vaddrs >= 0, obj.lookup(vaddrs.astype(np.uint64)), -1)
+            functions[sel] = np.append(obj.names, "[unknown]").astype(object)[idx]
+        return functions.tolist(), modules.tolist()
+
+
+def parse_proc_maps(text: str, root: Path | None = None) -> list[Mapping]:
+    """Executable file mappings of a /proc/PID/maps text."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or "x" not in parts[1]:
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        path = parts[5].replace(" (deleted)", "")
+        obj = Path(path) if path.startswith("/") else None
+        out.append(Mapping(lo, hi, int(parts[2], 16), path, obj))
+    return out
+
+
+@dataclass
+class GuestSymbols:
+    """What one guest bundle tells: CR3 -> process, each process's mappings, guest kernel symbols."""
+    vm: str
+    processes: dict[int, AddressSpace]  # normalised CR3 -> process
+    kernel: SymbolTable
+    note: str | None = None  # why the bundle could not be used
+    bundle: guest_bundle.GuestBundle | None = None  # kept open: a tar bundle's objects live in its folder
+
+
+def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
+    """Guest symbols from a bundle folder/tar path or from tar bytes stored in a recording."""
+    try:
+        if isinstance(source, bytes):
+            with tempfile.NamedTemporaryFile(suffix=".tar") as f:
+                f.write(source)
+                f.flush()
+                b = guest_bundle.load_bundle(Path(f.name))
+        else:
+            b = guest_bundle.load_bundle(Path(source))
+    except (guest_bundle.BundleError, OSError) as e:
+        return GuestSymbols(vm, {}, SymbolTable.empty(), note=f"guest bundle of {vm} rejected: {e}")
+    # Two processes running the same program are told apart: prog(1), prog(2)
+    counts: dict[str, int] = {}
+    for p in b.processes:
+        counts[p.name] = counts.get(p.name, 0) + 1
+    seen: dict[str, int] = {}
+    processes: dict[int, AddressSpace] = {}
+    for p in b.processes:
+        name = p.name
+        if counts[name] > 1:
+            seen[name] = seen.get(name, 0) + 1
+            name = f"{name}({seen[name]})"
+        maps = [Mapping(m.start, m.end, m.offset, m.path, m.object_path) for m in p.maps if m.executable]
+        space = AddressSpace(name, p.pid, maps)
+        for cr3 in p.cr3:
+            if cr3 not in processes or not p.exited:  # live processes win over exited ones with a reused CR3
+                processes[cr3] = space
+    kernel = SymbolTable.empty()
+    ks = b.kernel.symbols if b.kernel is not None else None
+    if ks is not None and len(ks):
+        ends = np.append(ks.addrs[1:], ks.addrs[-1] + np.uint64(4096))
+        kernel = SymbolTable(ks.addrs, ends, [str(n) for n in ks.names])
+    note = "; ".join(b.notes) if b.notes else None
+    return GuestSymbols(vm, processes, kernel, note=None, bundle=b) if not note else \
+        GuestSymbols(vm, processes, kernel, note=f"guest bundle of {vm}: {note}", bundle=b)

@@ -1,0 +1,481 @@
+"""`vmprof top`: the live screen (Textual), on a LiveSession or a ReplaySession.
+
+Screens: overview (one row per VM and one for the host) → VM (vCPUs) →
+processes → functions; host view; steal detail; per-vCPU timeline.  Every
+number on screen comes from vmprof_tui.analysis on the session's window.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+import numpy as np
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from vmprof_tui.analysis import IDLE, PREEMPTED, Analysis, Profile
+
+SPARK = "▁▂▃▄▅▆▇█"
+HOST_KEY = "(host)"
+
+
+def sparkline(values: list[float], width: int = 20) -> str:
+    vals = list(values)[-width:]
+    return "".join(SPARK[min(int(v / 100 * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in vals)
+
+
+@dataclass
+class VmSummary:
+    name: str
+    vcpus: int
+    user: float
+    kernel: float
+    steal1: float
+    steal2: float
+    idle: float
+    top_process: str
+    top_function: str
+    profile: Profile
+
+
+def vm_summary(an: Analysis, vm: str) -> VmSummary:
+    p = an.guest_profile(vm)
+    total = p.total_samples or 1.0
+    steal1 = sum(r.samples for r in p.rows if r.function == "[steal]" and
+                 (r.module == "(outside)" or r.module.startswith("(on vcpu")))
+    steal2 = sum(r.samples for r in p.rows if r.function == "[steal]" and r.module.startswith("(vmm"))
+    guest_rows = [r for r in p.rows if not r.function.startswith("[")]
+    by_proc: dict[str, float] = defaultdict(float)
+    for r in guest_rows:
+        by_proc[r.process or "?"] += r.samples
+    top_proc = max(by_proc, key=by_proc.get) if by_proc else "-"
+    top_fn = max(guest_rows, key=lambda r: r.samples).function if guest_rows else "-"
+    return VmSummary(vm, len(an.vm_timelines(vm)), p.ratios["user"], p.ratios["os"], 100 * steal1 / total,
+                     100 * steal2 / total, p.ratios["idle"], top_proc, top_fn, p)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(
+            "[b]vmprof top[/b] — the whole virtualized host, from the host alone\n\n"
+            "Enter     drill down: VM → vCPUs → processes → functions (host row: host view)\n"
+            "Esc       back\n"
+            "s         steal detail of the selected VM (by exit reason, by who held the pCPU)\n"
+            "t         per-vCPU timeline of the selected VM (guest / VMM / steal / idle)\n"
+            "o         sort by the next column        /  filter rows by name\n"
+            "space     pause / resume                 +  -  refresh faster / slower\n"
+            "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
+            "Rows and columns are clickable with the mouse.", id="help")
+
+
+class FilterScreen(ModalScreen[str]):
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="filter (substring of name; empty clears)", id="filter")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+
+class TableScreen(Screen):
+    """A screen with a title line and one table, re-rendered from each new Analysis."""
+
+    BINDINGS = [Binding("escape", "back", "back"), Binding("o", "sort", "sort"),
+                Binding("slash", "filter", "filter")]
+    columns: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sort_column = 0
+        self.filter = ""
+        self.keys: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical():
+            yield Static(id="title")
+            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield Static(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns(*self.columns)
+        self.refresh_from(self.app.analysis)
+
+    def action_back(self) -> None:
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()
+
+    def action_sort(self) -> None:
+        self.sort_column = (self.sort_column + 1) % len(self.columns)
+        self.refresh_from(self.app.analysis)
+
+    def action_filter(self) -> None:
+        def done(value: str | None) -> None:
+            self.filter = value or ""
+            self.refresh_from(self.app.analysis)
+        self.app.push_screen(FilterScreen(), done)
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        raise NotImplementedError
+
+    def title_text(self, an: Analysis) -> str:
+        return ""
+
+    def refresh_from(self, an: Analysis | None) -> None:
+        if an is None or not self.is_mounted:
+            return
+        table = self.query_one(DataTable)
+        rows = [(k, r) for k, r in self.rows(an) if not self.filter or self.filter.lower() in " ".join(
+            str(c) for c in r).lower()]
+        col = self.sort_column
+
+        def sort_key(item: tuple[str, tuple]) -> tuple:
+            v = item[1][col]
+            v = v.plain if isinstance(v, Text) else v
+            return (0, -v) if isinstance(v, int | float) else (1, str(v))
+
+        rows.sort(key=sort_key)
+        cursor = table.cursor_row
+        table.clear()
+        self.keys = []
+        for key, cells in rows:
+            table.add_row(*[f"{c:.1f}" if isinstance(c, float) else c for c in cells])
+            self.keys.append(key)
+        if rows:
+            table.move_cursor(row=min(cursor, len(rows) - 1))
+        self.query_one("#title", Static).update(self.title_text(an))
+        self.query_one("#status", Static).update(self.app.status_text(an, self.filter, self.columns[col]))
+
+    def selected(self) -> str | None:
+        table = self.query_one(DataTable)
+        if not self.keys or table.cursor_row < 0 or table.cursor_row >= len(self.keys):
+            return None
+        return self.keys[table.cursor_row]
+
+
+class OverviewScreen(TableScreen):
+    BINDINGS = [Binding("enter", "drill", "drill down"), Binding("s", "steal", "steal"),
+                Binding("t", "timeline", "timeline")]
+    columns = ("VM", "vCPUs", "user %", "kernel %", "steal % (t1/t2)", "idle %", "top process",
+               "top function", "history (busy %)")
+
+    def title_text(self, an: Analysis) -> str:
+        h = an.host_profile()
+        r = h.ratios
+        return (f"OS:USER:IDLE:VM = {r['os']:.1f}:{r['user']:.1f}:{r['idle']:.1f}:{r['vm']:.1f}   "
+                f"host samples {int(h.total_samples)}   lost {h.lost_samples}   VMs {len(an.vm_names())}")
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        h = an.host_profile()
+        r = h.ratios
+        host_rows = [x for x in h.rows if not x.function.startswith("[")]
+        top_host = max(host_rows, key=lambda x: x.samples) if host_rows else None
+        out = [(HOST_KEY, ("(host)", "-", r["user"], r["os"], "-", r["idle"],
+                           top_host.process or "-" if top_host else "-", top_host.function if top_host else "-",
+                           sparkline(self.app.history[HOST_KEY])))]
+        for vm in an.vm_names():
+            s = vm_summary(an, vm)
+            steal = Text(f"{s.steal1 + s.steal2:5.1f} ({s.steal1:.1f}/{s.steal2:.1f})",
+                         style="bold red" if s.steal1 + s.steal2 > 20 else "")
+            out.append((vm, (vm, s.vcpus, s.user, s.kernel, steal, s.idle, s.top_process, s.top_function,
+                             sparkline(self.app.history[vm]))))
+        return out
+
+    def action_drill(self) -> None:
+        key = self.selected()
+        if key == HOST_KEY:
+            self.app.push_screen(HostScreen())
+        elif key:
+            self.app.push_screen(VmScreen(key))
+
+    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
+        self.action_drill()
+
+    def action_steal(self) -> None:
+        key = self.selected()
+        if key and key != HOST_KEY:
+            self.app.push_screen(StealScreen(key))
+
+    def action_timeline(self) -> None:
+        key = self.selected()
+        if key and key != HOST_KEY:
+            self.app.push_screen(TimelineScreen(key))
+
+
+class HostScreen(TableScreen):
+    columns = ("samples", "%", "function", "module", "process")
+
+    def title_text(self, an: Analysis) -> str:
+        return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        p = an.host_profile()
+        total = p.total_samples or 1.0
+        return [(r.function, (int(r.samples), 100 * r.samples / total, r.function, r.module, r.process or ""))
+                for r in p.rows]
+
+
+class VmScreen(TableScreen):
+    BINDINGS = [Binding("enter", "drill", "processes"), Binding("s", "steal", "steal"),
+                Binding("t", "timeline", "timeline")]
+    columns = ("vCPU", "tid", "guest %", "idle %", "steal %", "top function")
+
+    def __init__(self, vm: str) -> None:
+        super().__init__()
+        self.vm = vm
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm}: vCPUs (Enter: processes on the vCPU)"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        out = []
+        if self.vm not in an.vm_names():
+            return out
+        for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
+            p = an.guest_profile(self.vm, tl.vcpu)
+            g = [r for r in p.rows if not r.function.startswith("[")]
+            top = max(g, key=lambda r: r.samples).function if g else "-"
+            out.append((str(tl.vcpu), (f"vcpu{tl.vcpu}", tl.tid, p.ratios["user"] + p.ratios["os"],
+                                       p.ratios["idle"], p.ratios["steal"], top)))
+        return out
+
+    def action_drill(self) -> None:
+        key = self.selected()
+        if key is not None:
+            self.app.push_screen(ProcessScreen(self.vm, int(key)))
+
+    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
+        self.action_drill()
+
+    def action_steal(self) -> None:
+        self.app.push_screen(StealScreen(self.vm))
+
+    def action_timeline(self) -> None:
+        self.app.push_screen(TimelineScreen(self.vm))
+
+
+class ProcessScreen(TableScreen):
+    BINDINGS = [Binding("enter", "drill", "functions")]
+    columns = ("process", "pid", "samples", "%")
+
+    def __init__(self, vm: str, vcpu: int | None) -> None:
+        super().__init__()
+        self.vm, self.vcpu = vm, vcpu
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm} vcpu{self.vcpu}: guest processes, steal and idle (Enter: functions)"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        if self.vm not in an.vm_names():
+            return []
+        p = an.guest_profile(self.vm, self.vcpu)
+        total = p.total_samples or 1.0
+        agg: dict[tuple[str, int | None], float] = defaultdict(float)
+        for r in p.rows:
+            agg[(r.process or f"{r.function} {r.module}", r.pid)] += r.samples
+        return [(name, (name, pid if pid is not None else "", int(n), 100 * n / total))
+                for (name, pid), n in agg.items()]
+
+    def action_drill(self) -> None:
+        key = self.selected()
+        if key is not None and not key.startswith("["):
+            self.app.push_screen(FunctionScreen(self.vm, self.vcpu, key))
+
+    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
+        self.action_drill()
+
+
+class FunctionScreen(TableScreen):
+    columns = ("function", "module", "samples", "% of process")
+
+    def __init__(self, vm: str, vcpu: int | None, process: str) -> None:
+        super().__init__()
+        self.vm, self.vcpu, self.process = vm, vcpu, process
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm} vcpu{self.vcpu} process {self.process}: functions"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        if self.vm not in an.vm_names():
+            return []
+        mine = [r for r in an.guest_profile(self.vm, self.vcpu).rows if r.process == self.process]
+        total = sum(r.samples for r in mine) or 1.0
+        return [(r.function, (r.function, r.module, int(r.samples), 100 * r.samples / total)) for r in mine]
+
+
+class StealScreen(TableScreen):
+    columns = ("vCPU", "kind", "cause", "seconds", "% of wall")
+
+    def __init__(self, vm: str) -> None:
+        super().__init__()
+        self.vm = vm
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm}: steal by who held the pCPU (type 1) and by exit reason (type 2)"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        from vmprof_tui.steal import steal_report
+
+        if self.vm not in an.vm_names():
+            return []
+        out = []
+        for v in steal_report(an, self.vm)["vcpus"]:
+            wall = v["wall_s"] or 1.0
+            for who, sec in v["type1_by_holder_s"].items():
+                out.append((f"{v['vcpu']}:{who}", (f"vcpu{v['vcpu']}", "type 1", who, sec, 100 * sec / wall)))
+            for why, sec in v["type2_by_exit_s"].items():
+                out.append((f"{v['vcpu']}:{why}", (f"vcpu{v['vcpu']}", "type 2", why, sec, 100 * sec / wall)))
+            out.append((f"{v['vcpu']}:idle", (f"vcpu{v['vcpu']}", "idle", "halt", v["idle_s"],
+                                              100 * v["idle_s"] / wall)))
+        return out
+
+
+class TimelineScreen(Screen):
+    """Per-vCPU strips of the window: guest running, VMM, steal, idle."""
+
+    BINDINGS = [Binding("escape", "back", "back")]
+    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue")}
+
+    def __init__(self, vm: str) -> None:
+        super().__init__()
+        self.vm = vm
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="timeline")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_from(self.app.analysis)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def refresh_from(self, an: Analysis | None) -> None:
+        if an is None or not self.is_mounted:
+            return
+        width = max(self.size.width - 12, 20)
+        text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
+                    f"{an.rec.duration_s / width:.2f}s   ")
+        for code, label in ((1, "guest"), (2, "VMM"), (3, "steal"), (4, "idle")):
+            ch, style = self.STATES[code]
+            text.append(ch * 2, style=style)
+            text.append(f" {label}  ")
+        text.append("\n\n")
+        w0, w1 = an.window()
+        span = max(w1 - w0, 1)
+        s = an.samples
+        for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
+            strip = np.zeros(width, np.int8)
+            for b in tl.blanks:
+                lo = int((b.start_ns - w0) * width // span)
+                hi = max(int((b.end_ns - w0) * width // span), lo + 1)
+                strip[lo:hi] = 4 if b.kind == IDLE else 3 if b.kind == PREEMPTED else 2
+            mine = s["tid"] == tl.tid
+            cols = ((s["time_ns"][mine].astype(np.int64) - w0) * width // span).clip(0, width - 1)
+            guest = an.is_guest[mine]
+            strip[cols[~guest]] = 2
+            strip[cols[guest]] = 1
+            text.append(f"vcpu{tl.vcpu:<3} ")
+            for code in strip.tolist():
+                ch, style = self.STATES[code]
+                text.append(ch, style=style)
+            text.append("\n")
+        self.query_one("#timeline", Static).update(text)
+
+
+class VmprofTop(App):
+    TITLE = "vmprof top"
+    CSS = "#help { padding: 1 2; border: round $accent; background: $panel; width: 80; height: auto; }" \
+          " FilterScreen { align: center middle; } #filter { width: 60; }" \
+          " HelpScreen { align: center middle; } #title, #status { height: 1; }"
+    BINDINGS = [Binding("q", "quit", "quit"), Binding("question_mark", "help", "help"),
+                Binding("space", "pause", "pause"), Binding("plus", "faster", "faster"),
+                Binding("minus", "slower", "slower"), Binding("left_square_bracket", "shorter", show=False),
+                Binding("right_square_bracket", "longer", show=False)]
+
+    def __init__(self, session: object, refresh_s: float = 1.0) -> None:
+        super().__init__()
+        self.session = session
+        self.refresh_s = refresh_s
+        self.paused = False
+        self.analysis: Analysis | None = None
+        self.history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=60))
+        self.message = ""
+        self._timer = None
+
+    def on_mount(self) -> None:
+        self.sub_title = "live" if getattr(self.session, "live", False) else "replay"
+        self.tick()
+        self.push_screen(OverviewScreen())
+        self._timer = self.set_interval(self.refresh_s, self.tick)
+
+    def tick(self) -> None:
+        if self.paused:
+            return
+        try:
+            an = self.session.poll()
+        except Exception as e:  # noqa: BLE001 - shown on screen, never a traceback
+            self.message = f"collection stopped: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            self.paused = True
+            self._refresh_screen()
+            return
+        self.analysis = an
+        h = an.host_profile()
+        self.history[HOST_KEY].append(100.0 - h.ratios["idle"])
+        for vm in an.vm_names():
+            p = an.guest_profile(vm)
+            self.history[vm].append(p.ratios["user"] + p.ratios["os"])
+        if getattr(self.session, "at_end", False):
+            self.message = "end of the recording"
+        self._refresh_screen()
+
+    def _refresh_screen(self) -> None:
+        screen = self.screen
+        if hasattr(screen, "refresh_from"):
+            screen.refresh_from(self.analysis)
+
+    def status_text(self, an: Analysis, filt: str, sort: str) -> str:
+        parts = ["PAUSED" if self.paused else f"refresh {self.refresh_s:g}s",
+                 f"window {getattr(self.session, 'window_s', 0):g}s", f"sort: {sort}"]
+        if filt:
+            parts.append(f"filter: {filt}")
+        if not an.vm_names():
+            parts.append("no VM on this host — try `vmprof demo`")
+        if self.message:
+            parts.append(self.message)
+        return "  |  ".join(parts)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._refresh_screen()
+
+    def _set_interval(self, seconds: float) -> None:
+        self.refresh_s = min(max(seconds, 0.25), 10.0)
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_interval(self.refresh_s, self.tick)
+        self._refresh_screen()
+
+    def action_faster(self) -> None:
+        self._set_interval(self.refresh_s / 2)
+
+    def action_slower(self) -> None:
+        self._set_interval(self.refresh_s * 2)
+
+    def action_shorter(self) -> None:
+        self.session.window_s = max(self.session.window_s / 2, 1.0)
+
+    def action_longer(self) -> None:
+        self.session.window_s = min(self.session.window_s * 2, 120.0)
