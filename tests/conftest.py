@@ -62,7 +62,7 @@ def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequ
 
     thread = threading.Thread(target=work)
     thread.start()
-    time.sleep(2.0)  # BPF compiled and attached
+    assert recorder.started.wait(30) or errors, errors  # BPF compiled and attached
     t0 = time.monotonic()
     with runner.DemoRun(specs, duration_s=seconds) as run:
         run.wait(seconds + 10)

@@ -33,10 +33,8 @@ from vmprof_tui.records import (
     SAMPLE_GUEST_KERNEL,
     SAMPLE_GUEST_UNKNOWN,
     SAMPLE_HOST_KERNEL,
-    SCHED_NEXT_VCPU,
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
-    SCHED_PREV_VCPU,
 )
 from vmprof_tui.symbols import (
     AddressSpace,
@@ -99,9 +97,28 @@ class Blank:
     start_ns: int
     end_ns: int
     kind: str  # idle | preempted | blocked
-    holder: str  # who took the pCPU (preempted): "vcpuN" of the same VM, a VM name, or a host task
-    holder_same_vm_vcpu: int | None
     exit_reason: int
+    cpu: int
+    first_holder: str  # the task that took the pCPU when the vCPU left it
+    same_vm_ns: dict[int, int] = field(default_factory=dict)  # vCPU id of the same VM -> ns it held the pCPU
+    other_vm_ns: dict[str, int] = field(default_factory=dict)  # another VM -> ns its vCPUs held the pCPU
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def holders(self) -> dict[str, int]:
+        """Who held the pCPU during the blank: vCPUs of the same VM, other VMs, the rest (host tasks)."""
+        out = {f"vcpu{v}": ns for v, ns in self.same_vm_ns.items()}
+        out.update(self.other_vm_ns)
+        rest = self.duration_ns - sum(out.values())
+        if rest > 0:
+            out[self.first_holder] = out.get(self.first_holder, 0) + rest
+        return out
+
+    def scale(self, factor: float) -> None:
+        self.same_vm_ns = {k: int(v * factor) for k, v in self.same_vm_ns.items()}
+        self.other_vm_ns = {k: int(v * factor) for k, v in self.other_vm_ns.items()}
 
 
 @dataclass
@@ -123,11 +140,12 @@ class VcpuTimeline:
 @dataclass
 class Attribution:
     process: str
-    function: str
+    function: str  # "" when attributed per process
     module: str
     vcpu: int
     samples: int  # real guest samples
-    steal_ns: float  # steal attributed to it
+    steal_ns: float  # steal that sat between two of its samples
+    steal_type1_ns: float  # the part of it the host reports to guests (run-queue wait)
 
     def apparent_ns(self, period_ns: float) -> float:
         return self.samples * period_ns + self.steal_ns
@@ -217,8 +235,9 @@ class Analysis:
         self.module = np.full(n, UNKNOWN, dtype=object)
         self.process = np.full(n, "", dtype=object)
         self.proc_pid = np.full(n, -1, dtype=np.int64)
-        self.vm_of = np.array([self.vm_by_pid.get(int(p)) for p in s["pid"]], dtype=object) if n else \
-            np.empty(0, dtype=object)
+        self.vm_of = np.full(n, "", dtype=object)
+        for pid, name in self.vm_by_pid.items():
+            self.vm_of[s["pid"] == pid] = name
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
         self.is_guest = guest
@@ -283,14 +302,23 @@ class Analysis:
         self._encode_keys()
 
     def _encode_keys(self) -> None:
-        """One integer per sample for its (vm, process, pid, function, module): grouping without Python loops."""
+        """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
+        grouping without Python loops."""
         key = np.zeros(len(self.samples), np.int64)
-        for column in (self.vm_of.astype(str), self.process, self.proc_pid, self.func, self.module):
+        for i, column in enumerate((self.vm_of, self.process, self.proc_pid, self.func, self.module)):
             _, codes = np.unique(column, return_inverse=True)
             key = key * (int(codes.max()) + 1 if len(codes) else 1) + codes
+            if i == 2:
+                _, self.proc_key = np.unique(key, return_inverse=True)
         _, self.key = np.unique(key, return_inverse=True)
 
     # -- timelines -------------------------------------------------------------------
+    @property
+    def duration_s(self) -> float:
+        if self.range_ns is not None:
+            return (self.range_ns[1] - self.range_ns[0]) / 1e9
+        return self.rec.duration_s
+
     def window(self) -> tuple[int, int]:
         if getattr(self, "range_ns", None) is not None:
             return self.range_ns
@@ -303,12 +331,14 @@ class Analysis:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events."""
         _w0, w1 = self.window()
         timelines: dict[int, VcpuTimeline] = {}
+        on_intervals: dict[int, np.ndarray] = {}
         ev = self.sched
         s = self.samples
         for tid, (pid, vcpu) in sorted(self.vcpu_of_tid.items()):
             vm = self.vm_by_pid.get(pid, f"vm-{pid}")
-            outs = ev[(ev["prev_tid"] == tid) & ((ev["flags"] & SCHED_PREV_VCPU) != 0)]
-            ins = ev[(ev["next_tid"] == tid) & ((ev["flags"] & SCHED_NEXT_VCPU) != 0)]
+            # every recorded switch of the thread counts, also those before it was known as a vCPU thread
+            outs = ev[ev["prev_tid"] == tid]
+            ins = ev[ev["next_tid"] == tid]
             own = s["time_ns"][s["tid"] == tid]
             firsts = [int(a[0]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
             lasts = [int(a[-1]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
@@ -322,16 +352,19 @@ class Analysis:
             merged = sorted([(int(e["time_ns"]), 0, e) for e in outs] + [(int(e["time_ns"]), 1, e) for e in ins],
                             key=lambda x: (x[0], x[1]))
             on_since: int | None = start
+            on_cpu = int(ins["cpu"][0]) if len(ins) else int(outs["cpu"][0]) if len(outs) else -1
             blank: tuple[int, dict] | None = None
+            intervals = []
             for t, is_in, e in merged:
                 if is_in:
                     if blank is not None:
                         tl.blanks.append(self._blank(blank[0], t, blank[1], pid))
                         blank = None
-                    on_since = t
+                    on_since, on_cpu = t, int(e["cpu"])
                 else:
                     if on_since is not None:
                         tl.on_cpu_ns += t - on_since
+                        intervals.append((on_since, t, on_cpu))
                     on_since = None
                     blank = (t, e)
             # an open interval runs to the end of the window
@@ -340,10 +373,38 @@ class Analysis:
                 tl.end_ns = w1
             elif on_since is not None:
                 tl.on_cpu_ns += tl.end_ns - on_since
-            if self.range_ns is not None and not self._clip(tl):
-                continue
+                intervals.append((on_since, tl.end_ns, on_cpu))
+            on_intervals[tid] = np.array(intervals, np.int64).reshape(-1, 3)
             timelines[tid] = tl
+        self._split_preemptions(timelines, on_intervals)
+        if self.range_ns is not None:
+            timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
         return timelines
+
+    def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
+        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU."""
+        for tid, tl in timelines.items():
+            waits = [b for b in tl.blanks if b.kind == PREEMPTED]
+            if not waits:
+                continue
+            for other, iv in on_intervals.items():
+                if other == tid or not len(iv):
+                    continue
+                o = timelines[other]
+                for b in waits:
+                    lo = np.searchsorted(iv[:, 1], b.start_ns, side="right")
+                    hi = np.searchsorted(iv[:, 0], b.end_ns, side="left")
+                    part = iv[lo:hi]
+                    part = part[part[:, 2] == b.cpu]
+                    if not len(part):
+                        continue
+                    ns = int((np.minimum(part[:, 1], b.end_ns) - np.maximum(part[:, 0], b.start_ns)).clip(0).sum())
+                    if not ns:
+                        continue
+                    if o.pid == tl.pid:
+                        b.same_vm_ns[o.vcpu] = b.same_vm_ns.get(o.vcpu, 0) + ns
+                    else:
+                        b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + ns
 
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""
@@ -353,8 +414,11 @@ class Analysis:
             return False
         blanks = []
         for b in tl.blanks:
+            full = b.duration_ns
             b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
             if b.end_ns > b.start_ns:
+                if b.duration_ns < full:
+                    b.scale(b.duration_ns / full)
                 blanks.append(b)
         tl.blanks = blanks
         tl.on_cpu_ns = tl.wall_ns - sum(b.end_ns - b.start_ns for b in blanks)
@@ -368,24 +432,20 @@ class Analysis:
             kind = PREEMPTED
         else:
             kind = BLOCKED
-        holder_tid, holder_pid = int(e["next_tid"]), int(e["next_pid"])
-        same = None
-        if holder_tid in self.vcpu_of_tid and self.vcpu_of_tid[holder_tid][0] == pid:
-            same = self.vcpu_of_tid[holder_tid][1]
-            holder = f"vcpu{same}"
-        elif holder_pid in self.vm_by_pid:
-            holder = self.vm_by_pid[holder_pid]
+        holder_pid = int(e["next_pid"])
+        if holder_pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
+            holder = f"{self.vm_by_pid[holder_pid]} (VMM)"
         elif holder_pid == 0:
             holder = "idle"
         else:
             holder = e["next_comm"].decode(errors="replace") or str(holder_pid)
-        return Blank(start, end, kind, holder, same, int(e["prev_exit_reason"]))
+        return Blank(start, end, kind, int(e["prev_exit_reason"]), int(e["cpu"]), holder)
 
     # -- profiles --------------------------------------------------------------------
     def _row(self, i: int, samples: float) -> Row:
         pid = int(self.proc_pid[i])
         return Row(samples, str(self.func[i]), str(self.module[i]), str(self.process[i]) or None,
-                   pid if pid >= 0 else None, self.vm_of[i])
+                   pid if pid >= 0 else None, self.vm_of[i] or None)
 
     def _aggregate(self, sel: np.ndarray) -> list[Row]:
         idx = np.nonzero(sel)[0]
@@ -400,12 +460,17 @@ class Analysis:
             e = ev[ev["cpu"] == cpu]
             to_idle = np.nonzero(e["next_tid"] == 0)[0]
             from_idle = np.nonzero(e["prev_tid"] == 0)[0]
-            if not len(to_idle):
+            if not len(to_idle) and not len(from_idle):
                 continue
             ends = np.searchsorted(from_idle, to_idle)  # first switch away from idle after each entry
             ok = ends < len(from_idle)
             start = e["time_ns"][to_idle[ok]].astype(np.int64)
             end = e["time_ns"][from_idle[ends[ok]]].astype(np.int64)
+            w0, w1 = self.window()
+            if len(from_idle) and (not len(to_idle) or from_idle[0] < to_idle[0]):
+                start, end = np.append(w0, start), np.append(e["time_ns"][from_idle[0]], end)  # idle from the start
+            if len(to_idle) and not ok[-1]:
+                start, end = np.append(start, e["time_ns"][to_idle[-1]]), np.append(end, w1)  # idle to the end
             if self.range_ns is not None:
                 start, end = start.clip(*self.range_ns), end.clip(*self.range_ns)
             idle[int(cpu)] = int((end - start).sum())
@@ -414,8 +479,11 @@ class Analysis:
     def host_profile(self, cpu: int | None = None) -> Profile:
         s = self.samples
         sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu
-        guest = sel & self.is_guest
-        host = sel & ~self.is_guest
+        # A VM's row is the time its vCPU threads held a CPU: guest code, and KVM and the VMM working
+        # on the vCPU's behalf (the type 2 steal of that VM).  Other VMM threads are ordinary host rows.
+        vcpu_thread = np.isin(s["tid"], np.fromiter(self.vcpu_of_tid, np.int64, len(self.vcpu_of_tid)))
+        guest = sel & (self.is_guest | vcpu_thread)
+        host = sel & ~guest
         idle_ns = self.cpu_idle_ns()
         measured_idle = bool(idle_ns)
         if measured_idle:  # idle from the sched events replaces idle samples
@@ -439,7 +507,7 @@ class Analysis:
         notes = list(self.notes)
         if cpu is not None:
             notes.append(f"CPU {cpu} only")
-        return Profile("host", None, None, total, self.rec.duration_s, self.rec.lost_samples, ratios, rows,
+        return Profile("host", None, None, total, self.duration_s, self.rec.lost_samples, ratios, rows,
                        int(np.count_nonzero(sel & self.unresolved)), notes)
 
     def vm_names(self) -> list[str]:
@@ -469,10 +537,10 @@ class Analysis:
                 n = (b.end_ns - b.start_ns) / period
                 if b.kind == IDLE:
                     virtual[("[idle]", "(halt_exit)")] += n
-                elif b.kind == PREEMPTED and b.holder_same_vm_vcpu is not None:
-                    virtual[("[steal]", f"(on vcpu{b.holder_same_vm_vcpu})")] += n
                 elif b.kind == PREEMPTED:
-                    virtual[("[steal]", "(outside)")] += n
+                    for v, ns in b.same_vm_ns.items():
+                        virtual[("[steal]", f"(on vcpu{v})")] += ns / period
+                    virtual[("[steal]", "(outside)")] += n - sum(b.same_vm_ns.values()) / period
                 else:
                     virtual[("[steal]", "(vmm blocked)")] += n
         if vmm_samples:
@@ -489,33 +557,39 @@ class Analysis:
         notes = list(self.notes)
         if not len(self.sched):
             notes.append("no scheduler events in this recording: idle and steal are unknown")
-        return Profile("guest", vm, vcpu, total, self.rec.duration_s, self.rec.lost_samples, ratios, rows,
+        return Profile("guest", vm, vcpu, total, self.duration_s, self.rec.lost_samples, ratios, rows,
                        int(np.count_nonzero(real_guest & self.unresolved)), notes)
 
     # -- steal attribution and corrected times -------------------------------------
-    def attributions(self, vm: str) -> list[Attribution]:
-        """Per vCPU and (process, function): real samples, and the steal that sat between two of its samples."""
+    def attributions(self, vm: str, per_function: bool = True) -> list[Attribution]:
+        """Per vCPU and (process, function) — or per process — its real samples, and the steal that sat
+        between two of its consecutive samples (thesis §3.4.2)."""
         s = self.samples
         out: list[Attribution] = []
         for tl in sorted(self.vm_timelines(vm), key=lambda t: t.vcpu):
             sel = np.nonzero((s["tid"] == tl.tid) & self.is_guest)[0]
             if not len(sel):
                 continue
-            keys = self.key[sel]
-            steal = np.zeros(int(keys.max()) + 1)
+            keys = (self.key if per_function else self.proc_key)[sel]
+            steal = np.zeros((2, int(keys.max()) + 1))
             steals = [b for b in tl.blanks if b.kind != IDLE]
             if steals:
                 times = s["time_ns"][sel]
                 starts = np.array([b.start_ns for b in steals], np.uint64)
                 ends = np.array([b.end_ns for b in steals], np.uint64)
+                type1 = np.array([b.kind == PREEMPTED for b in steals])
                 before = np.searchsorted(times, starts, side="right") - 1
                 after = np.searchsorted(times, ends, side="left")
                 ok = (before >= 0) & (after < len(times))
-                before, after, dur = before[ok], after[ok], (ends - starts)[ok].astype(float)
+                before, after, type1 = before[ok], after[ok], type1[ok]
+                dur = (ends - starts)[ok].astype(float)
                 same = keys[before] == keys[after]
-                np.add.at(steal, keys[before][same], dur[same])
+                np.add.at(steal[0], keys[before][same], dur[same])
+                np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
             uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
             for k, f, c in zip(uniq.tolist(), first.tolist(), counts.tolist(), strict=True):
                 row = self._row(int(sel[f]), c)
-                out.append(Attribution(row.process or "", row.function, row.module, tl.vcpu, c, float(steal[k])))
+                out.append(Attribution(row.process or "", row.function if per_function else "",
+                                       row.module if per_function else "", tl.vcpu, c, float(steal[0, k]),
+                                       float(steal[1, k])))
         return sorted(out, key=lambda a: -a.apparent_ns(self.period_ns))

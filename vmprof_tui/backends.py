@@ -34,15 +34,32 @@ SVM_EXITS = {**{0x40 + i: "exception" for i in range(32)}, 0x60: "external_inter
              0x7C: "msr", 0x81: "hypercall", 0x400: "ept"}
 
 
+def _pvm_category(reason: int) -> str | None:
+    """PVM reports the vector that left the guest: exceptions below 32, host interrupts up to 255, the
+    switcher's syscall exit (1024) and synthetic reasons from bit 16 on.  Variants of PVM differ in the
+    synthetic numbers, so only these well-established ranges are named."""
+    if reason == 14:
+        return "ept"  # #PF: shadow paging / MMIO, the PVM counterpart of EPT violations
+    if reason < 32:
+        return "exception"
+    if reason < 256:
+        return "external_interrupt"
+    if reason in (1024, 1 << 16):
+        return "hypercall"
+    return None
+
+
 def exit_category(backend: str, reason: int) -> str:
+    """Category of an exit reason, or 'BACKEND exit 0xN' for a number this table does not know."""
     if backend == VMX:
-        return VMX_EXITS.get(reason & 0xFFFF, "other")
-    if backend == SVM:
-        return SVM_EXITS.get(reason, "other")
-    # PVM numbers its exits like VMX basic exit reasons where they overlap.
-    if backend == PVM:
-        return VMX_EXITS.get(reason & 0xFFFF, "other")
-    return "other"
+        cat = VMX_EXITS.get(reason & 0xFFFF)
+    elif backend == SVM:
+        cat = SVM_EXITS.get(reason)
+    elif backend == PVM:
+        cat = _pvm_category(reason)
+    else:
+        cat = None
+    return cat or f"{backend} exit {reason:#x}"
 
 
 class BackendError(RuntimeError):

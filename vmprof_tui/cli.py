@@ -230,7 +230,14 @@ def _analysis(args: argparse.Namespace):  # noqa: ANN202
         rec = load(Path(args.recording))
     except RecordingError as e:
         raise Failure(str(e)) from None
-    an = Analysis(rec, _parse_bundles(args.guest_bundle))
+    time_range = None
+    if args.time_range:
+        try:
+            lo, hi = (float(x) for x in args.time_range.split(":"))
+        except ValueError:
+            raise Failure(f"--time-range takes FROM:TO in seconds, not {args.time_range!r}") from None
+        time_range = (lo, hi)
+    an = Analysis(rec, _parse_bundles(args.guest_bundle), time_range=time_range)
     if args.vm and args.vm not in an.vm_names():
         raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
     return an
@@ -330,7 +337,10 @@ EXAMPLES = {
   vmprof report run.vmprof --vm web1 --vcpu 0 --format json
   vmprof report run.vmprof --level host --cpu 1     one pCPU only
   vmprof report run.vmprof --vm web1 --format collapsed > web1.folded   (FlameGraph, speedscope)
-  vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/bundles/web1""",
+  vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/bundles/web1
+  vmprof report run.vmprof --vm web1 --format pprof -o web1.pb.gz      (pprof -http :8080 web1.pb.gz)
+  vmprof report run.vmprof --format chrome -o run.json                 (open in ui.perfetto.dev)
+  vmprof report run.vmprof --time-range 10:20                          seconds 10 to 20 only""",
     "steal": """examples:
   vmprof steal run.vmprof                 every VM: steal type 1/2, idle, who stole, corrected times
   vmprof steal run.vmprof --vm web1 --format json""",
@@ -381,6 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="guest bundle (folder or tar) naming VM's guest samples (repeatable)")
         p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
         p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N rows")
+        p.add_argument("--time-range", default=None, metavar="FROM:TO",
+                       help="only this span, in seconds after the first record (e.g. 2.5:10)")
 
     p = add("report", "profile tables of a recording, at host or guest level", cmd_report)
     add_rec(p)

@@ -110,6 +110,8 @@ def discover_vms() -> list[VmInfo]:
         except OSError:
             tids = []
         for tid in tids:
+            if tid == pid:  # the main thread is the VMM itself, whatever it is called
+                continue
             match = _VCPU_THREAD.match(_read(entry / "task" / str(tid) / "comm").strip())
             if match:
                 threads[tid] = int(match.group(1))

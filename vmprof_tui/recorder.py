@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ class Recorder:
         self.vms: dict[int, discover.VmInfo] = {}
         self.pids_seen: set[int] = set()
         self.progress = Progress()
+        self.started = threading.Event()  # set once the BPF programs sample
         self.collector = Collector(self.backend, frequency=frequency,
                                    event="cycles" if pmu_available() else "cpu-clock")
 
@@ -148,6 +150,7 @@ class Recorder:
         self.writer = Writer(self.out, self.meta())
         try:
             self.collector.start()
+            self.started.set()
         except Exception:
             self.writer.file.close()
             self.out.unlink(missing_ok=True)

@@ -8,21 +8,24 @@ from collections import defaultdict
 import numpy as np
 
 from vmprof_tui import backends
-from vmprof_tui.analysis import BLOCKED, IDLE, PREEMPTED, Analysis
+from vmprof_tui.analysis import BLOCKED, IDLE, PREEMPTED, Analysis, Attribution
+from vmprof_tui.records import SAMPLE_VCPU
 
 
 def steal_report(an: Analysis, vm: str) -> dict:
     s = an.samples
     period = an.period_ns
     vcpus = []
-    host_steal_total = 0.0
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
         thread = s["tid"] == tl.tid
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
+        in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
         by_exit: dict[str, float] = defaultdict(float)
-        for reason, n in zip(*np.unique(s["exit_reason"][vmm], return_counts=True), strict=True):
+        for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm], return_counts=True), strict=True):
             by_exit[backends.exit_category(an.backend, int(reason))] += float(n) * period
+        if np.any(vmm & ~in_kvm):
+            by_exit["vmm user space"] += float(np.count_nonzero(vmm & ~in_kvm)) * period
         idle = sum(b.end_ns - b.start_ns for b in tl.blanks if b.kind == IDLE)
         preempted = [b for b in tl.blanks if b.kind == PREEMPTED]
         blocked = sum(b.end_ns - b.start_ns for b in tl.blanks if b.kind == BLOCKED)
@@ -30,10 +33,10 @@ def steal_report(an: Analysis, vm: str) -> dict:
             by_exit["vmm blocked"] += blocked
         who: dict[str, float] = defaultdict(float)
         for b in preempted:
-            who[b.holder] += b.end_ns - b.start_ns
+            for holder, ns in b.holders().items():
+                who[holder] += ns
         type1 = float(sum(who.values()))
         type2 = float(sum(by_exit.values()))
-        host_steal_total += type1
         wall = float(tl.wall_ns) or 1.0
         vcpus.append({
             "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
@@ -47,18 +50,17 @@ def steal_report(an: Analysis, vm: str) -> dict:
             # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
             "host_reported_steal_s": type1 / 1e9,
         })
-    attributions = an.attributions(vm)
-    apparent_total = sum(a.apparent_ns(period) for a in attributions) or 1.0
-    corrected = []
-    for a in attributions:
+    def corrected(a: Attribution) -> dict:
         apparent = a.apparent_ns(period)
-        # the correction a guest could make with host-reported steal: its share of the run-queue delay
-        host_corrected = apparent - host_steal_total * apparent / apparent_total
-        corrected.append({"process": a.process, "function": a.function, "module": a.module, "vcpu": a.vcpu,
-                          "samples": a.samples, "apparent_s": apparent / 1e9, "attributed_steal_s": a.steal_ns / 1e9,
-                          "corrected_s": (apparent - a.steal_ns) / 1e9,
-                          "host_steal_corrected_s": host_corrected / 1e9})
-    return {"vm": vm, "vcpus": vcpus, "corrected": corrected, "notes": an.notes}
+        return {"process": a.process, "function": a.function, "module": a.module, "vcpu": a.vcpu,
+                "samples": a.samples, "apparent_s": apparent / 1e9, "attributed_steal_s": a.steal_ns / 1e9,
+                "corrected_s": (apparent - a.steal_ns) / 1e9,
+                # what a guest could do with the steal the host reports to it: subtract the run-queue wait
+                "host_steal_corrected_s": (apparent - a.steal_type1_ns) / 1e9}
+
+    functions = [corrected(a) for a in an.attributions(vm)]
+    processes = [corrected(a) for a in an.attributions(vm, per_function=False)]
+    return {"vm": vm, "vcpus": vcpus, "processes": processes, "functions": functions, "notes": an.notes}
 
 
 def render_table(report: dict, limit: int | None = 20) -> str:
@@ -76,11 +78,15 @@ def render_table(report: dict, limit: int | None = 20) -> str:
                 f"{k} {s:.3f}s" for k, s in v["type2_by_exit_s"].items()))
         lines.append(f"    steal the host reports to the guest (run-queue delay): {v['host_reported_steal_s']:.3f}s"
                      f" — misses type 2 ({v['steal_type2_s']:.3f}s)")
-    lines.append("  corrected execution times (apparent = own samples + attributed steal):")
-    lines.append(f"    {'apparent':>9} {'steal':>8} {'corrected':>9} {'host-steal corr.':>16}  process / function")
-    for c in report["corrected"][:limit]:
-        lines.append(f"    {c['apparent_s']:>8.3f}s {c['attributed_steal_s']:>7.3f}s {c['corrected_s']:>8.3f}s "
-                     f"{c['host_steal_corrected_s']:>15.3f}s  {c['process']} / {c['function']} ({c['module']}) "
-                     f"vcpu{c['vcpu']}")
+    lines.append("  corrected execution times: apparent = own samples + steal between two of them; "
+                 "corrected = apparent - that steal;")
+    lines.append("  host-steal corrected = apparent - the run-queue wait the host reports (what a guest can do)")
+    header = f"    {'apparent':>9} {'steal':>8} {'corrected':>9} {'host-steal corr.':>16}  "
+    for title, key in (("process", "processes"), ("process / function", "functions")):
+        lines.append(header + title)
+        for c in report[key][:limit]:
+            name = c["process"] + (f" / {c['function']} ({c['module']})" if c["function"] else "")
+            lines.append(f"    {c['apparent_s']:>8.3f}s {c['attributed_steal_s']:>7.3f}s {c['corrected_s']:>8.3f}s "
+                         f"{c['host_steal_corrected_s']:>15.3f}s  {name} vcpu{c['vcpu']}")
     lines += [f"  note: {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"

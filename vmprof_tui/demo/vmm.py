@@ -226,7 +226,7 @@ class VcpuThread(threading.Thread):
             sleepers = [p.wake_ns for p in self.processes if p.state == "sleeping"]
             if not sleepers:
                 return False
-            self.timer.arm(max(min(sleepers) - now, 1000), self.vm.slice_ns)
+            self.timer.arm(max(min(sleepers) - now, 1000), self.vm.slice_ns if len(self.processes) > 1 else 0)
             if not self.halted:
                 self._set_halted(True)
         elif self.halted:
@@ -254,7 +254,8 @@ class VcpuThread(threading.Thread):
         self.stats.start_ns = time.monotonic_ns()
         self.ready.set()
         self.vm.go.wait()
-        self.timer.arm(self.vm.slice_ns, self.vm.slice_ns)
+        if len(self.processes) > 1:  # time-slicing needs ticks; a lone process runs undisturbed
+            self.timer.arm(self.vm.slice_ns, self.vm.slice_ns)
         if not self._switch(time.monotonic_ns()):
             return
         exits = self.stats.exits

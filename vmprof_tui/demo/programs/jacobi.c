@@ -45,7 +45,7 @@ int main(unsigned long iters, unsigned long reports, unsigned long c, unsigned l
 {
 	(void)c; (void)d;
 	if (iters == 0)
-		iters = 20;
+		iters = 100;
 	init_grid();
 	for (unsigned long r = 0; reports == 0 || r < reports; r++) {
 		for (unsigned long n = 0; n < iters; n++) {
