@@ -117,7 +117,8 @@ def test_demo_in_tmux(artifacts: Path) -> None:
     assert tmux, "tmux is installed by tools/bootstrap.sh"
     session = f"vmprof-test-{os.getpid()}"
     subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
-                    f"cd {ROOT} && .venv/bin/vmprof demo --scenario two-procs"], check=True)
+                    f"cd {ROOT} && env -u COLUMNS -u LINES .venv/bin/vmprof demo --scenario two-procs"], check=True)
+    subprocess.run([tmux, "resize-window", "-t", session, "-x", "160", "-y", "40"], capture_output=True)
     try:
         screen = ""
         deadline = time.monotonic() + 30

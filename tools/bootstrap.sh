@@ -11,7 +11,7 @@ die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
 
 kver=$(uname -r)
 pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux)
-[ -e "/lib/modules/$kver/build/include/uapi/linux/bpf.h" ] || pkgs+=(linux-headers-amd64)
+[ -e "/lib/modules/$kver/build/Makefile" ] || pkgs+=(linux-headers-amd64)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -29,7 +29,7 @@ fi
 # bcc compiles BPF C against /lib/modules/$kver/build.  Our BPF C uses UAPI
 # headers only (kernel offsets come from BTF), so any Debian headers tree works
 # when the running kernel ships none (DESIGN.md section 4).
-if [ ! -e "/lib/modules/$kver/build/include/uapi/linux/bpf.h" ]; then
+if [ ! -e "/lib/modules/$kver/build/Makefile" ]; then
   hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
   [ -n "$hdr" ] || die "no kernel headers tree found in /usr/src; apt-get install linux-headers-amd64"
   common=${hdr%-amd64}-common
@@ -46,8 +46,8 @@ if ! .venv/bin/python -c 'import bcc' 2>/dev/null; then
   /usr/bin/python3 -m venv --system-site-packages .venv || die "could not create .venv with /usr/bin/python3"
 fi
 say "installing vmprof and its test dependencies into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./guest \
   || die "pip install failed (is PyPI reachable?)"
 .venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual' \
   || die "the venv cannot import its dependencies"
-say "ready: .venv/bin/vmprof"
+say "ready: .venv/bin/vmprof (and .venv/bin/vmprof-guest, the guest agent)"

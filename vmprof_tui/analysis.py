@@ -299,6 +299,10 @@ class Analysis:
                     self.func[usel] = f
                     self.module[usel] = m
         self.unresolved = self.func == UNKNOWN
+        # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
+        # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
+        vcpu_tids = np.fromiter(self.vcpu_of_tid, np.int64, len(self.vcpu_of_tid))
+        self.in_vm = guest | np.isin(s["tid"], vcpu_tids)
         self._encode_keys()
 
     def _encode_keys(self) -> None:
@@ -479,10 +483,7 @@ class Analysis:
     def host_profile(self, cpu: int | None = None) -> Profile:
         s = self.samples
         sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu
-        # A VM's row is the time its vCPU threads held a CPU: guest code, and KVM and the VMM working
-        # on the vCPU's behalf (the type 2 steal of that VM).  Other VMM threads are ordinary host rows.
-        vcpu_thread = np.isin(s["tid"], np.fromiter(self.vcpu_of_tid, np.int64, len(self.vcpu_of_tid)))
-        guest = sel & (self.is_guest | vcpu_thread)
+        guest = sel & self.in_vm
         host = sel & ~guest
         idle_ns = self.cpu_idle_ns()
         measured_idle = bool(idle_ns)

@@ -154,12 +154,23 @@ class GuestProcess:
     maps: list[GuestMap]
     exited: bool = False  # ended during a `vmprof-guest watch` (its CR3 may have been reused since)
     kernel_thread: bool = False
+    _sorted: list[GuestMap] | None = field(default=None, repr=False, compare=False)
+
+    def maps_sorted(self) -> list[GuestMap]:
+        if self._sorted is None:
+            self._sorted = sorted(self.maps, key=lambda m: m.start)
+        return self._sorted
+
+    def map_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """Starts and ends of maps_sorted() as uint64 arrays, for searchsorted."""
+        maps = self.maps_sorted()
+        return (np.array([m.start for m in maps], dtype=np.uint64),
+                np.array([m.end for m in maps], dtype=np.uint64))
 
     def map_for(self, addr: int) -> GuestMap | None:
-        for m in self.maps:
-            if m.start <= addr < m.end:
-                return m
-        return None
+        starts, ends = self.map_tables()
+        i = int(np.searchsorted(starts, np.uint64(addr), side="right")) - 1
+        return self.maps_sorted()[i] if i >= 0 and addr < int(ends[i]) else None
 
 
 @dataclass
@@ -284,6 +295,7 @@ _SYM32 = np.dtype([("name", "<u4"), ("value", "<u4"), ("size", "<u4"), ("info", 
 STT_FUNC, STT_GNU_IFUNC = 2, 10
 SHT_SYMTAB, SHT_DYNSYM, SHT_STRTAB, PT_LOAD, PT_NOTE = 2, 11, 3, 1, 4
 MAX_NAME = 1024
+MAX_STRTAB = 256 << 20
 
 
 def _open_regular(path: Path, limit: int, what: str) -> BinaryIO:
@@ -380,7 +392,10 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
     elf = ELFFile(f)
     segments: list[Segment] = []
     build_id = None
-    for i in range(elf.num_segments()):
+    nseg = elf.num_segments()
+    if nseg > limits.max_elf_segments:
+        raise ElfError(f"{what}: {nseg} segments, over the limit of {limits.max_elf_segments}")
+    for i in range(nseg):
         seg = elf.get_segment(i).header
         if seg["p_type"] == "PT_LOAD":
             segments.append(Segment(int(seg["p_vaddr"]), int(seg["p_offset"]), int(seg["p_filesz"]),
@@ -419,6 +434,8 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
             raise ElfError(f"{what}: malformed ELF: {kind} string table has the wrong type")
         if count == 0:
             continue
+        if int(strh["sh_size"]) > MAX_STRTAB:
+            raise ElfError(f"{what}: a string table of {int(strh['sh_size'])} bytes, over the limit of {MAX_STRTAB}")
         syms = np.frombuffer(_read_at(f, off, count * dtype.itemsize, size, what), dtype=dtype)
         strtab = _read_at(f, int(strh["sh_offset"]), int(strh["sh_size"]), size, what)
         kinds = syms["info"] & 0xF
@@ -1047,38 +1064,38 @@ def load_bundles(paths: dict[str, Path], limits: Limits = DEFAULT_LIMITS) -> tup
 
 
 def resolve_user(bundle: GuestBundle, cr3: int, addrs: np.ndarray,
-                 limits: Limits = DEFAULT_LIMITS) -> tuple[GuestProcess | None, list[str], list[str]]:
-    """Names for guest user-space addresses sampled under one CR3: (process, functions, modules).
+                 limits: Limits = DEFAULT_LIMITS) -> tuple[GuestProcess | None, np.ndarray, np.ndarray]:
+    """Names for guest addresses sampled under one CR3: (process, functions, modules) as object arrays.
 
-    Unresolved addresses come back as hex strings, with module '[unknown]'; an object file that
-    fails to parse leaves only its own addresses raw.  Kernel addresses use the guest kallsyms.
+    Unresolved addresses come back as hex strings with module '[unknown]' (or the map's file when
+    the address is in a map without symbols); an object file that fails to parse leaves only its
+    own addresses raw.  Kernel addresses use the guest kallsyms.  Lookups are searchsorted over
+    sorted tables; pass distinct addresses (np.unique) to keep the string work small.
     """
-    a = np.asarray(addrs, dtype=np.uint64)
-    funcs = [f"{int(x):#x}" for x in a]
-    mods = ["[unknown]"] * len(a)
+    a = np.asarray(addrs, dtype=np.uint64).ravel()
+    funcs = np.array([f"{int(x):#x}" for x in a.tolist()], dtype=object)
+    mods = np.full(len(a), "[unknown]", dtype=object)
     kern = a >= np.uint64(KERNEL_SPACE)
-    if kern.any() and bundle.kernel is not None and bundle.kernel.symbols is not None \
-            and len(bundle.kernel.symbols):
-        ks = bundle.kernel.symbols
+    ks = bundle.kernel.symbols if bundle.kernel is not None else None
+    if kern.any() and ks is not None and len(ks):
         kidx = np.flatnonzero(kern)
         idx = ks.lookup(a[kidx])
-        for i, j in zip(kidx.tolist(), idx.tolist(), strict=True):
-            if j >= 0:
-                funcs[i] = str(ks.names[j])
-                mods[i] = f"[{ks.modules[j]}]" if ks.modules[j] else "[kernel]"
+        hit = idx >= 0
+        funcs[kidx[hit]] = ks.names[idx[hit]]
+        mods[kidx[hit]] = np.array([f"[{m}]" if m else "[kernel]" for m in ks.modules[idx[hit]].tolist()],
+                                   dtype=object)
     proc = bundle.by_cr3().get(normalise_cr3(cr3))
     if proc is None:
         return None, funcs, mods
+    starts, ends = proc.map_tables()
     user = np.flatnonzero(~kern)
-    by_map: dict[int, list[int]] = {}
-    for i in user.tolist():
-        m = proc.map_for(int(a[i]))
-        if m is not None:
-            by_map.setdefault(id(m), []).append(i)
-            mods[i] = os.path.basename(m.path) or m.path or "[anon]"
-    maps = {id(m): m for m in proc.maps}
-    for key, rows in by_map.items():
-        m = maps[key]
+    midx = np.searchsorted(starts, a[user], side="right").astype(np.int64) - 1
+    ok = midx >= 0
+    ok[ok] &= a[user][ok] < ends[midx[ok]]
+    for mi in np.unique(midx[ok]).tolist():
+        m = proc.maps_sorted()[mi]
+        rows = user[ok][midx[ok] == mi]
+        mods[rows] = os.path.basename(m.path) or m.path or "[anon]"
         if m.object_path is None:
             continue
         try:
@@ -1086,8 +1103,6 @@ def resolve_user(bundle: GuestBundle, cr3: int, addrs: np.ndarray,
         except ElfError:
             continue
         idx = syms.lookup(syms.vaddrs_for_map(m, a[rows]))
-        for i, j in zip(rows, idx.tolist(), strict=True):
-            if j >= 0:
-                funcs[i] = str(syms.names[j])
+        hit = idx >= 0
+        funcs[rows[hit]] = syms.names[idx[hit]]
     return proc, funcs, mods
-

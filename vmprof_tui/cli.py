@@ -419,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     lbr_command.add_arguments(p)
     p.set_defaults(func=lambda a: lbr_command.cmd_blocks(a, load_recording=_lbr_samples_of_recording))
 
+    from vmprof_tui import guest_fetch
+
+    p = add("guest", "guest bundles: collect one from a libvirt VM through the QEMU guest agent",
+            lambda a: _usage(a, "vmprof guest fetch --vm NAME [-o DIR]"))
+    guest_fetch.register(p)
+
     add("doctor", "check what this host can do (privileges, BTF, bcc, KVM backend, PMU, LBR, helper)", cmd_doctor)
 
     p = add("demo", "run the built-in demo VMs (real KVM guests with known ground truth)", cmd_demo)
@@ -440,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--busy-ms", type=int, default=10, metavar="MS", help="duty program busy time")
     g.add_argument("--idle-ms", type=int, default=20, metavar="MS", help="duty program idle time")
     return parser
+
+
+def _usage(_args: argparse.Namespace, usage: str) -> int:
+    print(f"usage: {usage}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

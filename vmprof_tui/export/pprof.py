@@ -208,7 +208,7 @@ def _guest_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
     if row.vm is None or row.pid is None or row.function != f"[{row.vm}]":
         return [row]
     s = an.samples
-    sel = an.is_guest & (s["pid"] == row.pid)
+    sel = an.in_vm & (s["pid"] == row.pid)
     if cpu is not None:
         sel &= s["cpu"] == cpu
     idx = np.nonzero(sel)[0]

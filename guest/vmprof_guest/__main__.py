@@ -1,0 +1,5 @@
+import sys
+
+from vmprof_guest.agent import main
+
+sys.exit(main())
