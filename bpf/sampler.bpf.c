@@ -42,14 +42,17 @@ int on_sample(struct bpf_perf_event_data *ctx)
 		s->exit_reason = vcpu_exit_reason(vcpu);
 		if (read_u32(vcpu + VCPU_MP_STATE) == KVM_MP_STATE_HALTED)
 			s->flags |= SAMPLE_HALTED;
+		/* KVM_HANDLING_IRQ (1) for a cpu-clock sampler, KVM_HANDLING_NMI (2) for cycles; any other
+		 * value means the interrupt did not arrive in guest mode for this event (as perf decides) */
 		u8 handling = read_u8(vcpu + VCPU_INTR_FROM_GUEST);
-		if (handling) {
+		if (handling == EXPECTED_HANDLING) {
 			u64 rip = 0, cr3 = 0;
 			s->flags |= SAMPLE_GUEST | vcpu_guest_state(vcpu, handling, &rip, &cr3);
 			s->guest_ip = rip;
 			s->guest_cr3 = cr3;
+			/* only a thread in KVM_RUN runs the guest; a VMM thread can load a vCPU for an ioctl */
+			remember_vcpu_thread(s->tid, s->pid);
 		}
-		remember_vcpu_thread(s->tid, s->pid);
 	}
 	samples.ringbuf_submit(s, BPF_RB_NO_WAKEUP); /* userspace drains on a timer */
 	return 0;

@@ -55,7 +55,6 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 		e->prev_exit_reason = vcpu_exit_reason(prev_vcpu);
 		if (read_u32(prev_vcpu + VCPU_MP_STATE) == KVM_MP_STATE_HALTED)
 			flags |= SCHED_PREV_HALTED;
-		remember_vcpu_thread(prev_tid, e->prev_pid);
 	}
 	e->flags = flags;
 	bpf_probe_read_kernel_str(e->next_comm, sizeof(e->next_comm), next + TASK_COMM);

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: GPL-2.0
-"""Check the VMX exit-reason table in BPF_CONTRACT.md.
+"""Check the VMX exit-reason table (vmprof_tui/vmx_exits.py).
 
 Usage: check_exit_table.py [path/to/uapi/asm/vmx.h]
 
-The table is the ```python block of BPF_CONTRACT.md that defines
-VMX_EXIT_REASONS and VMX_EXIT_CATEGORIES.  Checks: it parses as plain
+The table is vmprof_tui/vmx_exits.py (VMX_EXIT_REASONS and
+VMX_EXIT_CATEGORIES), read as literals without importing vmprof.  Checks: it parses as plain
 literals; every category is one of VMX_EXIT_CATEGORIES; and, when a kernel
 uapi <asm/vmx.h> is given, every EXIT_REASON_<NAME> it defines is in the table
 under the same number and name.  Prints one line; exit 1 on a mismatch.
@@ -18,23 +18,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def load_table(md_path):
-    text = md_path.read_text(encoding="utf-8")
-    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
-        if "VMX_EXIT_REASONS" not in block:
-            continue
-        found = {}
-        for node in ast.parse(block).body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target = node.targets[0]
-                if isinstance(target, ast.Name):
-                    found[target.id] = ast.literal_eval(node.value)
-        return found["VMX_EXIT_REASONS"], found["VMX_EXIT_CATEGORIES"]
-    raise SystemExit(f"check_exit_table: no VMX_EXIT_REASONS block in {md_path}")
+def load_table(py_path):
+    found = {}
+    for node in ast.parse(py_path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                found[target.id] = ast.literal_eval(node.value)
+    if "VMX_EXIT_REASONS" not in found:
+        raise SystemExit(f"check_exit_table: no VMX_EXIT_REASONS in {py_path}")
+    return found["VMX_EXIT_REASONS"], found["VMX_EXIT_CATEGORIES"]
 
 
 def main(argv):
-    reasons, categories = load_table(HERE / "BPF_CONTRACT.md")
+    reasons, categories = load_table(HERE.parent / "vmprof_tui" / "vmx_exits.py")
     problems = []
     for num, (name, cat) in sorted(reasons.items()):
         if not isinstance(num, int) or not 0 <= num <= 0xFFFF:

@@ -200,7 +200,8 @@ class Analysis:
                 if vcpu is not None:
                     self.vcpu_of_tid[int(tid)] = (int(vm["pid"]), int(vcpu))
         s = self.samples
-        vcpu_samples = s[(s["flags"] & 0x0002) != 0]
+        # Only a thread in KVM_RUN runs guest code: VMM threads that load a vCPU for an ioctl are not vCPUs.
+        vcpu_samples = s[(s["flags"] & SAMPLE_GUEST) != 0]
         if len(vcpu_samples):
             pairs = np.unique(np.stack([vcpu_samples["tid"].astype(np.int64), vcpu_samples["pid"].astype(np.int64),
                                         vcpu_samples["vcpu_id"].astype(np.int64)], axis=1), axis=0)
@@ -301,8 +302,9 @@ class Analysis:
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        vcpu_tids = np.fromiter(self.vcpu_of_tid, np.int64, len(self.vcpu_of_tid))
-        self.in_vm = guest | np.isin(s["tid"], vcpu_tids)
+        thread_keys = np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
+                                  len(self.vcpu_of_tid))
+        self.in_vm = guest | np.isin(s["pid"].astype(np.int64) << 32 | s["tid"], thread_keys)
         self._encode_keys()
 
     def _encode_keys(self) -> None:
@@ -340,10 +342,11 @@ class Analysis:
         s = self.samples
         for tid, (pid, vcpu) in sorted(self.vcpu_of_tid.items()):
             vm = self.vm_by_pid.get(pid, f"vm-{pid}")
-            # every recorded switch of the thread counts, also those before it was known as a vCPU thread
-            outs = ev[ev["prev_tid"] == tid]
-            ins = ev[ev["next_tid"] == tid]
-            own = s["time_ns"][s["tid"] == tid]
+            # every recorded switch of the thread counts, also those before it was known as a vCPU thread;
+            # the pid check keeps out an earlier thread that had the same id
+            outs = ev[(ev["prev_tid"] == tid) & (ev["prev_pid"] == pid)]
+            ins = ev[(ev["next_tid"] == tid) & (ev["next_pid"] == pid)]
+            own = s["time_ns"][(s["tid"] == tid) & (s["pid"] == pid)]
             firsts = [int(a[0]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
             lasts = [int(a[-1]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
             if not firsts:
@@ -511,6 +514,10 @@ class Analysis:
         return Profile("host", None, None, total, self.duration_s, self.rec.lost_samples, ratios, rows,
                        int(np.count_nonzero(sel & self.unresolved)), notes)
 
+    def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
+        """The samples of one vCPU thread."""
+        return (self.samples["tid"] == tl.tid) & (self.samples["pid"] == tl.pid)
+
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
 
@@ -522,8 +529,9 @@ class Analysis:
             raise KeyError(vm)
         tls = self.vm_timelines(vm, vcpu)
         s = self.samples
-        tids = [tl.tid for tl in tls]
-        sel = np.isin(s["tid"], tids)
+        sel = np.zeros(len(s), bool)
+        for tl in tls:
+            sel |= self.thread_mask(tl)
         real_guest = sel & self.is_guest
         rows = self._aggregate(real_guest)
         for row in rows:
@@ -568,7 +576,7 @@ class Analysis:
         s = self.samples
         out: list[Attribution] = []
         for tl in sorted(self.vm_timelines(vm), key=lambda t: t.vcpu):
-            sel = np.nonzero((s["tid"] == tl.tid) & self.is_guest)[0]
+            sel = np.nonzero(self.thread_mask(tl) & self.is_guest)[0]
             if not len(sel):
                 continue
             keys = (self.key if per_function else self.proc_key)[sel]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmprof_tui.btf import BTF_DIR, Btf, BtfError
+from vmprof_tui.vmx_exits import VMX_EXIT_CATEGORIES, VMX_EXIT_REASONS
 
 PVM, SVM, VMX, NONE = "pvm", "svm", "vmx", "none"
 
@@ -22,12 +23,8 @@ PVM, SVM, VMX, NONE = "pvm", "svm", "vmx", "none"
 _BACKEND_MODULES = {PVM: ("kvm_pvm", "vcpu_pvm"), SVM: ("kvm_amd", "vcpu_svm"), VMX: ("kvm_intel", "vcpu_vmx")}
 VMX_HELPER_PARAMS = Path("/sys/module/vmprof_vmx/parameters")
 
-CATEGORIES = ("halt", "external_interrupt", "io", "mmio", "msr", "ept", "cpuid", "pause", "hypercall",
-              "exception", "other")
+CATEGORIES = VMX_EXIT_CATEGORIES
 
-# VMX basic exit reasons (Intel SDM vol. 3 appendix C) -> category.
-VMX_EXITS = {0: "exception", 1: "external_interrupt", 7: "external_interrupt", 10: "cpuid", 12: "halt",
-             18: "hypercall", 30: "io", 31: "msr", 32: "msr", 40: "pause", 48: "ept", 49: "ept"}
 # SVM exit codes (AMD APM vol. 2 appendix C).
 SVM_EXITS = {**{0x40 + i: "exception" for i in range(32)}, 0x60: "external_interrupt",
              0x61: "external_interrupt", 0x72: "cpuid", 0x77: "pause", 0x78: "halt", 0x7B: "io",
@@ -52,7 +49,7 @@ def _pvm_category(reason: int) -> str | None:
 def exit_category(backend: str, reason: int) -> str:
     """Category of an exit reason, or 'BACKEND exit 0xN' for a number this table does not know."""
     if backend == VMX:
-        cat = VMX_EXITS.get(reason & 0xFFFF)
+        cat = VMX_EXIT_REASONS.get(reason & 0xFFFF, ("", None))[1]
     elif backend == SVM:
         cat = SVM_EXITS.get(reason)
     elif backend == PVM:

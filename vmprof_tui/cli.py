@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,14 @@ from vmprof_tui import __version__
 
 class Failure(Exception):
     """A runtime failure with one line for the user (exit status 1)."""
+
+
+def stop_on_signals() -> Callable[[], bool]:
+    """Ctrl-C and SIGTERM end a command cleanly: they only set a flag that the command's loop watches."""
+    flag = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: flag.set())
+    return flag.is_set
 
 
 def _fail(message: str) -> int:
@@ -66,19 +75,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ready = run.start()
     except (runner.DemoError, OSError) as e:
         return _fail(str(e))
-    stop = False
-
-    def on_signal(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stopped = stop_on_signals()
     if args.json:
         print(json.dumps({"scenario": args.scenario, "vms": list(ready.values())}), flush=True)
     elif not args.no_tui and sys.stdout.isatty():
         try:
-            _run_top(None, args.frequency, 10.0, 1.0)
+            _run_top(None, args.frequency, 10.0, 1.0, stopped)
         except Failure as e:
             run.stop()
             return _fail(str(e))
@@ -91,7 +93,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             + ("; Ctrl-C stops" if not args.duration else ""), flush=True)
     start = last_print = time.monotonic()
     cpu: dict[tuple[int, int], int] = {}
-    while run.alive() and not stop:
+    while run.alive() and not stopped():
         time.sleep(0.1)
         now = time.monotonic()
         if not args.json and now - last_print >= 1.0:
@@ -130,7 +132,8 @@ def format_truth(truth: dict[str, dict]) -> str:
 # vmprof top
 
 
-def _run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float) -> None:
+def _run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
+             should_stop: Callable[[], bool] | None = None) -> None:
     from vmprof_tui.live import LiveSession, ReplaySession
     from vmprof_tui.tui import VmprofTop
 
@@ -151,7 +154,7 @@ def _run_top(replay: str | None, frequency: int, window_s: float, refresh_s: flo
         except (BackendError, CollectError) as e:
             raise Failure(str(e)) from None
     try:
-        VmprofTop(session, refresh_s).run()
+        VmprofTop(session, refresh_s, should_stop).run()
     finally:
         session.close()
 
@@ -163,7 +166,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         if not discover.discover_vms():
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)
-    _run_top(args.replay, args.frequency, args.window, args.refresh)
+    _run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals())
     return 0
 
 
@@ -180,14 +183,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.frequency <= 0 or args.frequency > 100_000:
         print("vmprof record: -F must be between 1 and 100000 Hz", file=sys.stderr)
         return 2
-    stop = False
-
-    def on_signal(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stopped = stop_on_signals()
     tty = sys.stderr.isatty()
 
     def on_progress(p: object) -> None:
@@ -199,7 +195,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         recorder = Recorder(Path(args.output), frequency=args.frequency, vm_names=args.vm, pid=args.pid)
         for note in recorder.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
-        progress = recorder.run(args.duration, lambda: stop, None if args.quiet else on_progress)
+        progress = recorder.run(args.duration, stopped, None if args.quiet else on_progress)
     except (BackendError, CollectError, RecordError, RecordingError) as e:
         return _fail(str(e))
     if tty and not args.quiet:

@@ -89,6 +89,7 @@ class Collector:
                                "use the default cpu-clock event")
         cflags = [f"-I{BPF_DIR}", f"-I{HELPER_DIR}", f"-DSAMPLE_RING_PAGES={self.ring_pages}",
                   f"-DSCHED_RING_PAGES={max(self.ring_pages // 4, 16)}", "-Wno-macro-redefined",
+                  f"-DEXPECTED_HANDLING={2 if self.event == 'cycles' else 1}",
                   *self.backend.cflags()]
         text = bpf_source()
         build = Path(f"/lib/modules/{os.uname().release}/build")

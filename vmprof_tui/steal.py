@@ -17,7 +17,7 @@ def steal_report(an: Analysis, vm: str) -> dict:
     period = an.period_ns
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
-        thread = s["tid"] == tl.tid
+        thread = an.thread_mask(tl)
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space

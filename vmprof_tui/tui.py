@@ -8,6 +8,7 @@ number on screen comes from vmprof_tui.analysis on the session's window.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -379,7 +380,7 @@ class TimelineScreen(Screen):
                 lo = int((b.start_ns - w0) * width // span)
                 hi = max(int((b.end_ns - w0) * width // span), lo + 1)
                 strip[lo:hi] = 4 if b.kind == IDLE else 3 if b.kind == PREEMPTED else 2
-            mine = s["tid"] == tl.tid
+            mine = an.thread_mask(tl)
             cols = ((s["time_ns"][mine].astype(np.int64) - w0) * width // span).clip(0, width - 1)
             guest = an.is_guest[mine]
             strip[cols[~guest]] = 2
@@ -402,9 +403,11 @@ class VmprofTop(App):
                 Binding("minus", "slower", "slower"), Binding("left_square_bracket", "shorter", show=False),
                 Binding("right_square_bracket", "longer", show=False)]
 
-    def __init__(self, session: object, refresh_s: float = 1.0) -> None:
+    def __init__(self, session: object, refresh_s: float = 1.0,
+                 should_stop: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self.session = session
+        self.should_stop = should_stop or (lambda: False)
         self.refresh_s = refresh_s
         self.paused = False
         self.analysis: Analysis | None = None
@@ -419,6 +422,9 @@ class VmprofTop(App):
         self._timer = self.set_interval(self.refresh_s, self.tick)
 
     def tick(self) -> None:
+        if self.should_stop():  # SIGTERM (the terminal's Ctrl-C is a key here: q quits)
+            self.exit()
+            return
         if self.paused:
             return
         try:

@@ -100,22 +100,6 @@ def sample_runs(times: np.ndarray, codes: np.ndarray, seg: np.ndarray, seg_lo: n
     return first[ok], (last - first + 1)[ok], start[ok], end[ok]
 
 
-def first_on_cpu(an: Analysis, tl: VcpuTimeline) -> int:
-    """When the vCPU thread started running: its first switch-in, or the window's start if it was already running.
-
-    Any switch-in counts, flagged as a vCPU or not: a vCPU thread first runs before
-    KVM marks it as a loaded vCPU.
-    """
-    ev = an.sched
-    ins = ev["time_ns"][ev["next_tid"] == tl.tid]
-    outs = ev["time_ns"][ev["prev_tid"] == tl.tid]
-    own = an.samples["time_ns"][an.samples["tid"] == tl.tid]
-    others = [int(a[0]) for a in (outs, own) if len(a)]
-    if len(ins) and (not others or int(ins[0]) <= min(others)):
-        return max(tl.start_ns, int(ins[0]))
-    return max(tl.start_ns, an.window()[0])
-
-
 def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event]:
     """The slices of one vCPU track: guest and vmm from its samples, steal and idle from its blanks."""
     tid = tl.tid
@@ -123,10 +107,10 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
     b_start = np.array([b.start_ns for b in blanks], np.int64)
     b_end = np.array([b.end_ns for b in blanks], np.int64)
     # on-CPU segment k runs from the end of blank k-1 to the start of blank k
-    seg_lo = np.concatenate([[first_on_cpu(an, tl)], b_end]).astype(np.int64)
+    seg_lo = np.concatenate([[tl.start_ns], b_end]).astype(np.int64)
     seg_hi = np.concatenate([b_start, [tl.end_ns]]).astype(np.int64)
     s = an.samples
-    idx = np.nonzero(s["tid"] == tid)[0]
+    idx = np.nonzero(an.thread_mask(tl))[0]
     times = s["time_ns"][idx].astype(np.int64)
     seg = np.searchsorted(b_end, times, side="right")
     inside_blank = np.searchsorted(b_start, times, side="right") > seg  # contradicts the sched events
