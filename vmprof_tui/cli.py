@@ -192,7 +192,12 @@ def cmd_record(args: argparse.Namespace) -> int:
         print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     try:
-        recorder = Recorder(Path(args.output), frequency=args.frequency, vm_names=args.vm, pid=args.pid)
+        lbr = None
+        if args.lbr:
+            from vmprof_tui.lbr.collect import LbrConfig
+
+            lbr = LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0)
+        recorder = Recorder(Path(args.output), frequency=args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr)
         for note in recorder.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
         progress = recorder.run(args.duration, stopped, None if args.quiet else on_progress)
@@ -287,20 +292,6 @@ def cmd_steal(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lbr_samples_of_recording(path: str, vm: str | None, process: str | None) -> tuple:
-    """Branch records stored in a recording.  `vmprof record` does not collect LBR yet (no PMU host to
-    verify it on), so every recording lacks them; say so rather than print an empty table."""
-    from vmprof_tui.lbr.command import BlocksError
-    from vmprof_tui.recording import RecordingError, load
-
-    try:
-        rec = load(Path(path))
-    except RecordingError as e:
-        raise BlocksError(str(e)) from None
-    raise BlocksError(f"{path} has no branch records (recorded with event {rec.meta.get('event')} and no LBR); "
-                      "record LBR with `perf record -b` on a PMU host and use --perf-script")
-
-
 # ---------------------------------------------------------------------------
 # vmprof doctor
 
@@ -326,7 +317,8 @@ EXAMPLES = {
     "record": """examples:
   vmprof record -o run.vmprof -d 10          everything on every CPU for 10 s at 1000 Hz
   vmprof record -o run.vmprof -F 10000       10 kHz until Ctrl-C
-  vmprof record -o web.vmprof --vm web1 --vm web2 -d 30   samples of two VMs only""",
+  vmprof record -o web.vmprof --vm web1 --vm web2 -d 30   samples of two VMs only
+  vmprof record -o lbr.vmprof --lbr --pid 1234 -d 10      + branch records for vmprof blocks (PMU hosts)""",
     "report": """examples:
   vmprof report run.vmprof                          host level: host kernel, processes, one row per VM
   vmprof report run.vmprof --vm web1                guest level of VM web1: processes, functions, steal, idle
@@ -377,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep only samples of this VM (repeatable; scheduler events are always kept)")
     p.add_argument("--pid", type=int, default=None, help="keep only samples of this host process")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
+                   help="also record last branch records with cycles and instructions (hosts with a PMU and LBR; "
+                        "PATTERN type1..type4 as in `vmprof blocks --patterns`, default type4)")
+    p.add_argument("--lbr-period", type=int, default=1_000_003, metavar="CYCLES",
+                   help="cycles between LBR samples (default about 1 ms at 1 GHz)")
 
     from vmprof_tui.export import FORMATS
 
@@ -413,7 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("blocks", lbr_command.HELP, lbr_command.cmd_blocks)
     lbr_command.add_arguments(p)
-    p.set_defaults(func=lambda a: lbr_command.cmd_blocks(a, load_recording=_lbr_samples_of_recording))
+    from vmprof_tui.lbr.recorded import samples_of_recording
+
+    p.set_defaults(func=lambda a: lbr_command.cmd_blocks(a, load_recording=samples_of_recording))
 
     from vmprof_tui import guest_fetch
 

@@ -23,6 +23,8 @@ from elftools.elf.elffile import ELFFile
 from vmprof_tui import __version__, discover
 from vmprof_tui.backends import Backend, load_backend
 from vmprof_tui.collect import Collector, check_privileges, pmu_available
+from vmprof_tui.lbr.capability import detect
+from vmprof_tui.lbr.collect import LbrCollector, LbrConfig, LbrUnsupported
 from vmprof_tui.recording import Writer
 from vmprof_tui.records import SAMPLE_GUEST
 
@@ -87,7 +89,7 @@ def _kallsyms() -> str:
 
 class Recorder:
     def __init__(self, out: Path, frequency: int = 1000, vm_names: list[str] | None = None,
-                 pid: int | None = None, backend: Backend | None = None) -> None:
+                 pid: int | None = None, backend: Backend | None = None, lbr: LbrConfig | None = None) -> None:
         self.out = out
         self.frequency = frequency
         self.vm_names = vm_names or []
@@ -100,6 +102,11 @@ class Recorder:
         self.started = threading.Event()  # set once the BPF programs sample
         self.collector = Collector(self.backend, frequency=frequency,
                                    event="cycles" if pmu_available() else "cpu-clock")
+        self.lbr = LbrCollector(lbr) if lbr is not None else None
+        if lbr is not None and not lbr.standin:
+            caps = detect(lbr.effective.branch_filter)
+            if not caps.ok:
+                raise RecordError(f"--lbr: {caps.message}")
 
     def _discover(self) -> bool:
         """Add newly started VMs; True if any was added."""
@@ -142,7 +149,9 @@ class Recorder:
                 "clock": "CLOCK_MONOTONIC (bpf_ktime_get_ns)", "start_monotonic_ns": time.monotonic_ns(),
                 "start_unix_s": time.time(), "offsets": be.offsets, "kvm_sched_in": be.kvm_sched_in,
                 "vmx_helper": be.vmx_helper is not None, "notes": be.notes,
-                "filters": {"vm": self.vm_names, "pid": self.pid}}
+                "filters": {"vm": self.vm_names, "pid": self.pid},
+                "lbr": None if self.lbr is None else {"pattern": self.lbr.config.pattern.name,
+                                                      "standin": self.lbr.config.standin}}
 
     def run(self, duration_s: float | None, should_stop: Callable[[], bool],
             on_progress: Callable[[Progress], None] | None = None) -> Progress:
@@ -150,6 +159,11 @@ class Recorder:
         self.writer = Writer(self.out, self.meta())
         try:
             self.collector.start()
+            if self.lbr is not None:
+                try:
+                    self.lbr.start()
+                except LbrUnsupported as e:
+                    raise RecordError(f"--lbr: {e}") from None
             self.started.set()
         except Exception:
             self.writer.file.close()
@@ -182,6 +196,10 @@ class Recorder:
         return self.progress
 
     def _drain(self, elapsed: float) -> None:
+        if self.lbr is not None:
+            records = self.lbr.poll(0)
+            if len(records):
+                self.writer.add_lbr(records, self.lbr.nr, int(self.lbr.config.effective.fields))
         drained = self.collector.drain()
         samples = self._keep(drained.samples)
         self.writer.add(samples, drained.sched)
@@ -205,6 +223,9 @@ class Recorder:
             self._drain(self.progress.elapsed_s)  # what arrived since the last drain
             lost = self.collector.lost()
         self.collector.close()
+        if self.lbr is not None:
+            lost["lbr"] = self.lbr.stats()
+            self.lbr.stop()
         self.writer.add_snapshot({"kallsyms": _kallsyms()})
         self.writer.close({"duration_s": self.progress.elapsed_s, "samples": self.progress.samples,
                            "guest_samples": self.progress.guest, "lost": lost,

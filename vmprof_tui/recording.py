@@ -33,8 +33,9 @@ CHUNK_HEADER = struct.Struct("<4sHHII")  # magic, kind, reserved, payload length
 MAX_CHUNK = 256 << 20
 MAX_INFLATED = 1 << 30
 
-META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END = 1, 2, 3, 4, 5, 6
-KIND_NAMES = {META: "meta", SAMPLES: "samples", SCHED: "sched", SNAPSHOT: "snapshot", BUNDLE: "bundle", END: "end"}
+META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR = 1, 2, 3, 4, 5, 6, 7
+KIND_NAMES = {META: "meta", SAMPLES: "samples", SCHED: "sched", SNAPSHOT: "snapshot", BUNDLE: "bundle", END: "end",
+              LBR: "lbr"}
 TABLE_DTYPES = {SAMPLES: SAMPLE_DTYPE, SCHED: SCHED_DTYPE}
 
 
@@ -73,6 +74,19 @@ def _decode_table(payload: bytes, dtype: np.dtype) -> np.ndarray:
         table[name] = np.cumsum(col).astype("<u8") if name == "time_ns" else col.reshape(table[name].shape)
         pos += size
     return table
+
+
+def _decode_lbr(payload: bytes) -> np.ndarray:
+    from vmprof_tui.lbr.record import record_dtype
+
+    (hlen,) = struct.unpack_from("<I", payload)
+    header = json.loads(payload[4:4 + hlen])
+    dtype = record_dtype(int(header["nr"]), int(header["fields"]))
+    rows = int(header["rows"])
+    raw = zlib.decompressobj().decompress(payload[4 + hlen:], rows * dtype.itemsize + 1)
+    if len(raw) != rows * dtype.itemsize:
+        raise RecordingError("an LBR chunk is shorter than its header says")
+    return np.frombuffer(raw, dtype=dtype).copy()
 
 
 class Writer:
@@ -127,6 +141,11 @@ class Writer:
         name = vm.encode()
         self.chunk(BUNDLE, struct.pack("<H", len(name)) + name + buf.getvalue())
 
+    def add_lbr(self, records: np.ndarray, nr: int, fields: int) -> None:
+        """Raw LBR records (bpf/lbr_record.h, LBR_NR=nr, LBR_FIELDS=fields) as they came from the ring buffer."""
+        header = json.dumps({"rows": len(records), "nr": nr, "fields": fields}).encode()
+        self.chunk(LBR, struct.pack("<I", len(header)) + header + zlib.compress(records.tobytes(), 6))
+
     def sync(self) -> None:
         self.file.flush()
         os.fsync(self.file.fileno())
@@ -147,6 +166,7 @@ class Recording:
     snapshot: dict = field(default_factory=dict)
     bundles: dict[str, bytes] = field(default_factory=dict)  # vm name -> tar bytes
     end: dict | None = None  # None when the recorder did not finish (killed, cut)
+    lbr: np.ndarray | None = None  # raw LBR records (vmprof record --lbr)
     problems: list[str] = field(default_factory=list)  # what was cut or skipped
 
     @property
@@ -181,6 +201,7 @@ def load(path: Path) -> Recording:
     meta: dict | None = None
     tables: dict[int, list[np.ndarray]] = {SAMPLES: [], SCHED: []}
     rec = Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
+    lbr_parts: list[np.ndarray] = []
     chunks = 0
     while pos < len(data):
         if pos + CHUNK_HEADER.size > len(data):
@@ -214,6 +235,8 @@ def load(path: Path) -> Recording:
                 rec.bundles[payload[2:2 + n].decode(errors="replace")] = payload[2 + n:]
             elif kind == END:
                 rec.end = json.loads(payload)
+            elif kind == LBR:
+                lbr_parts.append(_decode_lbr(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
             rec.problems.append(f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
     if meta is None:
@@ -223,6 +246,8 @@ def load(path: Path) -> Recording:
         rec.samples = np.concatenate(tables[SAMPLES])
     if tables[SCHED]:
         rec.sched = np.concatenate(tables[SCHED])
+    if lbr_parts:
+        rec.lbr = np.concatenate(lbr_parts)
     if rec.end is None and not rec.problems:
         rec.problems.append("the recorder did not finish (no end chunk): this is the part flushed before it stopped")
     return rec

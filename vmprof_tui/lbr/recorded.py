@@ -1,0 +1,65 @@
+"""LBR samples stored in a vmprof recording (`vmprof record --lbr`), named through the recording's
+snapshot of each process's memory maps: the same symbol sources as `vmprof report`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui.lbr.command import BlocksError
+from vmprof_tui.lbr.model import LbrSample, Resolve, ResolvedAddr
+from vmprof_tui.lbr.record import to_samples
+from vmprof_tui.recording import Recording, RecordingError, load
+from vmprof_tui.symbols import ET_EXEC, ObjectCache, parse_proc_maps
+
+
+def process_resolver(maps_text: str, objects: ObjectCache) -> Resolve:
+    maps = parse_proc_maps(maps_text)
+    cache: dict[int, ResolvedAddr | None] = {}
+
+    def resolve(addr: int) -> ResolvedAddr | None:
+        if addr in cache:
+            return cache[addr]
+        found = None
+        for m in maps:
+            if m.start <= addr < m.end and m.object_path is not None:
+                syms = objects.get(m.object_path)
+                if syms is None:
+                    break
+                a = np.array([addr], np.uint64)
+                vaddr = int(addr) if syms.elf_type == ET_EXEC else int(syms.vaddrs_for_map(m, a)[0])
+                idx = int(syms.lookup(np.array([vaddr], np.uint64))[0]) if vaddr >= 0 else -1
+                if idx >= 0:
+                    found = ResolvedAddr(str(m.object_path), vaddr, str(syms.names[idx]), int(syms.starts[idx]),
+                                         int(syms.ends[idx]))
+                break
+        cache[addr] = found
+        return found
+
+    return resolve
+
+
+def samples_of_recording(path: str, vm: str | None, process: str | None
+                         ) -> tuple[list[LbrSample], Resolve, Callable[[int], Resolve | None], None]:
+    """(samples, resolve, resolve_pid, read_code) for lbr.analysis.analyse, from a recording."""
+    try:
+        rec: Recording = load(Path(path))
+    except RecordingError as e:
+        raise BlocksError(str(e)) from None
+    if rec.lbr is None or not len(rec.lbr):
+        raise BlocksError(f"{path} has no branch records: record with `vmprof record --lbr` on a host with "
+                          "LBR, or use `perf record -b` there and --perf-script")
+    snaps = {int(v["pid"]): v for k, v in rec.snapshot.items() if k.startswith("process:")}
+    samples = to_samples(rec.lbr, {pid: snap["comm"] for pid, snap in snaps.items()})
+    objects = ObjectCache()
+    resolvers: dict[int, Resolve | None] = {}
+
+    def resolve_pid(pid: int) -> Resolve | None:
+        if pid not in resolvers:
+            snap = snaps.get(pid)
+            resolvers[pid] = process_resolver(snap["maps"], objects) if snap else None
+        return resolvers[pid]
+
+    return samples, (lambda _addr: None), resolve_pid, None
