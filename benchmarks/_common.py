@@ -22,7 +22,7 @@ def guest_rate(seconds: float, scenario: str = "alone") -> float:
 def perf_binary() -> str | None:
     """Debian's perf (the /usr/bin/perf wrapper refuses kernels it has no build for)."""
     candidates = sorted(Path("/usr/bin").glob("perf_*"), reverse=True)
-    for p in [*candidates, Path(shutil.which("perf") or "/nonexistent")]:
+    for p in [Path(shutil.which("perf") or "/nonexistent"), *candidates]:
         if p.exists() and subprocess.run([str(p), "--version"], capture_output=True).returncode == 0:
             return str(p)
     return None

@@ -50,6 +50,7 @@ class LiveSession:
         self._sched: deque[np.ndarray] = deque()
         self.started_at = 0.0
         self.last_discover = 0.0
+        self.messages: list[str] = []  # for the screen: VMs that started or stopped
 
     @property
     def meta(self) -> dict:
@@ -70,7 +71,13 @@ class LiveSession:
                                                           if t not in known.vcpu_threads}
             if new:
                 self.collector.add_vcpu_threads({t: pid for t in new})
-        self.vms = current  # VMs that went away drop out of the live view
+        for pid, vm in self.vms.items():
+            if pid not in current:
+                self.messages.append(f"VM {vm.name} (pid {pid}) stopped")
+        for pid, vm in current.items():
+            if self.vms and pid not in self.vms:
+                self.messages.append(f"VM {vm.name} (pid {pid}) started")
+        self.vms = current  # VMs that went away drop out of the live view as the window moves on
         self.snapshot["vms"] = [vm.to_json() for vm in self.vms.values()]
 
     def bundles(self) -> dict[str, Path]:

@@ -148,7 +148,9 @@ class TableScreen(Screen):
         table.clear()
         self.keys = []
         for key, cells in rows:
-            table.add_row(*[f"{c:.1f}" if isinstance(c, float) else c for c in cells])
+            if key in self.keys:  # row keys must be unique in a DataTable
+                key = f"{key}\0{len(self.keys)}"
+            table.add_row(*[f"{c:.1f}" if isinstance(c, float) else c for c in cells], key=key)
             self.keys.append(key)
         if rows:
             table.move_cursor(row=min(cursor, len(rows) - 1))
@@ -159,7 +161,17 @@ class TableScreen(Screen):
         table = self.query_one(DataTable)
         if not self.keys or table.cursor_row < 0 or table.cursor_row >= len(self.keys):
             return None
-        return self.keys[table.cursor_row]
+        return self.keys[table.cursor_row].split("\0")[0]
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter or a click on a row (the row's key survives refreshes that rebuild the table)."""
+        self.drill(str(event.row_key.value).split("\0")[0])
+
+    def drill(self, key: str | None) -> None:
+        """Open what the row `key` contains; screens with something below them override this."""
+
+    def action_drill(self) -> None:
+        self.drill(self.selected())
 
 
 class OverviewScreen(TableScreen):
@@ -190,15 +202,11 @@ class OverviewScreen(TableScreen):
                              sparkline(self.app.history[vm]))))
         return out
 
-    def action_drill(self) -> None:
-        key = self.selected()
+    def drill(self, key: str | None) -> None:
         if key == HOST_KEY:
             self.app.push_screen(HostScreen())
         elif key:
             self.app.push_screen(VmScreen(key))
-
-    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
-        self.action_drill()
 
     def action_steal(self) -> None:
         key = self.selected()
@@ -248,13 +256,9 @@ class VmScreen(TableScreen):
                                        p.ratios["idle"], p.ratios["steal"], top)))
         return out
 
-    def action_drill(self) -> None:
-        key = self.selected()
+    def drill(self, key: str | None) -> None:
         if key is not None:
             self.app.push_screen(ProcessScreen(self.vm, int(key)))
-
-    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
-        self.action_drill()
 
     def action_steal(self) -> None:
         self.app.push_screen(StealScreen(self.vm))
@@ -285,13 +289,9 @@ class ProcessScreen(TableScreen):
         return [(name, (name, pid if pid is not None else "", int(n), 100 * n / total))
                 for (name, pid), n in agg.items()]
 
-    def action_drill(self) -> None:
-        key = self.selected()
+    def drill(self, key: str | None) -> None:
         if key is not None and not key.startswith("["):
             self.app.push_screen(FunctionScreen(self.vm, self.vcpu, key))
-
-    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
-        self.action_drill()
 
 
 class FunctionScreen(TableScreen):
@@ -435,6 +435,10 @@ class VmprofTop(App):
             self._refresh_screen()
             return
         self.analysis = an
+        news = getattr(self.session, "messages", None)
+        if news:
+            self.message = "; ".join(news[-2:])
+            news.clear()
         h = an.host_profile()
         self.history[HOST_KEY].append(100.0 - h.ratios["idle"])
         for vm in an.vm_names():
