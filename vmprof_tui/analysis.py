@@ -389,29 +389,42 @@ class Analysis:
         return timelines
 
     def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
-        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU."""
+        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU.
+
+        A thread's on-CPU intervals do not overlap, so the time it ran before t is a step function F(t)
+        (cumulative durations); its overlap with [a, b) is F(b) - F(a), for all waits at once."""
         for tid, tl in timelines.items():
             waits = [b for b in tl.blanks if b.kind == PREEMPTED]
             if not waits:
                 continue
+            w_start = np.array([b.start_ns for b in waits], np.int64)
+            w_end = np.array([b.end_ns for b in waits], np.int64)
+            w_cpu = np.array([b.cpu for b in waits], np.int64)
             for other, iv in on_intervals.items():
                 if other == tid or not len(iv):
                     continue
                 o = timelines[other]
-                for b in waits:
-                    lo = np.searchsorted(iv[:, 1], b.start_ns, side="right")
-                    hi = np.searchsorted(iv[:, 0], b.end_ns, side="left")
-                    part = iv[lo:hi]
-                    part = part[part[:, 2] == b.cpu]
+                ns = np.zeros(len(waits), np.int64)
+                for cpu in np.unique(w_cpu).tolist():
+                    part = iv[iv[:, 2] == cpu]
                     if not len(part):
                         continue
-                    ns = int((np.minimum(part[:, 1], b.end_ns) - np.maximum(part[:, 0], b.start_ns)).clip(0).sum())
-                    if not ns:
+                    cum = np.concatenate([[0], np.cumsum(part[:, 1] - part[:, 0])])
+
+                    def ran_before(t: np.ndarray, part: np.ndarray = part, cum: np.ndarray = cum) -> np.ndarray:
+                        i = np.searchsorted(part[:, 0], t, side="right") - 1  # last interval started by t
+                        k = i.clip(0)
+                        return np.where(i >= 0, cum[k] + np.minimum(t, part[k, 1]) - part[k, 0], 0)
+
+                    sel = w_cpu == cpu
+                    ns[sel] = ran_before(w_end[sel]) - ran_before(w_start[sel])
+                for b, n in zip(waits, ns.tolist(), strict=True):
+                    if n <= 0:
                         continue
                     if o.pid == tl.pid:
-                        b.same_vm_ns[o.vcpu] = b.same_vm_ns.get(o.vcpu, 0) + ns
+                        b.same_vm_ns[o.vcpu] = b.same_vm_ns.get(o.vcpu, 0) + n
                     else:
-                        b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + ns
+                        b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
 
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""

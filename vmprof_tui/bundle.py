@@ -88,10 +88,11 @@ def _one_line(text: str, limit: int = 400) -> str:
 def _safe_text(value: str, limit: int) -> str:
     """Guest strings end up in terminals: no control characters, bounded length."""
     value = value[:limit]
-    return value.translate(_CONTROL) if any(ord(c) < 32 or ord(c) == 127 for c in value) else value
+    return value.translate(_CONTROL) if _CONTROL_RE.search(value) else value
 
 
 _CONTROL = {i: "?" for i in [*range(32), 127]}
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 
 
 # -- the data model ------------------------------------------------------------------
@@ -348,29 +349,26 @@ def read_elf_symbols(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
     """Function symbols (.symtab, else also .dynsym) and PT_LOAD segments of an untrusted ELF file."""
     what = Path(path).name
     with _open_regular(Path(path), limits.max_object_bytes, what) as f:
-        size = os.fstat(f.fileno()).st_size
-        try:
-            return _parse_elf(f, size, limits, what)
-        except BundleError:
-            raise
-        except MemoryError:
-            raise ElfError(f"{what}: malformed ELF: sizes too large to read") from None
-        except _elf_errors() as e:
-            raise ElfError(f"{what}: malformed ELF: {type(e).__name__}: {e}") from None
-        except OSError as e:
-            raise ElfError(f"{what}: read error: {e.strerror or e}") from None
+        return _parse_elf_guarded(f, os.fstat(f.fileno()).st_size, limits, what)
 
 
 def elf_symbols_from_bytes(data: bytes, limits: Limits = DEFAULT_LIMITS, what: str = "object") -> ElfSymbols:
     """The same for an in-memory file (used by the fuzz target)."""
+    return _parse_elf_guarded(io.BytesIO(data), len(data), limits, what)
+
+
+def _parse_elf_guarded(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
+    """_parse_elf with every failure of a malformed file turned into one ElfError line."""
     try:
-        return _parse_elf(io.BytesIO(data), len(data), limits, what)
+        return _parse_elf(f, size, limits, what)
     except BundleError:
         raise
     except MemoryError:
         raise ElfError(f"{what}: malformed ELF: sizes too large to read") from None
     except _elf_errors() as e:
         raise ElfError(f"{what}: malformed ELF: {type(e).__name__}: {e}") from None
+    except OSError as e:
+        raise ElfError(f"{what}: read error: {e.strerror or e}") from None
 
 
 def _read_at(f: BinaryIO, offset: int, length: int, size: int, what: str) -> bytes:
