@@ -27,7 +27,7 @@ def cpu_seconds(pid: int) -> float:
 
 def find_top() -> int:
     for _ in range(50):
-        out = subprocess.run(["pgrep", "-f", "vmprof top"], capture_output=True, text=True).stdout.split()
+        out = subprocess.run(["pgrep", "-f", "vmprof_tui top"], capture_output=True, text=True).stdout.split()
         pids = [int(p) for p in out if int(p) != os.getpid()]
         if pids:
             return max(pids)
@@ -46,7 +46,7 @@ def main() -> int:
     session = f"vmprof-bench-{os.getpid()}"
     with runner.DemoRun(runner.scenario_specs("steal3"), duration_s=args.seconds + 60):
         subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
-                        f"cd {ROOT} && {sys.executable} -m vmprof_tui top -F 1000"], check=True)
+                        f"cd {ROOT} && env -u COLUMNS -u LINES {sys.executable} -m vmprof_tui top -F 1000"], check=True)
         try:
             pid = find_top()
             time.sleep(8)  # compile, first frames, symbol caches warm

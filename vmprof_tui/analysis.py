@@ -33,6 +33,7 @@ from vmprof_tui.records import (
     SAMPLE_GUEST_KERNEL,
     SAMPLE_GUEST_UNKNOWN,
     SAMPLE_HOST_KERNEL,
+    SCHED_DTYPE,
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
 )
@@ -51,6 +52,10 @@ GUEST_KERNEL_MODULE = "[guest.kallsyms]"
 UNKNOWN = "[unknown]"
 
 IDLE, PREEMPTED, BLOCKED = "idle", "preempted", "blocked"
+
+# positions of sched-event fields in a record converted with .tolist()
+FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU = (SCHED_DTYPE.names.index(n) for n in (
+    "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu"))
 
 
 @dataclass
@@ -151,6 +156,12 @@ class Attribution:
         return self.samples * period_ns + self.steal_ns
 
 
+def factorize(column: np.ndarray) -> np.ndarray:
+    """Integer codes of a column's values (hashing, not sorting: much faster for string objects)."""
+    index: dict = {}
+    return np.fromiter(map(lambda v: index.setdefault(v, len(index)), column.tolist()), np.int64, len(column))
+
+
 @dataclass
 class SymbolCache:
     """Symbol sources kept across analyses (the live screen analyses a new window every second)."""
@@ -172,6 +183,7 @@ class Analysis:
         self.samples = np.sort(rec.samples, order="time_ns", kind="stable")
         self.sched = np.sort(rec.sched, order="time_ns", kind="stable")
         self.range_ns: tuple[int, int] | None = None
+        self._profiles: dict[tuple, Profile] = {}
         if time_range is not None:
             w0, _ = self.window()
             lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
@@ -203,9 +215,11 @@ class Analysis:
         # Only a thread in KVM_RUN runs guest code: VMM threads that load a vCPU for an ioctl are not vCPUs.
         vcpu_samples = s[(s["flags"] & SAMPLE_GUEST) != 0]
         if len(vcpu_samples):
-            pairs = np.unique(np.stack([vcpu_samples["tid"].astype(np.int64), vcpu_samples["pid"].astype(np.int64),
-                                        vcpu_samples["vcpu_id"].astype(np.int64)], axis=1), axis=0)
-            for tid, pid, vcpu in pairs.tolist():
+            # one int per (pid, tid, vcpu): pid and tid fit in 22 bits, vCPU ids in 16
+            packed = (vcpu_samples["pid"].astype(np.int64) << 38 | vcpu_samples["tid"].astype(np.int64) << 16
+                      | vcpu_samples["vcpu_id"])
+            for p in np.unique(packed).tolist():
+                pid, tid, vcpu = p >> 38, (p >> 16) & 0x3FFFFF, p & 0xFFFF
                 self.vcpu_of_tid[tid] = (pid, vcpu)
                 if pid not in self.vm_by_pid:
                     name = f"vm-{pid}"
@@ -312,7 +326,7 @@ class Analysis:
         grouping without Python loops."""
         key = np.zeros(len(self.samples), np.int64)
         for i, column in enumerate((self.vm_of, self.process, self.proc_pid, self.func, self.module)):
-            _, codes = np.unique(column, return_inverse=True)
+            codes = factorize(column)
             key = key * (int(codes.max()) + 1 if len(codes) else 1) + codes
             if i == 2:
                 _, self.proc_key = np.unique(key, return_inverse=True)
@@ -356,18 +370,23 @@ class Analysis:
             # was already running then).
             start = min(firsts)
             tl = VcpuTimeline(vm, pid, tid, vcpu, start, max(lasts))
-            merged = sorted([(int(e["time_ns"]), 0, e) for e in outs] + [(int(e["time_ns"]), 1, e) for e in ins],
-                            key=lambda x: (x[0], x[1]))
+            # switches in time order (a switch-out before a switch-in at the same time), as plain Python values
+            both = np.concatenate([outs, ins])
+            is_in_all = np.concatenate([np.zeros(len(outs), np.int8), np.ones(len(ins), np.int8)])
+            order = np.lexsort((is_in_all, both["time_ns"]))
+            both, is_in_all = both[order], is_in_all[order]
+            merged = zip(both["time_ns"].tolist(), is_in_all.tolist(), both["cpu"].tolist(), both.tolist(),
+                         strict=True)
             on_since: int | None = start
             on_cpu = int(ins["cpu"][0]) if len(ins) else int(outs["cpu"][0]) if len(outs) else -1
-            blank: tuple[int, dict] | None = None
+            blank: tuple[int, tuple] | None = None
             intervals = []
-            for t, is_in, e in merged:
+            for t, is_in, cpu, e in merged:
                 if is_in:
                     if blank is not None:
                         tl.blanks.append(self._blank(blank[0], t, blank[1], pid))
                         blank = None
-                    on_since, on_cpu = t, int(e["cpu"])
+                    on_since, on_cpu = t, cpu
                 else:
                     if on_since is not None:
                         tl.on_cpu_ns += t - on_since
@@ -375,7 +394,7 @@ class Analysis:
                     on_since = None
                     blank = (t, e)
             # an open interval runs to the end of the window
-            if blank is not None and blank[1]["flags"] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
+            if blank is not None and blank[1][FLAGS] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
                 tl.blanks.append(self._blank(blank[0], w1, blank[1], pid))
                 tl.end_ns = w1
             elif on_since is not None:
@@ -444,22 +463,23 @@ class Analysis:
         tl.on_cpu_ns = tl.wall_ns - sum(b.end_ns - b.start_ns for b in blanks)
         return True
 
-    def _blank(self, start: int, end: int, e: np.void, pid: int) -> Blank:
-        flags = int(e["flags"])
+    def _blank(self, start: int, end: int, e: tuple, pid: int) -> Blank:
+        """A blank that began with sched event `e` (a record of SCHED_DTYPE as a tuple)."""
+        flags = e[FLAGS]
         if flags & SCHED_PREV_HALTED:
             kind = IDLE
         elif flags & SCHED_PREV_RUNNABLE:
             kind = PREEMPTED
         else:
             kind = BLOCKED
-        holder_pid = int(e["next_pid"])
+        holder_pid = e[NEXT_PID]
         if holder_pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
             holder = f"{self.vm_by_pid[holder_pid]} (VMM)"
         elif holder_pid == 0:
             holder = "idle"
         else:
-            holder = e["next_comm"].decode(errors="replace") or str(holder_pid)
-        return Blank(start, end, kind, int(e["prev_exit_reason"]), int(e["cpu"]), holder)
+            holder = e[NEXT_COMM].decode(errors="replace") or str(holder_pid)
+        return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
 
     # -- profiles --------------------------------------------------------------------
     def _row(self, i: int, samples: float) -> Row:
@@ -497,6 +517,18 @@ class Analysis:
         return idle
 
     def host_profile(self, cpu: int | None = None) -> Profile:
+        key = ("host", cpu)
+        if key not in self._profiles:  # the live screen asks for the same profile several times a refresh
+            self._profiles[key] = self._host_profile(cpu)
+        return self._profiles[key]
+
+    def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
+        key = ("guest", vm, vcpu)
+        if key not in self._profiles:
+            self._profiles[key] = self._guest_profile(vm, vcpu)
+        return self._profiles[key]
+
+    def _host_profile(self, cpu: int | None) -> Profile:
         s = self.samples
         sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu
         guest = sel & self.in_vm
@@ -537,7 +569,7 @@ class Analysis:
     def vm_timelines(self, vm: str, vcpu: int | None = None) -> list[VcpuTimeline]:
         return [tl for tl in self.timelines.values() if tl.vm == vm and (vcpu is None or tl.vcpu == vcpu)]
 
-    def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
+    def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
         if vm not in self.vm_by_pid.values():
             raise KeyError(vm)
         tls = self.vm_timelines(vm, vcpu)

@@ -108,10 +108,18 @@ class AddressSpace:
         """(function, module) for each ip; '[unknown]' where unresolved."""
         functions = np.full(len(ips), "[unknown]", dtype=object)
         modules = np.full(len(ips), "[unknown]", dtype=object)
-        for m in self.maps:
-            sel = (ips >= m.start) & (ips < m.end)
-            if not sel.any():
-                continue
+        maps = sorted(self.maps, key=lambda m: m.start)
+        if not maps or not len(ips):
+            return functions.tolist(), modules.tolist()
+        starts = np.array([m.start for m in maps], np.uint64)
+        ends = np.array([m.end for m in maps], np.uint64)
+        which = np.searchsorted(starts, ips, side="right").astype(np.int64) - 1
+        inside = which >= 0
+        inside[inside] = ips[inside] < ends[which[inside]]
+        which[~inside] = -1
+        for mi in np.unique(which[inside]).tolist():  # only the mappings that were hit
+            m = maps[mi]
+            sel = which == mi
             modules[sel] = os.path.basename(m.path) or m.path
             obj = objects.get(m.object_path) if m.object_path is not None else None
             if obj is None:
