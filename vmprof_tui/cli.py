@@ -149,8 +149,7 @@ def _run_top(replay: str | None, frequency: int, window_s: float, refresh_s: flo
         from vmprof_tui.collect import CollectError
 
         try:
-            session = LiveSession(frequency, window_s)
-            session.start()
+            session = LiveSession(frequency, window_s)  # checks privileges, BTF and KVM; BPF loads in the app
         except (BackendError, CollectError) as e:
             raise Failure(str(e)) from None
     try:

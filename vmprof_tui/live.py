@@ -56,7 +56,13 @@ class LiveSession:
     def meta(self) -> dict:
         return {"backend": self.backend.name, "frequency": self.frequency, "event": self.collector.event}
 
+    @property
+    def started(self) -> bool:
+        return self.collector.started
+
     def start(self) -> None:
+        if self.started:
+            return
         self.collector.start()
         self.cache.kallsyms = kallsyms_table(Path("/proc/kallsyms").read_text())
         self.started_at = time.monotonic()
@@ -131,6 +137,8 @@ class ReplaySession:
         self.samples = np.sort(self.rec.samples, order="time_ns")
         self.sched = np.sort(self.rec.sched, order="time_ns")
         self.meta = self.rec.meta
+
+    started = True
 
     def start(self) -> None:
         self.cache.kallsyms = kallsyms_table(self.rec.snapshot.get("kallsyms", ""))

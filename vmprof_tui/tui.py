@@ -417,15 +417,34 @@ class VmprofTop(App):
 
     def on_mount(self) -> None:
         self.sub_title = "live" if getattr(self.session, "live", False) else "replay"
-        self.tick()
         self.push_screen(OverviewScreen())
+        if self.session.started:
+            self.tick()
+        else:  # the screen is up at once; compiling and loading the BPF programs takes a second
+            self.message = "starting: compiling and loading the BPF programs..."
+            self._refresh_status()
+            self.run_worker(self._start_session, thread=True)
         self._timer = self.set_interval(self.refresh_s, self.tick)
+
+    def _start_session(self) -> None:
+        try:
+            self.session.start()
+            self.message = ""
+            self.call_from_thread(self.tick)
+        except Exception as e:  # noqa: BLE001 - shown on screen, never a traceback
+            self.message = f"cannot start collection: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            self.call_from_thread(self._refresh_status)
+
+    def _refresh_status(self) -> None:
+        screen = self.screen
+        if isinstance(screen, TableScreen) and screen.is_mounted:
+            screen.query_one("#status", Static).update(self.message)
 
     def tick(self) -> None:
         if self.should_stop():  # SIGTERM (the terminal's Ctrl-C is a key here: q quits)
             self.exit()
             return
-        if self.paused:
+        if self.paused or not self.session.started:
             return
         try:
             an = self.session.poll()
