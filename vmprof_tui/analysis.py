@@ -149,11 +149,13 @@ class Attribution:
     module: str
     vcpu: int
     samples: int  # real guest samples
+    run_ns: float  # its share of the vCPU's exact on-CPU time (sched events), split by samples
     steal_ns: float  # steal that sat between two of its samples
     steal_type1_ns: float  # the part of it the host reports to guests (run-queue wait)
 
-    def apparent_ns(self, period_ns: float) -> float:
-        return self.samples * period_ns + self.steal_ns
+    @property
+    def apparent_ns(self) -> float:
+        return self.run_ns + self.steal_ns
 
 
 def factorize(column: np.ndarray) -> np.ndarray:
@@ -640,10 +642,13 @@ class Analysis:
                 same = keys[before] == keys[after]
                 np.add.at(steal[0], keys[before][same], dur[same])
                 np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
+            # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
+            # sampling interrupt that never came does not shorten anybody's time.
+            ns_per_sample = tl.on_cpu_ns / max(int(np.count_nonzero(self.thread_mask(tl))), 1)
             uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
             for k, f, c in zip(uniq.tolist(), first.tolist(), counts.tolist(), strict=True):
                 row = self._row(int(sel[f]), c)
                 out.append(Attribution(row.process or "", row.function if per_function else "",
-                                       row.module if per_function else "", tl.vcpu, c, float(steal[0, k]),
-                                       float(steal[1, k])))
-        return sorted(out, key=lambda a: -a.apparent_ns(self.period_ns))
+                                       row.module if per_function else "", tl.vcpu, c, c * ns_per_sample,
+                                       float(steal[0, k]), float(steal[1, k])))
+        return sorted(out, key=lambda a: -a.apparent_ns)

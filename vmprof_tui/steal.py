@@ -51,7 +51,7 @@ def steal_report(an: Analysis, vm: str) -> dict:
             "host_reported_steal_s": type1 / 1e9,
         })
     def corrected(a: Attribution) -> dict:
-        apparent = a.apparent_ns(period)
+        apparent = a.apparent_ns
         return {"process": a.process, "function": a.function, "module": a.module, "vcpu": a.vcpu,
                 "samples": a.samples, "apparent_s": apparent / 1e9, "attributed_steal_s": a.steal_ns / 1e9,
                 "corrected_s": (apparent - a.steal_ns) / 1e9,
@@ -78,7 +78,7 @@ def render_table(report: dict, limit: int | None = 20) -> str:
                 f"{k} {s:.3f}s" for k, s in v["type2_by_exit_s"].items()))
         lines.append(f"    steal the host reports to the guest (run-queue delay): {v['host_reported_steal_s']:.3f}s"
                      f" — misses type 2 ({v['steal_type2_s']:.3f}s)")
-    lines.append("  corrected execution times: apparent = own samples + steal between two of them; "
+    lines.append("  corrected execution times: apparent = own run time + steal between two of its samples; "
                  "corrected = apparent - that steal;")
     lines.append("  host-steal corrected = apparent - the run-queue wait the host reports (what a guest can do)")
     header = f"    {'apparent':>9} {'steal':>8} {'corrected':>9} {'host-steal corr.':>16}  "

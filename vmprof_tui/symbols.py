@@ -30,12 +30,6 @@ class SymbolTable:
     def empty(cls) -> SymbolTable:
         return cls(np.empty(0, np.uint64), np.empty(0, np.uint64), [])
 
-    @classmethod
-    def from_pairs(cls, starts: np.ndarray, ends: np.ndarray, names: list[str]) -> SymbolTable:
-        order = np.argsort(starts, kind="stable")
-        return cls(np.asarray(starts, np.uint64)[order], np.asarray(ends, np.uint64)[order],
-                   [names[i] for i in order])
-
     def lookup(self, addrs: np.ndarray) -> np.ndarray:
         """Index of the symbol containing each address, -1 where none does."""
         if not len(self.starts):

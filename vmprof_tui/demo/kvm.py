@@ -99,9 +99,6 @@ KVM_SET_SREGS = _ioc(_IOC_WRITE, 0x84, ctypes.sizeof(KvmSregs))
 EXIT_NAMES = {0: "UNKNOWN", 1: "EXCEPTION", 2: "IO", 3: "HYPERCALL", 4: "DEBUG",
               5: "HLT", 6: "MMIO", 8: "SHUTDOWN", 9: "FAIL_ENTRY", 10: "INTR",
               17: "INTERNAL_ERROR", 24: "SYSTEM_EVENT"}
-KVM_EXIT_IO = 2
-KVM_EXIT_INTR = 10
-KVM_EXIT_IO_OUT = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
@@ -203,12 +200,6 @@ class Vcpu:
 
     def set_sregs(self, sregs: KvmSregs) -> None:
         ioctl(self.fd, KVM_SET_SREGS, sregs)
-
-    def io_out_value(self) -> tuple[int, int]:
-        """(port, value) of the port write that caused the current IO exit."""
-        io = self.run_page.exit.io
-        raw = ctypes.string_at(ctypes.addressof(self.run_page) + io.data_offset, io.size)
-        return io.port, int.from_bytes(raw, "little")
 
 
 class Vm:
