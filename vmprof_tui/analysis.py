@@ -165,6 +165,23 @@ def factorize(column: np.ndarray) -> np.ndarray:
 
 
 @dataclass
+class Resolved:
+    """Per-sample names: function, module, process and its pid (-1 when none)."""
+    func: np.ndarray
+    module: np.ndarray
+    process: np.ndarray
+    proc_pid: np.ndarray
+
+    def take(self, index: np.ndarray) -> Resolved:
+        return Resolved(self.func[index], self.module[index], self.process[index], self.proc_pid[index])
+
+    @staticmethod
+    def concatenate(parts: list[Resolved]) -> Resolved:
+        return Resolved(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("func", "module", "process",
+                                                                                    "proc_pid")))
+
+
+@dataclass
 class SymbolCache:
     """Symbol sources kept across analyses (the live screen analyses a new window every second)."""
     objects: ObjectCache = field(default_factory=ObjectCache)
@@ -176,13 +193,18 @@ class Analysis:
     """Everything derived from one recording (and the guest bundles that name its guests)."""
 
     def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
-                 cache: SymbolCache | None = None, time_range: tuple[float, float] | None = None) -> None:
-        """time_range: (from, to) in seconds after the first record; the analysis covers only that span."""
+                 cache: SymbolCache | None = None, time_range: tuple[float, float] | None = None,
+                 resolved: Resolved | None = None, timelines: bool = True) -> None:
+        """time_range: (from, to) in seconds after the first record; the analysis covers only that span.
+        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once);
+        timelines=False: resolve only (no timelines, no grouping keys)."""
         self.rec = rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
         self.backend = rec.meta.get("backend", backends.NONE)
-        self.samples = np.sort(rec.samples, order="time_ns", kind="stable")
+        order = np.argsort(rec.samples["time_ns"], kind="stable")
+        self.samples = rec.samples[order]
+        self._given = resolved.take(order) if resolved is not None else None
         self.sched = np.sort(rec.sched, order="time_ns", kind="stable")
         self.range_ns: tuple[int, int] | None = None
         self._profiles: dict[tuple, Profile] = {}
@@ -191,7 +213,9 @@ class Analysis:
             lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
             self.range_ns = (lo, hi)
             t = self.samples["time_ns"]
-            self.samples = self.samples[(t >= lo) & (t <= hi)]
+            inside = (t >= lo) & (t <= hi)
+            self.samples = self.samples[inside]
+            self._given = self._given.take(inside) if self._given is not None else None
         self.notes: list[str] = list(rec.problems)
         self.vm_by_pid: dict[int, str] = {}
         self.vm_index: dict[str, int] = {}
@@ -202,7 +226,13 @@ class Analysis:
         self.guests = self.cache.guests
         self._load_guests(guest_bundles or {})
         self._resolve()
-        self.timelines = self._build_timelines()
+        if timelines:
+            self._encode_keys()
+        self.timelines = self._build_timelines() if timelines else {}
+
+    def resolved(self) -> Resolved:
+        """The names of self.samples (in its time order)."""
+        return Resolved(self.func, self.module, self.process, self.proc_pid)
 
     # -- VMs, vCPU threads ---------------------------------------------------------
     def _learn_vms(self) -> None:
@@ -258,6 +288,21 @@ class Analysis:
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
         self.is_guest = guest
+        if self._given is not None:
+            self.func, self.module, self.process, self.proc_pid = (
+                self._given.func, self._given.module, self._given.process, self._given.proc_pid)
+        else:
+            self._resolve_symbols(guest)
+        self.unresolved = self.func == UNKNOWN
+        # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
+        # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
+        thread_keys = np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
+                                  len(self.vcpu_of_tid))
+        self.in_vm = guest | np.isin(s["pid"].astype(np.int64) << 32 | s["tid"], thread_keys)
+
+    def _resolve_symbols(self, guest: np.ndarray) -> None:
+        s = self.samples
+        flags = s["flags"]
         host = ~guest
         kernel = host & ((flags & SAMPLE_HOST_KERNEL) != 0)
         if self.cache.kallsyms is None or "kallsyms" in self.rec.snapshot:
@@ -315,13 +360,6 @@ class Analysis:
                     f, m = space.resolve(s["guest_ip"][usel], self.objects)
                     self.func[usel] = f
                     self.module[usel] = m
-        self.unresolved = self.func == UNKNOWN
-        # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
-        # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        thread_keys = np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
-                                  len(self.vcpu_of_tid))
-        self.in_vm = guest | np.isin(s["pid"].astype(np.int64) << 32 | s["tid"], thread_keys)
-        self._encode_keys()
 
     def _encode_keys(self) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):

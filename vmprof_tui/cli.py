@@ -80,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(json.dumps({"scenario": args.scenario, "vms": list(ready.values())}), flush=True)
     elif not args.no_tui and sys.stdout.isatty():
         try:
-            _run_top(None, args.frequency, 10.0, 1.0, stopped)
+            _run_top(None, args.frequency, 5.0, 1.0, stopped)
         except Failure as e:
             run.stop()
             return _fail(str(e))
@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("top", "the live screen: what every VM, vCPU, guest process and function is doing now", cmd_top)
     p.add_argument("--replay", default=None, metavar="REC", help="play a recording instead of sampling live")
     p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ")
-    p.add_argument("--window", type=float, default=10.0, metavar="S", help="seconds of history analysed")
+    p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed (default 5)")
     p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
 
     p = add("steal", "steal and idle per VM and vCPU, who stole, and corrected execution times", cmd_steal)

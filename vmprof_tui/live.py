@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import discover, recording
-from vmprof_tui.analysis import Analysis, SymbolCache
+from vmprof_tui.analysis import Analysis, Resolved, SymbolCache
 from vmprof_tui.backends import load_backend
 from vmprof_tui.collect import Collector, check_privileges, pmu_available
 from vmprof_tui.recorder import snapshot_process
@@ -46,7 +46,7 @@ class LiveSession:
         self.vms: dict[int, discover.VmInfo] = {}
         self.snapshot: dict = {}
         self.pids_seen: set[int] = set()
-        self._samples: deque[np.ndarray] = deque()
+        self._samples: deque[tuple[np.ndarray, Resolved]] = deque()  # drained chunks and their names
         self._sched: deque[np.ndarray] = deque()
         self.started_at = 0.0
         self.last_discover = 0.0
@@ -92,30 +92,41 @@ class LiveSession:
     def poll(self) -> Analysis:
         now_ns = time.monotonic_ns()
         drained = self.collector.drain()
+        if time.monotonic() - self.last_discover >= 2.0:  # new VMs are rare; /proc scans are not free
+            self._discover()
         if len(drained.samples):
-            self._samples.append(drained.samples)
             new_pids = set(np.unique(drained.samples["pid"]).tolist()) - self.pids_seen - {0}
             for pid in new_pids:
                 snap = snapshot_process(pid)
                 if snap:
                     self.snapshot[f"process:{pid}"] = snap
             self.pids_seen |= new_pids
+            # each chunk is resolved once; every refresh then only groups the window's names
+            chunk = Analysis(_window_recording(Path("(live)"), self.meta, drained.samples, drained.sched[:0],
+                                               self.snapshot, {}, 0.0), self.bundles(), cache=self.cache,
+                             timelines=False)
+            self._samples.append((chunk.samples, chunk.resolved()))
         if len(drained.sched):
             self._sched.append(drained.sched)
-        if time.monotonic() - self.last_discover >= 1.0:
-            self._discover()
         horizon = now_ns - int(self.window_s * 1e9)
-        for q in (self._samples, self._sched):
-            while q and q[0]["time_ns"][-1] < horizon:
-                q.popleft()
-        samples = np.concatenate(self._samples) if self._samples else np.empty(0, SAMPLE_DTYPE)
+        while self._samples and self._samples[0][0]["time_ns"][-1] < horizon:
+            self._samples.popleft()
+        while self._sched and self._sched[0]["time_ns"][-1] < horizon:
+            self._sched.popleft()
+        if self._samples:
+            samples = np.concatenate([c[0] for c in self._samples])
+            resolved = Resolved.concatenate([c[1] for c in self._samples])
+        else:
+            samples, resolved = np.empty(0, SAMPLE_DTYPE), None
         sched = np.concatenate(self._sched) if self._sched else np.empty(0, SCHED_DTYPE)
-        samples = samples[samples["time_ns"] >= horizon]
+        keep = samples["time_ns"] >= horizon
+        samples = samples[keep]
+        resolved = resolved.take(keep) if resolved is not None else None
         sched = sched[sched["time_ns"] >= horizon]
         seconds = min(self.window_s, time.monotonic() - self.started_at)
         rec = _window_recording(Path("(live)"), self.meta, samples, sched, self.snapshot, {}, seconds,
                                 self.collector.lost())
-        return Analysis(rec, self.bundles(), cache=self.cache)
+        return Analysis(rec, self.bundles(), cache=self.cache, resolved=resolved)
 
     def close(self) -> None:
         self.collector.close()
