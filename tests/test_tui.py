@@ -38,6 +38,14 @@ async def select(pilot, app: VmprofTop, text: str) -> None:  # noqa: ANN001
     raise AssertionError(f"{text} not on screen: {cells(app)}")
 
 
+async def until(pilot, check, timeout: float = 5.0) -> None:  # noqa: ANN001
+    """Wait for the screen to show something (a loaded CI machine can be slow to refresh)."""
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        await pilot.pause(0.1)
+    assert check()
+
+
 async def drive(app: VmprofTop, vm: str, process: str) -> None:
     async with app.run_test(size=(160, 40)) as pilot:
         await pilot.pause(1.5)
@@ -45,13 +53,12 @@ async def drive(app: VmprofTop, vm: str, process: str) -> None:
         assert any(r[0] == vm for r in rows) and any(r[0] == "(host)" for r in rows), rows
         await select(pilot, app, vm)
         await pilot.press("enter")  # VM -> vCPUs
-        await pilot.pause(0.3)
-        assert cells(app)[0][0] == "vcpu0"
+        await until(pilot, lambda: cells(app) and cells(app)[0][0] == "vcpu0")
         await pilot.press("enter")  # vCPU -> processes
-        await pilot.pause(0.3)
+        await until(pilot, lambda: any(r[0] == process for r in cells(app)))
         await select(pilot, app, process)
         await pilot.press("enter")  # process -> functions
-        await pilot.pause(0.3)
+        await until(pilot, lambda: "compute_a" in [r[0] for r in cells(app)])
         functions = [r[0] for r in cells(app)]
         assert "compute_a" in functions and "compute_b" in functions, functions
         for _ in range(3):
@@ -86,12 +93,10 @@ async def drive(app: VmprofTop, vm: str, process: str) -> None:
         # steal detail and timeline of the VM
         await select(pilot, app, vm)
         await pilot.press("s")
-        await pilot.pause(0.3)
-        assert any(r[1] in ("type 1", "type 2", "idle") for r in cells(app))
+        await until(pilot, lambda: any(r[1] in ("type 1", "type 2", "idle") for r in cells(app)))
         await pilot.press("escape")
         await pilot.press("t")
-        await pilot.pause(0.3)
-        assert "vcpu0" in str(app.screen.query_one("#timeline").render())
+        await until(pilot, lambda: "vcpu0" in str(app.screen.query_one("#timeline").render()))
         await pilot.press("escape")
         await pilot.press("q")
 

@@ -131,7 +131,7 @@ class TableScreen(Screen):
         return ""
 
     def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.is_mounted:
+        if an is None or not self.children:  # not composed yet
             return
         table = self.query_one(DataTable)
         rows = [(k, r) for k, r in self.rows(an) if not self.filter or self.filter.lower() in " ".join(
@@ -361,7 +361,7 @@ class TimelineScreen(Screen):
         self.app.pop_screen()
 
     def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.is_mounted:
+        if an is None or not self.children:  # not composed yet
             return
         width = max(self.size.width - 12, 20)
         text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
@@ -437,7 +437,7 @@ class VmprofTop(App):
 
     def _refresh_status(self) -> None:
         screen = self.screen
-        if isinstance(screen, TableScreen) and screen.is_mounted:
+        if isinstance(screen, TableScreen) and screen.children:
             screen.query_one("#status", Static).update(self.message)
 
     def tick(self) -> None:
