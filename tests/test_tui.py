@@ -15,7 +15,7 @@ from textual.widgets import DataTable
 
 from vmprof_tui.demo import runner
 from vmprof_tui.live import LiveSession, ReplaySession
-from vmprof_tui.tui import HelpScreen, VmprofTop
+from vmprof_tui.tui import HelpScreen, TimelineScreen, VmprofTop
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +32,9 @@ async def select(pilot, app: VmprofTop, text: str) -> None:  # noqa: ANN001
     table = app.screen.query_one(DataTable)
     for i in range(table.row_count):
         if any(text == str(c) for c in table.get_row_at(i)):
-            table.move_cursor(row=i)
-            await pilot.pause()
+            key = app.screen.keys[i].split("\0")[0]
+            table.move_cursor(row=i, animate=False)
+            await until(pilot, lambda k=key: app.screen.selected() == k)
             return
     raise AssertionError(f"{text} not on screen: {cells(app)}")
 
@@ -43,14 +44,14 @@ async def until(pilot, check, timeout: float = 5.0) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not check() and time.monotonic() < deadline:
         await pilot.pause(0.1)
-    assert check()
+    assert check(), (type(pilot.app.screen).__name__, cells(pilot.app))
 
 
 async def drive(app: VmprofTop, vm: str, process: str) -> None:
     async with app.run_test(size=(160, 40)) as pilot:
-        await pilot.pause(1.5)
-        rows = cells(app)
-        assert any(r[0] == vm for r in rows) and any(r[0] == "(host)" for r in rows), rows
+        # the VM is listed, and its vCPU has run within the window (a replay starts before the VMs do)
+        await until(pilot, lambda: any(r[0] == vm and r[1] not in ("0", "-") for r in cells(app)), timeout=15)
+        assert any(r[0] == "(host)" for r in cells(app))
         await select(pilot, app, vm)
         await pilot.press("enter")  # VM -> vCPUs
         await until(pilot, lambda: cells(app) and cells(app)[0][0] == "vcpu0")
@@ -96,7 +97,8 @@ async def drive(app: VmprofTop, vm: str, process: str) -> None:
         await until(pilot, lambda: any(r[1] in ("type 1", "type 2", "idle") for r in cells(app)))
         await pilot.press("escape")
         await pilot.press("t")
-        await until(pilot, lambda: "vcpu0" in str(app.screen.query_one("#timeline").render()))
+        await until(pilot, lambda: isinstance(app.screen, TimelineScreen)
+                    and "vcpu0" in str(app.screen.query_one("#timeline").render()))
         await pilot.press("escape")
         await pilot.press("q")
 

@@ -96,6 +96,7 @@ class TableScreen(Screen):
         self.sort_column = 0
         self.filter = ""
         self.keys: list[str] = []
+        self.ready = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -108,6 +109,7 @@ class TableScreen(Screen):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns(*self.columns)
+        self.ready = True
         self.refresh_from(self.app.analysis)
 
     def action_back(self) -> None:
@@ -131,7 +133,7 @@ class TableScreen(Screen):
         return ""
 
     def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.children:  # not composed yet
+        if an is None or not self.ready:  # refreshes can arrive before the screen is mounted
             return
         table = self.query_one(DataTable)
         rows = [(k, r) for k, r in self.rows(an) if not self.filter or self.filter.lower() in " ".join(
@@ -144,7 +146,7 @@ class TableScreen(Screen):
             return (0, -v) if isinstance(v, int | float) else (1, str(v))
 
         rows.sort(key=sort_key)
-        cursor = table.cursor_row
+        cursor, selected = table.cursor_row, self.selected()
         table.clear()
         self.keys = []
         for key, cells in rows:
@@ -152,8 +154,10 @@ class TableScreen(Screen):
                 key = f"{key}\0{len(self.keys)}"
             table.add_row(*[f"{c:.1f}" if isinstance(c, float) else c for c in cells], key=key)
             self.keys.append(key)
-        if rows:
-            table.move_cursor(row=min(cursor, len(rows) - 1))
+        if rows:  # the cursor stays on the same row (by key) across refreshes
+            plain = [k.split("\0")[0] for k in self.keys]
+            table.move_cursor(row=plain.index(selected) if selected in plain else min(cursor, len(rows) - 1),
+                              animate=False)
         self.query_one("#title", Static).update(self.title_text(an))
         self.query_one("#status", Static).update(self.app.status_text(an, self.filter, self.columns[col]))
 
@@ -348,6 +352,7 @@ class TimelineScreen(Screen):
     def __init__(self, vm: str) -> None:
         super().__init__()
         self.vm = vm
+        self.ready = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -355,13 +360,14 @@ class TimelineScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.ready = True
         self.refresh_from(self.app.analysis)
 
     def action_back(self) -> None:
         self.app.pop_screen()
 
     def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.children:  # not composed yet
+        if an is None or not self.ready:
             return
         width = max(self.size.width - 12, 20)
         text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
@@ -437,7 +443,7 @@ class VmprofTop(App):
 
     def _refresh_status(self) -> None:
         screen = self.screen
-        if isinstance(screen, TableScreen) and screen.children:
+        if isinstance(screen, TableScreen) and screen.ready:
             screen.query_one("#status", Static).update(self.message)
 
     def tick(self) -> None:
