@@ -277,12 +277,7 @@ class Analysis:
     # -- resolution --------------------------------------------------------------------
     def _resolve(self) -> None:
         s = self.samples
-        n = len(s)
-        self.func = np.full(n, UNKNOWN, dtype=object)
-        self.module = np.full(n, UNKNOWN, dtype=object)
-        self.process = np.full(n, "", dtype=object)
-        self.proc_pid = np.full(n, -1, dtype=np.int64)
-        self.vm_of = np.full(n, "", dtype=object)
+        self.vm_of = np.full(len(s), "", dtype=object)
         for pid, name in self.vm_by_pid.items():
             self.vm_of[s["pid"] == pid] = name
         flags = s["flags"]
@@ -302,6 +297,11 @@ class Analysis:
 
     def _resolve_symbols(self, guest: np.ndarray) -> None:
         s = self.samples
+        n = len(s)
+        self.func = np.full(n, UNKNOWN, dtype=object)
+        self.module = np.full(n, UNKNOWN, dtype=object)
+        self.process = np.full(n, "", dtype=object)
+        self.proc_pid = np.full(n, -1, dtype=np.int64)
         flags = s["flags"]
         host = ~guest
         kernel = host & ((flags & SAMPLE_HOST_KERNEL) != 0)

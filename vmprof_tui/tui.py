@@ -178,6 +178,20 @@ class TableScreen(Screen):
         self.drill(self.selected())
 
 
+class VmTableScreen(TableScreen):
+    """A table about one VM; empty (not an error) while the VM is not in the window."""
+
+    def __init__(self, vm: str) -> None:
+        super().__init__()
+        self.vm = vm
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        return self.vm_rows(an) if self.vm in an.vm_names() else []
+
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        raise NotImplementedError
+
+
 class OverviewScreen(TableScreen):
     BINDINGS = [Binding("enter", "drill", "drill down"), Binding("s", "steal", "steal"),
                 Binding("t", "timeline", "timeline")]
@@ -236,22 +250,16 @@ class HostScreen(TableScreen):
                 for r in p.rows]
 
 
-class VmScreen(TableScreen):
+class VmScreen(VmTableScreen):
     BINDINGS = [Binding("enter", "drill", "processes"), Binding("s", "steal", "steal"),
                 Binding("t", "timeline", "timeline")]
     columns = ("vCPU", "tid", "guest %", "idle %", "steal %", "top function")
 
-    def __init__(self, vm: str) -> None:
-        super().__init__()
-        self.vm = vm
-
     def title_text(self, an: Analysis) -> str:
         return f"VM {self.vm}: vCPUs (Enter: processes on the vCPU)"
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         out = []
-        if self.vm not in an.vm_names():
-            return out
         for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
             p = an.guest_profile(self.vm, tl.vcpu)
             g = [r for r in p.rows if not r.function.startswith("[")]
@@ -271,20 +279,18 @@ class VmScreen(TableScreen):
         self.app.push_screen(TimelineScreen(self.vm))
 
 
-class ProcessScreen(TableScreen):
+class ProcessScreen(VmTableScreen):
     BINDINGS = [Binding("enter", "drill", "functions")]
     columns = ("process", "pid", "samples", "%")
 
     def __init__(self, vm: str, vcpu: int | None) -> None:
-        super().__init__()
-        self.vm, self.vcpu = vm, vcpu
+        super().__init__(vm)
+        self.vcpu = vcpu
 
     def title_text(self, an: Analysis) -> str:
         return f"VM {self.vm} vcpu{self.vcpu}: guest processes, steal and idle (Enter: functions)"
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        if self.vm not in an.vm_names():
-            return []
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         p = an.guest_profile(self.vm, self.vcpu)
         total = p.total_samples or 1.0
         agg: dict[tuple[str, int | None], float] = defaultdict(float)
@@ -298,39 +304,31 @@ class ProcessScreen(TableScreen):
             self.app.push_screen(FunctionScreen(self.vm, self.vcpu, key))
 
 
-class FunctionScreen(TableScreen):
+class FunctionScreen(VmTableScreen):
     columns = ("function", "module", "samples", "% of process")
 
     def __init__(self, vm: str, vcpu: int | None, process: str) -> None:
-        super().__init__()
-        self.vm, self.vcpu, self.process = vm, vcpu, process
+        super().__init__(vm)
+        self.vcpu, self.process = vcpu, process
 
     def title_text(self, an: Analysis) -> str:
         return f"VM {self.vm} vcpu{self.vcpu} process {self.process}: functions"
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        if self.vm not in an.vm_names():
-            return []
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         mine = [r for r in an.guest_profile(self.vm, self.vcpu).rows if r.process == self.process]
         total = sum(r.samples for r in mine) or 1.0
         return [(r.function, (r.function, r.module, int(r.samples), 100 * r.samples / total)) for r in mine]
 
 
-class StealScreen(TableScreen):
+class StealScreen(VmTableScreen):
     columns = ("vCPU", "kind", "cause", "seconds", "% of wall")
-
-    def __init__(self, vm: str) -> None:
-        super().__init__()
-        self.vm = vm
 
     def title_text(self, an: Analysis) -> str:
         return f"VM {self.vm}: steal by who held the pCPU (type 1) and by exit reason (type 2)"
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         from vmprof_tui.steal import steal_report
 
-        if self.vm not in an.vm_names():
-            return []
         out = []
         for v in steal_report(an, self.vm)["vcpus"]:
             wall = v["wall_s"] or 1.0
