@@ -109,11 +109,14 @@ def machine_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str,
     require_root()
     out = tmp_path_factory.mktemp("agent") / "guest.tar"
     sleeper = subprocess.Popen(["sleep", "60"])
+    # an argument longer than the bundle format allows must be cut, not make the bundle invalid
+    long_arg = subprocess.Popen(["sh", "-c", "sleep 60", "x" * 10_000])
     try:
         proc = agent("bundle", "-o", str(out), "--vm", "ci-guest", "-v")
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        for p in (sleeper, long_arg):
+            p.kill()
+            p.wait()
     assert proc.returncode == 0, proc.stderr.decode()
     return out, proc.stderr.decode(), sleeper.pid
 

@@ -12,6 +12,10 @@ from vmprof_guest.elfnote import build_id_from_notes
 PF_KTHREAD = 0x00200000
 _MAPS_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) (\d+)\s*(.*)$")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# The bundle format bounds one argument at 4096 characters (docs/bundle.md); longer ones
+# (seen: CI runners passing whole scripts with -c) are cut so the bundle stays valid.
+MAX_ARG_CHARS = 4096
+MAX_ARGS = 1024
 
 
 @dataclass
@@ -98,7 +102,8 @@ def read_process(pid: int, with_maps: bool = True, proc: str = "/proc") -> ProcI
         info.tids = [pid]
     try:
         raw = _read_text(f"{base}/cmdline", 1 << 20)
-        info.cmdline = raw.split("\0")[:-1] if raw.endswith("\0") else ([raw] if raw else [])
+        args = raw.split("\0")[:-1] if raw.endswith("\0") else ([raw] if raw else [])
+        info.cmdline = [a if len(a) <= MAX_ARG_CHARS else a[: MAX_ARG_CHARS - 3] + "..." for a in args[:MAX_ARGS]]
     except OSError:
         pass
     try:
