@@ -20,7 +20,7 @@ then
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +38,11 @@ from vmprof_tui.records import (
     SCHED_PREV_RUNNABLE,
 )
 from vmprof_tui.symbols import (
-    AddressSpace,
     GuestSymbols,
     ObjectCache,
     SymbolTable,
     guest_symbols,
     kallsyms_table,
-    parse_proc_maps,
 )
 
 KERNEL_MODULE = "[kernel.kallsyms]"
@@ -158,27 +156,40 @@ class Attribution:
         return self.run_ns + self.steal_ns
 
 
-def factorize(column: np.ndarray) -> np.ndarray:
-    """Integer codes of a column's values (hashing, not sorting: much faster for string objects)."""
-    index: dict = {}
-    return np.fromiter(map(lambda v: index.setdefault(v, len(index)), column.tolist()), np.int64, len(column))
+class NameCodes:
+    """Integer codes for (process, pid, function, module) and for (process, pid), kept across analyses: the
+    live screen encodes each new chunk once, and a refresh then groups integers instead of strings."""
+
+    def __init__(self) -> None:
+        self.names: dict[tuple, int] = {}
+        self.procs: dict[tuple, int] = {}
+
+    def encode(self, process: np.ndarray, pid: np.ndarray, func: np.ndarray,
+               module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n, names, procs = len(process), self.names, self.procs
+        p, q = process.tolist(), pid.tolist()
+        name_code = np.fromiter((names.setdefault(k, len(names)) for k in zip(p, q, func.tolist(), module.tolist(),
+                                                                             strict=True)), np.int64, n)
+        proc_code = np.fromiter((procs.setdefault(k, len(procs)) for k in zip(p, q, strict=True)), np.int64, n)
+        return name_code, proc_code
 
 
 @dataclass
 class Resolved:
-    """Per-sample names: function, module, process and its pid (-1 when none)."""
+    """Per-sample names: function, module, process and its pid (-1 when none), and their NameCodes."""
     func: np.ndarray
     module: np.ndarray
     process: np.ndarray
     proc_pid: np.ndarray
+    name_code: np.ndarray
+    proc_code: np.ndarray
 
     def take(self, index: np.ndarray) -> Resolved:
-        return Resolved(self.func[index], self.module[index], self.process[index], self.proc_pid[index])
+        return Resolved(*(getattr(self, f.name)[index] for f in fields(self)))
 
     @staticmethod
     def concatenate(parts: list[Resolved]) -> Resolved:
-        return Resolved(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("func", "module", "process",
-                                                                                    "proc_pid")))
+        return Resolved(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Resolved)))
 
 
 @dataclass
@@ -187,6 +198,7 @@ class SymbolCache:
     objects: ObjectCache = field(default_factory=ObjectCache)
     guests: dict[str, GuestSymbols] = field(default_factory=dict)
     kallsyms: SymbolTable | None = None
+    codes: NameCodes = field(default_factory=NameCodes)
 
 
 class Analysis:
@@ -202,12 +214,17 @@ class Analysis:
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
         self.backend = rec.meta.get("backend", backends.NONE)
-        order = np.argsort(rec.samples["time_ns"], kind="stable")
-        self.samples = rec.samples[order]
-        self._given = resolved.take(order) if resolved is not None else None
+        t = rec.samples["time_ns"]
+        if np.all(t[1:] >= t[:-1]):  # the live screen's window usually is
+            self.samples, self._given = rec.samples, resolved
+        else:
+            order = np.argsort(t, kind="stable")
+            self.samples = rec.samples[order]
+            self._given = resolved.take(order) if resolved is not None else None
         self.sched = np.sort(rec.sched, order="time_ns", kind="stable")
         self.range_ns: tuple[int, int] | None = None
         self._profiles: dict[tuple, Profile] = {}
+        self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         if time_range is not None:
             w0, _ = self.window()
             lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
@@ -232,7 +249,7 @@ class Analysis:
 
     def resolved(self) -> Resolved:
         """The names of self.samples (in its time order)."""
-        return Resolved(self.func, self.module, self.process, self.proc_pid)
+        return Resolved(self.func, self.module, self.process, self.proc_pid, self.name_code, self.proc_code)
 
     # -- VMs, vCPU threads ---------------------------------------------------------
     def _learn_vms(self) -> None:
@@ -278,16 +295,22 @@ class Analysis:
     def _resolve(self) -> None:
         s = self.samples
         self.vm_of = np.full(len(s), "", dtype=object)
+        self.vm_code = np.zeros(len(s), np.int64)  # vm_index of vm_of, 0 for none
         for pid, name in self.vm_by_pid.items():
-            self.vm_of[s["pid"] == pid] = name
+            sel = s["pid"] == pid
+            self.vm_of[sel] = name
+            self.vm_code[sel] = self.vm_index[name]
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
         self.is_guest = guest
         if self._given is not None:
-            self.func, self.module, self.process, self.proc_pid = (
-                self._given.func, self._given.module, self._given.process, self._given.proc_pid)
+            g = self._given
+            self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
+            self.name_code, self.proc_code = g.name_code, g.proc_code
         else:
             self._resolve_symbols(guest)
+            self.name_code, self.proc_code = self.cache.codes.encode(self.process, self.proc_pid, self.func,
+                                                                     self.module)
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
@@ -310,8 +333,7 @@ class Analysis:
         kallsyms = self.cache.kallsyms
         if kernel.any():
             idx = kallsyms.lookup(s["host_ip"][kernel])
-            names = np.array(kallsyms.names + [UNKNOWN], dtype=object)
-            self.func[kernel] = names[idx]
+            self.func[kernel] = kallsyms.names_or_unknown[idx]
             self.module[kernel] = KERNEL_MODULE
         comm = {}
         for key, snap in self.rec.snapshot.items():
@@ -326,7 +348,7 @@ class Analysis:
             self.proc_pid[sel] = pid
             user = sel & ~kernel
             if user.any() and snap:
-                space = AddressSpace(name, pid, parse_proc_maps(snap["maps"]))
+                space = self.objects.host_space(name, pid, snap["maps"])
                 f, m = space.resolve(s["host_ip"][user], self.objects)
                 self.func[user] = f
                 self.module[user] = m
@@ -343,7 +365,7 @@ class Analysis:
                 self.module[gkernel] = GUEST_KERNEL_MODULE
                 if g is not None and len(g.kernel.starts):
                     idx = g.kernel.lookup(s["guest_ip"][gkernel])
-                    self.func[gkernel] = np.array(g.kernel.names + [UNKNOWN], dtype=object)[idx]
+                    self.func[gkernel] = g.kernel.names_or_unknown[idx]
             guser = known & ~gkernel
             cr3s = normalise_cr3_array(s["guest_cr3"])
             for cr3 in np.unique(cr3s[known]).tolist():
@@ -364,13 +386,11 @@ class Analysis:
     def _encode_keys(self) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
         grouping without Python loops."""
-        key = np.zeros(len(self.samples), np.int64)
-        for i, column in enumerate((self.vm_of, self.process, self.proc_pid, self.func, self.module)):
-            codes = factorize(column)
-            key = key * (int(codes.max()) + 1 if len(codes) else 1) + codes
-            if i == 2:
-                _, self.proc_key = np.unique(key, return_inverse=True)
-        _, self.key = np.unique(key, return_inverse=True)
+        def dense(code: np.ndarray) -> np.ndarray:
+            key = self.vm_code * (int(code.max()) + 1 if len(code) else 1) + code
+            return np.unique(key, return_inverse=True)[1]
+        self.proc_key = dense(self.proc_code)
+        self.key = dense(self.name_code)
 
     # -- timelines -------------------------------------------------------------------
     @property
@@ -512,13 +532,17 @@ class Analysis:
             kind = PREEMPTED
         else:
             kind = BLOCKED
-        holder_pid = e[NEXT_PID]
-        if holder_pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
-            holder = f"{self.vm_by_pid[holder_pid]} (VMM)"
-        elif holder_pid == 0:
-            holder = "idle"
-        else:
-            holder = e[NEXT_COMM].decode(errors="replace") or str(holder_pid)
+        who = (e[NEXT_PID], e[NEXT_COMM])
+        holder = self._holders.get(who)
+        if holder is None:
+            holder_pid = who[0]
+            if holder_pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
+                holder = f"{self.vm_by_pid[holder_pid]} (VMM)"
+            elif holder_pid == 0:
+                holder = "idle"
+            else:
+                holder = who[1].decode(errors="replace") or str(holder_pid)
+            self._holders[who] = holder
         return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
 
     # -- profiles --------------------------------------------------------------------

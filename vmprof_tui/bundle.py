@@ -248,6 +248,11 @@ class ElfSymbols:
     def __len__(self) -> int:
         return len(self.starts)
 
+    @functools.cached_property
+    def names_or_unknown(self) -> np.ndarray:
+        """Names with '[unknown]' last so that index -1 reads it."""
+        return np.append(self.names, "[unknown]").astype(object)
+
     def lookup(self, addrs: np.ndarray) -> np.ndarray:
         """Index of the symbol containing each link-time address, -1 where none does."""
         a = np.asarray(addrs, dtype=np.uint64)

@@ -52,13 +52,14 @@ def _cmdline(pid: int) -> list[str]:
 
 def _kvm_fds(pid: int) -> tuple[bool, int]:
     has_vm, vcpus = False, 0
+    fd_dir = f"{PROC}/{pid}/fd/"  # plain strings: this runs for every fd on the host every few seconds
     try:
-        fds = os.listdir(PROC / str(pid) / "fd")
+        fds = os.listdir(fd_dir)
     except OSError:
         return False, 0
     for fd in fds:
         try:
-            target = os.readlink(PROC / str(pid) / "fd" / fd)
+            target = os.readlink(fd_dir + fd)
         except OSError:
             continue
         if target == "anon_inode:kvm-vm":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,11 @@ class SymbolTable:
         ok[ok] = addrs[ok] < self.ends[idx[ok]]
         idx[~ok] = -1
         return idx
+
+    @cached_property
+    def names_or_unknown(self) -> np.ndarray:
+        """Names as an object array, with '[unknown]' last so that index -1 reads it."""
+        return np.array([*self.names, "[unknown]"], dtype=object)
 
 
 def kallsyms_table(text: str) -> SymbolTable:
@@ -79,6 +85,14 @@ class ObjectCache:
     def __init__(self) -> None:
         self._cache: dict[str, guest_bundle.ElfSymbols | None] = {}
         self.errors: dict[str, str] = {}
+        self._spaces: dict[tuple[str, int, str], AddressSpace] = {}
+
+    def host_space(self, name: str, pid: int, maps_text: str) -> AddressSpace:
+        """The address space of a host process from its maps snapshot, parsed once per snapshot."""
+        key = (name, pid, maps_text)
+        if key not in self._spaces:
+            self._spaces[key] = AddressSpace(name, pid, parse_proc_maps(maps_text))
+        return self._spaces[key]
 
     def get(self, path: Path) -> guest_bundle.ElfSymbols | None:
         key = str(path)
@@ -98,15 +112,18 @@ class AddressSpace:
     pid: int | None
     maps: list[Mapping] = field(default_factory=list)
 
+    @cached_property
+    def _sorted_maps(self) -> tuple[list[Mapping], np.ndarray, np.ndarray]:
+        maps = sorted(self.maps, key=lambda m: m.start)
+        return maps, np.array([m.start for m in maps], np.uint64), np.array([m.end for m in maps], np.uint64)
+
     def resolve(self, ips: np.ndarray, objects: ObjectCache) -> tuple[list[str], list[str]]:
         """(function, module) for each ip; '[unknown]' where unresolved."""
         functions = np.full(len(ips), "[unknown]", dtype=object)
         modules = np.full(len(ips), "[unknown]", dtype=object)
-        maps = sorted(self.maps, key=lambda m: m.start)
+        maps, starts, ends = self._sorted_maps
         if not maps or not len(ips):
             return functions.tolist(), modules.tolist()
-        starts = np.array([m.start for m in maps], np.uint64)
-        ends = np.array([m.end for m in maps], np.uint64)
         which = np.searchsorted(starts, ips, side="right").astype(np.int64) - 1
         inside = which >= 0
         inside[inside] = ips[inside] < ends[which[inside]]
@@ -124,7 +141,7 @@ class AddressSpace:
             else:
                 vaddrs = obj.vaddrs_for_map(m, hit)
                 idx = np.where(vaddrs >= 0, obj.lookup(vaddrs.astype(np.uint64)), -1)
-            functions[sel] = np.append(obj.names, "[unknown]").astype(object)[idx]
+            functions[sel] = obj.names_or_unknown[idx]
         return functions.tolist(), modules.tolist()
 
 

@@ -95,7 +95,9 @@ class TableScreen(Screen):
         super().__init__()
         self.sort_column = 0
         self.filter = ""
-        self.keys: list[str] = []
+        self.keys: list[str] = []  # of the table's rows, in order
+        self.cells: list[list] = []  # shown in those rows
+        self._texts: dict[str, str | Text] = {}
         self.ready = False
 
     def compose(self) -> ComposeResult:
@@ -146,20 +148,34 @@ class TableScreen(Screen):
             return (0, -v) if isinstance(v, int | float) else (1, str(v))
 
         rows.sort(key=sort_key)
-        cursor, selected = table.cursor_row, self.selected()
-        table.clear()
-        self.keys = []
-        for key, cells in rows:
-            if key in self.keys:  # row keys must be unique in a DataTable
-                key = f"{key}\0{len(self.keys)}"
-            table.add_row(*[f"{c:.1f}" if isinstance(c, float) else c for c in cells], key=key)
-            self.keys.append(key)
-        if rows:  # the cursor stays on the same row (by key) across refreshes
-            plain = [k.split("\0")[0] for k in self.keys]
-            table.move_cursor(row=plain.index(selected) if selected in plain else min(cursor, len(rows) - 1),
-                              animate=False)
-        self.query_one("#title", Static).update(self.title_text(an))
-        self.query_one("#status", Static).update(self.app.status_text(an, self.filter, self.columns[col]))
+        keys: list[str] = []
+        for key, _cells in rows:
+            keys.append(key if key not in keys else f"{key}\0{len(keys)}")  # row keys must be unique
+        cells = [[f"{c:.1f}" if isinstance(c, float) else c for c in r] for _k, r in rows]
+        if keys == self.keys:  # same rows in the same order: change only the cells that changed (cheap to draw)
+            for key, new, old in zip(keys, cells, self.cells, strict=True):
+                for column, value, before in zip(table.columns, new, old, strict=True):
+                    if value != before:
+                        table.update_cell(key, column, value)
+        else:
+            cursor, selected = table.cursor_row, self.selected()
+            table.clear()
+            for key, row in zip(keys, cells, strict=True):
+                table.add_row(*row, key=key)
+            self.keys = keys
+            if rows:  # the cursor stays on the same row (by key) across refreshes
+                plain = [k.split("\0")[0] for k in keys]
+                table.move_cursor(row=plain.index(selected) if selected in plain else min(cursor, len(rows) - 1),
+                                  animate=False)
+        self.cells = cells
+        self.set_text("#title", self.title_text(an))
+        self.set_text("#status", self.app.status_text(an, self.filter, self.columns[col]))
+
+    def set_text(self, selector: str, text: str | Text) -> None:
+        """Update a Static only when its text changed (an update lays the screen out again)."""
+        if self._texts.get(selector) != text:
+            self._texts[selector] = text
+            self.query_one(selector, Static).update(text)
 
     def selected(self) -> str | None:
         table = self.query_one(DataTable)
@@ -442,7 +458,7 @@ class VmprofTop(App):
     def _refresh_status(self) -> None:
         screen = self.screen
         if isinstance(screen, TableScreen) and screen.ready:
-            screen.query_one("#status", Static).update(self.message)
+            screen.set_text("#status", self.message)
 
     def tick(self) -> None:
         if self.should_stop():  # SIGTERM (the terminal's Ctrl-C is a key here: q quits)
