@@ -294,6 +294,7 @@ def _elf_errors() -> tuple[type[BaseException], ...]:
             AttributeError, OverflowError, ZeroDivisionError, UnicodeDecodeError, AssertionError, RecursionError)
 
 
+PT_NOTE = 4
 _SYM64 = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
                    ("value", "<u8"), ("size", "<u8")])
 _SYM32 = np.dtype([("name", "<u4"), ("value", "<u4"), ("size", "<u4"), ("info", "u1"), ("other", "u1"),
@@ -394,7 +395,6 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
     f.seek(0)
     elf = ELFFile(f)
     segments: list[Segment] = []
-    build_id = None
     nseg = elf.num_segments()
     if nseg > limits.max_elf_segments:
         raise ElfError(f"{what}: {nseg} segments, over the limit of {limits.max_elf_segments}")
@@ -403,8 +403,7 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
         if seg["p_type"] == "PT_LOAD":
             segments.append(Segment(int(seg["p_vaddr"]), int(seg["p_offset"]), int(seg["p_filesz"]),
                                     int(seg["p_memsz"]), int(seg["p_flags"])))
-        elif seg["p_type"] == "PT_NOTE" and build_id is None and 0 < seg["p_filesz"] <= 1 << 16:
-            build_id = _note_build_id(_read_at(f, int(seg["p_offset"]), int(seg["p_filesz"]), size, what), endian)
+    build_id = _phdr_build_id(f, size, is64, endian, what)
     nsec = elf.num_sections()
     if nsec > limits.max_elf_sections:
         raise ElfError(f"{what}: {nsec} sections, over the limit of {limits.max_elf_sections}")
@@ -473,6 +472,41 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
         n = np.zeros(0, dtype=object)
     e_type = {"ET_EXEC": 2, "ET_DYN": 3}.get(elf.header["e_type"], 0)
     return ElfSymbols(starts=s, ends=e, names=n, segments=segments, elf_type=e_type, build_id=build_id)
+
+
+def read_build_id(path: Path, limits: Limits = DEFAULT_LIMITS) -> str | None:
+    """The GNU build id of an ELF file from its program headers alone (None: none, or not a usable ELF)."""
+    what = Path(path).name
+    try:
+        with _open_regular(Path(path), limits.max_object_bytes, what) as f:
+            size = os.fstat(f.fileno()).st_size
+            is64, endian = _check_elf_header(f.read(64), size, limits, what)
+            return _phdr_build_id(f, size, is64, endian, what)
+    except (BundleError, OSError, struct.error):
+        return None
+
+
+def _phdr_build_id(f: BinaryIO, size: int, is64: bool, endian: str, what: str) -> str | None:
+    """The build id in the first PT_NOTE segment that has one (the header was checked by _check_elf_header)."""
+    head = _read_at(f, 0, 64 if is64 else 52, size, what)
+    if is64:
+        (phoff,), (phentsize, phnum) = struct.unpack_from(endian + "Q", head, 32), struct.unpack_from(
+            endian + "HH", head, 54)
+    else:
+        (phoff,), (phentsize, phnum) = struct.unpack_from(endian + "I", head, 28), struct.unpack_from(
+            endian + "HH", head, 42)
+    table = _read_at(f, phoff, phentsize * phnum, size, what)
+    for i in range(phnum):
+        if is64:
+            p_type, _flags, p_offset, _vaddr, _paddr, p_filesz = struct.unpack_from(endian + "IIQQQQ", table,
+                                                                                    i * phentsize)
+        else:
+            p_type, p_offset, _vaddr, _paddr, p_filesz = struct.unpack_from(endian + "IIIII", table, i * phentsize)
+        if p_type == PT_NOTE and 0 < p_filesz <= 1 << 16:
+            build_id = _note_build_id(_read_at(f, p_offset, p_filesz, size, what), endian)
+            if build_id:
+                return build_id
+    return None
 
 
 def _note_build_id(data: bytes, endian: str) -> str | None:

@@ -17,11 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from vmprof_tui import __version__, discover
 from vmprof_tui.backends import Backend, load_backend
+from vmprof_tui.bundle import read_build_id
 from vmprof_tui.collect import Collector, check_privileges, pmu_available
 from vmprof_tui.lbr.capability import detect
 from vmprof_tui.lbr.collect import LbrCollector, LbrConfig, LbrUnsupported
@@ -49,20 +48,7 @@ class Progress:
 
 @lru_cache(maxsize=4096)
 def build_id(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            for note in _notes(ELFFile(f)):
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return str(note["n_desc"])
-    except (OSError, ELFError, ValueError, KeyError):
-        return None
-    return None
-
-
-def _notes(elf: ELFFile):  # noqa: ANN202
-    for section in elf.iter_sections():
-        if section["sh_type"] == "SHT_NOTE":
-            yield from section.iter_notes()
+    return read_build_id(Path(path))
 
 
 def snapshot_process(pid: int) -> dict | None:

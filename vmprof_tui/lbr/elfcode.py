@@ -1,9 +1,10 @@
-"""Object files on disk: function symbols and code bytes (pyelftools), and a resolver
-from runtime addresses to (object, vaddr, function) for the block analysis.
+"""Object files on disk for the block analysis: function symbols and code bytes, and a
+resolver from runtime addresses to (object, vaddr, function).
 
-Object files may come from guests and are then untrusted: every parse error becomes
-:class:`ElfError` (the caller degrades that object's addresses to "unresolved"), sizes
-are bounded, nothing is executed.
+Symbols and segments come from the same hardened reader as guest bundles
+(:func:`vmprof_tui.bundle.elf_symbols_from_bytes`), so block tables and profiles name
+functions alike and a malformed object raises one :class:`ElfError` line (the caller
+degrades that object's addresses to "unresolved").  Nothing is executed.
 """
 
 from __future__ import annotations
@@ -13,92 +14,36 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
+from vmprof_tui.bundle import DEFAULT_LIMITS, ElfError, Segment, elf_symbols_from_bytes
 from vmprof_tui.lbr.model import ResolvedAddr
 
-MAX_OBJECT_BYTES = 1 << 30
-MAX_SYMBOLS = 2_000_000
 PF_X = 1
+EM_X86_64 = 62
 
-
-class ElfError(Exception):
-    """An object file that cannot be used (missing, not ELF, corrupt)."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    vaddr: int
-    memsz: int
-    offset: int
-    filesz: int
-    executable: bool
+__all__ = ["ElfError", "ElfImage", "ElfResolver", "ImageCache"]
 
 
 class ElfImage:
-    """Function symbols and loadable segments of one ELF file."""
+    """Function symbols, loadable segments and the bytes of one x86-64 ELF file."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        limit = DEFAULT_LIMITS.max_object_bytes
         try:
-            size = os.path.getsize(path)
-            if size > MAX_OBJECT_BYTES:
-                raise ElfError(f"{path}: {size} bytes is larger than the {MAX_OBJECT_BYTES} byte limit")
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > limit:
+                    raise ElfError(f"{path}: {size} bytes is larger than the {limit} byte limit")
                 self._data = f.read()
-            import io
-
-            elf = ELFFile(io.BytesIO(self._data))
-            self.is_pie = elf.header["e_type"] == "ET_DYN"
-            if elf.header["e_machine"] != "EM_X86_64":
-                raise ElfError(f"{path}: not an x86-64 object ({elf.header['e_machine']})")
-            self.segments = [
-                Segment(int(s["p_vaddr"]), int(s["p_memsz"]), int(s["p_offset"]), int(s["p_filesz"]),
-                        bool(s["p_flags"] & PF_X))
-                for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-            self._load_symbols(elf)
-        except ELFError as e:
-            raise ElfError(f"{path}: not a usable ELF file: {e}") from e
         except OSError as e:
-            raise ElfError(f"{path}: {e.strerror or e}") from e
-        except (ValueError, KeyError, AttributeError, TypeError) as e:
-            raise ElfError(f"{path}: corrupt ELF file: {e}") from e
-
-    def _load_symbols(self, elf: ELFFile) -> None:
-        found: dict[int, tuple[int, int, str]] = {}  # start -> (size, rank, name)
-        count = 0
-        for secname in (".symtab", ".dynsym"):
-            sec = elf.get_section_by_name(secname)
-            if sec is None or not hasattr(sec, "iter_symbols"):
-                continue
-            for sym in sec.iter_symbols():
-                count += 1
-                if count > MAX_SYMBOLS:
-                    raise ElfError(f"{self.path}: more than {MAX_SYMBOLS} symbols")
-                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC") or sym["st_shndx"] == "SHN_UNDEF":
-                    continue
-                start, size, name = int(sym["st_value"]), int(sym["st_size"]), sym.name
-                if not name:
-                    continue
-                rank = 0 if sym["st_info"]["bind"] == "STB_GLOBAL" else 1
-                old = found.get(start)
-                if old is None or (rank, -size, name) < (old[1], -old[0], old[2]):
-                    found[start] = (size, rank, name)
-        starts = sorted(found)
-        ends: list[int] = []
-        for i, s in enumerate(starts):
-            size = found[s][0]
-            if size == 0:  # no size recorded: up to the next symbol or the end of the segment
-                seg = self.segment_of(s)
-                limit = seg.vaddr + seg.memsz if seg else s + 1
-                size = (min(starts[i + 1], limit) if i + 1 < len(starts) else limit) - s
-            ends.append(s + max(size, 1))
-        self.func_starts = np.array(starts, dtype=np.uint64)
-        self.func_ends = np.array(ends, dtype=np.uint64)
-        self.func_names = [found[s][2] for s in starts]
+            raise ElfError(f"{path}: {e.strerror or e}") from None
+        self.symbols = elf_symbols_from_bytes(self._data, what=path)
+        if int.from_bytes(self._data[18:20], "little") != EM_X86_64:  # the header was checked by the reader
+            raise ElfError(f"{path}: not an x86-64 object")
+        self.segments = self.symbols.segments
         self._by_name: dict[str, list[int]] = {}
-        for i, n in enumerate(self.func_names):
+        for i, n in enumerate(self.symbols.names.tolist()):
             self._by_name.setdefault(n, []).append(i)
 
     def segment_of(self, vaddr: int) -> Segment | None:
@@ -108,13 +53,13 @@ class ElfImage:
         return None
 
     def function_at(self, vaddr: int) -> tuple[str, int, int] | None:
-        i = int(np.searchsorted(self.func_starts, np.uint64(vaddr), side="right")) - 1
-        if i < 0 or vaddr >= int(self.func_ends[i]):
+        i = int(self.symbols.lookup(np.array([vaddr], np.uint64))[0])
+        if i < 0:
             return None
-        return self.func_names[i], int(self.func_starts[i]), int(self.func_ends[i])
+        return str(self.symbols.names[i]), int(self.symbols.starts[i]), int(self.symbols.ends[i])
 
     def functions_named(self, name: str) -> list[tuple[int, int]]:
-        return [(int(self.func_starts[i]), int(self.func_ends[i])) for i in self._by_name.get(name, [])]
+        return [(int(self.symbols.starts[i]), int(self.symbols.ends[i])) for i in self._by_name.get(name, [])]
 
     def read(self, vaddr: int, size: int) -> bytes:
         """Bytes of the file image at [vaddr, vaddr+size), cut at the end of the segment's file data."""
@@ -132,7 +77,7 @@ class ElfImage:
         return None
 
     def exec_ranges(self) -> list[tuple[int, int]]:
-        return [(s.vaddr, s.vaddr + s.memsz) for s in self.segments if s.executable]
+        return [(s.vaddr, s.vaddr + s.memsz) for s in self.segments if s.flags & PF_X]
 
 
 class ImageCache:
