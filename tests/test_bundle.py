@@ -16,6 +16,7 @@ from conftest import ROOT
 
 from vmprof_tui import bundle as B
 from vmprof_tui import guest_fetch
+from vmprof_tui.symbols import ObjectCache, guest_symbols
 
 sys.path.insert(0, str(ROOT / "tests" / "data" / "bundles"))
 import hostile  # noqa: E402
@@ -76,11 +77,17 @@ def test_good_bundles_load_and_resolve(tmp_path: Path) -> None:
             assert proc.cr3 == [0x1000]
             obj = proc.maps[0].object_path
             assert obj is not None and obj.is_file() and obj.resolve().is_relative_to(b.root.resolve())
-            syms = b.elf_symbols(obj)
+            syms = B.read_elf_symbols(obj)
             assert list(syms.names) == ["hello"]
-            # The map covers file offset 0 at 0x401000; `hello` is at file offset 120.
-            p, funcs, mods = B.resolve_user(b, 0x8000_0000_0000_1001, [0x401000 + 120 + 3, 0x401000])
-            assert p is proc and list(funcs) == ["hello", "0x401000"] and list(mods) == ["hello", "hello"]
+        # what the analysis uses: CR3 -> address space -> (function, module)
+        again = tmp_path / f"again-{build.__name__}"
+        again.mkdir()
+        g = guest_symbols("vm1", build(again))
+        space = g.processes[B.normalise_cr3(0x8000_0000_0000_1001)]
+        # The map covers file offset 0 at 0x401000; `hello` is at file offset 120.
+        funcs, mods = space.resolve(np.array([0x401000 + 120 + 3, 0x401000], np.uint64), ObjectCache())
+        assert funcs == ["hello", "[unknown]"] and mods == ["hello", "hello"]
+        g.bundle.close()
         if build is hostile.good_tar:
             assert not b.root.exists(), "close() removes the private extraction folder"
 
@@ -88,10 +95,10 @@ def test_good_bundles_load_and_resolve(tmp_path: Path) -> None:
 def test_rejected_bundle_only_costs_its_own_guest(tmp_path: Path) -> None:
     good = hostile.good_folder(tmp_path)
     bad = hostile.tar_traversal(tmp_path)
-    loaded, rejected = B.load_bundles({"vm1": good, "vm2": bad})
-    assert list(loaded) == ["vm1"] and list(rejected) == ["vm2"]
-    assert "path traversal" in rejected["vm2"]
-    loaded["vm1"].close()
+    ok, rejected = guest_symbols("vm1", good), guest_symbols("vm2", bad)
+    assert ok.note is None and ok.processes
+    assert rejected.note is not None and "path traversal" in rejected.note and not rejected.processes
+    ok.bundle.close()
 
 
 def test_bundle_arguments_and_recording_layout(tmp_path: Path) -> None:
@@ -187,17 +194,19 @@ def test_demo_bundle_loads_and_matches_ready_event() -> None:
         for name, ready in run.ready.items():
             with B.load_bundle(run.bundle_root / name) as b:
                 assert b.cr3_method == "vmm" and b.vm == name
-                by_cr3 = b.by_cr3()
+                g = guest_symbols(name, run.bundle_root / name)
                 for p in ready["processes"]:
-                    proc = by_cr3[B.normalise_cr3(p["cr3"])]
+                    proc = next(q for q in b.processes if B.normalise_cr3(p["cr3"]) in q.cr3)
                     assert proc.pid == p["pid"] and proc.name == p["name"]
                     text = next(m for m in proc.maps if m.executable and m.object_path)
-                    syms = b.elf_symbols(text.object_path)
+                    syms = B.read_elf_symbols(text.object_path)
+                    # a sampled CR3 as the CPU shows it (PCID bits set)
+                    space = g.processes[B.normalise_cr3(p["cr3"] | 0x5)]
+                    assert space.pid == proc.pid
                     for fn in ("compute_a", "main"):
                         addr = int(syms.starts[list(syms.names).index(fn)])
-                        # a sampled RIP inside fn, with the CR3 as the CPU shows it (PCID bits set)
-                        got_proc, funcs, mods = B.resolve_user(b, p["cr3"] | 0x5, [addr + 1])
-                        assert got_proc is proc and list(funcs) == [fn] and list(mods) == [Path(text.path).name]
+                        funcs, mods = space.resolve(np.array([addr + 1], np.uint64), ObjectCache())
+                        assert funcs == [fn] and mods == [Path(text.path).name]
 
 
 # -- vmprof guest fetch, through a fake virsh ----------------------------------------------------------------------

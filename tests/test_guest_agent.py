@@ -138,10 +138,10 @@ def test_agent_bundle_on_this_machine(machine_bundle: tuple[Path, str, int]) -> 
         assert sleeper.cmdline == ["sleep", "60"] and sleeper.exe and sleeper.exe.endswith("sleep")
         text = next(m for m in sleeper.maps if m.executable and m.path.endswith("/sleep"))
         assert text.object_path is not None and text.build_id
-        syms = b.elf_symbols(text.object_path)
+        syms = B.read_elf_symbols(text.object_path)
         assert syms.build_id == text.build_id
         libc = next(m for m in sleeper.maps if m.executable and "libc.so" in m.path)
-        assert libc.object_path is not None and len(b.elf_symbols(libc.object_path)) > 1000
+        assert libc.object_path is not None and len(B.read_elf_symbols(libc.object_path)) > 1000
         # CR3: values, or exactly what this kernel lacks
         if b.cr3_method == "none":
             missing = b.cr3_detail.get("missing")

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import backends
-from vmprof_tui.bundle import normalise_cr3_array
+from vmprof_tui.bundle import KernelSymbols, normalise_cr3_array
 from vmprof_tui.recording import Recording
 from vmprof_tui.records import (
     SAMPLE_GUEST,
@@ -38,9 +38,9 @@ from vmprof_tui.records import (
     SCHED_PREV_RUNNABLE,
 )
 from vmprof_tui.symbols import (
+    EMPTY_KERNEL,
     GuestSymbols,
     ObjectCache,
-    SymbolTable,
     guest_symbols,
     kallsyms_table,
 )
@@ -197,7 +197,7 @@ class SymbolCache:
     """Symbol sources kept across analyses (the live screen analyses a new window every second)."""
     objects: ObjectCache = field(default_factory=ObjectCache)
     guests: dict[str, GuestSymbols] = field(default_factory=dict)
-    kallsyms: SymbolTable | None = None
+    kallsyms: KernelSymbols | None = None
     codes: NameCodes = field(default_factory=NameCodes)
 
 
@@ -284,7 +284,7 @@ class Analysis:
             elif name in self.rec.bundles:
                 g = guest_symbols(name, self.rec.bundles[name])
             else:
-                g = GuestSymbols(name, {}, SymbolTable.empty(),
+                g = GuestSymbols(name, {}, EMPTY_KERNEL,
                                  note=f"no guest bundle for VM {name}: its guest samples show raw addresses "
                                       f"(give one with --guest-bundle {name}=PATH)")
             if g.note:
@@ -334,7 +334,7 @@ class Analysis:
         if kernel.any():
             idx = kallsyms.lookup(s["host_ip"][kernel])
             self.func[kernel] = kallsyms.names_or_unknown[idx]
-            self.module[kernel] = KERNEL_MODULE
+            self.module[kernel] = kallsyms.module_labels(idx, KERNEL_MODULE)
         comm = {}
         for key, snap in self.rec.snapshot.items():
             if key.startswith("process:"):
@@ -362,10 +362,10 @@ class Analysis:
             known = sel & ~unknown
             gkernel = known & ((flags & SAMPLE_GUEST_KERNEL) != 0)
             if gkernel.any():
-                self.module[gkernel] = GUEST_KERNEL_MODULE
-                if g is not None and len(g.kernel.starts):
-                    idx = g.kernel.lookup(s["guest_ip"][gkernel])
-                    self.func[gkernel] = g.kernel.names_or_unknown[idx]
+                ks = g.kernel if g is not None else EMPTY_KERNEL
+                idx = ks.lookup(s["guest_ip"][gkernel])
+                self.func[gkernel] = ks.names_or_unknown[idx]
+                self.module[gkernel] = ks.module_labels(idx, GUEST_KERNEL_MODULE)
             guser = known & ~gkernel
             cr3s = normalise_cr3_array(s["guest_cr3"])
             for cr3 in np.unique(cr3s[known]).tolist():

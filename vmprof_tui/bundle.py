@@ -42,7 +42,6 @@ KALLSYMS = "kallsyms"
 OBJECT_RE = re.compile(r"^objects/([A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
 CR3_ADDR_MASK = 0x000F_FFFF_FFFF_F000  # bits 51:12 of CR3: the page-table root
 U64_MAX = (1 << 64) - 1
-KERNEL_SPACE = 0xFFFF_8000_0000_0000
 NO_ADDR = np.uint64(U64_MAX)  # "no address" in uint64 arrays
 
 
@@ -99,19 +98,41 @@ _CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 
 
 @dataclass
-class KernelSymbols:
-    """Guest kernel text symbols, sorted by address (from the bundle's kallsyms)."""
+class SymbolTable:
+    """Sorted function ranges: addresses in [starts[i], ends[i]) belong to names[i].  One class for host
+    and guest kallsyms and ELF symbol tables, so every lookup behaves alike."""
 
-    addrs: np.ndarray  # uint64, sorted
+    starts: np.ndarray  # uint64, sorted
+    ends: np.ndarray  # uint64, exclusive
     names: np.ndarray  # object (str)
-    modules: np.ndarray  # object (str, "" for the kernel image)
 
     def __len__(self) -> int:
-        return len(self.addrs)
+        return len(self.starts)
 
     def lookup(self, addrs: np.ndarray) -> np.ndarray:
-        """Index of the symbol at or below each address, -1 below the first one."""
-        return np.searchsorted(self.addrs, np.asarray(addrs, dtype=np.uint64), side="right").astype(np.int64) - 1
+        """Index of the symbol containing each address, -1 where none does."""
+        a = np.asarray(addrs, dtype=np.uint64)
+        idx = np.searchsorted(self.starts, a, side="right").astype(np.int64) - 1
+        ok = idx >= 0
+        ok[ok] &= a[ok] < self.ends[idx[ok]]
+        return np.where(ok, idx, -1)
+
+    @functools.cached_property
+    def names_or_unknown(self) -> np.ndarray:
+        """Names with '[unknown]' last so that index -1 reads it."""
+        return np.append(self.names, "[unknown]").astype(object)
+
+
+@dataclass
+class KernelSymbols(SymbolTable):
+    """Kernel text symbols from a kallsyms text; each ends where the next one starts."""
+
+    modules: np.ndarray  # object (str, "" for the kernel image)
+
+    def module_labels(self, idx: np.ndarray, image: str) -> np.ndarray:
+        """'[module]' for symbols of modules; `image` for the kernel image and for index -1."""
+        mods = np.append(self.modules, "").astype(object)[idx]
+        return np.array([f"[{m}]" if m else image for m in mods.tolist()], dtype=object)
 
 
 @dataclass
@@ -155,23 +176,6 @@ class GuestProcess:
     maps: list[GuestMap]
     exited: bool = False  # ended during a `vmprof-guest watch` (its CR3 may have been reused since)
     kernel_thread: bool = False
-    _sorted: list[GuestMap] | None = field(default=None, repr=False, compare=False)
-
-    def maps_sorted(self) -> list[GuestMap]:
-        if self._sorted is None:
-            self._sorted = sorted(self.maps, key=lambda m: m.start)
-        return self._sorted
-
-    def map_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """Starts and ends of maps_sorted() as uint64 arrays, for searchsorted."""
-        maps = self.maps_sorted()
-        return (np.array([m.start for m in maps], dtype=np.uint64),
-                np.array([m.end for m in maps], dtype=np.uint64))
-
-    def map_for(self, addr: int) -> GuestMap | None:
-        starts, ends = self.map_tables()
-        i = int(np.searchsorted(starts, np.uint64(addr), side="right")) - 1
-        return self.maps_sorted()[i] if i >= 0 and addr < int(ends[i]) else None
 
 
 @dataclass
@@ -186,7 +190,6 @@ class GuestBundle:
     root: Path  # where objects/ lives (the folder itself, or a private extraction folder for tars)
     cr3_detail: dict[str, Any] = field(default_factory=dict)
     _cleanup: Any = field(default=None, repr=False)
-    _elf_cache: dict[Path, ElfSymbols | ElfError] = field(default_factory=dict, repr=False)
 
     def close(self) -> None:
         """Remove the private extraction folder of a tar bundle (also done when garbage-collected)."""
@@ -198,28 +201,6 @@ class GuestBundle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def by_cr3(self) -> dict[int, GuestProcess]:
-        """Normalised CR3 → process.  A CR3 shared by an exited and a later process maps to the later one;
-        live processes win over exited ones."""
-        out: dict[int, GuestProcess] = {}
-        for p in sorted(self.processes, key=lambda p: not p.exited):
-            for value in p.cr3:
-                out[value] = p
-        return out
-
-    def elf_symbols(self, path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
-        """read_elf_symbols, cached per object; raises the same ElfError again for a bad file."""
-        cached = self._elf_cache.get(path)
-        if cached is None:
-            try:
-                cached = read_elf_symbols(path, limits)
-            except ElfError as e:
-                cached = e
-            self._elf_cache[path] = cached
-        if isinstance(cached, ElfError):
-            raise cached
-        return cached
 
 
 # -- ELF symbols ---------------------------------------------------------------------------
@@ -235,31 +216,13 @@ class Segment:
 
 
 @dataclass
-class ElfSymbols:
-    """Function symbols of one ELF file, sorted by start address, and its loadable segments."""
+class ElfSymbols(SymbolTable):
+    """Function symbols of one ELF file (a symbol without size ends where the next one starts) and its
+    loadable segments."""
 
-    starts: np.ndarray  # uint64
-    ends: np.ndarray  # uint64 (exclusive; a symbol without size ends where the next one starts)
-    names: np.ndarray  # object (str)
     segments: list[Segment]
     elf_type: int  # 2 ET_EXEC, 3 ET_DYN
     build_id: str | None
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    @functools.cached_property
-    def names_or_unknown(self) -> np.ndarray:
-        """Names with '[unknown]' last so that index -1 reads it."""
-        return np.append(self.names, "[unknown]").astype(object)
-
-    def lookup(self, addrs: np.ndarray) -> np.ndarray:
-        """Index of the symbol containing each link-time address, -1 where none does."""
-        a = np.asarray(addrs, dtype=np.uint64)
-        idx = np.searchsorted(self.starts, a, side="right").astype(np.int64) - 1
-        ok = idx >= 0
-        ok[ok] &= a[ok] < self.ends[idx[ok]]
-        return np.where(ok, idx, -1)
 
     def file_offsets_to_vaddrs(self, offsets: np.ndarray) -> np.ndarray:
         """Map file offsets to link-time addresses through the PT_LOAD segments (uint64; NO_ADDR where
@@ -720,7 +683,9 @@ def parse_kallsyms(data: bytes, limits: Limits = DEFAULT_LIMITS) -> KernelSymbol
         mods.append(_safe_text(mod[:256].decode("utf-8", "replace"), 256))
     a = np.array(addrs, dtype=np.uint64)
     order = np.argsort(a, kind="stable")
-    return KernelSymbols(addrs=a[order], names=np.array(names, dtype=object)[order],
+    a = a[order]
+    ends = np.append(a[1:], a[-1:] + np.uint64(4096))
+    return KernelSymbols(starts=a, ends=ends, names=np.array(names, dtype=object)[order],
                          modules=np.array(mods, dtype=object)[order])
 
 
@@ -1084,62 +1049,3 @@ def find_recording_bundles(recording: Path) -> dict[str, Path]:
                 if entry.name.endswith(suffix) and entry.is_file():
                     found[entry.name[: -len(suffix)]] = entry
     return found
-
-
-def load_bundles(paths: dict[str, Path], limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, GuestBundle],
-                                                                                   dict[str, str]]:
-    """Load one bundle per VM.  A rejected bundle only costs its own VM: its message is returned
-    in the second dict (for the report's note) and that guest's rows stay raw addresses."""
-    loaded: dict[str, GuestBundle] = {}
-    rejected: dict[str, str] = {}
-    for vm, path in paths.items():
-        try:
-            loaded[vm] = load_bundle(path, limits)
-        except BundleError as e:
-            rejected[vm] = str(e)
-    return loaded, rejected
-
-
-def resolve_user(bundle: GuestBundle, cr3: int, addrs: np.ndarray,
-                 limits: Limits = DEFAULT_LIMITS) -> tuple[GuestProcess | None, np.ndarray, np.ndarray]:
-    """Names for guest addresses sampled under one CR3: (process, functions, modules) as object arrays.
-
-    Unresolved addresses come back as hex strings with module '[unknown]' (or the map's file when
-    the address is in a map without symbols); an object file that fails to parse leaves only its
-    own addresses raw.  Kernel addresses use the guest kallsyms.  Lookups are searchsorted over
-    sorted tables; pass distinct addresses (np.unique) to keep the string work small.
-    """
-    a = np.asarray(addrs, dtype=np.uint64).ravel()
-    funcs = np.array([f"{int(x):#x}" for x in a.tolist()], dtype=object)
-    mods = np.full(len(a), "[unknown]", dtype=object)
-    kern = a >= np.uint64(KERNEL_SPACE)
-    ks = bundle.kernel.symbols if bundle.kernel is not None else None
-    if kern.any() and ks is not None and len(ks):
-        kidx = np.flatnonzero(kern)
-        idx = ks.lookup(a[kidx])
-        hit = idx >= 0
-        funcs[kidx[hit]] = ks.names[idx[hit]]
-        mods[kidx[hit]] = np.array([f"[{m}]" if m else "[kernel]" for m in ks.modules[idx[hit]].tolist()],
-                                   dtype=object)
-    proc = bundle.by_cr3().get(normalise_cr3(cr3))
-    if proc is None:
-        return None, funcs, mods
-    starts, ends = proc.map_tables()
-    user = np.flatnonzero(~kern)
-    midx = np.searchsorted(starts, a[user], side="right").astype(np.int64) - 1
-    ok = midx >= 0
-    ok[ok] &= a[user][ok] < ends[midx[ok]]
-    for mi in np.unique(midx[ok]).tolist():
-        m = proc.maps_sorted()[mi]
-        rows = user[ok][midx[ok] == mi]
-        mods[rows] = os.path.basename(m.path) or m.path or "[anon]"
-        if m.object_path is None:
-            continue
-        try:
-            syms = bundle.elf_symbols(m.object_path, limits)
-        except ElfError:
-            continue
-        idx = syms.lookup(syms.vaddrs_for_map(m, a[rows]))
-        hit = idx >= 0
-        funcs[rows[hit]] = syms.names[idx[hit]]
-    return proc, funcs, mods

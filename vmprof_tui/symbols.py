@@ -16,57 +16,20 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import bundle as guest_bundle
+from vmprof_tui.bundle import KernelSymbols
+
+EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, object),
+                             np.empty(0, object))
 
 ET_EXEC = 2
 
 
-@dataclass
-class SymbolTable:
-    """Sorted function ranges: addresses in [starts[i], ends[i]) belong to names[i]."""
-    starts: np.ndarray
-    ends: np.ndarray
-    names: list[str]
-
-    @classmethod
-    def empty(cls) -> SymbolTable:
-        return cls(np.empty(0, np.uint64), np.empty(0, np.uint64), [])
-
-    def lookup(self, addrs: np.ndarray) -> np.ndarray:
-        """Index of the symbol containing each address, -1 where none does."""
-        if not len(self.starts):
-            return np.full(len(addrs), -1, np.int64)
-        idx = np.searchsorted(self.starts, addrs, side="right").astype(np.int64) - 1
-        ok = idx >= 0
-        ok[ok] = addrs[ok] < self.ends[idx[ok]]
-        idx[~ok] = -1
-        return idx
-
-    @cached_property
-    def names_or_unknown(self) -> np.ndarray:
-        """Names as an object array, with '[unknown]' last so that index -1 reads it."""
-        return np.array([*self.names, "[unknown]"], dtype=object)
-
-
-def kallsyms_table(text: str) -> SymbolTable:
-    """Text symbols of a kallsyms dump; each ends where the next one starts."""
-    starts, names = [], []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[1] in ("t", "T", "w", "W"):
-            try:
-                addr = int(parts[0], 16)
-            except ValueError:
-                continue
-            if addr:
-                starts.append(addr)
-                names.append(parts[2] + (f" {parts[3]}" if len(parts) > 3 else ""))
-    if not starts:
-        return SymbolTable.empty()
-    s = np.asarray(starts, np.uint64)
-    order = np.argsort(s, kind="stable")
-    s = s[order]
-    ends = np.append(s[1:], s[-1] + np.uint64(4096))
-    return SymbolTable(s, ends, [names[i] for i in order])
+def kallsyms_table(text: str) -> KernelSymbols:
+    """Text symbols of a host kallsyms dump (the same parser as a guest's; an unreadable one gives none)."""
+    try:
+        return guest_bundle.parse_kallsyms(text.encode())
+    except guest_bundle.BundleError:
+        return EMPTY_KERNEL
 
 
 @dataclass
@@ -164,7 +127,7 @@ class GuestSymbols:
     """What one guest bundle tells: CR3 -> process, each process's mappings, guest kernel symbols."""
     vm: str
     processes: dict[int, AddressSpace]  # normalised CR3 -> process
-    kernel: SymbolTable
+    kernel: KernelSymbols
     note: str | None = None  # why the bundle could not be used
     bundle: guest_bundle.GuestBundle | None = None  # kept open: a tar bundle's objects live in its folder
 
@@ -180,7 +143,7 @@ def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
         else:
             b = guest_bundle.load_bundle(Path(source))
     except (guest_bundle.BundleError, OSError) as e:
-        return GuestSymbols(vm, {}, SymbolTable.empty(), note=f"guest bundle of {vm} rejected: {e}")
+        return GuestSymbols(vm, {}, EMPTY_KERNEL, note=f"guest bundle of {vm} rejected: {e}")
     # Two processes running the same program are told apart: prog(1), prog(2)
     counts: dict[str, int] = {}
     for p in b.processes:
@@ -197,11 +160,7 @@ def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
         for cr3 in p.cr3:
             if cr3 not in processes or not p.exited:  # live processes win over exited ones with a reused CR3
                 processes[cr3] = space
-    kernel = SymbolTable.empty()
-    ks = b.kernel.symbols if b.kernel is not None else None
-    if ks is not None and len(ks):
-        ends = np.append(ks.addrs[1:], ks.addrs[-1] + np.uint64(4096))
-        kernel = SymbolTable(ks.addrs, ends, [str(n) for n in ks.names])
+    kernel = b.kernel.symbols if b.kernel is not None and b.kernel.symbols is not None else EMPTY_KERNEL
     note = "; ".join(b.notes) if b.notes else None
     return GuestSymbols(vm, processes, kernel, note=None, bundle=b) if not note else \
         GuestSymbols(vm, processes, kernel, note=f"guest bundle of {vm}: {note}", bundle=b)

@@ -78,7 +78,7 @@ def _load(path: Path) -> None:
                 if m.object_path is not None:
                     assert m.object_path.resolve().is_relative_to(work.resolve())
                     try:
-                        b.elf_symbols(m.object_path, LIMITS)
+                        B.read_elf_symbols(m.object_path, LIMITS)
                     except B.ElfError as e:
                         _check_one_line(e)
         b.close()
