@@ -329,7 +329,7 @@ class Analysis:
         host = ~guest
         kernel = host & ((flags & SAMPLE_HOST_KERNEL) != 0)
         if self.cache.kallsyms is None or "kallsyms" in self.rec.snapshot:
-            self.cache.kallsyms = kallsyms_table(self.rec.snapshot.get("kallsyms", ""))
+            self.cache.kallsyms = kallsyms_table(self.rec.snapshot.get("kallsyms", ""), self.notes)
         kallsyms = self.cache.kallsyms
         if kernel.any():
             idx = kallsyms.lookup(s["host_ip"][kernel])

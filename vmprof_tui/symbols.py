@@ -24,11 +24,14 @@ EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.
 ET_EXEC = 2
 
 
-def kallsyms_table(text: str) -> KernelSymbols:
-    """Text symbols of a host kallsyms dump (the same parser as a guest's; an unreadable one gives none)."""
+def kallsyms_table(text: str, notes: list[str] | None = None) -> KernelSymbols:
+    """Text symbols of a host kallsyms dump (the same parser as a guest's); an unreadable one gives none,
+    and says why in `notes`."""
     try:
         return guest_bundle.parse_kallsyms(text.encode())
-    except guest_bundle.BundleError:
+    except guest_bundle.BundleError as e:
+        if notes is not None:
+            notes.append(f"host kallsyms unreadable ({e}): host kernel samples show [unknown]")
         return EMPTY_KERNEL
 
 
