@@ -210,6 +210,7 @@ class Recorder:
             lost = self.collector.lost()
         self.collector.close()
         if self.lbr is not None:
+            self.lbr.disable()  # the counters read next are then final and agree with each other
             lost["lbr"] = self.lbr.stats()
             self.lbr.stop()
         self.writer.add_snapshot({"kallsyms": _kallsyms()})

@@ -152,10 +152,14 @@ class LbrCollector:
         names = ["samples", "dropped", "lbr_errors", "counter_errors"]
         return {n: int(sum(vals[vals.Key(i)])) for i, n in enumerate(names)}
 
-    def stop(self) -> None:
+    def disable(self) -> None:
+        """Stop sampling but keep what was collected readable: stats() are final after this."""
         for leader in self._leaders:
             with contextlib.suppress(OSError):
                 fcntl.ioctl(leader, PERF_EVENT_IOC_DISABLE, PERF_IOC_FLAG_GROUP)
+
+    def stop(self) -> None:
+        self.disable()
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
