@@ -115,9 +115,13 @@ def test_halt(tmp_path: Path) -> None:
     w0 = an.window()[0]
     host_idle = Analysis(r.rec, time_range=((tl.start_ns - w0) / 1e9, (tl.end_ns - w0) / 1e9)).host_profile(
         cpu=1).ratios["idle"]
-    print(f"guest [idle] {idle:.1f}%, host idle on the VM's pCPU {host_idle:.1f}%")
-    assert abs(idle - 200 / 3) <= 3
-    assert abs(host_idle - 200 / 3) <= 3
+    # The duty program halts 20 ms after a fixed amount of work (10 ms when undisturbed): if anything delays
+    # the work the halted share drops below 2/3, so the truth is the VMM's measured halt time.
+    truth = r.truth["halt"]["vcpus"][0]
+    halted = 100 * truth["halt_ns"] / truth["wall_ns"]
+    print(f"guest [idle] {idle:.1f}%, host idle on the VM's pCPU {host_idle:.1f}%, halted (truth) {halted:.1f}%")
+    assert abs(idle - halted) <= 3
+    assert abs(host_idle - halted) <= 3
 
 
 def test_vcpu2_on_1(tmp_path: Path) -> None:
