@@ -76,6 +76,12 @@ async def drive(app: VmprofTop, vm: str, process: str) -> None:
         await pilot.press("enter")
         await pilot.pause(0.3)
         assert [r[0] for r in cells(app)] == ["(host)"]
+        # the host view, drawn: names in brackets are shown as they are (not taken for markup)
+        await pilot.press("enter")
+        await until(pilot, lambda: any(r[3] == "[kernel.kallsyms]" for r in cells(app)))
+        assert "[kernel.kallsyms]" in app.export_screenshot()
+        await pilot.press("escape")
+        await until(pilot, lambda: [r[0] for r in cells(app)] == ["(host)"])
         await pilot.press("slash")
         await pilot.pause(0.2)
         await pilot.press("enter")

@@ -7,11 +7,12 @@ number on screen comes from vmprof_tui.analysis on the session's window.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -23,6 +24,18 @@ from vmprof_tui.analysis import IDLE, PREEMPTED, Analysis, Profile
 
 SPARK = "▁▂▃▄▅▆▇█"
 HOST_KEY = "(host)"
+
+
+def cell(value: object) -> Text:
+    """A table cell as Text: numbers right-aligned, names literal (a plain str would be read as markup, and
+    names like [steal] or [kernel.kallsyms] would vanish as unknown style tags)."""
+    if isinstance(value, Text):
+        return value
+    if isinstance(value, float):
+        return Text(f"{value:.1f}", justify="right")
+    if isinstance(value, int):
+        return Text(str(value), justify="right")
+    return Text(str(value))
 
 
 def sparkline(values: list[float], width: int = 20) -> str:
@@ -96,7 +109,7 @@ class TableScreen(Screen):
         self.sort_column = 0
         self.filter = ""
         self.keys: list[str] = []  # of the table's rows, in order
-        self.cells: list[list] = []  # shown in those rows
+        self.cells: dict[str, list] = {}  # shown in those rows
         self._texts: dict[str, str | Text] = {}
         self.ready = False
 
@@ -148,26 +161,31 @@ class TableScreen(Screen):
             return (0, -v) if isinstance(v, int | float) else (1, str(v))
 
         rows.sort(key=sort_key)
+        seen: Counter[str] = Counter()
         keys: list[str] = []
         for key, _cells in rows:
-            keys.append(key if key not in keys else f"{key}\0{len(keys)}")  # row keys must be unique
-        cells = [[f"{c:.1f}" if isinstance(c, float) else c for c in r] for _k, r in rows]
-        if keys == self.keys:  # same rows in the same order: change only the cells that changed (cheap to draw)
-            for key, new, old in zip(keys, cells, self.cells, strict=True):
-                for column, value, before in zip(table.columns, new, old, strict=True):
-                    if value != before:
-                        table.update_cell(key, column, value)
-        else:
-            cursor, selected = table.cursor_row, self.selected()
-            table.clear()
-            for key, row in zip(keys, cells, strict=True):
+            keys.append(f"{key}\0{seen[key]}" if seen[key] else key)  # row keys must be unique
+            seen[key] += 1
+        cells = {k: [cell(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
+        # Change the table, do not rebuild it: Textual measures every cell of every row it adds.
+        selected = self._cursor_key(table)
+        for key in self.cells.keys() - cells.keys():
+            table.remove_row(key)
+        for key, row in cells.items():
+            before = self.cells.get(key)
+            if before is None:
                 table.add_row(*row, key=key)
-            self.keys = keys
-            if rows:  # the cursor stays on the same row (by key) across refreshes
-                plain = [k.split("\0")[0] for k in keys]
-                table.move_cursor(row=plain.index(selected) if selected in plain else min(cursor, len(rows) - 1),
-                                  animate=False)
-        self.cells = cells
+                continue
+            for (column_key, column), value, old in zip(table.columns.items(), row, before, strict=True):
+                if value != old:  # re-measure only a cell wider than its column (narrower ones re-measure all)
+                    wider = cell_len(str(value)) > column.content_width
+                    table.update_cell(key, column_key, value, update_width=wider)
+        if keys != self.keys:
+            rank = {tuple(map(str, cells[k])): i for i, k in enumerate(keys)}
+            table.sort(key=lambda values: rank.get(tuple(map(str, values)), len(rank)))
+            if selected in cells:  # the cursor stays on its row across refreshes
+                table.move_cursor(row=table.get_row_index(selected), animate=False)
+        self.keys, self.cells = keys, cells
         self.set_text("#title", self.title_text(an))
         self.set_text("#status", self.app.status_text(an, self.filter, self.columns[col]))
 
@@ -175,13 +193,18 @@ class TableScreen(Screen):
         """Update a Static only when its text changed (an update lays the screen out again)."""
         if self._texts.get(selector) != text:
             self._texts[selector] = text
-            self.query_one(selector, Static).update(text)
+            self.query_one(selector, Static).update(cell(text))
+
+    @staticmethod
+    def _cursor_key(table: DataTable) -> str | None:
+        if not table.row_count or not 0 <= table.cursor_row < table.row_count:
+            return None
+        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
 
     def selected(self) -> str | None:
-        table = self.query_one(DataTable)
-        if not self.keys or table.cursor_row < 0 or table.cursor_row >= len(self.keys):
-            return None
-        return self.keys[table.cursor_row].split("\0")[0]
+        """The key of the row under the cursor, as rows() gave it."""
+        key = self._cursor_key(self.query_one(DataTable))
+        return key.split("\0")[0] if key is not None else None
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter or a click on a row (the row's key survives refreshes that rebuild the table)."""
