@@ -32,9 +32,8 @@ async def select(pilot, app: VmprofTop, text: str) -> None:  # noqa: ANN001
     table = app.screen.query_one(DataTable)
     for i in range(table.row_count):
         if str(table.get_row_at(i)[0]) == text:  # the row's name (other cells may repeat it)
-            key = app.screen.keys[i].split("\0")[0]
             table.move_cursor(row=i, animate=False)
-            await until(pilot, lambda k=key: app.screen.selected() == k)
+            await until(pilot, lambda: str(table.get_row_at(table.cursor_row)[0]) == text)
             return
     raise AssertionError(f"{text} not on screen: {cells(app)}")
 

@@ -452,12 +452,8 @@ def read_build_id(path: Path, limits: Limits = DEFAULT_LIMITS) -> str | None:
 def _phdr_build_id(f: BinaryIO, size: int, is64: bool, endian: str, what: str) -> str | None:
     """The build id in the first PT_NOTE segment that has one (the header was checked by _check_elf_header)."""
     head = _read_at(f, 0, 64 if is64 else 52, size, what)
-    if is64:
-        (phoff,), (phentsize, phnum) = struct.unpack_from(endian + "Q", head, 32), struct.unpack_from(
-            endian + "HH", head, 54)
-    else:
-        (phoff,), (phentsize, phnum) = struct.unpack_from(endian + "I", head, 28), struct.unpack_from(
-            endian + "HH", head, 42)
+    (phoff,) = struct.unpack_from(endian + ("Q" if is64 else "I"), head, 32 if is64 else 28)
+    phentsize, phnum = struct.unpack_from(endian + "HH", head, 54 if is64 else 42)
     table = _read_at(f, phoff, phentsize * phnum, size, what)
     for i in range(phnum):
         if is64:

@@ -108,7 +108,7 @@ class TableScreen(Screen):
         super().__init__()
         self.sort_column = 0
         self.filter = ""
-        self.keys: list[str] = []  # of the table's rows, in order
+        self.keys: list[str] = []  # of the table's rows, in order (a change of order re-sorts the table)
         self.cells: dict[str, list] = {}  # shown in those rows
         self._texts: dict[str, str | Text] = {}
         self.ready = False
@@ -207,7 +207,7 @@ class TableScreen(Screen):
         return key.split("\0")[0] if key is not None else None
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        """Enter or a click on a row (the row's key survives refreshes that rebuild the table)."""
+        """Enter or a click on a row (the row's key survives refreshes)."""
         self.drill(str(event.row_key.value).split("\0")[0])
 
     def drill(self, key: str | None) -> None:
