@@ -86,6 +86,14 @@ class LiveSession:
         self.vms = current  # VMs that went away drop out of the live view as the window moves on
         self.snapshot["vms"] = [vm.to_json() for vm in self.vms.values()]
 
+    def _forget_processes(self) -> None:
+        """Drop the snapshots of processes with no sample left in the window: a host that starts many short
+        processes would otherwise fill memory, and a reused pid gets a fresh snapshot."""
+        in_window = {int(pid) for chunk, _names in self._samples for pid in np.unique(chunk["pid"]).tolist()}
+        for pid in self.pids_seen - in_window:
+            self.snapshot.pop(f"process:{pid}", None)
+        self.pids_seen &= in_window
+
     def bundles(self) -> dict[str, Path]:
         return {vm.name: Path(vm.bundle) for vm in self.vms.values() if vm.bundle}
 
@@ -94,6 +102,7 @@ class LiveSession:
         drained = self.collector.drain()
         if time.monotonic() - self.last_discover >= 2.0:  # new VMs are rare; /proc scans are not free
             self._discover()
+            self._forget_processes()
         if len(drained.samples):
             new_pids = set(np.unique(drained.samples["pid"]).tolist()) - self.pids_seen - {0}
             for pid in new_pids:

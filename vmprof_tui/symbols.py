@@ -57,6 +57,8 @@ class ObjectCache:
         """The address space of a host process from its maps snapshot, parsed once per snapshot."""
         key = (name, pid, maps_text)
         if key not in self._spaces:
+            if len(self._spaces) >= 1024:  # the live screen meets ever new processes: forget the oldest
+                del self._spaces[next(iter(self._spaces))]
             self._spaces[key] = AddressSpace(name, pid, parse_proc_maps(maps_text))
         return self._spaces[key]
 
