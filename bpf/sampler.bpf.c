@@ -9,6 +9,28 @@
 BPF_RINGBUF_OUTPUT(samples, SAMPLE_RING_PAGES);
 BPF_PERCPU_ARRAY(samples_lost, u64, 1);
 
+/* The name of every sampled process, so that one that exits before user space reads /proc (which it
+ * does once per drain) is still named.  A process's name is its main thread's comm; another thread's
+ * comm stands in until the main thread is sampled.  Checked on every main-thread sample: exec renames. */
+struct process_comm {
+	char comm[16];
+	u64 from_main;
+};
+BPF_TABLE("lru_hash", u32, struct process_comm, process_comms, 16384);
+
+static __always_inline void remember_comm(u32 pid, u32 tid)
+{
+	struct process_comm *known = process_comms.lookup(&pid);
+	if (known && pid != tid)
+		return; /* another thread's name never replaces a known one */
+	struct process_comm now = {.from_main = pid == tid};
+	bpf_get_current_comm(&now.comm, sizeof(now.comm));
+	if (known && known->from_main && ((u64 *)known->comm)[0] == ((u64 *)now.comm)[0] &&
+	    ((u64 *)known->comm)[1] == ((u64 *)now.comm)[1])
+		return; /* the usual case: the main thread, same name */
+	process_comms.update(&pid, &now);
+}
+
 #include "vcpu.h"
 
 int on_sample(struct bpf_perf_event_data *ctx)
@@ -34,6 +56,8 @@ int on_sample(struct bpf_perf_event_data *ctx)
 	s->vcpu_id = 0;
 	s->flags = (ctx->regs.cs & 3) ? 0 : SAMPLE_HOST_KERNEL;
 	s->pad = 0;
+	if (s->pid)
+		remember_comm(s->pid, s->tid);
 
 	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
 	if (vcpu) {

@@ -159,3 +159,29 @@ def test_doctor_reports_this_host() -> None:
     out = vmprof("doctor")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "backend pvm" in out.stdout and "hardware PMU" in out.stdout and "BPF programs" in out.stdout
+
+
+def test_short_lived_processes_keep_their_names(tmp_path: Path) -> None:
+    """A process that exits before the recorder reads /proc is named by the comm the sampler saw."""
+    require_root()
+    blip = tmp_path / "vmprof-blip"
+    blip.symlink_to("/bin/sh")  # exec through the link: the comm is "vmprof-blip"
+    out = tmp_path / "blips.vmprof"
+    rec = subprocess.Popen([sys.executable, "-m", "vmprof_tui", "record", "-o", str(out), "-q", "-d", "3"],
+                           cwd=ROOT)
+    time.sleep(2.0)  # BPF compiled and attached
+    pids = []
+    for _ in range(40):  # about 15 ms of work each, then gone
+        p = subprocess.Popen([str(blip), "-c", "i=0; while [ $i -lt 8000 ]; do i=$((i+1)); done"])
+        p.wait()
+        pids.append(p.pid)
+    assert rec.wait(timeout=60) == 0
+    r = recording.load(out)
+    snaps = {int(k.split(":")[1]): v for k, v in r.snapshot.items() if k.startswith("process:")}
+    sampled = set(np.unique(r.samples["pid"]).tolist()) & set(pids)
+    assert sampled, "no short process was sampled"
+    assert all(snaps.get(pid, {}).get("comm") == "vmprof-blip" for pid in sampled), \
+        {pid: snaps.get(pid) and snaps[pid]["comm"] for pid in sampled}
+    gone = [pid for pid in sampled if snaps[pid].get("exited")]
+    print(f"{len(sampled)} short processes sampled, {len(gone)} already gone when the recorder looked")
+    assert gone, "every short process was still there: the comm fallback was not exercised"

@@ -163,6 +163,18 @@ class Collector:
         for tid, pid in tids.items():
             table[ctypes.c_uint32(tid)] = ctypes.c_uint32(pid)
 
+    def process_names(self, pids: set[int]) -> dict[int, str]:
+        """The comm the sampler saw for each of these processes (those it has not seen are left out)."""
+        table = self._bpf["process_comms"]
+        names = {}
+        for pid in pids:
+            try:
+                value = table[ctypes.c_uint32(pid)]
+            except KeyError:
+                continue
+            names[pid] = bytes(value.comm).split(b"\0", 1)[0].decode(errors="replace")
+        return names
+
     def drain(self) -> Drained:
         """Everything recorded since the last call (records are submitted without
         wake-ups, so the caller drains on its own timer: no feedback from wake-ups)."""

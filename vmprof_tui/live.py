@@ -105,8 +105,9 @@ class LiveSession:
             self._forget_processes()
         if len(drained.samples):
             new_pids = set(np.unique(drained.samples["pid"]).tolist()) - self.pids_seen - {0}
+            names = self.collector.process_names(new_pids)
             for pid in new_pids:
-                snap = snapshot_process(pid)
+                snap = snapshot_process(pid, names.get(pid))
                 if snap:
                     self.snapshot[f"process:{pid}"] = snap
             self.pids_seen |= new_pids

@@ -51,10 +51,13 @@ def build_id(path: str) -> str | None:
     return read_build_id(Path(path))
 
 
-def snapshot_process(pid: int) -> dict | None:
+def snapshot_process(pid: int, comm: str | None = None) -> dict | None:
+    """What names a host process's samples: /proc when it is still there, else only the `comm` the
+    sampler saw (no maps: its user code stays unresolved)."""
     snap = discover.process_snapshot(pid)
     if snap is None:
-        return None
+        return {"pid": pid, "comm": comm, "cmdline": [], "exe": None, "maps": "", "build_ids": {},
+                "exited": True} if comm else None
     ids = {}
     for line in snap["maps"].splitlines():
         parts = line.split(maxsplit=5)
@@ -198,7 +201,8 @@ class Recorder:
         p.vms = sorted(vm.name for vm in self.vms.values())
         new_pids = set(np.unique(samples["pid"]).tolist()) - self.pids_seen - {0}
         if new_pids:
-            procs = {str(pid): snap for pid in new_pids if (snap := snapshot_process(pid))}
+            names = self.collector.process_names(new_pids)
+            procs = {str(pid): snap for pid in new_pids if (snap := snapshot_process(pid, names.get(pid)))}
             self.pids_seen |= new_pids
             if procs:
                 self.writer.add_snapshot({f"process:{pid}": snap for pid, snap in procs.items()})
