@@ -38,9 +38,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
 	struct vmprof_sample *s = samples.ringbuf_reserve(sizeof(struct vmprof_sample));
 	if (!s) {
 		int zero = 0;
-		u64 *lost = samples_lost.lookup(&zero);
-		if (lost)
-			(*lost)++;
+		samples_lost.increment(zero);
 		return 0;
 	}
 	u64 id = bpf_get_current_pid_tgid();

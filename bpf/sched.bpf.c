@@ -33,9 +33,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	struct vmprof_sched_event *e = sched_events.ringbuf_reserve(sizeof(struct vmprof_sched_event));
 	if (!e) {
 		int zero = 0;
-		u64 *lost = sched_lost.lookup(&zero);
-		if (lost)
-			(*lost)++;
+		sched_lost.increment(zero);
 		return 0;
 	}
 	e->time_ns = bpf_ktime_get_ns();

@@ -129,10 +129,16 @@ class KernelSymbols(SymbolTable):
 
     modules: np.ndarray  # object (str, "" for the kernel image)
 
+    @functools.cached_property
+    def _bracketed_modules(self) -> np.ndarray:
+        """'[module]' per symbol, '' for the kernel image and (last) for index -1."""
+        return np.array([f"[{m}]" if m else "" for m in self.modules.tolist()] + [""], dtype=object)
+
     def module_labels(self, idx: np.ndarray, image: str) -> np.ndarray:
         """'[module]' for symbols of modules; `image` for the kernel image and for index -1."""
-        mods = np.append(self.modules, "").astype(object)[idx]
-        return np.array([f"[{m}]" if m else image for m in mods.tolist()], dtype=object)
+        labels = self._bracketed_modules[idx]
+        labels[labels == ""] = image
+        return labels
 
 
 @dataclass
