@@ -156,6 +156,12 @@ class Attribution:
         return self.run_ns + self.steal_ns
 
 
+def steal_type(module: str) -> int:
+    """Which steal a guest profile's [steal] row is: 1, waiting for the pCPU ('(outside)', '(on vcpuN)'), or 2,
+    the VMM or KVM working on the vCPU's behalf ('(vmm)', '(vmm blocked)'); see _guest_profile."""
+    return 2 if module.startswith("(vmm") else 1
+
+
 class NameCodes:
     """Integer codes for (process, pid, function, module) and for (process, pid), kept across analyses: the
     live screen encodes each new chunk once, and a refresh then groups integers instead of strings."""
@@ -221,10 +227,13 @@ class Analysis:
             order = np.argsort(t, kind="stable")
             self.samples = rec.samples[order]
             self._given = resolved.take(order) if resolved is not None else None
-        self.sched = np.sort(rec.sched, order="time_ns", kind="stable")
+        ts = rec.sched["time_ns"]
+        # strictly increasing: a full-record sort would not move anything (the window usually is)
+        self.sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
         self.range_ns: tuple[int, int] | None = None
         self._profiles: dict[tuple, Profile] = {}
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
+        self._thread_masks: dict[int, np.ndarray] = {}  # vCPU tid -> its samples
         if time_range is not None:
             w0, _ = self.window()
             lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
@@ -352,12 +361,12 @@ class Analysis:
                 f, m = space.resolve(s["host_ip"][user], self.objects)
                 self.func[user] = f
                 self.module[user] = m
+        cr3s = normalise_cr3_array(s["guest_cr3"])
         for pid in np.unique(pids[guest]).tolist():
             vm = self.vm_by_pid.get(pid, f"vm-{pid}")
             g = self.guests.get(vm)
             sel = guest & (pids == pid)
             unknown = sel & ((flags & SAMPLE_GUEST_UNKNOWN) != 0)
-            self.func[unknown] = UNKNOWN
             self.module[unknown] = "(guest RIP unknown)"
             known = sel & ~unknown
             gkernel = known & ((flags & SAMPLE_GUEST_KERNEL) != 0)
@@ -367,7 +376,6 @@ class Analysis:
                 self.func[gkernel] = ks.names_or_unknown[idx]
                 self.module[gkernel] = ks.module_labels(idx, GUEST_KERNEL_MODULE)
             guser = known & ~gkernel
-            cr3s = normalise_cr3_array(s["guest_cr3"])
             for cr3 in np.unique(cr3s[known]).tolist():
                 csel = known & (cr3s == cr3)
                 space = g.processes.get(cr3) if g is not None else None
@@ -400,7 +408,7 @@ class Analysis:
         return self.rec.duration_s
 
     def window(self) -> tuple[int, int]:
-        if getattr(self, "range_ns", None) is not None:
+        if self.range_ns is not None:
             return self.range_ns
         times = [a["time_ns"] for a in (self.samples, self.sched) if len(a)]
         if not times:
@@ -420,7 +428,8 @@ class Analysis:
             # the pid check keeps out an earlier thread that had the same id
             outs = ev[(ev["prev_tid"] == tid) & (ev["prev_pid"] == pid)]
             ins = ev[(ev["next_tid"] == tid) & (ev["next_pid"] == pid)]
-            own = s["time_ns"][(s["tid"] == tid) & (s["pid"] == pid)]
+            mine = self._thread_masks[tid] = (s["tid"] == tid) & (s["pid"] == pid)
+            own = s["time_ns"][mine]
             firsts = [int(a[0]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
             lasts = [int(a[-1]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
             if not firsts:
@@ -444,7 +453,7 @@ class Analysis:
             for t, is_in, cpu, e in merged:
                 if is_in:
                     if blank is not None:
-                        tl.blanks.append(self._blank(blank[0], t, blank[1], pid))
+                        tl.blanks.append(self._blank(blank[0], t, blank[1]))
                         blank = None
                     on_since, on_cpu = t, cpu
                 else:
@@ -455,7 +464,7 @@ class Analysis:
                     blank = (t, e)
             # an open interval runs to the end of the window
             if blank is not None and blank[1][FLAGS] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
-                tl.blanks.append(self._blank(blank[0], w1, blank[1], pid))
+                tl.blanks.append(self._blank(blank[0], w1, blank[1]))
                 tl.end_ns = w1
             elif on_since is not None:
                 tl.on_cpu_ns += tl.end_ns - on_since
@@ -520,10 +529,10 @@ class Analysis:
                     b.scale(b.duration_ns / full)
                 blanks.append(b)
         tl.blanks = blanks
-        tl.on_cpu_ns = tl.wall_ns - sum(b.end_ns - b.start_ns for b in blanks)
+        tl.on_cpu_ns = tl.wall_ns - sum(b.duration_ns for b in blanks)
         return True
 
-    def _blank(self, start: int, end: int, e: tuple, pid: int) -> Blank:
+    def _blank(self, start: int, end: int, e: tuple) -> Blank:
         """A blank that began with sched event `e` (a record of SCHED_DTYPE as a tuple)."""
         flags = e[FLAGS]
         if flags & SCHED_PREV_HALTED:
@@ -546,20 +555,23 @@ class Analysis:
         return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
 
     # -- profiles --------------------------------------------------------------------
-    def _row(self, i: int, samples: float) -> Row:
+    def row(self, i: int, samples: float) -> Row:
+        """The names of sample i as a Row of `samples`."""
         pid = int(self.proc_pid[i])
         return Row(samples, str(self.func[i]), str(self.module[i]), str(self.process[i]) or None,
                    pid if pid >= 0 else None, self.vm_of[i] or None)
 
-    def _aggregate(self, sel: np.ndarray) -> list[Row]:
+    def aggregate(self, sel: np.ndarray) -> list[Row]:
+        """One Row per distinct (vm, process, pid, function, module) among the selected samples."""
         idx = np.nonzero(sel)[0]
         _, first, counts = np.unique(self.key[idx], return_index=True, return_counts=True)
-        return [self._row(int(idx[f]), float(c)) for f, c in zip(first.tolist(), counts.tolist(), strict=True)]
+        return [self.row(int(idx[f]), float(c)) for f, c in zip(first.tolist(), counts.tolist(), strict=True)]
 
     def cpu_idle_ns(self) -> dict[int, int]:
         """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
         ev = self.sched
         idle: dict[int, int] = {}
+        w0, w1 = self.window()
         for cpu in np.unique(ev["cpu"]).tolist():
             e = ev[ev["cpu"] == cpu]
             to_idle = np.nonzero(e["next_tid"] == 0)[0]
@@ -570,7 +582,6 @@ class Analysis:
             ok = ends < len(from_idle)
             start = e["time_ns"][to_idle[ok]].astype(np.int64)
             end = e["time_ns"][from_idle[ends[ok]]].astype(np.int64)
-            w0, w1 = self.window()
             if len(from_idle) and (not len(to_idle) or from_idle[0] < to_idle[0]):
                 start, end = np.append(w0, start), np.append(e["time_ns"][from_idle[0]], end)  # idle from the start
             if len(to_idle) and not ok[-1]:
@@ -601,7 +612,7 @@ class Analysis:
         measured_idle = bool(idle_ns)
         if measured_idle:  # idle from the sched events replaces idle samples
             host &= s["pid"] != 0
-        rows = self._aggregate(host)
+        rows = self.aggregate(host)
         for row in rows:  # host rows carry no VM, only the VMM process name
             row.vm = None
         idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
@@ -624,8 +635,11 @@ class Analysis:
                        int(np.count_nonzero(sel & self.unresolved)), notes)
 
     def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
-        """The samples of one vCPU thread."""
-        return (self.samples["tid"] == tl.tid) & (self.samples["pid"] == tl.pid)
+        """The samples of one vCPU thread (computed once per thread; callers do not change it)."""
+        mask = self._thread_masks.get(tl.tid)
+        if mask is None:
+            mask = self._thread_masks[tl.tid] = (self.samples["tid"] == tl.tid) & (self.samples["pid"] == tl.pid)
+        return mask
 
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
@@ -642,7 +656,7 @@ class Analysis:
         for tl in tls:
             sel |= self.thread_mask(tl)
         real_guest = sel & self.is_guest
-        rows = self._aggregate(real_guest)
+        rows = self.aggregate(real_guest)
         for row in rows:
             row.vm = vm
         period = self.period_ns
@@ -652,7 +666,7 @@ class Analysis:
         virtual: dict[tuple[str, str], float] = defaultdict(float)
         for tl in tls:
             for b in tl.blanks:
-                n = (b.end_ns - b.start_ns) / period
+                n = b.duration_ns / period
                 if b.kind == IDLE:
                     virtual[("[idle]", "(halt_exit)")] += n
                 elif b.kind == PREEMPTED:
@@ -709,7 +723,7 @@ class Analysis:
             ns_per_sample = tl.on_cpu_ns / max(int(np.count_nonzero(self.thread_mask(tl))), 1)
             uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
             for k, f, c in zip(uniq.tolist(), first.tolist(), counts.tolist(), strict=True):
-                row = self._row(int(sel[f]), c)
+                row = self.row(int(sel[f]), c)
                 out.append(Attribution(row.process or "", row.function if per_function else "",
                                        row.module if per_function else "", tl.vcpu, c, c * ns_per_sample,
                                        float(steal[0, k]), float(steal[1, k])))

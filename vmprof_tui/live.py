@@ -18,7 +18,7 @@ from vmprof_tui import discover, recording
 from vmprof_tui.analysis import Analysis, Resolved, SymbolCache
 from vmprof_tui.backends import load_backend
 from vmprof_tui.collect import Collector, check_privileges, pmu_available
-from vmprof_tui.recorder import snapshot_process
+from vmprof_tui.recorder import snapshot_processes
 from vmprof_tui.records import SAMPLE_DTYPE, SCHED_DTYPE
 from vmprof_tui.symbols import kallsyms_table
 
@@ -105,11 +105,8 @@ class LiveSession:
             self._forget_processes()
         if len(drained.samples):
             new_pids = set(np.unique(drained.samples["pid"]).tolist()) - self.pids_seen - {0}
-            names = self.collector.process_names(new_pids)
-            for pid in new_pids:
-                snap = snapshot_process(pid, names.get(pid))
-                if snap:
-                    self.snapshot[f"process:{pid}"] = snap
+            for pid, snap in snapshot_processes(self.collector, new_pids, build_ids=False).items():
+                self.snapshot[f"process:{pid}"] = snap
             self.pids_seen |= new_pids
             # each chunk is resolved once; every refresh then only groups the window's names
             chunk = Analysis(_window_recording(Path("(live)"), self.meta, drained.samples, drained.sched[:0],
@@ -158,6 +155,8 @@ class ReplaySession:
         self.samples = np.sort(self.rec.samples, order="time_ns")
         self.sched = np.sort(self.rec.sched, order="time_ns")
         self.meta = self.rec.meta
+        # kallsyms is parsed once into the cache (start); without it in the snapshot no window re-parses it
+        self.snapshot = {k: v for k, v in self.rec.snapshot.items() if k != "kallsyms"}
 
     started = True
 
@@ -175,8 +174,7 @@ class ReplaySession:
                                                                                       self.now, "right")]
         e = self.sched[np.searchsorted(self.sched["time_ns"], lo):np.searchsorted(self.sched["time_ns"],
                                                                                   self.now, "right")]
-        snapshot = {k: v for k, v in self.rec.snapshot.items() if k != "kallsyms"}
-        rec = _window_recording(self.rec.path, self.meta, s, e, snapshot, self.rec.bundles, (self.now - lo) / 1e9)
+        rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9)
         rec.problems = list(self.rec.problems)
         return Analysis(rec, cache=self.cache)
 

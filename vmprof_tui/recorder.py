@@ -51,15 +51,22 @@ def build_id(path: str) -> str | None:
     return read_build_id(Path(path))
 
 
-def snapshot_process(pid: int, comm: str | None = None) -> dict | None:
+def snapshot_processes(collector: Collector, pids: set[int], build_ids: bool = True) -> dict[int, dict]:
+    """Snapshots of newly sampled processes, by pid (see snapshot_process)."""
+    names = collector.process_names(pids)
+    return {pid: snap for pid in pids if (snap := snapshot_process(pid, names.get(pid), build_ids))}
+
+
+def snapshot_process(pid: int, comm: str | None = None, build_ids: bool = True) -> dict | None:
     """What names a host process's samples: /proc when it is still there, else only the `comm` the
-    sampler saw (no maps: its user code stays unresolved)."""
+    sampler saw (no maps: its user code stays unresolved).  build_ids=False skips reading the build id
+    of every mapped file (the live screen does not keep them)."""
     snap = discover.process_snapshot(pid)
     if snap is None:
         return {"pid": pid, "comm": comm, "cmdline": [], "exe": None, "maps": "", "build_ids": {},
                 "exited": True} if comm else None
     ids = {}
-    for line in snap["maps"].splitlines():
+    for line in snap["maps"].splitlines() if build_ids else ():
         parts = line.split(maxsplit=5)
         if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
             bid = build_id(parts[5])
@@ -201,8 +208,7 @@ class Recorder:
         p.vms = sorted(vm.name for vm in self.vms.values())
         new_pids = set(np.unique(samples["pid"]).tolist()) - self.pids_seen - {0}
         if new_pids:
-            names = self.collector.process_names(new_pids)
-            procs = {str(pid): snap for pid in new_pids if (snap := snapshot_process(pid, names.get(pid)))}
+            procs = snapshot_processes(self.collector, new_pids)
             self.pids_seen |= new_pids
             if procs:
                 self.writer.add_snapshot({f"process:{pid}": snap for pid, snap in procs.items()})

@@ -12,23 +12,25 @@ from vmprof_tui.analysis import BLOCKED, IDLE, PREEMPTED, Analysis, Attribution
 from vmprof_tui.records import SAMPLE_VCPU
 
 
-def steal_report(an: Analysis, vm: str) -> dict:
+def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
+    """Per vCPU of `vm`: guest, idle and steal time, type 1 by who held the pCPU, type 2 by exit reason."""
     s = an.samples
     period = an.period_ns
+    in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
         thread = an.thread_mask(tl)
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
-        in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
         by_exit: dict[str, float] = defaultdict(float)
         for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm], return_counts=True), strict=True):
             by_exit[backends.exit_category(an.backend, int(reason))] += float(n) * period
-        if np.any(vmm & ~in_kvm):
-            by_exit["vmm user space"] += float(np.count_nonzero(vmm & ~in_kvm)) * period
-        idle = sum(b.end_ns - b.start_ns for b in tl.blanks if b.kind == IDLE)
+        vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
+        if vmm_user:
+            by_exit["vmm user space"] += float(vmm_user) * period
+        idle = sum(b.duration_ns for b in tl.blanks if b.kind == IDLE)
         preempted = [b for b in tl.blanks if b.kind == PREEMPTED]
-        blocked = sum(b.end_ns - b.start_ns for b in tl.blanks if b.kind == BLOCKED)
+        blocked = sum(b.duration_ns for b in tl.blanks if b.kind == BLOCKED)
         if blocked:
             by_exit["vmm blocked"] += blocked
         who: dict[str, float] = defaultdict(float)
@@ -50,6 +52,10 @@ def steal_report(an: Analysis, vm: str) -> dict:
             # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
             "host_reported_steal_s": type1 / 1e9,
         })
+    return vcpus
+
+
+def steal_report(an: Analysis, vm: str) -> dict:
     def corrected(a: Attribution) -> dict:
         apparent = a.apparent_ns
         return {"process": a.process, "function": a.function, "module": a.module, "vcpu": a.vcpu,
@@ -60,7 +66,7 @@ def steal_report(an: Analysis, vm: str) -> dict:
 
     functions = [corrected(a) for a in an.attributions(vm)]
     processes = [corrected(a) for a in an.attributions(vm, per_function=False)]
-    return {"vm": vm, "vcpus": vcpus, "processes": processes, "functions": functions, "notes": an.notes}
+    return {"vm": vm, "vcpus": vcpu_steal(an, vm), "processes": processes, "functions": functions, "notes": an.notes}
 
 
 def render_table(report: dict, limit: int | None = 20) -> str:

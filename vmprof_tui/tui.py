@@ -20,7 +20,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from vmprof_tui.analysis import IDLE, PREEMPTED, Analysis, Profile
+from vmprof_tui.analysis import IDLE, PREEMPTED, Analysis, steal_type
 
 SPARK = "▁▂▃▄▅▆▇█"
 HOST_KEY = "(host)"
@@ -45,7 +45,6 @@ def sparkline(values: list[float], width: int = 20) -> str:
 
 @dataclass
 class VmSummary:
-    name: str
     vcpus: int
     user: float
     kernel: float
@@ -54,23 +53,22 @@ class VmSummary:
     idle: float
     top_process: str
     top_function: str
-    profile: Profile
 
 
 def vm_summary(an: Analysis, vm: str) -> VmSummary:
     p = an.guest_profile(vm)
     total = p.total_samples or 1.0
-    steal1 = sum(r.samples for r in p.rows if r.function == "[steal]" and
-                 (r.module == "(outside)" or r.module.startswith("(on vcpu")))
-    steal2 = sum(r.samples for r in p.rows if r.function == "[steal]" and r.module.startswith("(vmm"))
+    steal = [r for r in p.rows if r.function == "[steal]"]
+    steal1 = sum(r.samples for r in steal if steal_type(r.module) == 1)
+    steal2 = sum(r.samples for r in steal if steal_type(r.module) == 2)
     guest_rows = [r for r in p.rows if not r.function.startswith("[")]
     by_proc: dict[str, float] = defaultdict(float)
     for r in guest_rows:
         by_proc[r.process or "?"] += r.samples
     top_proc = max(by_proc, key=by_proc.get) if by_proc else "-"
     top_fn = max(guest_rows, key=lambda r: r.samples).function if guest_rows else "-"
-    return VmSummary(vm, len(an.vm_timelines(vm)), p.ratios["user"], p.ratios["os"], 100 * steal1 / total,
-                     100 * steal2 / total, p.ratios["idle"], top_proc, top_fn, p)
+    return VmSummary(len(an.vm_timelines(vm)), p.ratios["user"], p.ratios["os"], 100 * steal1 / total,
+                     100 * steal2 / total, p.ratios["idle"], top_proc, top_fn)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -108,8 +106,7 @@ class TableScreen(Screen):
         super().__init__()
         self.sort_column = 0
         self.filter = ""
-        self.keys: list[str] = []  # of the table's rows, in order (a change of order re-sorts the table)
-        self.cells: dict[str, list] = {}  # shown in those rows
+        self.cells: dict[str, list] = {}  # row key -> cells, in the table's order
         self._texts: dict[str, str | Text] = {}
         self.ready = False
 
@@ -180,12 +177,12 @@ class TableScreen(Screen):
                 if value != old:  # re-measure only a cell wider than its column (narrower ones re-measure all)
                     wider = cell_len(str(value)) > column.content_width
                     table.update_cell(key, column_key, value, update_width=wider)
-        if keys != self.keys:
+        if keys != list(self.cells):  # a change of order re-sorts the table
             rank = {tuple(map(str, cells[k])): i for i, k in enumerate(keys)}
             table.sort(key=lambda values: rank.get(tuple(map(str, values)), len(rank)))
             if selected in cells:  # the cursor stays on its row across refreshes
                 table.move_cursor(row=table.get_row_index(selected), animate=False)
-        self.keys, self.cells = keys, cells
+        self.cells = cells
         self.set_text("#title", self.title_text(an))
         self.set_text("#status", self.app.status_text(an, self.filter, self.columns[col]))
 
@@ -366,10 +363,10 @@ class StealScreen(VmTableScreen):
         return f"VM {self.vm}: steal by who held the pCPU (type 1) and by exit reason (type 2)"
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        from vmprof_tui.steal import steal_report
+        from vmprof_tui.steal import vcpu_steal
 
         out = []
-        for v in steal_report(an, self.vm)["vcpus"]:
+        for v in vcpu_steal(an, self.vm):
             wall = v["wall_s"] or 1.0
             for who, sec in v["type1_by_holder_s"].items():
                 out.append((f"{v['vcpu']}:{who}", (f"vcpu{v['vcpu']}", "type 1", who, sec, 100 * sec / wall)))

@@ -124,10 +124,9 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
         if z <= a:
             continue
         if an.is_guest[i]:
-            process, function, module = str(an.process[i]) or None, str(an.func[i]), str(an.module[i])
-            name = f"{process}/{function}" if process else function
-            pid_ = int(an.proc_pid[i])
-            args = {"process": process, "pid": pid_ if pid_ >= 0 else None, "function": function, "module": module,
+            r = an.row(i, n)
+            name = f"{r.process}/{r.function}" if r.process else r.function
+            args = {"process": r.process, "pid": r.pid, "function": r.function, "module": r.module,
                     "samples": n, "vcpu": tl.vcpu}
             events.append(_slice(name, CAT_GUEST, pid, tid, a, z, args))
         else:

@@ -211,17 +211,9 @@ def _guest_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
     sel = an.in_vm & (s["pid"] == row.pid)
     if cpu is not None:
         sel &= s["cpu"] == cpu
-    idx = np.nonzero(sel)[0]
-    if len(idx) != int(round(row.samples)):
+    if int(np.count_nonzero(sel)) != int(round(row.samples)):
         return [row]
-    _, first, counts = np.unique(an.key[idx], return_index=True, return_counts=True)
-    out = []
-    for f, c in zip(first.tolist(), counts.tolist(), strict=True):
-        i = int(idx[f])
-        pid = int(an.proc_pid[i])
-        out.append(Row(float(c), str(an.func[i]), str(an.module[i]), str(an.process[i]) or None,
-                       pid if pid >= 0 else None, row.vm))
-    return out
+    return an.aggregate(sel)
 
 
 def rounded_counts(samples: Sequence[float]) -> np.ndarray:
