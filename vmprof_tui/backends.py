@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmprof_tui.btf import BTF_DIR, Btf, BtfError
-from vmprof_tui.vmx_exits import VMX_EXIT_CATEGORIES, VMX_EXIT_REASONS
+from vmprof_tui.vmx_exits import VMX_EXIT_REASONS
 
 PVM, SVM, VMX, NONE = "pvm", "svm", "vmx", "none"
 
@@ -23,7 +23,6 @@ PVM, SVM, VMX, NONE = "pvm", "svm", "vmx", "none"
 _BACKEND_MODULES = {PVM: ("kvm_pvm", "vcpu_pvm"), SVM: ("kvm_amd", "vcpu_svm"), VMX: ("kvm_intel", "vcpu_vmx")}
 VMX_HELPER_PARAMS = Path("/sys/module/vmprof_vmx/parameters")
 
-CATEGORIES = VMX_EXIT_CATEGORIES
 
 # SVM exit codes (AMD APM vol. 2 appendix C).
 SVM_EXITS = {**{0x40 + i: "exception" for i in range(32)}, 0x60: "external_interrupt",
@@ -118,8 +117,6 @@ def _compute_offsets(backend: str) -> dict[str, int]:
     module, struct = _BACKEND_MODULES[backend]
     path, split = _btf_for(module)
     btf = Btf.load(path, base=vmlinux) if split else vmlinux
-    if not btf.has("kvm_vcpu"):
-        btf = vmlinux if vmlinux.has("kvm_vcpu") else btf
     regs = btf.field("kvm_vcpu.arch.regs")
     off.update({
         "VCPU_PREEMPT_NOTIFIER": btf.offset("kvm_vcpu.preempt_notifier"),

@@ -25,7 +25,6 @@ class BtfError(RuntimeError):
 class Field:
     offset: int  # bytes from the start of the outer struct
     size: int  # bytes
-    type_id: int
 
 
 class Btf:
@@ -69,9 +68,6 @@ class Btf:
             return t["nr_elems"] * self.sizeof(t["type_id"])
         return int(t["size"])
 
-    def has(self, struct: str) -> bool:
-        return struct in self.by_name
-
     def field(self, path: str) -> Field:
         """Offset and size of a member path like ``kvm_vcpu.arch.regs``."""
         struct, *members = path.split(".")
@@ -85,7 +81,7 @@ class Btf:
                 raise BtfError(f"{path}: no member {name} in this kernel's BTF")
             bits, tid = found
             offset += bits // 8
-        return Field(offset, self.sizeof(tid), tid)
+        return Field(offset, self.sizeof(tid))
 
     def _find_member(self, t: dict, name: str) -> tuple[int, int] | None:
         for m in t.get("members", []):

@@ -42,6 +42,7 @@ KALLSYMS = "kallsyms"
 OBJECT_RE = re.compile(r"^objects/([A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
 CR3_ADDR_MASK = 0x000F_FFFF_FFFF_F000  # bits 51:12 of CR3: the page-table root
 U64_MAX = (1 << 64) - 1
+ET_EXEC, ET_DYN = 2, 3
 NO_ADDR = np.uint64(U64_MAX)  # "no address" in uint64 arrays
 
 
@@ -227,8 +228,15 @@ class ElfSymbols(SymbolTable):
     loadable segments."""
 
     segments: list[Segment]
-    elf_type: int  # 2 ET_EXEC, 3 ET_DYN
+    elf_type: int  # ET_EXEC, ET_DYN
     build_id: str | None
+
+    def link_addrs(self, m: GuestMap, addrs: np.ndarray) -> np.ndarray:
+        """Link-time addresses for sampled addresses inside mapping `m` of this file: as they are for an
+        executable linked at its run address, else through the file offset (NO_ADDR where none)."""
+        if self.elf_type == ET_EXEC:
+            return np.asarray(addrs, dtype=np.uint64)
+        return self.vaddrs_for_map(m, addrs)
 
     def file_offsets_to_vaddrs(self, offsets: np.ndarray) -> np.ndarray:
         """Map file offsets to link-time addresses through the PT_LOAD segments (uint64; NO_ADDR where
@@ -263,7 +271,6 @@ def _elf_errors() -> tuple[type[BaseException], ...]:
             AttributeError, OverflowError, ZeroDivisionError, UnicodeDecodeError, AssertionError, RecursionError)
 
 
-PT_NOTE = 4
 _SYM64 = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
                    ("value", "<u8"), ("size", "<u8")])
 _SYM32 = np.dtype([("name", "<u4"), ("value", "<u4"), ("size", "<u4"), ("info", "u1"), ("other", "u1"),
@@ -360,7 +367,8 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
     from elftools.elf.elffile import ELFFile
 
     f.seek(0)
-    is64, endian = _check_elf_header(f.read(64), size, limits, what)
+    head = f.read(64)
+    is64, endian = _check_elf_header(head, size, limits, what)
     f.seek(0)
     elf = ELFFile(f)
     segments: list[Segment] = []
@@ -372,7 +380,7 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
         if seg["p_type"] == "PT_LOAD":
             segments.append(Segment(int(seg["p_vaddr"]), int(seg["p_offset"]), int(seg["p_filesz"]),
                                     int(seg["p_memsz"]), int(seg["p_flags"])))
-    build_id = _phdr_build_id(f, size, is64, endian, what)
+    build_id = _phdr_build_id(f, head, size, is64, endian, what)
     nsec = elf.num_sections()
     if nsec > limits.max_elf_sections:
         raise ElfError(f"{what}: {nsec} sections, over the limit of {limits.max_elf_sections}")
@@ -439,7 +447,7 @@ def _parse_elf(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
         s = np.zeros(0, dtype=np.uint64)
         e = np.zeros(0, dtype=np.uint64)
         n = np.zeros(0, dtype=object)
-    e_type = {"ET_EXEC": 2, "ET_DYN": 3}.get(elf.header["e_type"], 0)
+    e_type = {"ET_EXEC": ET_EXEC, "ET_DYN": ET_DYN}.get(elf.header["e_type"], 0)
     return ElfSymbols(starts=s, ends=e, names=n, segments=segments, elf_type=e_type, build_id=build_id)
 
 
@@ -449,15 +457,16 @@ def read_build_id(path: Path, limits: Limits = DEFAULT_LIMITS) -> str | None:
     try:
         with _open_regular(Path(path), limits.max_object_bytes, what) as f:
             size = os.fstat(f.fileno()).st_size
-            is64, endian = _check_elf_header(f.read(64), size, limits, what)
-            return _phdr_build_id(f, size, is64, endian, what)
+            head = f.read(64)
+            is64, endian = _check_elf_header(head, size, limits, what)
+            return _phdr_build_id(f, head, size, is64, endian, what)
     except (BundleError, OSError, struct.error):
         return None
 
 
-def _phdr_build_id(f: BinaryIO, size: int, is64: bool, endian: str, what: str) -> str | None:
-    """The build id in the first PT_NOTE segment that has one (the header was checked by _check_elf_header)."""
-    head = _read_at(f, 0, 64 if is64 else 52, size, what)
+def _phdr_build_id(f: BinaryIO, head: bytes, size: int, is64: bool, endian: str, what: str) -> str | None:
+    """The build id in the first PT_NOTE segment that has one (`head`: the ELF header, checked by
+    _check_elf_header)."""
     (phoff,) = struct.unpack_from(endian + ("Q" if is64 else "I"), head, 32 if is64 else 28)
     phentsize, phnum = struct.unpack_from(endian + "HH", head, 54 if is64 else 42)
     table = _read_at(f, phoff, phentsize * phnum, size, what)

@@ -35,6 +35,11 @@ def bpf_source() -> str:
     return "\n".join(t.replace('#include "vcpu.h"', vcpu_h) for t in texts)
 
 
+def kernel_build_dir() -> Path:
+    """Where bcc looks for the running kernel's headers."""
+    return Path(f"/lib/modules/{os.uname().release}/build")
+
+
 def pmu_available() -> bool:
     """True when a hardware PMU exists (perf's core PMU device is registered)."""
     devices = Path("/sys/bus/event_source/devices")
@@ -81,7 +86,7 @@ class RingReader:
 
     def __init__(self, map_fd: int, size: int, record: np.dtype) -> None:
         page = mmap.PAGESIZE
-        self.size, self.mask = size, size - 1
+        self.mask = size - 1
         self.consumer = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         self.data = mmap.mmap(map_fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
         self.page = page
@@ -120,10 +125,13 @@ class Collector:
     """The loaded BPF programs on every CPU."""
     backend: Backend
     frequency: int = 1000
-    event: str = "cpu-clock"  # or "cycles"
+    event: str = ""  # "cycles" or "cpu-clock"; empty: cycles where a hardware PMU exists
     ring_pages: int = 1024  # per ring buffer, a power of two
     _bpf: object = None
     _rings: list[RingReader] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.event = self.event or ("cycles" if pmu_available() else "cpu-clock")
 
     def start(self) -> None:
         check_privileges()
@@ -136,7 +144,7 @@ class Collector:
                   f"-DEXPECTED_HANDLING={2 if self.event == 'cycles' else 1}",
                   *self.backend.cflags()]
         text = bpf_source()
-        build = Path(f"/lib/modules/{os.uname().release}/build")
+        build = kernel_build_dir()
         if not build.exists():
             raise CollectError(f"bcc needs a kernel headers tree at {build}: run tools/bootstrap.sh "
                                "(it links Debian's linux-headers there)")

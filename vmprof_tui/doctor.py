@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmprof_tui import backends, collect
+from vmprof_tui.btf import BTF_DIR
+from vmprof_tui.lbr.capability import LBR_DEPTH_FILE
 
 
 @dataclass
@@ -28,8 +30,9 @@ def _privileges() -> Check:
 
 def run_checks() -> list[Check]:
     checks = [_privileges()]
-    btf = Path("/sys/kernel/btf/vmlinux").exists()
-    checks.append(Check("BTF", btf, "/sys/kernel/btf/vmlinux" if btf else "no /sys/kernel/btf/vmlinux",
+    vmlinux = BTF_DIR / "vmlinux"
+    btf = vmlinux.exists()
+    checks.append(Check("BTF", btf, str(vmlinux) if btf else f"no {vmlinux}",
                         "use a kernel built with CONFIG_DEBUG_INFO_BTF=y"))
     try:
         collect._import_bcc()
@@ -38,7 +41,7 @@ def run_checks() -> list[Check]:
     except collect.CollectError as e:
         checks.append(Check("bcc", False, str(e), "bash tools/bootstrap.sh"))
         bcc_ok = False
-    build = Path(f"/lib/modules/{os.uname().release}/build")
+    build = collect.kernel_build_dir()
     checks.append(Check("kernel headers", build.exists(), f"{build} -> {os.path.realpath(build)}" if build.exists()
                         else f"{build} missing", "bash tools/bootstrap.sh (links Debian's linux-headers there)"))
     name = backends.detect_backend()
@@ -59,7 +62,7 @@ def run_checks() -> list[Check]:
     checks.append(Check("hardware PMU", pmu, "cycles events available" if pmu else
                         "none (perf's cpu PMU is not registered): sampling uses cpu-clock (hrtimer, not NMI)",
                         "run on bare metal or a VM with a virtual PMU for cycles/NMI sampling", essential=False))
-    lbr = pmu and Path("/sys/bus/event_source/devices/cpu/caps/branches").exists()
+    lbr = pmu and Path(LBR_DEPTH_FILE).exists()
     checks.append(Check("LBR", lbr, "branch stack available" if lbr else "no branch stack: `vmprof blocks` can "
                         "only import `perf script` data recorded elsewhere", "an Intel CPU with LBR, on bare metal",
                         essential=False))
@@ -72,7 +75,7 @@ def run_checks() -> list[Check]:
         checks.append(Check("helper_kmod", True, f"not needed on the {name} backend", essential=False))
     event = "cycles (NMI)" if pmu else "cpu-clock (hrtimer)"
     if bcc_ok and backend is not None:
-        c = collect.Collector(backend, frequency=100, event="cycles" if pmu else "cpu-clock", ring_pages=16)
+        c = collect.Collector(backend, frequency=100, ring_pages=16)
         try:
             c.start()
             checks.append(Check("BPF programs", True, f"sampler and sched programs load and attach; event {event}"))

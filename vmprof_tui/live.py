@@ -17,7 +17,7 @@ import numpy as np
 from vmprof_tui import discover, recording
 from vmprof_tui.analysis import Analysis, Resolved, SymbolCache
 from vmprof_tui.backends import load_backend
-from vmprof_tui.collect import Collector, check_privileges, pmu_available
+from vmprof_tui.collect import Collector, check_privileges
 from vmprof_tui.recorder import snapshot_processes
 from vmprof_tui.records import SAMPLE_DTYPE, SCHED_DTYPE
 from vmprof_tui.symbols import kallsyms_table
@@ -40,8 +40,7 @@ class LiveSession:
         self.backend = load_backend()
         self.frequency = frequency
         self.window_s = window_s
-        self.collector = Collector(self.backend, frequency=frequency,
-                                   event="cycles" if pmu_available() else "cpu-clock")
+        self.collector = Collector(self.backend, frequency=frequency)
         self.cache = SymbolCache()
         self.vms: dict[int, discover.VmInfo] = {}
         self.snapshot: dict = {}

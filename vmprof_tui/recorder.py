@@ -21,7 +21,7 @@ import numpy as np
 from vmprof_tui import __version__, discover
 from vmprof_tui.backends import Backend, load_backend
 from vmprof_tui.bundle import read_build_id
-from vmprof_tui.collect import Collector, check_privileges, pmu_available
+from vmprof_tui.collect import Collector, check_privileges
 from vmprof_tui.lbr.capability import detect
 from vmprof_tui.lbr.collect import LbrCollector, LbrConfig, LbrUnsupported
 from vmprof_tui.recording import Writer
@@ -41,6 +41,9 @@ class Progress:
     guest: int = 0
     lost: int = 0
     vms: list[str] = field(default_factory=list)
+
+    def count_lost(self, lost: dict[str, list[int]]) -> None:
+        self.lost = sum(lost["samples"]) + sum(lost["sched"])
 
     def summary(self) -> str:
         return f"samples {self.samples}, guest {self.guest}, lost {self.lost}, duration {self.elapsed_s:.1f}"
@@ -96,8 +99,7 @@ class Recorder:
         self.pids_seen: set[int] = set()
         self.progress = Progress()
         self.started = threading.Event()  # set once the BPF programs sample
-        self.collector = Collector(self.backend, frequency=frequency,
-                                   event="cycles" if pmu_available() else "cpu-clock")
+        self.collector = Collector(self.backend, frequency=frequency)
         self.lbr = LbrCollector(lbr) if lbr is not None else None
         if lbr is not None and not lbr.standin:
             caps = detect(lbr.effective.branch_filter)
@@ -120,6 +122,7 @@ class Recorder:
             if vm.bundle and Path(vm.bundle, "bundle.json").exists():
                 self.writer.add_bundle(vm.name, Path(vm.bundle))
             added = True
+        self.progress.vms = sorted(vm.name for vm in self.vms.values())
         return added
 
     def _check_vm_names(self, vms: list[discover.VmInfo]) -> None:
@@ -151,7 +154,8 @@ class Recorder:
 
     def run(self, duration_s: float | None, should_stop: Callable[[], bool],
             on_progress: Callable[[Progress], None] | None = None) -> Progress:
-        self._check_vm_names(discover.discover_vms())
+        if self.vm_names:
+            self._check_vm_names(discover.discover_vms())
         self.writer = Writer(self.out, self.meta())
         try:
             self.collector.start()
@@ -183,6 +187,7 @@ class Recorder:
                     self.writer.flush()
                     last_flush = now
                 if on_progress and (now - last_progress >= 1.0 or done):
+                    self.progress.count_lost(self.collector.lost())
                     on_progress(self.progress)
                     last_progress = now
                 if done:
@@ -203,9 +208,6 @@ class Recorder:
         p.elapsed_s = elapsed
         p.samples += len(samples)
         p.guest += int(np.count_nonzero(samples["flags"] & SAMPLE_GUEST))
-        lost = self.collector.lost()
-        p.lost = sum(lost["samples"]) + sum(lost["sched"])
-        p.vms = sorted(vm.name for vm in self.vms.values())
         new_pids = set(np.unique(samples["pid"]).tolist()) - self.pids_seen - {0}
         if new_pids:
             procs = snapshot_processes(self.collector, new_pids)
@@ -218,6 +220,7 @@ class Recorder:
         if self.collector.started:
             self._drain(self.progress.elapsed_s)  # what arrived since the last drain
             lost = self.collector.lost()
+            self.progress.count_lost(lost)
         self.collector.close()
         if self.lbr is not None:
             self.lbr.disable()  # the counters read next are then final and agree with each other

@@ -97,12 +97,9 @@ class Writer:
             self.file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
         except OSError as e:
             raise RecordingError(f"cannot write the recording to {path}: {e.strerror}") from None
-        self.path = path
         self.file.write(MAGIC + struct.pack("<H", VERSION))
         self._pending_samples: list[np.ndarray] = []
         self._pending_sched: list[np.ndarray] = []
-        self.samples_written = 0
-        self.bytes_samples = 0
         self.chunk(META, json.dumps(meta).encode())
         self.sync()
 
@@ -121,12 +118,7 @@ class Writer:
     def flush(self) -> None:
         for kind, pending in ((SAMPLES, self._pending_samples), (SCHED, self._pending_sched)):
             if pending:
-                table = np.concatenate(pending)
-                payload = _encode_table(table)
-                self.chunk(kind, payload)
-                if kind == SAMPLES:
-                    self.samples_written += len(table)
-                    self.bytes_samples += len(payload) + CHUNK_HEADER.size
+                self.chunk(kind, _encode_table(np.concatenate(pending)))
                 pending.clear()
         self.sync()
 

@@ -21,7 +21,6 @@ from vmprof_tui.bundle import KernelSymbols
 EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, object),
                              np.empty(0, object))
 
-ET_EXEC = 2
 
 
 def kallsyms_table(text: str, notes: list[str] | None = None) -> KernelSymbols:
@@ -50,7 +49,6 @@ class ObjectCache:
 
     def __init__(self) -> None:
         self._cache: dict[str, guest_bundle.ElfSymbols | None] = {}
-        self.errors: dict[str, str] = {}
         self._spaces: dict[tuple[str, int, str], AddressSpace] = {}
 
     def host_space(self, name: str, pid: int, maps_text: str) -> AddressSpace:
@@ -67,8 +65,7 @@ class ObjectCache:
         if key not in self._cache:
             try:
                 self._cache[key] = guest_bundle.read_elf_symbols(path)
-            except (guest_bundle.BundleError, OSError) as e:
-                self.errors[key] = str(e)
+            except (guest_bundle.BundleError, OSError):  # its addresses stay [unknown]
                 self._cache[key] = None
         return self._cache[key]
 
@@ -103,17 +100,11 @@ class AddressSpace:
             obj = objects.get(m.object_path) if m.object_path is not None else None
             if obj is None:
                 continue
-            hit = ips[sel]
-            if obj.elf_type == ET_EXEC:  # linked at its run address
-                idx = obj.lookup(hit)
-            else:
-                vaddrs = obj.vaddrs_for_map(m, hit)
-                idx = np.where(vaddrs >= 0, obj.lookup(vaddrs.astype(np.uint64)), -1)
-            functions[sel] = obj.names_or_unknown[idx]
+            functions[sel] = obj.names_or_unknown[obj.lookup(obj.link_addrs(m, ips[sel]))]
         return functions.tolist(), modules.tolist()
 
 
-def parse_proc_maps(text: str, root: Path | None = None) -> list[Mapping]:
+def parse_proc_maps(text: str) -> list[Mapping]:
     """Executable file mappings of a /proc/PID/maps text."""
     out = []
     for line in text.splitlines():

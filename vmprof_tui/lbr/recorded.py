@@ -12,7 +12,7 @@ from vmprof_tui.lbr.command import BlocksError
 from vmprof_tui.lbr.model import LbrSample, Resolve, ResolvedAddr
 from vmprof_tui.lbr.record import to_samples
 from vmprof_tui.recording import Recording, RecordingError, load
-from vmprof_tui.symbols import ET_EXEC, ObjectCache, parse_proc_maps
+from vmprof_tui.symbols import ObjectCache, parse_proc_maps
 
 
 def process_resolver(maps_text: str, objects: ObjectCache) -> Resolve:
@@ -28,9 +28,8 @@ def process_resolver(maps_text: str, objects: ObjectCache) -> Resolve:
                 syms = objects.get(m.object_path)
                 if syms is None:
                     break
-                a = np.array([addr], np.uint64)
-                vaddr = int(addr) if syms.elf_type == ET_EXEC else int(syms.vaddrs_for_map(m, a)[0])
-                idx = int(syms.lookup(np.array([vaddr], np.uint64))[0]) if vaddr >= 0 else -1
+                vaddr = int(syms.link_addrs(m, np.array([addr], np.uint64))[0])
+                idx = int(syms.lookup(np.array([vaddr], np.uint64))[0])
                 if idx >= 0:
                     found = ResolvedAddr(str(m.object_path), vaddr, str(syms.names[idx]), int(syms.starts[idx]),
                                          int(syms.ends[idx]))
