@@ -39,9 +39,7 @@ BPF_ARRAY(lbr_target, u32, 1); /* tgid to keep, 0 = every process */
 
 static __always_inline void lbr_count(int idx)
 {
-	u64 *v = lbr_stats.lookup(&idx);
-	if (v)
-		(*v)++;
+	lbr_stats.increment(idx);
 }
 
 int lbr_on_sample(struct bpf_perf_event_data *ctx)

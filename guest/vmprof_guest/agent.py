@@ -110,11 +110,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return 2
     builder = Builder(_options(args))
     writer = open_writer(args.output)
+    kallsyms = _kallsyms(builder)
     watcher = Watcher(builder, stop, use_bpf=not args.no_bpf, events=args.events,
                       log=lambda msg: _log(args, msg), pgd_methods=tuple(args.pgd_method or cr3.PGD_METHODS),
-                      sched_window_s=args.sched_window)
+                      sched_window_s=args.sched_window, kallsyms=kallsyms)
     try:
-        kallsyms = _kallsyms(builder)
         res = watcher.run()
         watcher.finish()
     except BaseException:

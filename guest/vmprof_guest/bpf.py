@@ -243,7 +243,6 @@ class Session:
             f"-DCHUNK={CHUNK}", f"-DMAX_TASKS={MAX_TASKS}", f"-DKREAD_BATCH={KREAD_BATCH}"]
         self._trigger_ready = False
         self._switch_attached = False
-        self._events_cb: Callable[[Event], None] | None = None
         try:
             self.b = bcc_module.BPF(text=_MAIN, cflags=self.cflags)
         except Exception as e:  # noqa: BLE001 - bcc raises bare Exception
@@ -405,7 +404,6 @@ class Session:
         return self.seen()
 
     def start_events(self, callback: Callable[[Event], None]) -> None:
-        self._events_cb = callback
 
         def handle(_ctx: Any, data: Any, _size: int) -> None:
             e = ctypes.cast(data, ctypes.POINTER(_Ev)).contents

@@ -156,15 +156,8 @@ def system_map_paths(release: str) -> list[str]:
 
 
 def read_system_map(path: str, names: set[str]) -> dict[str, int]:
-    found: dict[str, int] = {}
-    with open(path, "rb") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                name = parts[2].decode(errors="replace")
-                if name in names:
-                    found.setdefault(name, int(parts[0], 16))
-    return found
+    with open(path, "rb") as f:  # the same "ADDRESS TYPE NAME" lines as kallsyms
+        return procfs.kallsyms_lookup(f.read(), names)
 
 
 # -- the physical address of one of our own pages (for the pagemap probe) ---------------
@@ -423,12 +416,9 @@ def _iomem_text_probe(session: Session, res: Cr3Result, syms: dict[str, int]) ->
     if want is None:
         raise Cr3Error("cannot read the kernel text")
     cands = _candidates(res)
-    matches = []
-    for i in range(0, len(cands), session.KREAD_BATCH):
-        batch = cands[i:i + session.KREAD_BATCH]
-        for base, data in zip(batch, session.kread([b + code[0].start for b in batch])):
-            if data == want:
-                matches.append(base)
+    # kread batches by itself; every candidate is checked (one match, not the first, is the answer)
+    matches = [b for b, data in zip(cands, session.kread([b + code[0].start for b in cands]), strict=True)
+               if data == want]
     if len(matches) != 1:
         raise Cr3Error(f"the kernel text matched at {len(matches)} of {len(cands)} direct-map candidates")
     return matches[0]

@@ -153,8 +153,9 @@ class ProcConnector:
 class Watcher:
     def __init__(self, builder: Builder, stop: Stop, use_bpf: bool = True, events: str = "auto",
                  log: Callable[[str], None] | None = None, pgd_methods: tuple[str, ...] = cr3.PGD_METHODS,
-                 sched_window_s: float = 0.5) -> None:
+                 sched_window_s: float = 0.5, kallsyms: bytes | None = None) -> None:
         self.pgd_methods, self.sched_window_s = pgd_methods, sched_window_s
+        self.kallsyms = kallsyms  # already read by the caller; cr3.collect would read it again
         self.builder = builder
         self.stop = stop
         self.use_bpf = use_bpf
@@ -323,7 +324,7 @@ class Watcher:
                 except bpf.BpfUnavailable:
                     self.bpf_failed = True  # cr3.collect states the reason; events fall back without BPF
             self.cr3 = cr3.collect(use_bpf=self.use_bpf, session=self.session, pgd_methods=self.pgd_methods,
-                                   sched_window_s=self.sched_window_s)
+                                   sched_window_s=self.sched_window_s, kallsyms=self.kallsyms)
             self._open_events()
             self._initial_snapshot()
             self._wait_for_events()  # events queued meanwhile; merged with the snapshot's records

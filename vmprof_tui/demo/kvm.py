@@ -94,6 +94,11 @@ KVM_GET_REGS = _ioc(_IOC_READ, 0x81, ctypes.sizeof(KvmRegs))
 KVM_SET_REGS = _ioc(_IOC_WRITE, 0x82, ctypes.sizeof(KvmRegs))
 KVM_GET_SREGS = _ioc(_IOC_READ, 0x83, ctypes.sizeof(KvmSregs))
 KVM_SET_SREGS = _ioc(_IOC_WRITE, 0x84, ctypes.sizeof(KvmSregs))
+KVM_GET_FPU = _ioc(_IOC_READ, 0x8C, 416)  # struct kvm_fpu, kept as raw bytes
+KVM_SET_FPU = _ioc(_IOC_WRITE, 0x8D, 416)
+KVM_SET_MP_STATE = _ioc(_IOC_WRITE, 0x99, 4)
+KVM_CREATE_IRQCHIP = _ioc(0, 0x60, 0)
+MP_STATE_RUNNABLE, MP_STATE_HALTED = 0, 3
 
 # kvm_run.exit_reason values
 EXIT_NAMES = {0: "UNKNOWN", 1: "EXCEPTION", 2: "IO", 3: "HYPERCALL", 4: "DEBUG",

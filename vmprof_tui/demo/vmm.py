@@ -23,7 +23,6 @@ import ctypes
 import hashlib
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -44,11 +43,6 @@ from vmprof_tui.demo.loader import (
 # Doorbell ports (programs/guest_rt.h).
 PORT_EXIT, PORT_SLEEP_MS, PORT_PROGRESS = 0x10, 0x11, 0x12
 
-KVM_SET_MP_STATE = kvm._ioc(kvm._IOC_WRITE, 0x99, 4)
-KVM_CREATE_IRQCHIP = kvm._ioc(0, 0x60, 0)
-KVM_GET_FPU = kvm._ioc(kvm._IOC_READ, 0x8C, 416)
-KVM_SET_FPU = kvm._ioc(kvm._IOC_WRITE, 0x8D, 416)
-MP_STATE_RUNNABLE, MP_STATE_HALTED = 0, 3
 KVM_EXIT_MMIO = 6
 
 TICK_SIGNAL = signal.SIGUSR1
@@ -183,7 +177,7 @@ class VcpuThread(threading.Thread):
         self.vcpu.set_sregs(self._sregs)
         self.vcpu.set_regs(proc.regs)
         if proc.fpu is not None:
-            kvm.ioctl(self.vcpu.fd, KVM_SET_FPU, proc.fpu)
+            kvm.ioctl(self.vcpu.fd, kvm.KVM_SET_FPU, proc.fpu)
         self.current = proc
 
     def _save(self) -> None:
@@ -191,7 +185,7 @@ class VcpuThread(threading.Thread):
         if proc is not None:
             proc.regs = self.vcpu.get_regs()
             proc.fpu = KvmFpu()
-            kvm.ioctl(self.vcpu.fd, KVM_GET_FPU, proc.fpu)
+            kvm.ioctl(self.vcpu.fd, kvm.KVM_GET_FPU, proc.fpu)
         self.current = None
 
     def _complete_pending_exit(self) -> None:
@@ -211,8 +205,8 @@ class VcpuThread(threading.Thread):
         return runnable[self._rr]
 
     def _set_halted(self, halted: bool) -> None:
-        state = ctypes.c_uint32(MP_STATE_HALTED if halted else MP_STATE_RUNNABLE)
-        kvm.ioctl(self.vcpu.fd, KVM_SET_MP_STATE, ctypes.addressof(state))
+        state = ctypes.c_uint32(kvm.MP_STATE_HALTED if halted else kvm.MP_STATE_RUNNABLE)
+        kvm.ioctl(self.vcpu.fd, kvm.KVM_SET_MP_STATE, ctypes.addressof(state))
         self.halted = halted
 
     def _switch(self, now: int) -> bool:
@@ -316,7 +310,7 @@ class DemoVm:
         self.lock = threading.Lock()
         self.faults: list[dict] = []
         self.kvm_vm = kvm.Vm(int(spec.get("mem_mb", 64)) << 20)
-        kvm.ioctl(self.kvm_vm.fd, KVM_CREATE_IRQCHIP)  # in-kernel halt needs an in-kernel LAPIC
+        kvm.ioctl(self.kvm_vm.fd, kvm.KVM_CREATE_IRQCHIP)  # in-kernel halt needs an in-kernel LAPIC
         alloc = PhysAllocator(self.kvm_vm.memory)
         self.processes: list[GuestProcess] = []
         self.vcpus: list[VcpuThread] = []
@@ -388,7 +382,7 @@ def write_bundle(vm: DemoVm, directory: Path) -> None:
         if p.program not in copied:
             data = p.program.read_bytes()
             name = hashlib.sha256(data).hexdigest()[:32]
-            shutil.copyfile(p.program, objects / name)
+            (objects / name).write_bytes(data)
             copied[p.program] = f"objects/{name}"
         maps = [{"start": m.start, "end": m.end, "perms": m.perms, "offset": m.offset,
                  "path": m.path if m.path.startswith("[") else f"/bin/{p.name}",

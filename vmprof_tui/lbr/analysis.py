@@ -28,7 +28,6 @@ from vmprof_tui.lbr.disasm import KIND_NAMES, CodeCache
 from vmprof_tui.lbr.elfcode import ImageCache
 from vmprof_tui.lbr.model import (
     LBR_CYCLES_SATURATED,
-    BranchFilter,
     CodeReader,
     Fields,
     LbrSample,
@@ -417,7 +416,7 @@ def analyse(samples: Sequence[LbrSample], resolve: Resolve, freq_hz: float | Non
     ic = np.where(ok, u_idx[ei] - u_idx[si] + 1, -1)
     internal = np.where(ok, u_cumb[ei] - u_cumb[si], 0)
     internal_u = np.where(ok, u_cumu[ei] - u_cumu[si], 0)
-    any_filter = np.array([bool(int(s.branch_filter) & int(BranchFilter.ANY)) for _, s, _ in work], dtype=bool)
+    any_filter = np.array([s.branch_filter.records_all_taken_branches for _, s, _ in work], dtype=bool)
     exact = ok & (internal_u == 0) & (any_filter[b_sample] | (internal == 0))
 
     # perf's own listing (brstackinsn) stands in for objects we do not have

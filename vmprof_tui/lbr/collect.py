@@ -100,9 +100,7 @@ class LbrCollector:
             self.nr = self.config.depth or self.caps.lbr_depth or 16
         import bcc
 
-        b = bcc.BPF(text=BPF_SOURCE.read_text(),
-                    cflags=cflags(self.nr, pat, self.config.ring_pages, os.cpu_count() or 1))
-        self._bpf = b
+        b = self._bpf = compile_bpf(self.nr, pat, self.config.ring_pages, load=False)
         fn = b.load_func("lbr_on_sample", bcc.BPF.PERF_EVENT)
         if self.config.pid:
             target = b["lbr_target"]
@@ -184,8 +182,7 @@ def collect(config: LbrConfig, seconds: float) -> list[LbrSample]:
         parts.append(col.poll(0))
     finally:
         col.stop()
-    recs = np.concatenate(parts) if parts else np.zeros(0, record_dtype(col.nr or 16, config.effective.fields))
-    return to_samples(recs)
+    return to_samples(np.concatenate(parts))  # parts holds at least the last poll
 
 
 __all__ = ["Fields", "LbrCollector", "LbrConfig", "LbrUnsupported", "collect", "compile_bpf"]

@@ -69,15 +69,6 @@ class FunctionCode:
         i = int(np.searchsorted(self.addrs, np.uint64(vaddr)))
         return i if i < self.n and int(self.addrs[i]) == vaddr else -1
 
-    def index_before(self, vaddr: int) -> int:
-        """Index of the instruction that ends exactly at `vaddr` (the one before it), or -1."""
-        i = self.index_of(vaddr)
-        if i > 0:
-            return i - 1
-        if i == -1 and self.n and int(self.addrs[-1]) + int(self.sizes[-1]) == vaddr:
-            return self.n - 1
-        return -1
-
 
 def decode_function(code: bytes, object_path: str, name: str, start: int, end: int) -> FunctionCode:
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)

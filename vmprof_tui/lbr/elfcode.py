@@ -175,9 +175,3 @@ class ElfResolver:
         if fn is None:
             return None
         return ResolvedAddr(m.image.path, vaddr, fn[0], fn[1], fn[2])
-
-    def images(self) -> list[ElfImage]:
-        seen: dict[str, ElfImage] = {}
-        for m in self._maps:
-            seen.setdefault(m.image.path, m.image)
-        return list(seen.values())

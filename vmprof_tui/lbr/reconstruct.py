@@ -107,9 +107,7 @@ def reconstruct(s: LbrSample, resolve: Resolve, code: CodeCache) -> int:
     if not callret or s.branch_filter & BranchFilter.ANY:
         return 0
     if not s.fields & Fields.TO:
-        s.to = s.to.copy()
         return fill_targets(s, resolve, code)
     if not s.fields & Fields.FROM:
-        s.from_ = s.from_.copy()
         return fill_sources(s, resolve, code)
     return 0
