@@ -27,10 +27,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vmprof_tui.bundle import DEFAULT_LIMITS, BundleError, Limits, load_bundle
+from vmprof_tui.bundle import DEFAULT_LIMITS, BundleError, GuestBundle, Limits, load_bundle
 
 READ_CHUNK = 4 << 20  # bytes per guest-file-read
 MAX_REPLY = 64 << 20  # bytes of virsh output accepted per command
@@ -137,8 +138,10 @@ def _check_exit(status: dict, vm: str, what: str) -> None:
 
 def fetch_bundle(vm: str, out: Path, *, connect: str | None = None, guest_command: list[str] | None = None,
                  extra_args: list[str] | None = None, timeout_s: float = 300.0, virsh: str = "virsh",
-                 limits: Limits = DEFAULT_LIMITS, log: Any = None) -> Path:
-    """Run vmprof-guest in `vm` through qemu-ga and store its bundle as OUT/<vm>.tar (validated)."""
+                 limits: Limits = DEFAULT_LIMITS, log: Any = None,
+                 on_loaded: Callable[[GuestBundle], None] | None = None) -> Path:
+    """Run vmprof-guest in `vm` through qemu-ga and store its bundle as OUT/<vm>.tar (validated).
+    on_loaded sees the validated bundle (read once: loading unpacks and checks everything)."""
     guest_command = guest_command or ["vmprof-guest"]
     extra = list(extra_args or [])
     agent = Agent(vm, connect, virsh)
@@ -163,7 +166,9 @@ def fetch_bundle(vm: str, out: Path, *, connect: str | None = None, guest_comman
         part.write_bytes(data)
         data_written = len(data)
     try:
-        load_bundle(part, limits).close()
+        with load_bundle(part, limits) as bundle:
+            if on_loaded is not None:
+                on_loaded(bundle)
     except BundleError as e:
         part.unlink(missing_ok=True)
         raise FetchError(f"the bundle from {vm} was rejected: {e}") from None
@@ -233,18 +238,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    summary: list[str] = []
+
+    def describe(bundle: GuestBundle) -> None:
+        with_cr3 = sum(1 for p in bundle.processes if p.cr3)
+        summary.append(f"VM {bundle.vm}, {len(bundle.processes)} processes ({with_cr3} with CR3, method "
+                       f"{bundle.cr3_method}), "
+                       f"{'kallsyms' if bundle.kernel and bundle.kernel.symbols else 'no kallsyms'}")
+
     try:
         path = fetch_bundle(args.vm, Path(args.output), connect=args.connect,
                             guest_command=args.guest_command.split(), extra_args=args.agent_arg,
-                            timeout_s=args.timeout,
+                            timeout_s=args.timeout, on_loaded=describe,
                             log=lambda msg: print(f"vmprof guest fetch: {msg}", file=sys.stderr, flush=True))
     except FetchError as e:
         print(f"vmprof: {e}", file=sys.stderr)
         return 1
-    with load_bundle(path) as bundle:
-        with_cr3 = sum(1 for p in bundle.processes if p.cr3)
-        print(f"{path}: VM {bundle.vm}, {len(bundle.processes)} processes ({with_cr3} with CR3, method "
-              f"{bundle.cr3_method}), {'kallsyms' if bundle.kernel and bundle.kernel.symbols else 'no kallsyms'}")
+    print(f"{path}: {summary[0]}")
     return 0
 
 

@@ -18,6 +18,7 @@ import os
 import struct
 import tarfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -43,6 +44,23 @@ class RecordingError(RuntimeError):
     pass
 
 
+def _pack_rows(header: dict, body: bytes) -> bytes:
+    """A row chunk's payload: header length, JSON header (with "rows"), zlib body."""
+    h = json.dumps(header).encode()
+    return struct.pack("<I", len(h)) + h + zlib.compress(body, 6)
+
+
+def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str) -> tuple[dict, bytes]:
+    """(header, body) of a row chunk; the body inflated to exactly rows * itemsize bytes, never more."""
+    (hlen,) = struct.unpack_from("<I", payload)
+    header = json.loads(payload[4:4 + hlen])
+    size = int(header["rows"]) * itemsize_of(header)
+    raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
+    if len(raw) != size:
+        raise RecordingError(f"{what} is shorter than its header says")
+    return header, raw
+
+
 def _encode_table(table: np.ndarray) -> bytes:
     """Columns one after another; time_ns as its first value plus deltas."""
     columns = []
@@ -51,20 +69,17 @@ def _encode_table(table: np.ndarray) -> bytes:
         if name == "time_ns" and len(col):
             col = np.concatenate(([col[0]], np.diff(col.astype(np.int64)))).astype("<i8")
         columns.append(col.tobytes())
-    header = json.dumps({"rows": len(table), "dtype": table.dtype.descr}).encode()
-    return struct.pack("<I", len(header)) + header + zlib.compress(b"".join(columns), 6)
+    return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, b"".join(columns))
 
 
 def _decode_table(payload: bytes, dtype: np.dtype) -> np.ndarray:
-    (hlen,) = struct.unpack_from("<I", payload)
-    header = json.loads(payload[4:4 + hlen])
+    def itemsize(header: dict) -> int:
+        if np.dtype([tuple(d) if len(d) == 2 else (d[0], d[1], tuple(d[2])) for d in header["dtype"]]) != dtype:
+            raise RecordingError("a table chunk has a record layout this vmprof does not know")
+        return dtype.itemsize
+
+    header, raw = _unpack_rows(payload, itemsize, "a table chunk")
     rows = int(header["rows"])
-    if np.dtype([tuple(d) if len(d) == 2 else (d[0], d[1], tuple(d[2])) for d in header["dtype"]]) != dtype:
-        raise RecordingError("a table chunk has a record layout this vmprof does not know")
-    inflater = zlib.decompressobj()
-    raw = inflater.decompress(payload[4 + hlen:], rows * dtype.itemsize + 1)
-    if len(raw) != rows * dtype.itemsize:
-        raise RecordingError("a table chunk is shorter than its header says")
     table = np.empty(rows, dtype=dtype)
     pos = 0
     for name in dtype.names:
@@ -79,14 +94,9 @@ def _decode_table(payload: bytes, dtype: np.dtype) -> np.ndarray:
 def _decode_lbr(payload: bytes) -> np.ndarray:
     from vmprof_tui.lbr.record import record_dtype
 
-    (hlen,) = struct.unpack_from("<I", payload)
-    header = json.loads(payload[4:4 + hlen])
-    dtype = record_dtype(int(header["nr"]), int(header["fields"]))
-    rows = int(header["rows"])
-    raw = zlib.decompressobj().decompress(payload[4 + hlen:], rows * dtype.itemsize + 1)
-    if len(raw) != rows * dtype.itemsize:
-        raise RecordingError("an LBR chunk is shorter than its header says")
-    return np.frombuffer(raw, dtype=dtype).copy()
+    header, raw = _unpack_rows(payload, lambda h: record_dtype(int(h["nr"]), int(h["fields"])).itemsize,
+                               "an LBR chunk")
+    return np.frombuffer(raw, dtype=record_dtype(int(header["nr"]), int(header["fields"]))).copy()
 
 
 class Writer:
@@ -135,8 +145,7 @@ class Writer:
 
     def add_lbr(self, records: np.ndarray, nr: int, fields: int) -> None:
         """Raw LBR records (bpf/lbr_record.h, LBR_NR=nr, LBR_FIELDS=fields) as they came from the ring buffer."""
-        header = json.dumps({"rows": len(records), "nr": nr, "fields": fields}).encode()
-        self.chunk(LBR, struct.pack("<I", len(header)) + header + zlib.compress(records.tobytes(), 6))
+        self.chunk(LBR, _pack_rows({"rows": len(records), "nr": nr, "fields": fields}, records.tobytes()))
 
     def sync(self) -> None:
         self.file.flush()
