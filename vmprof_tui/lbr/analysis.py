@@ -180,6 +180,12 @@ class BlockReport:
         """Indices (into .samples) of samples with at least one ok block in `function`."""
         return [int(i) for i in np.unique(self.ok_blocks(function)["sample"])]
 
+    def shown_samples(self, function: str | None, max_samples: int | None) -> tuple[list[int], int]:
+        """The samples a report lists (those with `function`, or all) cut to max_samples, and how many
+        there were before the cut."""
+        every = self.samples_with(function) if function else list(range(len(self.samples)))
+        return (every if max_samples is None else every[:max_samples]), len(every)
+
     def block_stats(self, function: str | None = None) -> list[BlockStat]:
         b = self.ok_blocks(function)
         if b.size == 0:

@@ -17,10 +17,8 @@ def render(report: BlockReport, function: str | None = None, max_samples: int | 
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(COLUMNS)
-    shown = report.samples_with(function) if function else range(len(report.samples))
-    for n, i in enumerate(shown):
-        if max_samples is not None and n >= max_samples:
-            break
+    shown, _ = report.shown_samples(function, max_samples)
+    for i in shown:
         s = report.samples[i]
         for b in report.sample_blocks(i):
             row = block_row(report, b)

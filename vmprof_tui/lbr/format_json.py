@@ -60,9 +60,7 @@ def sample_dict(report: BlockReport, i: int) -> dict[str, Any]:
 
 
 def report_dict(report: BlockReport, function: str | None = None, max_samples: int | None = None) -> dict[str, Any]:
-    shown = report.samples_with(function) if function else list(range(len(report.samples)))
-    if max_samples is not None:
-        shown = shown[:max_samples]
+    shown, with_function = report.shown_samples(function, max_samples)
     return {
         "function": function,
         "freq_hz": report.freq_hz,
@@ -71,7 +69,7 @@ def report_dict(report: BlockReport, function: str | None = None, max_samples: i
         "notes": report.notes,
         "functions": [asdict(f) for f in report.function_stats(function)],
         "blocks": [asdict(b) for b in report.block_stats(function)],
-        "samples_with_function": len(report.samples_with(function)) if function else len(report.samples),
+        "samples_with_function": with_function,
         "samples": [sample_dict(report, i) for i in shown],
     }
 

@@ -106,9 +106,7 @@ def sample_tables(report: BlockReport, i: int) -> list[str]:
 def render(report: BlockReport, function: str | None = None, max_samples: int | None = 3) -> str:
     lines = summary(report, function)
     lines += ["", *function_table(report, function), "", *block_table(report, function)]
-    shown = report.samples_with(function) if function else list(range(len(report.samples)))
-    if max_samples is not None:
-        shown = shown[:max_samples]
+    shown, _ = report.shown_samples(function, max_samples)
     for i in shown:
         lines += ["", *sample_tables(report, i)]
     return "\n".join(lines) + "\n"
