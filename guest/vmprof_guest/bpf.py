@@ -306,6 +306,11 @@ class Session:
         os.getppid()  # any system call of ours runs the request
         return ctl[ctypes.c_int(0)]
 
+    def leader_pgds(self, method: str) -> dict[int, tuple[int, str]]:
+        """tgid -> (mm->pgd, comm) of every process with an mm, by `method` ("bpf-iter" or the task walk)."""
+        tasks = self.iter_tasks() if method == "bpf-iter" else self.walk_tasks()
+        return {t.tgid: (t.pgd, t.comm) for t in tasks if t.pgd and t.tgid == t.pid}
+
     def walk_tasks(self) -> list[TaskRec]:
         """Every process (thread-group leaders) and its mm->pgd, walking the task list in BPF."""
         self._ensure_trigger()

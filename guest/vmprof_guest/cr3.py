@@ -301,11 +301,11 @@ def _collect_pgds(session: Session, res: Cr3Result, sched_window_s: float,
                 res.note(method, f"ok: {len(res.pgds)} processes ran during {sched_window_s:.2f} s "
                                  "(processes that slept throughout have no CR3)")
                 return
-            tasks = session.iter_tasks() if method == "bpf-iter" else session.walk_tasks()
+            pgds = session.leader_pgds(method)
         except bpf.BpfUnavailable as e:
             res.note(method, str(e))
             continue
-        res.pgds = {t.tgid: (t.pgd, t.comm) for t in tasks if t.pgd and t.tgid == t.pid}
+        res.pgds = pgds
         res.method = method
         res.note(method, f"ok: {len(res.pgds)} processes with an mm")
         skipped = _user_tgids() - set(res.pgds)
@@ -313,11 +313,11 @@ def _collect_pgds(session: Session, res: Cr3Result, sched_window_s: float,
             if not skipped or other == "bpf-sched":
                 break
             try:
-                more = session.iter_tasks() if other == "bpf-iter" else session.walk_tasks()
+                more = session.leader_pgds(other)
             except bpf.BpfUnavailable as e:
                 res.note(other, str(e))
                 continue
-            filled = {t.tgid: (t.pgd, t.comm) for t in more if t.pgd and t.tgid == t.pid and t.tgid in skipped}
+            filled = {tgid: v for tgid, v in more.items() if tgid in skipped}
             res.pgds.update(filled)
             res.note(other, f"ok: filled in {len(filled)} of {len(skipped)} processes {method} did not visit")
             skipped -= set(filled)

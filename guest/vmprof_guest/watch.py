@@ -383,8 +383,7 @@ class Watcher:
             from vmprof_guest import bpf
 
             try:
-                tasks = self.session.iter_tasks() if self.cr3.method == "bpf-iter" else self.session.walk_tasks()
-                final = {t.tgid: t.pgd for t in tasks if t.tgid == t.pid and t.pgd}
+                final = {tgid: pgd for tgid, (pgd, _comm) in self.session.leader_pgds(self.cr3.method).items()}
             except bpf.BpfUnavailable as e:
                 self.builder.note(f"final CR3 walk failed ({e}); the values from the start of the watch stand")
         alive = set()
