@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -457,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except Failure as e:
         return _fail(str(e))
+    except BrokenPipeError:  # the reader went away (`vmprof report REC | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except KeyboardInterrupt:
         return 130
 
