@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: GPL-2.0
-"""Check the VMX exit-reason table (vmprof_tui/vmx_exits.py).
+"""Check the VMX exit-reason table (vmprof_tui/analyse/vmx_exits.py).
 
 Usage: check_exit_table.py [path/to/uapi/asm/vmx.h]
 
-The table is vmprof_tui/vmx_exits.py (VMX_EXIT_REASONS and
+The table is vmprof_tui/analyse/vmx_exits.py (VMX_EXIT_REASONS and
 VMX_EXIT_CATEGORIES), read as literals without importing vmprof.  Checks: it parses as plain
 literals; every category is one of VMX_EXIT_CATEGORIES; and, when a kernel
 uapi <asm/vmx.h> is given, every EXIT_REASON_<NAME> it defines is in the table
@@ -31,7 +31,7 @@ def load_table(py_path):
 
 
 def main(argv):
-    reasons, categories = load_table(HERE.parent / "vmprof_tui" / "vmx_exits.py")
+    reasons, categories = load_table(HERE.parent / "vmprof_tui" / "analyse" / "vmx_exits.py")
     problems = []
     for num, (name, cat) in sorted(reasons.items()):
         if not isinstance(num, int) or not 0 <= num <= 0xFFFF:

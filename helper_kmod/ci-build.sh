@@ -8,7 +8,7 @@
 #
 # Builds a copy of the sources in a temporary directory (the work tree stays
 # clean; nothing is left behind), fails on any compiler or modpost warning,
-# and checks the exit-reason table (vmprof_tui/vmx_exits.py) against the same tree's
+# and checks the exit-reason table (vmprof_tui/analyse/vmx_exits.py) against the same tree's
 # uapi <asm/vmx.h>.  If no headers tree is installed and we are root, installs
 # Debian's linux-headers-amd64 first.  Never loads the module.
 # Exit 0 with one "helper_kmod: OK" line, or 1 with one "helper_kmod: FAIL" line.

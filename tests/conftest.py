@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vmprof_tui import recording
+from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
-from vmprof_tui.recorder import Recorder
+from vmprof_tui.record import recording
+from vmprof_tui.record.recorder import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -30,6 +31,25 @@ def vmprof(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProces
     """Run the vmprof CLI as a user would."""
     return subprocess.run([sys.executable, "-m", "vmprof_tui", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, **kw)
+
+
+def start_recording(out: Path, *args: str, timeout: float = 120) -> subprocess.Popen:
+    """`vmprof record -o OUT ARGS` in the background, returned once it says it samples every CPU
+    (compiling the BPF programs takes seconds, more on a fresh machine)."""
+    proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui", "record", "-o", str(out), *args], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:  # it ended before attaching
+            break
+        seen.append(line)
+        if line.startswith("vmprof record: sampling every CPU"):
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+            return proc
+    proc.kill()
+    pytest.fail(f"vmprof record did not attach: {''.join(seen)}")
 
 
 def require_root() -> None:
@@ -51,7 +71,7 @@ def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequ
     specs = runner.scenario_specs(scenario) if isinstance(scenario, str) else scenario
     out = tmp / f"{specs[0]['name']}.vmprof"
     stop = threading.Event()
-    recorder = Recorder(out, frequency=frequency)
+    recorder = Recorder(out, CollectionSession(frequency))
     errors: list[BaseException] = []
 
     def work() -> None:
@@ -62,7 +82,7 @@ def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequ
 
     thread = threading.Thread(target=work)
     thread.start()
-    assert recorder.started.wait(30) or errors, errors  # BPF compiled and attached
+    assert recorder.attached.wait(30) or errors, errors  # BPF compiled and attached
     t0 = time.monotonic()
     with runner.DemoRun(specs, duration_s=seconds) as run:
         run.wait(seconds + 10)

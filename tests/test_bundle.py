@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from vmprof_tui import bundle as B
-from vmprof_tui import guest_fetch
-from vmprof_tui.symbols import ObjectCache, guest_symbols
+from vmprof_tui.collect import guest_fetch
+from vmprof_tui.resolve import bundle as B
+from vmprof_tui.resolve.symbols import ObjectCache, guest_symbols
 
 sys.path.insert(0, str(ROOT / "tests" / "data" / "bundles"))
 import hostile  # noqa: E402

@@ -6,7 +6,6 @@ classes built at run time out of a descriptor with profile.proto's field numbers
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 from collections import defaultdict
@@ -17,8 +16,8 @@ import pytest
 from conftest import Recorded, record_scenario, vmprof
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from vmprof_tui.analysis import Analysis, Profile, Row
-from vmprof_tui.export import chrome, pprof
+from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.show.formats import ReportInput, chrome, pprof
 
 VM = "twoprocs"
 
@@ -172,14 +171,12 @@ def twoprocs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Analys
     return r, Analysis(r.rec)
 
 
-def _args(**kw: object) -> argparse.Namespace:
-    return argparse.Namespace(**{"vm": None, "vcpu": None, "cpu": None, **kw})
 
 
 def test_pprof_guest_level(twoprocs: tuple[Recorded, Analysis]) -> None:
     _, an = twoprocs
     g = an.guest_profile(VM)
-    d = Decoded(pprof.render_analysis(an, g, _args(vm=VM)))
+    d = Decoded(pprof.render(ReportInput(an, [g], vm=VM)))
     check_wellformed(d)
     assert d.total(0) == round(g.total_samples)
     assert abs(d.total(1) - g.total_samples * an.period_ns) <= len(d.values) * an.period_ns
@@ -197,7 +194,7 @@ def test_pprof_guest_level(twoprocs: tuple[Recorded, Analysis]) -> None:
 def test_pprof_host_level_splits_vms(twoprocs: tuple[Recorded, Analysis]) -> None:
     _, an = twoprocs
     h = an.host_profile()
-    d = Decoded(pprof.render_analysis(an, h, _args()))
+    d = Decoded(pprof.render(ReportInput(an, [h])))
     check_wellformed(d)
     assert d.total(0) == round(h.total_samples)
     vm_row = next(r for r in h.rows if r.function == f"[{VM}]")
@@ -208,7 +205,7 @@ def test_pprof_host_level_splits_vms(twoprocs: tuple[Recorded, Analysis]) -> Non
 
 def test_chrome_trace(twoprocs: tuple[Recorded, Analysis]) -> None:
     recorded, an = twoprocs
-    doc = json.loads(chrome.render_analysis(an, an.guest_profile(VM), _args()))
+    doc = json.loads(chrome.render(ReportInput(an, [an.guest_profile(VM)])))
     events = doc["traceEvents"]
     meta = [e for e in events if e["ph"] == "M"]
     slices = [e for e in events if e["ph"] == "X"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, require_root
 
-from vmprof_tui import bundle as B
+from vmprof_tui.resolve import bundle as B
 
 GUEST = ROOT / "guest"
 sys.path.insert(0, str(GUEST))

@@ -13,7 +13,9 @@ import os
 import pytest
 from conftest import require_root
 
-from vmprof_tui.lbr import capability, collect, patterns
+from vmprof_tui.collect import lbr as collect
+from vmprof_tui.collect import lbr_capability as capability
+from vmprof_tui.collect import lbr_patterns as patterns
 
 
 @pytest.mark.parametrize(("name", "nr", "info"), [("type4", 32, True), ("type3", 16, False)])
@@ -94,7 +96,7 @@ def test_collector_plumbing_with_software_standin() -> None:
 
     import numpy as np
 
-    from vmprof_tui.lbr.record import to_samples
+    from vmprof_tui.record.lbr_records import to_samples
 
     period = 1_000_000  # ns of cpu-clock between samples
     col = collect.LbrCollector(collect.LbrConfig.named("type4", standin=True, period=period, pid=os.getpid()))

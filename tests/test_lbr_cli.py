@@ -1,5 +1,4 @@
-"""`vmprof blocks` as a user runs it (issue 7).  Until cli.py wires the subcommand, the same
-code runs as `python -m vmprof_tui.lbr`; exit codes follow DESIGN.md section 5."""
+"""`vmprof blocks` as a user runs it (issue 7); exit codes follow DESIGN.md section 5."""
 
 from __future__ import annotations
 
@@ -8,13 +7,13 @@ import sys
 
 from conftest import ROOT
 
-from vmprof_tui.lbr import capability
+from vmprof_tui.collect import lbr_capability as capability
 
 DATA = ROOT / "tests/data/lbr"
 
 
 def blocks(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vmprof_tui.lbr", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vmprof_tui", "blocks", *args], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
 
 
@@ -66,4 +65,4 @@ def test_runtime_failures_are_one_line() -> None:
     r = blocks("--perf-script", str(DATA / "nonexistent.txt"))
     assert r.returncode == 1 and r.stderr.startswith("vmprof: cannot read") and r.stderr.count("\n") == 1
     r = blocks("some.rec")
-    assert r.returncode == 1 and "use --perf-script FILE" in r.stderr
+    assert r.returncode == 1 and r.stderr.startswith("vmprof: cannot read some.rec") and r.stderr.count("\n") == 1

@@ -20,13 +20,17 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from vmprof_tui.lbr import format_csv, format_json, format_table, groundtruth, perf_script
-from vmprof_tui.lbr.analysis import STATUS_BACKWARDS, STATUS_CROSSES_FUNCTION, STATUS_OK, analyse
-from vmprof_tui.lbr.command import run_blocks_from_perf_script
-from vmprof_tui.lbr.disasm import KIND_CALL, KIND_RET, CodeCache
-from vmprof_tui.lbr.elfcode import ElfResolver, ImageCache
-from vmprof_tui.lbr.model import BranchFilter, Fields, LbrSample, from_msr_stack
-from vmprof_tui.lbr.reconstruct import reconstruct
+from vmprof_tui.analyse import lbr_groundtruth as groundtruth
+from vmprof_tui.analyse.blocks import STATUS_BACKWARDS, STATUS_CROSSES_FUNCTION, STATUS_OK, analyse
+from vmprof_tui.analyse.disasm import KIND_CALL, KIND_RET, CodeCache
+from vmprof_tui.analyse.lbr_reconstruct import reconstruct
+from vmprof_tui.cli.blocks import run_blocks_from_perf_script
+from vmprof_tui.record import perf_script
+from vmprof_tui.record.lbr_model import BranchFilter, Fields, LbrSample, from_msr_stack
+from vmprof_tui.resolve.elfcode import ElfResolver, ImageCache
+from vmprof_tui.show.formats import blocks_csv as format_csv
+from vmprof_tui.show.formats import blocks_json as format_json
+from vmprof_tui.show.formats import blocks_table as format_table
 
 ROUNDS = 200
 FREQ = 2.5e9

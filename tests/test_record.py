@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, Recorded, record_scenario, require_root, vmprof
+from conftest import ROOT, Recorded, record_scenario, require_root, start_recording, vmprof
 from elftools.elf.elffile import ELFFile
 
-from vmprof_tui import recording
 from vmprof_tui.demo import runner
-from vmprof_tui.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_PREV_VCPU
+from vmprof_tui.record import recording
+from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_PREV_VCPU
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +113,12 @@ def test_vcpu_samples_name_the_vm(vcpu2: Recorded) -> None:
 def test_sigkill_keeps_what_was_flushed(tmp_path: Path) -> None:
     require_root()
     out = tmp_path / "killed.vmprof"
-    proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui", "record", "-o", str(out), "-q"], cwd=ROOT)
-    time.sleep(4.0)
+    proc = start_recording(out)
+    deadline = time.monotonic() + 60
+    while len(recording.load(out).samples) <= 1000:  # what the recorder has flushed so far
+        assert time.monotonic() < deadline, "the recorder flushed no samples"
+        with pytest.raises(subprocess.TimeoutExpired):  # it must still run
+            proc.wait(timeout=0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     rec = recording.load(out)
@@ -167,9 +171,7 @@ def test_short_lived_processes_keep_their_names(tmp_path: Path) -> None:
     blip = tmp_path / "vmprof-blip"
     blip.symlink_to("/bin/sh")  # exec through the link: the comm is "vmprof-blip"
     out = tmp_path / "blips.vmprof"
-    rec = subprocess.Popen([sys.executable, "-m", "vmprof_tui", "record", "-o", str(out), "-q", "-d", "3"],
-                           cwd=ROOT)
-    time.sleep(2.0)  # BPF compiled and attached
+    rec = start_recording(out, "-d", "3")
     pids = []
     for _ in range(40):  # about 15 ms of work each, then gone
         p = subprocess.Popen([str(blip), "-c", "i=0; while [ $i -lt 8000 ]; do i=$((i+1)); done"])

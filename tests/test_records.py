@@ -5,7 +5,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from vmprof_tui import records
+from vmprof_tui.record import records
 
 
 def test_dtypes_match_c_structs(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ import pytest
 from conftest import ROOT, record_scenario
 from textual.widgets import DataTable
 
+from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
+from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
-from vmprof_tui.live import LiveSession, ReplaySession
-from vmprof_tui.tui import HelpScreen, TimelineScreen, VmprofTop
+from vmprof_tui.show.tui import HelpScreen, TimelineScreen, VmprofTop
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +112,13 @@ async def drive(app: VmprofTop, vm: str, process: str) -> None:
 
 
 def test_replay_screens(replay_path: Path) -> None:
-    asyncio.run(drive(VmprofTop(ReplaySession(replay_path), refresh_s=0.5), "twoprocs", "compute(1)"))
+    asyncio.run(drive(VmprofTop(ReplayWindow(replay_path), refresh_s=0.5), "twoprocs", "compute(1)"))
 
 
 def test_live_screens() -> None:
     os.sched_setaffinity(0, {0})
     with runner.DemoRun(runner.scenario_specs("alone"), duration_s=30):
-        session = LiveSession(1000, 10.0)
+        session = LiveWindow(CollectionSession(1000, build_ids=False), 10.0)
         session.start()
         try:
             asyncio.run(drive(VmprofTop(session, refresh_s=0.5), "alone", "compute"))
@@ -152,7 +153,7 @@ def test_demo_in_tmux(artifacts: Path) -> None:
 
 def test_svg_screenshot(replay_path: Path, artifacts: Path) -> None:
     async def shot() -> None:
-        app = VmprofTop(ReplaySession(replay_path), refresh_s=0.5)
+        app = VmprofTop(ReplayWindow(replay_path), refresh_s=0.5)
         async with app.run_test(size=(160, 40)) as pilot:
             await pilot.pause(1.5)
             app.save_screenshot(filename="vmprof-top.svg", path=str(artifacts))

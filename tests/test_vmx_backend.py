@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 from conftest import require_root
 
-from vmprof_tui import backends, collect, recording
-from vmprof_tui.analysis import Analysis
-from vmprof_tui.records import (
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.steal import steal_report
+from vmprof_tui.collect import backends
+from vmprof_tui.collect import bpf as collect
+from vmprof_tui.record import recording
+from vmprof_tui.record.records import (
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
     SAMPLE_GUEST_UNKNOWN,
@@ -22,7 +25,6 @@ from vmprof_tui.records import (
     SCHED_PREV_LOADED,
     SCHED_PREV_VCPU,
 )
-from vmprof_tui.steal import steal_report
 
 # kvm_vcpu/vcpu_vmx offsets as a VMX kernel's BTF would give them (values only need to be plausible here)
 FAKE = {"TASK_PREEMPT_NOTIFIERS": 768, "TASK_PID": 1264, "TASK_TGID": 1268, "TASK_COMM": 1752, "PN_OPS": 16,

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "data" / "bundles"))
 with atheris.instrument_imports(include=["vmprof_tui", "elftools"]):
     import elftools.elf.elffile  # noqa: F401 - instrumented for coverage feedback
 
-    from vmprof_tui import bundle as B
+    from vmprof_tui.resolve import bundle as B
 
 import hostile  # noqa: E402 - after the instrumented import
 

@@ -12,6 +12,8 @@ import errno
 import mmap
 import os
 
+from vmprof_tui.libc import LIBC
+
 _IOC_WRITE, _IOC_READ = 1, 2
 KVMIO = 0xAE
 
@@ -105,7 +107,7 @@ EXIT_NAMES = {0: "UNKNOWN", 1: "EXCEPTION", 2: "IO", 3: "HYPERCALL", 4: "DEBUG",
               5: "HLT", 6: "MMIO", 8: "SHUTDOWN", 9: "FAIL_ENTRY", 10: "INTR",
               17: "INTERNAL_ERROR", 24: "SYSTEM_EVENT"}
 
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = LIBC
 _libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
 _libc.ioctl.restype = ctypes.c_int
 

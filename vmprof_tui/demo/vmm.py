@@ -39,6 +39,7 @@ from vmprof_tui.demo.loader import (
     PhysAllocator,
     load_program,
 )
+from vmprof_tui.libc import LIBC, schedstat
 
 # Doorbell ports (programs/guest_rt.h).
 PORT_EXIT, PORT_SLEEP_MS, PORT_PROGRESS = 0x10, 0x11, 0x12
@@ -51,7 +52,7 @@ PR_SET_PDEATHSIG = 1
 SIGEV_THREAD_ID = 4
 CLOCK_MONOTONIC = 1
 
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = LIBC
 
 
 class KvmFpu(ctypes.Structure):
@@ -125,16 +126,6 @@ class VcpuStats:
     kvm_run_ns: int = 0  # in KVM_RUN with a guest process running
     halt_ns: int = 0  # in KVM_RUN halted (no runnable process)
     exits: dict[str, int] = field(default_factory=dict)
-
-
-def _schedstat(tid: int) -> tuple[int, int]:
-    """(on-CPU ns, run-queue wait ns) of a thread, from /proc/<pid>/task/<tid>/schedstat."""
-    try:
-        with open(f"/proc/self/task/{tid}/schedstat") as f:
-            run, wait, _ = f.read().split()
-        return int(run), int(wait)
-    except (OSError, ValueError):
-        return 0, 0
 
 
 class VcpuThread(threading.Thread):
@@ -242,7 +233,7 @@ class VcpuThread(threading.Thread):
         finally:
             self.timer.delete()
             self.stats.end_ns = time.monotonic_ns()
-            self.sched = _schedstat(tid)
+            self.sched = schedstat("self", tid)
 
     def _loop(self) -> None:
         self.stats.start_ns = time.monotonic_ns()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vmprof_tui.bundle import Limits
+    from vmprof_tui.resolve.bundle import Limits
 
 HERE = Path(__file__).resolve().parent
 TRAVERSAL_TARGET = "vmprof-escaped"  # what a traversal would create beside the scratch folder
@@ -330,7 +330,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
 
 def case_limits() -> Limits:
     """The tighter limits the cases are checked with (so that no case needs gigabytes)."""
-    from vmprof_tui.bundle import Limits
+    from vmprof_tui.resolve.bundle import Limits
 
     return Limits(max_members=1000, max_symbols=10_000, max_processes=1000, max_object_bytes=16 << 20,
                   max_total_bytes=64 << 20)

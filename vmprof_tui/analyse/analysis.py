@@ -1,0 +1,730 @@
+"""Analysis on the one host time axis: profiles, blank time, steal attribution.
+
+record → resolve → **analyse**: every sample is resolved once (symbols.py),
+then
+
+* the host level counts real samples: host kernel, host processes, and one
+  row per VM for the samples that interrupted its guests;
+* the guest level of a VM builds, per vCPU, the "virtual guest sampling data"
+  of thesis §2.3.5/§3.4: the real samples of its vCPU threads plus, for every
+  interval the vCPU was not on a CPU (from the sched events), virtual samples
+  at the sampling frequency, classified as idle (the vCPU was halted),
+  steal by another vCPU of the same VM (``on vcpuN``), steal by anything
+  else (``outside``), or steal while the VMM blocked on the vCPU's behalf.
+  Samples of a vCPU thread outside guest mode are steal of type 2 (the VMM
+  or KVM worked for the vCPU), broken down by exit-reason category.
+* Steal between two guest samples of the same process and function is
+  attributed to it (thesis §3.4.2): corrected time = apparent − attributed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui.collect import backends
+from vmprof_tui.record.recording import Recording
+from vmprof_tui.record.records import (
+    SAMPLE_GUEST,
+    SAMPLE_GUEST_KERNEL,
+    SAMPLE_GUEST_UNKNOWN,
+    SAMPLE_HOST_KERNEL,
+    SCHED_DTYPE,
+    SCHED_PREV_HALTED,
+    SCHED_PREV_RUNNABLE,
+)
+from vmprof_tui.resolve.bundle import KernelSymbols, normalise_cr3_array
+from vmprof_tui.resolve.symbols import (
+    EMPTY_KERNEL,
+    GuestSymbols,
+    ObjectCache,
+    guest_symbols,
+    kallsyms_table,
+)
+
+KERNEL_MODULE = "[kernel.kallsyms]"
+GUEST_KERNEL_MODULE = "[guest.kallsyms]"
+UNKNOWN = "[unknown]"
+
+IDLE, PREEMPTED, BLOCKED = "idle", "preempted", "blocked"
+
+# positions of sched-event fields in a record converted with .tolist()
+FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU = (SCHED_DTYPE.names.index(n) for n in (
+    "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu"))
+
+
+@dataclass
+class Row:
+    samples: float
+    function: str
+    module: str
+    process: str | None = None
+    pid: int | None = None
+    vm: str | None = None
+
+    def to_json(self, total: float) -> dict:
+        return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
+                "function": self.function, "module": self.module, "process": self.process, "pid": self.pid,
+                "vm": self.vm}
+
+
+@dataclass
+class Profile:
+    level: str  # host | guest
+    vm: str | None
+    vcpu: int | None
+    total_samples: float
+    duration_s: float
+    lost_samples: int
+    ratios: dict[str, float]
+    rows: list[Row]
+    unresolved_samples: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        total = self.total_samples
+        return {"level": self.level, "vm": self.vm, "vcpu": self.vcpu, "total_samples": int(round(total)),
+                "duration_s": round(self.duration_s, 6), "lost_samples": self.lost_samples,
+                "unresolved_samples": self.unresolved_samples,
+                "unresolved_ratio": round(100.0 * self.unresolved_samples / total, 3) if total else 0.0,
+                "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
+                "rows": [r.to_json(total) for r in self.rows], "notes": self.notes}
+
+
+@dataclass
+class Blank:
+    """An interval in which a vCPU was not on a CPU."""
+    start_ns: int
+    end_ns: int
+    kind: str  # idle | preempted | blocked
+    exit_reason: int
+    cpu: int
+    first_holder: str  # the task that took the pCPU when the vCPU left it
+    same_vm_ns: dict[int, int] = field(default_factory=dict)  # vCPU id of the same VM -> ns it held the pCPU
+    other_vm_ns: dict[str, int] = field(default_factory=dict)  # another VM -> ns its vCPUs held the pCPU
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def holders(self) -> dict[str, int]:
+        """Who held the pCPU during the blank: vCPUs of the same VM, other VMs, the rest (host tasks)."""
+        out = {f"vcpu{v}": ns for v, ns in self.same_vm_ns.items()}
+        out.update(self.other_vm_ns)
+        rest = self.duration_ns - sum(out.values())
+        if rest > 0:
+            out[self.first_holder] = out.get(self.first_holder, 0) + rest
+        return out
+
+    def scale(self, factor: float) -> None:
+        self.same_vm_ns = {k: int(v * factor) for k, v in self.same_vm_ns.items()}
+        self.other_vm_ns = {k: int(v * factor) for k, v in self.other_vm_ns.items()}
+
+
+@dataclass
+class VcpuTimeline:
+    vm: str
+    pid: int
+    tid: int
+    vcpu: int
+    start_ns: int
+    end_ns: int
+    on_cpu_ns: int = 0
+    blanks: list[Blank] = field(default_factory=list)
+
+    @property
+    def wall_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class Attribution:
+    process: str
+    function: str  # "" when attributed per process
+    module: str
+    vcpu: int
+    samples: int  # real guest samples
+    run_ns: float  # its share of the vCPU's exact on-CPU time (sched events), split by samples
+    steal_ns: float  # steal that sat between two of its samples
+    steal_type1_ns: float  # the part of it the host reports to guests (run-queue wait)
+
+    @property
+    def apparent_ns(self) -> float:
+        return self.run_ns + self.steal_ns
+
+
+def steal_type(module: str) -> int:
+    """Which steal a guest profile's [steal] row is: 1, waiting for the pCPU ('(outside)', '(on vcpuN)'), or 2,
+    the VMM or KVM working on the vCPU's behalf ('(vmm)', '(vmm blocked)'); see _guest_profile."""
+    return 2 if module.startswith("(vmm") else 1
+
+
+class NameCodes:
+    """Integer codes for (process, pid, function, module) and for (process, pid), kept across analyses: the
+    live screen encodes each new chunk once, and a refresh then groups integers instead of strings."""
+
+    def __init__(self) -> None:
+        self.names: dict[tuple, int] = {}
+        self.procs: dict[tuple, int] = {}
+
+    def encode(self, process: np.ndarray, pid: np.ndarray, func: np.ndarray,
+               module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n, names, procs = len(process), self.names, self.procs
+        p, q = process.tolist(), pid.tolist()
+        name_code = np.fromiter((names.setdefault(k, len(names)) for k in zip(p, q, func.tolist(), module.tolist(),
+                                                                             strict=True)), np.int64, n)
+        proc_code = np.fromiter((procs.setdefault(k, len(procs)) for k in zip(p, q, strict=True)), np.int64, n)
+        return name_code, proc_code
+
+
+@dataclass
+class Resolved:
+    """Per-sample names: function, module, process and its pid (-1 when none), and their NameCodes."""
+    func: np.ndarray
+    module: np.ndarray
+    process: np.ndarray
+    proc_pid: np.ndarray
+    name_code: np.ndarray
+    proc_code: np.ndarray
+
+    def take(self, index: np.ndarray) -> Resolved:
+        return Resolved(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @staticmethod
+    def concatenate(parts: list[Resolved]) -> Resolved:
+        return Resolved(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Resolved)))
+
+
+@dataclass
+class SymbolCache:
+    """Symbol sources kept across analyses (the live screen analyses a new window every second)."""
+    objects: ObjectCache = field(default_factory=ObjectCache)
+    guests: dict[str, GuestSymbols] = field(default_factory=dict)
+    kallsyms: KernelSymbols | None = None
+    codes: NameCodes = field(default_factory=NameCodes)
+
+
+class Analysis:
+    """Everything derived from one recording (and the guest bundles that name its guests)."""
+
+    def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
+                 cache: SymbolCache | None = None, time_range: tuple[float, float] | None = None,
+                 resolved: Resolved | None = None, timelines: bool = True) -> None:
+        """time_range: (from, to) in seconds after the first record; the analysis covers only that span.
+        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once);
+        timelines=False: resolve only (no timelines, no grouping keys)."""
+        self.rec = rec
+        self.frequency = int(rec.meta.get("frequency", 1000))
+        self.period_ns = 1e9 / self.frequency
+        self.backend = rec.meta.get("backend", backends.NONE)
+        t = rec.samples["time_ns"]
+        if np.all(t[1:] >= t[:-1]):  # the live screen's window usually is
+            self.samples, self._given = rec.samples, resolved
+        else:
+            order = np.argsort(t, kind="stable")
+            self.samples = rec.samples[order]
+            self._given = resolved.take(order) if resolved is not None else None
+        ts = rec.sched["time_ns"]
+        # strictly increasing: a full-record sort would not move anything (the window usually is)
+        self.sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
+        self.range_ns: tuple[int, int] | None = None
+        self._profiles: dict[tuple, Profile] = {}
+        self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
+        self._thread_masks: dict[int, np.ndarray] = {}  # vCPU tid -> its samples
+        if time_range is not None:
+            w0, _ = self.window()
+            lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
+            self.range_ns = (lo, hi)
+            t = self.samples["time_ns"]
+            inside = (t >= lo) & (t <= hi)
+            self.samples = self.samples[inside]
+            self._given = self._given.take(inside) if self._given is not None else None
+        self.notes: list[str] = list(rec.problems)
+        self.vm_by_pid: dict[int, str] = {}
+        self.vm_index: dict[str, int] = {}
+        self.vcpu_of_tid: dict[int, tuple[int, int]] = {}  # tid -> (vmm pid, vcpu id)
+        self._learn_vms()
+        self.cache = cache or SymbolCache()
+        self.objects = self.cache.objects
+        self.guests = self.cache.guests
+        self._load_guests(guest_bundles or {})
+        self._resolve()
+        if timelines:
+            self._encode_keys()
+        self.timelines = self._build_timelines() if timelines else {}
+
+    def resolved(self) -> Resolved:
+        """The names of self.samples (in its time order)."""
+        return Resolved(self.func, self.module, self.process, self.proc_pid, self.name_code, self.proc_code)
+
+    # -- VMs, vCPU threads ---------------------------------------------------------
+    def _learn_vms(self) -> None:
+        vms = (self.rec.end or {}).get("vms") or self.rec.snapshot.get("vms") or []
+        for i, vm in enumerate(sorted(vms, key=lambda v: (v["name"], v["pid"]))):
+            self.vm_by_pid[int(vm["pid"])] = vm["name"]
+            self.vm_index.setdefault(vm["name"], i + 1)
+            for tid, vcpu in vm.get("vcpu_threads", {}).items():
+                if vcpu is not None:
+                    self.vcpu_of_tid[int(tid)] = (int(vm["pid"]), int(vcpu))
+        s = self.samples
+        # Only a thread in KVM_RUN runs guest code: VMM threads that load a vCPU for an ioctl are not vCPUs.
+        vcpu_samples = s[(s["flags"] & SAMPLE_GUEST) != 0]
+        if len(vcpu_samples):
+            # one int per (pid, tid, vcpu): pid and tid fit in 22 bits, vCPU ids in 16
+            packed = (vcpu_samples["pid"].astype(np.int64) << 38 | vcpu_samples["tid"].astype(np.int64) << 16
+                      | vcpu_samples["vcpu_id"])
+            for p in np.unique(packed).tolist():
+                pid, tid, vcpu = p >> 38, (p >> 16) & 0x3FFFFF, p & 0xFFFF
+                self.vcpu_of_tid[tid] = (pid, vcpu)
+                if pid not in self.vm_by_pid:
+                    name = f"vm-{pid}"
+                    self.vm_by_pid[pid] = name
+                    self.vm_index.setdefault(name, len(self.vm_index) + 1)
+
+    def _load_guests(self, explicit: dict[str, Path]) -> None:
+        for name in self.vm_by_pid.values():
+            if name in self.guests and self.guests[name].bundle is not None:
+                continue
+            if name in explicit:
+                g = guest_symbols(name, explicit[name])
+            elif name in self.rec.bundles:
+                g = guest_symbols(name, self.rec.bundles[name])
+            else:
+                g = GuestSymbols(name, {}, EMPTY_KERNEL,
+                                 note=f"no guest bundle for VM {name}: its guest samples show raw addresses "
+                                      f"(give one with --guest-bundle {name}=PATH)")
+            if g.note:
+                self.notes.append(g.note)
+            self.guests[name] = g
+
+    # -- resolution --------------------------------------------------------------------
+    def _resolve(self) -> None:
+        s = self.samples
+        self.vm_of = np.full(len(s), "", dtype=object)
+        self.vm_code = np.zeros(len(s), np.int64)  # vm_index of vm_of, 0 for none
+        for pid, name in self.vm_by_pid.items():
+            sel = s["pid"] == pid
+            self.vm_of[sel] = name
+            self.vm_code[sel] = self.vm_index[name]
+        flags = s["flags"]
+        guest = (flags & SAMPLE_GUEST) != 0
+        self.is_guest = guest
+        if self._given is not None:
+            g = self._given
+            self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
+            self.name_code, self.proc_code = g.name_code, g.proc_code
+        else:
+            self._resolve_symbols(guest)
+            self.name_code, self.proc_code = self.cache.codes.encode(self.process, self.proc_pid, self.func,
+                                                                     self.module)
+        self.unresolved = self.func == UNKNOWN
+        # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
+        # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
+        thread_keys = np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
+                                  len(self.vcpu_of_tid))
+        self.in_vm = guest | np.isin(s["pid"].astype(np.int64) << 32 | s["tid"], thread_keys)
+
+    def _resolve_symbols(self, guest: np.ndarray) -> None:
+        s = self.samples
+        n = len(s)
+        self.func = np.full(n, UNKNOWN, dtype=object)
+        self.module = np.full(n, UNKNOWN, dtype=object)
+        self.process = np.full(n, "", dtype=object)
+        self.proc_pid = np.full(n, -1, dtype=np.int64)
+        flags = s["flags"]
+        host = ~guest
+        kernel = host & ((flags & SAMPLE_HOST_KERNEL) != 0)
+        if self.cache.kallsyms is None or "kallsyms" in self.rec.snapshot:
+            self.cache.kallsyms = kallsyms_table(self.rec.snapshot.get("kallsyms", ""), self.notes)
+        kallsyms = self.cache.kallsyms
+        if kernel.any():
+            idx = kallsyms.lookup(s["host_ip"][kernel])
+            self.func[kernel] = kallsyms.names_or_unknown[idx]
+            self.module[kernel] = kallsyms.module_labels(idx, KERNEL_MODULE)
+        comm = {}
+        for key, snap in self.rec.snapshot.items():
+            if key.startswith("process:"):
+                comm[int(snap["pid"])] = snap
+        pids = s["pid"]
+        for pid in np.unique(pids[host]).tolist():
+            sel = host & (pids == pid)
+            snap = comm.get(pid)
+            name = "swapper" if pid == 0 else (snap["comm"] if snap else str(pid))
+            self.process[sel] = name
+            self.proc_pid[sel] = pid
+            user = sel & ~kernel
+            if user.any() and snap:
+                space = self.objects.host_space(name, pid, snap["maps"])
+                f, m = space.resolve(s["host_ip"][user], self.objects)
+                self.func[user] = f
+                self.module[user] = m
+        cr3s = normalise_cr3_array(s["guest_cr3"])
+        for pid in np.unique(pids[guest]).tolist():
+            vm = self.vm_by_pid.get(pid, f"vm-{pid}")
+            g = self.guests.get(vm)
+            sel = guest & (pids == pid)
+            unknown = sel & ((flags & SAMPLE_GUEST_UNKNOWN) != 0)
+            self.module[unknown] = "(guest RIP unknown)"
+            known = sel & ~unknown
+            gkernel = known & ((flags & SAMPLE_GUEST_KERNEL) != 0)
+            if gkernel.any():
+                ks = g.kernel if g is not None else EMPTY_KERNEL
+                idx = ks.lookup(s["guest_ip"][gkernel])
+                self.func[gkernel] = ks.names_or_unknown[idx]
+                self.module[gkernel] = ks.module_labels(idx, GUEST_KERNEL_MODULE)
+            guser = known & ~gkernel
+            for cr3 in np.unique(cr3s[known]).tolist():
+                csel = known & (cr3s == cr3)
+                space = g.processes.get(cr3) if g is not None else None
+                if space is None:
+                    self.process[csel] = f"[cr3 {cr3:#x}]"
+                    self.module[csel & guser] = UNKNOWN
+                    continue
+                self.process[csel] = space.name
+                self.proc_pid[csel] = space.pid if space.pid is not None else -1
+                usel = csel & guser
+                if usel.any():
+                    f, m = space.resolve(s["guest_ip"][usel], self.objects)
+                    self.func[usel] = f
+                    self.module[usel] = m
+
+    def _encode_keys(self) -> None:
+        """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
+        grouping without Python loops."""
+        def dense(code: np.ndarray) -> np.ndarray:
+            key = self.vm_code * (int(code.max()) + 1 if len(code) else 1) + code
+            return np.unique(key, return_inverse=True)[1]
+        self.proc_key = dense(self.proc_code)
+        self.key = dense(self.name_code)
+
+    # -- timelines -------------------------------------------------------------------
+    @property
+    def duration_s(self) -> float:
+        if self.range_ns is not None:
+            return (self.range_ns[1] - self.range_ns[0]) / 1e9
+        return self.rec.duration_s
+
+    def window(self) -> tuple[int, int]:
+        if self.range_ns is not None:
+            return self.range_ns
+        times = [a["time_ns"] for a in (self.samples, self.sched) if len(a)]
+        if not times:
+            return 0, 0
+        return int(min(t[0] for t in times)), int(max(t[-1] for t in times))
+
+    def _build_timelines(self) -> dict[int, VcpuTimeline]:
+        """Per vCPU thread: on-CPU time and blank intervals from the sched events."""
+        _w0, w1 = self.window()
+        timelines: dict[int, VcpuTimeline] = {}
+        on_intervals: dict[int, np.ndarray] = {}
+        ev = self.sched
+        s = self.samples
+        for tid, (pid, vcpu) in sorted(self.vcpu_of_tid.items()):
+            vm = self.vm_by_pid.get(pid, f"vm-{pid}")
+            # every recorded switch of the thread counts, also those before it was known as a vCPU thread;
+            # the pid check keeps out an earlier thread that had the same id
+            outs = ev[(ev["prev_tid"] == tid) & (ev["prev_pid"] == pid)]
+            ins = ev[(ev["next_tid"] == tid) & (ev["next_pid"] == pid)]
+            mine = self._thread_masks[tid] = (s["tid"] == tid) & (s["pid"] == pid)
+            own = s["time_ns"][mine]
+            firsts = [int(a[0]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
+            lasts = [int(a[-1]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
+            if not firsts:
+                continue
+            # The vCPU's life starts at its first record: a thread first seen leaving a CPU ran since its
+            # first sample (which comes within one sampling period of the start of the recording if it
+            # was already running then).
+            start = min(firsts)
+            tl = VcpuTimeline(vm, pid, tid, vcpu, start, max(lasts))
+            # switches in time order (a switch-out before a switch-in at the same time), as plain Python values
+            both = np.concatenate([outs, ins])
+            is_in_all = np.concatenate([np.zeros(len(outs), np.int8), np.ones(len(ins), np.int8)])
+            order = np.lexsort((is_in_all, both["time_ns"]))
+            both, is_in_all = both[order], is_in_all[order]
+            merged = zip(both["time_ns"].tolist(), is_in_all.tolist(), both["cpu"].tolist(), both.tolist(),
+                         strict=True)
+            on_since: int | None = start
+            on_cpu = int(ins["cpu"][0]) if len(ins) else int(outs["cpu"][0]) if len(outs) else -1
+            blank: tuple[int, tuple] | None = None
+            intervals = []
+            for t, is_in, cpu, e in merged:
+                if is_in:
+                    if blank is not None:
+                        tl.blanks.append(self._blank(blank[0], t, blank[1]))
+                        blank = None
+                    on_since, on_cpu = t, cpu
+                else:
+                    if on_since is not None:
+                        tl.on_cpu_ns += t - on_since
+                        intervals.append((on_since, t, on_cpu))
+                    on_since = None
+                    blank = (t, e)
+            # an open interval runs to the end of the window
+            if blank is not None and blank[1][FLAGS] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
+                tl.blanks.append(self._blank(blank[0], w1, blank[1]))
+                tl.end_ns = w1
+            elif on_since is not None:
+                tl.on_cpu_ns += tl.end_ns - on_since
+                intervals.append((on_since, tl.end_ns, on_cpu))
+            on_intervals[tid] = np.array(intervals, np.int64).reshape(-1, 3)
+            timelines[tid] = tl
+        self._split_preemptions(timelines, on_intervals)
+        if self.range_ns is not None:
+            timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
+        return timelines
+
+    def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
+        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU.
+
+        A thread's on-CPU intervals do not overlap, so the time it ran before t is a step function F(t)
+        (cumulative durations); its overlap with [a, b) is F(b) - F(a), for all waits at once."""
+        for tid, tl in timelines.items():
+            waits = [b for b in tl.blanks if b.kind == PREEMPTED]
+            if not waits:
+                continue
+            w_start = np.array([b.start_ns for b in waits], np.int64)
+            w_end = np.array([b.end_ns for b in waits], np.int64)
+            w_cpu = np.array([b.cpu for b in waits], np.int64)
+            for other, iv in on_intervals.items():
+                if other == tid or not len(iv):
+                    continue
+                o = timelines[other]
+                ns = np.zeros(len(waits), np.int64)
+                for cpu in np.unique(w_cpu).tolist():
+                    part = iv[iv[:, 2] == cpu]
+                    if not len(part):
+                        continue
+                    cum = np.concatenate([[0], np.cumsum(part[:, 1] - part[:, 0])])
+
+                    def ran_before(t: np.ndarray, part: np.ndarray = part, cum: np.ndarray = cum) -> np.ndarray:
+                        i = np.searchsorted(part[:, 0], t, side="right") - 1  # last interval started by t
+                        k = i.clip(0)
+                        return np.where(i >= 0, cum[k] + np.minimum(t, part[k, 1]) - part[k, 0], 0)
+
+                    sel = w_cpu == cpu
+                    ns[sel] = ran_before(w_end[sel]) - ran_before(w_start[sel])
+                for b, n in zip(waits, ns.tolist(), strict=True):
+                    if n <= 0:
+                        continue
+                    if o.pid == tl.pid:
+                        b.same_vm_ns[o.vcpu] = b.same_vm_ns.get(o.vcpu, 0) + n
+                    else:
+                        b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
+
+    def _clip(self, tl: VcpuTimeline) -> bool:
+        """Restrict a timeline to the analysed time range; False if nothing is left."""
+        lo, hi = self.range_ns
+        tl.start_ns, tl.end_ns = max(tl.start_ns, lo), min(tl.end_ns, hi)
+        if tl.end_ns <= tl.start_ns:
+            return False
+        blanks = []
+        for b in tl.blanks:
+            full = b.duration_ns
+            b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
+            if b.end_ns > b.start_ns:
+                if b.duration_ns < full:
+                    b.scale(b.duration_ns / full)
+                blanks.append(b)
+        tl.blanks = blanks
+        tl.on_cpu_ns = tl.wall_ns - sum(b.duration_ns for b in blanks)
+        return True
+
+    def _blank(self, start: int, end: int, e: tuple) -> Blank:
+        """A blank that began with sched event `e` (a record of SCHED_DTYPE as a tuple)."""
+        flags = e[FLAGS]
+        if flags & SCHED_PREV_HALTED:
+            kind = IDLE
+        elif flags & SCHED_PREV_RUNNABLE:
+            kind = PREEMPTED
+        else:
+            kind = BLOCKED
+        who = (e[NEXT_PID], e[NEXT_COMM])
+        holder = self._holders.get(who)
+        if holder is None:
+            holder_pid = who[0]
+            if holder_pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
+                holder = f"{self.vm_by_pid[holder_pid]} (VMM)"
+            elif holder_pid == 0:
+                holder = "idle"
+            else:
+                holder = who[1].decode(errors="replace") or str(holder_pid)
+            self._holders[who] = holder
+        return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
+
+    # -- profiles --------------------------------------------------------------------
+    def row(self, i: int, samples: float) -> Row:
+        """The names of sample i as a Row of `samples`."""
+        pid = int(self.proc_pid[i])
+        return Row(samples, str(self.func[i]), str(self.module[i]), str(self.process[i]) or None,
+                   pid if pid >= 0 else None, self.vm_of[i] or None)
+
+    def aggregate(self, sel: np.ndarray) -> list[Row]:
+        """One Row per distinct (vm, process, pid, function, module) among the selected samples."""
+        idx = np.nonzero(sel)[0]
+        _, first, counts = np.unique(self.key[idx], return_index=True, return_counts=True)
+        return [self.row(int(idx[f]), float(c)) for f, c in zip(first.tolist(), counts.tolist(), strict=True)]
+
+    def cpu_idle_ns(self) -> dict[int, int]:
+        """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
+        ev = self.sched
+        idle: dict[int, int] = {}
+        w0, w1 = self.window()
+        for cpu in np.unique(ev["cpu"]).tolist():
+            e = ev[ev["cpu"] == cpu]
+            to_idle = np.nonzero(e["next_tid"] == 0)[0]
+            from_idle = np.nonzero(e["prev_tid"] == 0)[0]
+            if not len(to_idle) and not len(from_idle):
+                continue
+            ends = np.searchsorted(from_idle, to_idle)  # first switch away from idle after each entry
+            ok = ends < len(from_idle)
+            start = e["time_ns"][to_idle[ok]].astype(np.int64)
+            end = e["time_ns"][from_idle[ends[ok]]].astype(np.int64)
+            if len(from_idle) and (not len(to_idle) or from_idle[0] < to_idle[0]):
+                start, end = np.append(w0, start), np.append(e["time_ns"][from_idle[0]], end)  # idle from the start
+            if len(to_idle) and not ok[-1]:
+                start, end = np.append(start, e["time_ns"][to_idle[-1]]), np.append(end, w1)  # idle to the end
+            if self.range_ns is not None:
+                start, end = start.clip(*self.range_ns), end.clip(*self.range_ns)
+            idle[int(cpu)] = int((end - start).sum())
+        return idle
+
+    def host_profile(self, cpu: int | None = None) -> Profile:
+        key = ("host", cpu)
+        if key not in self._profiles:  # the live screen asks for the same profile several times a refresh
+            self._profiles[key] = self._host_profile(cpu)
+        return self._profiles[key]
+
+    def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
+        key = ("guest", vm, vcpu)
+        if key not in self._profiles:
+            self._profiles[key] = self._guest_profile(vm, vcpu)
+        return self._profiles[key]
+
+    def _host_profile(self, cpu: int | None) -> Profile:
+        s = self.samples
+        sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu
+        guest = sel & self.in_vm
+        host = sel & ~guest
+        idle_ns = self.cpu_idle_ns()
+        measured_idle = bool(idle_ns)
+        if measured_idle:  # idle from the sched events replaces idle samples
+            host &= s["pid"] != 0
+        rows = self.aggregate(host)
+        for row in rows:  # host rows carry no VM, only the VMM process name
+            row.vm = None
+        idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
+        if idle_virtual:
+            rows.append(Row(idle_virtual, "[idle]", "(cpu idle)"))
+        for pid in np.unique(s["pid"][guest]).tolist():
+            name = self.vm_by_pid.get(pid, f"vm-{pid}")
+            n = int(np.count_nonzero(guest & (s["pid"] == pid)))
+            rows.append(Row(n, f"[{name}]", f"(VM{self.vm_index.get(name, 0)})", None, pid, name))
+        total = float(np.count_nonzero(host | guest)) + idle_virtual
+        idle = idle_virtual if measured_idle else np.count_nonzero(host & (s["pid"] == 0))
+        kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
+        user = np.count_nonzero(host & ((s["flags"] & SAMPLE_HOST_KERNEL) == 0))
+        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
+                  (("os", kernel), ("user", user), ("idle", idle), ("vm", np.count_nonzero(guest)))}
+        notes = list(self.notes)
+        if cpu is not None:
+            notes.append(f"CPU {cpu} only")
+        return Profile("host", None, None, total, self.duration_s, self.rec.lost_samples, ratios, rows,
+                       int(np.count_nonzero(sel & self.unresolved)), notes)
+
+    def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
+        """The samples of one vCPU thread (computed once per thread; callers do not change it)."""
+        mask = self._thread_masks.get(tl.tid)
+        if mask is None:
+            mask = self._thread_masks[tl.tid] = (self.samples["tid"] == tl.tid) & (self.samples["pid"] == tl.pid)
+        return mask
+
+    def vm_names(self) -> list[str]:
+        return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
+
+    def vm_timelines(self, vm: str, vcpu: int | None = None) -> list[VcpuTimeline]:
+        return [tl for tl in self.timelines.values() if tl.vm == vm and (vcpu is None or tl.vcpu == vcpu)]
+
+    def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
+        if vm not in self.vm_by_pid.values():
+            raise KeyError(vm)
+        tls = self.vm_timelines(vm, vcpu)
+        s = self.samples
+        sel = np.zeros(len(s), bool)
+        for tl in tls:
+            sel |= self.thread_mask(tl)
+        real_guest = sel & self.is_guest
+        rows = self.aggregate(real_guest)
+        for row in rows:
+            row.vm = vm
+        period = self.period_ns
+        # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal)
+        vmm = sel & ~self.is_guest
+        vmm_samples = float(np.count_nonzero(vmm))
+        virtual: dict[tuple[str, str], float] = defaultdict(float)
+        for tl in tls:
+            for b in tl.blanks:
+                n = b.duration_ns / period
+                if b.kind == IDLE:
+                    virtual[("[idle]", "(halt_exit)")] += n
+                elif b.kind == PREEMPTED:
+                    for v, ns in b.same_vm_ns.items():
+                        virtual[("[steal]", f"(on vcpu{v})")] += ns / period
+                    virtual[("[steal]", "(outside)")] += n - sum(b.same_vm_ns.values()) / period
+                else:
+                    virtual[("[steal]", "(vmm blocked)")] += n
+        if vmm_samples:
+            virtual[("[steal]", "(vmm)")] += vmm_samples
+        for (f, m), n in virtual.items():
+            rows.append(Row(n, f, m, None, None, vm))
+        total = float(np.count_nonzero(real_guest)) + sum(virtual.values())
+        gk = np.count_nonzero(real_guest & ((s["flags"] & SAMPLE_GUEST_KERNEL) != 0))
+        gu = np.count_nonzero(real_guest) - gk
+        idle = virtual.get(("[idle]", "(halt_exit)"), 0.0)
+        steal = sum(v for (f, _m), v in virtual.items() if f == "[steal]")
+        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
+                  (("os", gk), ("user", gu), ("idle", idle), ("steal", steal))}
+        notes = list(self.notes)
+        if not len(self.sched):
+            notes.append("no scheduler events in this recording: idle and steal are unknown")
+        return Profile("guest", vm, vcpu, total, self.duration_s, self.rec.lost_samples, ratios, rows,
+                       int(np.count_nonzero(real_guest & self.unresolved)), notes)
+
+    # -- steal attribution and corrected times -------------------------------------
+    def attributions(self, vm: str, per_function: bool = True) -> list[Attribution]:
+        """Per vCPU and (process, function) — or per process — its real samples, and the steal that sat
+        between two of its consecutive samples (thesis §3.4.2)."""
+        s = self.samples
+        out: list[Attribution] = []
+        for tl in sorted(self.vm_timelines(vm), key=lambda t: t.vcpu):
+            sel = np.nonzero(self.thread_mask(tl) & self.is_guest)[0]
+            if not len(sel):
+                continue
+            keys = (self.key if per_function else self.proc_key)[sel]
+            steal = np.zeros((2, int(keys.max()) + 1))
+            steals = [b for b in tl.blanks if b.kind != IDLE]
+            if steals:
+                times = s["time_ns"][sel]
+                starts = np.array([b.start_ns for b in steals], np.uint64)
+                ends = np.array([b.end_ns for b in steals], np.uint64)
+                type1 = np.array([b.kind == PREEMPTED for b in steals])
+                before = np.searchsorted(times, starts, side="right") - 1
+                after = np.searchsorted(times, ends, side="left")
+                ok = (before >= 0) & (after < len(times))
+                before, after, type1 = before[ok], after[ok], type1[ok]
+                dur = (ends - starts)[ok].astype(float)
+                same = keys[before] == keys[after]
+                np.add.at(steal[0], keys[before][same], dur[same])
+                np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
+            # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
+            # sampling interrupt that never came does not shorten anybody's time.
+            ns_per_sample = tl.on_cpu_ns / max(int(np.count_nonzero(self.thread_mask(tl))), 1)
+            uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
+            for k, f, c in zip(uniq.tolist(), first.tolist(), counts.tolist(), strict=True):
+                row = self.row(int(sel[f]), c)
+                out.append(Attribution(row.process or "", row.function if per_function else "",
+                                       row.module if per_function else "", tl.vcpu, c, c * ns_per_sample,
+                                       float(steal[0, k]), float(steal[1, k])))
+        return sorted(out, key=lambda a: -a.apparent_ns)

@@ -1,0 +1,69 @@
+"""Steal and idle per VM and vCPU, type 1 vs type 2, exit-reason
+breakdown, who stole, and corrected execution times beside apparent ones."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from vmprof_tui.analyse.analysis import BLOCKED, IDLE, PREEMPTED, Analysis, Attribution
+from vmprof_tui.collect import backends
+from vmprof_tui.record.records import SAMPLE_VCPU
+
+
+def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
+    """Per vCPU of `vm`: guest, idle and steal time, type 1 by who held the pCPU, type 2 by exit reason."""
+    s = an.samples
+    period = an.period_ns
+    in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
+    vcpus = []
+    for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
+        thread = an.thread_mask(tl)
+        guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
+        vmm = thread & ~an.is_guest
+        by_exit: dict[str, float] = defaultdict(float)
+        for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm], return_counts=True), strict=True):
+            by_exit[backends.exit_category(an.backend, int(reason))] += float(n) * period
+        vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
+        if vmm_user:
+            by_exit["vmm user space"] += float(vmm_user) * period
+        idle = sum(b.duration_ns for b in tl.blanks if b.kind == IDLE)
+        preempted = [b for b in tl.blanks if b.kind == PREEMPTED]
+        blocked = sum(b.duration_ns for b in tl.blanks if b.kind == BLOCKED)
+        if blocked:
+            by_exit["vmm blocked"] += blocked
+        who: dict[str, float] = defaultdict(float)
+        for b in preempted:
+            for holder, ns in b.holders().items():
+                who[holder] += ns
+        type1 = float(sum(who.values()))
+        type2 = float(sum(by_exit.values()))
+        wall = float(tl.wall_ns) or 1.0
+        vcpus.append({
+            "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
+            "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
+            "steal_type2_s": type2 / 1e9,
+            "ratios": {"guest": 100 * guest_ns / wall, "idle": 100 * idle / wall,
+                       "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall,
+                       "steal_type2": 100 * type2 / wall},
+            "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
+            "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
+            # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
+            "host_reported_steal_s": type1 / 1e9,
+        })
+    return vcpus
+
+
+def steal_report(an: Analysis, vm: str) -> dict:
+    def corrected(a: Attribution) -> dict:
+        apparent = a.apparent_ns
+        return {"process": a.process, "function": a.function, "module": a.module, "vcpu": a.vcpu,
+                "samples": a.samples, "apparent_s": apparent / 1e9, "attributed_steal_s": a.steal_ns / 1e9,
+                "corrected_s": (apparent - a.steal_ns) / 1e9,
+                # what a guest could do with the steal the host reports to it: subtract the run-queue wait
+                "host_steal_corrected_s": (apparent - a.steal_type1_ns) / 1e9}
+
+    functions = [corrected(a) for a in an.attributions(vm)]
+    processes = [corrected(a) for a in an.attributions(vm, per_function=False)]
+    return {"vm": vm, "vcpus": vcpu_steal(an, vm), "processes": processes, "functions": functions, "notes": an.notes}

@@ -1,0 +1,158 @@
+"""Sliding windows that feed the live screen: the last N seconds as an Analysis.
+
+``LiveWindow`` keeps the chunks of a collection session on this host (the same session as
+`vmprof record`); ``ReplayWindow`` plays a recording at its own pace.  Both hand out the
+same thing, an ``Analysis`` of a sliding window, so `vmprof top` has no analysis code of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui.analyse.analysis import Analysis, Resolved, SymbolCache
+from vmprof_tui.collect.session import CollectionSession, read_kallsyms
+from vmprof_tui.record import recording
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.resolve.symbols import kallsyms_table
+
+
+def _window_recording(path: Path, meta: dict, samples: np.ndarray, sched: np.ndarray, snapshot: dict,
+                      bundles: dict[str, bytes], seconds: float, lost: dict | None = None) -> recording.Recording:
+    rec = recording.Recording(path, meta, samples, sched, snapshot, bundles)
+    rec.end = {"duration_s": seconds, "lost": lost or {"samples": [], "sched": []}, "vms": snapshot.get("vms", [])}
+    return rec
+
+
+class LiveWindow:
+    """The last `window_s` seconds of a collection session on this host."""
+
+    live = True
+
+    def __init__(self, session: CollectionSession, window_s: float = 10.0) -> None:
+        self.session = session
+        self.window_s = window_s
+        self.cache = SymbolCache()
+        self.snapshot: dict = {}
+        self._samples: deque[tuple[np.ndarray, Resolved]] = deque()  # drained chunks and their names
+        self._sched: deque[np.ndarray] = deque()
+        self.messages: list[str] = []  # for the screen: VMs that started or stopped
+        self._last_forget = time.monotonic()
+
+    @property
+    def meta(self) -> dict:
+        return {"backend": self.session.backend.name, "frequency": self.session.frequency,
+                "event": self.session.collector.event}
+
+    @property
+    def started(self) -> bool:
+        return self.session.started
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.session.start()
+        self.cache.kallsyms = kallsyms_table(read_kallsyms())
+
+    def _forget_processes(self) -> None:
+        """Drop the snapshots of processes with no sample left in the window: a host that starts many short
+        processes would otherwise fill memory, and a reused pid gets a fresh snapshot."""
+        self._last_forget = time.monotonic()
+        in_window = {int(pid) for chunk, _names in self._samples for pid in np.unique(chunk["pid"]).tolist()}
+        gone = self.session.pids_seen - in_window
+        for pid in gone:
+            self.snapshot.pop(f"process:{pid}", None)
+        self.session.forget_processes(gone)
+
+    def bundles(self) -> dict[str, Path]:
+        return {vm.name: Path(vm.bundle) for vm in self.session.vms.values() if vm.bundle}
+
+    def poll(self) -> Analysis:
+        now_ns = time.monotonic_ns()
+        chunk = self.session.poll(discover_every_s=2.0)
+        if chunk.new_vms or chunk.gone_vms:
+            if self.snapshot.get("vms") is not None:  # the first discovery is no news
+                self.messages += [f"VM {vm.name} (pid {vm.pid}) started" for vm in chunk.new_vms]
+            self.messages += [f"VM {vm.name} (pid {vm.pid}) stopped" for vm in chunk.gone_vms]
+        if time.monotonic() - self._last_forget >= 2.0:
+            self._forget_processes()
+        # VMs that went away drop out of the live view as the window moves on
+        self.snapshot["vms"] = [vm.to_json() for vm in self.session.vms.values()]
+        for pid, snap in chunk.processes.items():
+            self.snapshot[f"process:{pid}"] = snap
+        if len(chunk.samples):
+            # each chunk is resolved once; every refresh then only groups the window's names
+            names = Analysis(_window_recording(Path("(live)"), self.meta, chunk.samples, chunk.sched[:0],
+                                               self.snapshot, {}, 0.0), self.bundles(), cache=self.cache,
+                             timelines=False)
+            self._samples.append((names.samples, names.resolved()))
+        if len(chunk.sched):
+            self._sched.append(chunk.sched)
+        horizon = now_ns - int(self.window_s * 1e9)
+        while self._samples and self._samples[0][0]["time_ns"][-1] < horizon:
+            self._samples.popleft()
+        while self._sched and self._sched[0]["time_ns"][-1] < horizon:
+            self._sched.popleft()
+        if self._samples:
+            samples = np.concatenate([c[0] for c in self._samples])
+            resolved = Resolved.concatenate([c[1] for c in self._samples])
+        else:
+            samples, resolved = np.empty(0, SAMPLE_DTYPE), None
+        sched = np.concatenate(self._sched) if self._sched else np.empty(0, SCHED_DTYPE)
+        keep = samples["time_ns"] >= horizon
+        samples = samples[keep]
+        resolved = resolved.take(keep) if resolved is not None else None
+        sched = sched[sched["time_ns"] >= horizon]
+        seconds = min(self.window_s, chunk.elapsed_s)
+        rec = _window_recording(Path("(live)"), self.meta, samples, sched, self.snapshot, {}, seconds,
+                                self.session.lost())
+        return Analysis(rec, self.bundles(), cache=self.cache, resolved=resolved)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class ReplayWindow:
+    """Play a recording through the same screens, one refresh interval of recorded time per poll."""
+
+    live = False
+
+    def __init__(self, path: Path, window_s: float = 10.0) -> None:
+        self.rec = recording.load(path)
+        self.window_s = window_s
+        self.cache = SymbolCache()
+        times = [a["time_ns"] for a in (self.rec.samples, self.rec.sched) if len(a)]
+        self.t0 = int(min(t.min() for t in times)) if times else 0
+        self.t_end = int(max(t.max() for t in times)) if times else 0
+        self.now = self.t0
+        self.samples = np.sort(self.rec.samples, order="time_ns")
+        self.sched = np.sort(self.rec.sched, order="time_ns")
+        self.meta = self.rec.meta
+        # kallsyms is parsed once into the cache (start); without it in the snapshot no window re-parses it
+        self.snapshot = {k: v for k, v in self.rec.snapshot.items() if k != "kallsyms"}
+
+    started = True
+
+    def start(self) -> None:
+        self.cache.kallsyms = kallsyms_table(self.rec.snapshot.get("kallsyms", ""))
+
+    @property
+    def at_end(self) -> bool:
+        return self.now >= self.t_end
+
+    def poll(self, step_s: float = 1.0) -> Analysis:
+        self.now = min(self.now + int(step_s * 1e9), self.t_end)
+        lo = max(self.t0, self.now - int(self.window_s * 1e9))
+        s = self.samples[np.searchsorted(self.samples["time_ns"], lo):np.searchsorted(self.samples["time_ns"],
+                                                                                      self.now, "right")]
+        e = self.sched[np.searchsorted(self.sched["time_ns"], lo):np.searchsorted(self.sched["time_ns"],
+                                                                                  self.now, "right")]
+        rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9)
+        rec.problems = list(self.rec.problems)
+        return Analysis(rec, cache=self.cache)
+
+    def close(self) -> None:
+        pass

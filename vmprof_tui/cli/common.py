@@ -1,0 +1,85 @@
+"""What every command shares: the one-line failure, clean stop on signals, output, recording arguments."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmprof_tui.analyse.analysis import Analysis
+
+
+class Failure(Exception):
+    """A runtime failure with one line for the user (exit status 1)."""
+
+
+def fail(message: str) -> int:
+    print(f"vmprof: {message}", file=sys.stderr)
+    return 1
+
+
+def stop_on_signals() -> Callable[[], bool]:
+    """Ctrl-C and SIGTERM end a command cleanly: they only set a flag that the command's loop watches."""
+    flag = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: flag.set())
+    return flag.is_set
+
+
+def write_output(args: argparse.Namespace, data: str | bytes) -> None:
+    """To -o FILE when given, else to stdout (bytes as bytes)."""
+    if getattr(args, "output", None):
+        Path(args.output).write_bytes(data if isinstance(data, bytes) else data.encode())
+    elif isinstance(data, bytes):
+        sys.stdout.buffer.write(data)
+    else:
+        sys.stdout.write(data)
+
+
+def add_recording_arguments(p: argparse.ArgumentParser) -> None:
+    """REC and the options of every command that analyses a recording (report, steal)."""
+    p.add_argument("recording", metavar="REC", help="a recording written by vmprof record")
+    p.add_argument("--vm", default=None, metavar="NAME", help="one VM")
+    p.add_argument("--guest-bundle", action="append", default=[], metavar="VM=PATH",
+                   help="guest bundle (folder or tar) naming VM's guest samples (repeatable)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N rows")
+    p.add_argument("--time-range", default=None, metavar="FROM:TO",
+                   help="only this span, in seconds after the first record (e.g. 2.5:10)")
+
+
+def _parse_bundles(values: list[str]) -> dict[str, Path]:
+    out = {}
+    for v in values:
+        vm, sep, path = v.partition("=")
+        if not sep or not vm or not path:
+            raise Failure(f"--guest-bundle takes VM=PATH, not {v!r}")
+        out[vm] = Path(path)
+    return out
+
+
+def load_analysis(args: argparse.Namespace) -> Analysis:
+    """The Analysis of REC with the options of add_recording_arguments."""
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.record.recording import RecordingError, load
+
+    try:
+        rec = load(Path(args.recording))
+    except RecordingError as e:
+        raise Failure(str(e)) from None
+    time_range = None
+    if args.time_range:
+        try:
+            lo, hi = (float(x) for x in args.time_range.split(":"))
+        except ValueError:
+            raise Failure(f"--time-range takes FROM:TO in seconds, not {args.time_range!r}") from None
+        time_range = (lo, hi)
+    an = Analysis(rec, _parse_bundles(args.guest_bundle), time_range=time_range)
+    if args.vm and args.vm not in an.vm_names():
+        raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
+    return an

@@ -1,0 +1,51 @@
+"""`vmprof report`: the papers' profile tables of a recording, at host or guest level, in any format."""
+
+from __future__ import annotations
+
+import argparse
+
+from vmprof_tui.cli.common import Failure, add_recording_arguments, load_analysis, write_output
+from vmprof_tui.show.formats import FORMATS
+
+HELP = "profile tables of a recording, at host or guest level"
+EXAMPLES = """examples:
+  vmprof report run.vmprof                          host level: host kernel, processes, one row per VM
+  vmprof report run.vmprof --vm web1                guest level of VM web1: processes, functions, steal, idle
+  vmprof report run.vmprof --vm web1 --vcpu 0 --format json
+  vmprof report run.vmprof --level host --cpu 1     one pCPU only
+  vmprof report run.vmprof --vm web1 --format collapsed > web1.folded   (FlameGraph, speedscope)
+  vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/bundles/web1
+  vmprof report run.vmprof --vm web1 --format pprof -o web1.pb.gz      (pprof -http :8080 web1.pb.gz)
+  vmprof report run.vmprof --format chrome -o run.json                 (open in ui.perfetto.dev)
+  vmprof report run.vmprof --time-range 10:20                          seconds 10 to 20 only"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_recording_arguments(p)
+    p.add_argument("--level", choices=("host", "guest"), default=None,
+                   help="host (default without --vm) or guest (default with --vm)")
+    p.add_argument("--vcpu", type=int, default=None, metavar="N", help="guest level: one vCPU")
+    p.add_argument("--cpu", type=int, default=None, metavar="N", help="host level: one pCPU")
+    p.add_argument("--sort", choices=("samples", "name"), default="samples")
+    p.add_argument("--format", choices=FORMATS, default="table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vmprof_tui.show import formats
+
+    an = load_analysis(args)
+    fmt = formats.module(args.format)
+    level = args.level or ("guest" if args.vm else "host")
+    if level == "guest":
+        vms = [args.vm] if args.vm else an.vm_names()
+        if not vms:
+            raise Failure(f"{args.recording} has no VM: use --level host")
+        if len(vms) > 1 and fmt.ONE_PROFILE:
+            raise Failure(f"the guest level of {args.format} output covers one VM: add --vm (one of {', '.join(vms)})")
+        profiles = [an.guest_profile(vm, args.vcpu) for vm in vms]
+    else:
+        profiles = [an.host_profile(args.cpu)]
+    inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
+                              limit=args.limit)
+    write_output(args, fmt.render(inp))
+    return 0

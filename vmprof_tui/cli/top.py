@@ -1,0 +1,61 @@
+"""`vmprof top`: the live screen, sampling this host or replaying a recording."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from vmprof_tui.cli.common import Failure, stop_on_signals
+
+HELP = "the live screen: what every VM, vCPU, guest process and function is doing now"
+EXAMPLES = """examples:
+  vmprof top                       live: every VM, vCPU, guest process and function, steal and idle
+  vmprof top -F 499 --window 30    lower rate, longer window
+  vmprof top --replay run.vmprof   play a recording through the same screens"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replay", default=None, metavar="REC", help="play a recording instead of sampling live")
+    p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ")
+    p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed (default 5)")
+    p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
+
+
+def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
+            should_stop: Callable[[], bool] | None = None) -> None:
+    from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
+    from vmprof_tui.show.tui import VmprofTop
+
+    if replay:
+        from vmprof_tui.record.recording import RecordingError
+
+        try:
+            window = ReplayWindow(Path(replay), window_s)
+        except RecordingError as e:
+            raise Failure(str(e)) from None
+    else:
+        from vmprof_tui.collect.backends import BackendError
+        from vmprof_tui.collect.bpf import CollectError
+        from vmprof_tui.collect.session import CollectionSession
+
+        try:  # checks privileges, BTF and KVM here; BPF loads in the app
+            window = LiveWindow(CollectionSession(frequency, build_ids=False), window_s)
+        except (BackendError, CollectError) as e:
+            raise Failure(str(e)) from None
+    try:
+        VmprofTop(window, refresh_s, should_stop).run()
+    finally:
+        window.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.replay:
+        from vmprof_tui.collect import discover
+
+        if not discover.discover_vms():
+            print("vmprof top: no KVM guest runs on this host; showing the host alone "
+                  "(`vmprof demo` starts demo VMs)", file=sys.stderr)
+    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals())
+    return 0

@@ -1,0 +1,207 @@
+"""Collection: load the BPF programs with bcc, attach them, drain the ring buffers.
+
+sample → **record**: this module produces numpy arrays of the records in
+bpf/sample.h; vmprof_tui.record.recording writes them to disk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui.collect.backends import Backend
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+HELPER_DIR = Path(__file__).resolve().parents[2] / "helper_kmod"
+
+
+class CollectError(RuntimeError):
+    pass
+
+
+def bpf_source() -> str:
+    """sampler.bpf.c + sched.bpf.c as one text, with vcpu.h inlined once.
+
+    bcc rewrites its map helpers (``map.lookup()``) only in the main source
+    text, not in #included files, so files that use them are pasted in."""
+    vcpu_h = (BPF_DIR / "vcpu.h").read_text()  # has include guards: pasting it twice is harmless
+    texts = [(BPF_DIR / name).read_text() for name in ("sampler.bpf.c", "sched.bpf.c")]
+    return "\n".join(t.replace('#include "vcpu.h"', vcpu_h) for t in texts)
+
+
+def kernel_build_dir() -> Path:
+    """Where bcc looks for the running kernel's headers."""
+    return Path(f"/lib/modules/{os.uname().release}/build")
+
+
+def pmu_available() -> bool:
+    """True when a hardware PMU exists (perf's core PMU device is registered)."""
+    devices = Path("/sys/bus/event_source/devices")
+    return any((devices / name).exists() for name in ("cpu", "cpu_core", "cpu_atom"))
+
+
+def check_privileges() -> None:
+    """Root, or CAP_BPF + CAP_PERFMON (bits 39 and 38 of the effective set)."""
+    if os.geteuid() == 0:
+        return
+    try:
+        caps = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("CapEff"))
+        eff = int(caps.split()[1], 16)
+    except (OSError, StopIteration, ValueError):
+        eff = 0
+    if not (eff >> 39 & 1 and eff >> 38 & 1) and not eff >> 21 & 1:
+        raise CollectError("not enough privileges to load BPF and open perf events: run as root "
+                           "(or grant CAP_BPF and CAP_PERFMON)")
+
+
+def _import_bcc():  # noqa: ANN202 - bcc has no type information
+    try:
+        import bcc
+    except ImportError:
+        raise CollectError("bcc's Python module is missing: apt-get install python3-bpfcc, and use a venv "
+                           "with --system-site-packages (tools/bootstrap.sh does both)") from None
+    return bcc
+
+
+class RingReader:
+    """Consumer side of a BPF ring buffer, read straight from its memory mapping.
+
+    bcc's consumer calls back into Python once per record; at 10 kHz on every CPU that
+    is tens of thousands of calls a second, on CPUs the guests want.  Every record in
+    our rings has one fixed size, so the bytes between the consumer and producer
+    positions are an array of equal slots (the data area is mapped twice, so a wrap is
+    contiguous too) that numpy reads in one go.  Layout per the kernel's
+    kernel/bpf/ringbuf.c: a consumer page, a producer page, then the data pages; each
+    record has an 8-byte header whose length word carries BUSY (bit 31) and DISCARD
+    (bit 30).
+    """
+
+    BUSY, DISCARD = 1 << 31, 1 << 30
+
+    def __init__(self, map_fd: int, size: int, record: np.dtype) -> None:
+        page = mmap.PAGESIZE
+        self.mask = size - 1
+        self.consumer = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        self.data = mmap.mmap(map_fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        self.page = page
+        slot = (record.itemsize + 8 + 7) // 8 * 8
+        self.slot = np.dtype({"names": ["len", "pg_off", "rec"], "formats": ["<u4", "<u4", record],
+                              "offsets": [0, 4, 8], "itemsize": slot})
+        self.record = record
+
+    def read(self) -> np.ndarray:
+        cons = int.from_bytes(self.consumer[0:8], "little")
+        prod = int.from_bytes(self.data[0:8], "little")
+        n = (prod - cons) // self.slot.itemsize
+        if n <= 0:
+            return np.empty(0, self.record)
+        slots = np.frombuffer(self.data, self.slot, count=n, offset=self.page + (cons & self.mask))
+        busy = np.nonzero(slots["len"] & self.BUSY)[0]
+        if len(busy):  # a record still being written: stop before it
+            slots = slots[:busy[0]]
+        out = slots["rec"][(slots["len"] & self.DISCARD) == 0].copy()
+        self.consumer[0:8] = (cons + len(slots) * self.slot.itemsize).to_bytes(8, "little")
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.data.close()
+
+
+@dataclass
+class Drained:
+    samples: np.ndarray
+    sched: np.ndarray
+
+
+@dataclass
+class Collector:
+    """The loaded BPF programs on every CPU."""
+    backend: Backend
+    frequency: int = 1000
+    event: str = ""  # "cycles" or "cpu-clock"; empty: cycles where a hardware PMU exists
+    ring_pages: int = 1024  # per ring buffer, a power of two
+    _bpf: object = None
+    _rings: list[RingReader] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.event = self.event or ("cycles" if pmu_available() else "cpu-clock")
+
+    def start(self) -> None:
+        check_privileges()
+        bcc = _import_bcc()
+        if self.event == "cycles" and not pmu_available():
+            raise CollectError("the cycles event needs a hardware PMU and this host has none; "
+                               "use the default cpu-clock event")
+        cflags = [f"-I{BPF_DIR}", f"-I{HELPER_DIR}", f"-DSAMPLE_RING_PAGES={self.ring_pages}",
+                  f"-DSCHED_RING_PAGES={max(self.ring_pages // 4, 16)}", "-Wno-macro-redefined",
+                  f"-DEXPECTED_HANDLING={2 if self.event == 'cycles' else 1}",
+                  *self.backend.cflags()]
+        text = bpf_source()
+        build = kernel_build_dir()
+        if not build.exists():
+            raise CollectError(f"bcc needs a kernel headers tree at {build}: run tools/bootstrap.sh "
+                               "(it links Debian's linux-headers there)")
+        try:
+            self._bpf = bcc.BPF(text=text, cflags=cflags)
+        except Exception as e:  # noqa: BLE001 - bcc raises bare Exception on compile/load errors
+            raise CollectError(f"loading the BPF programs failed: {str(e).splitlines()[0]}") from None
+        b = self._bpf
+        self._rings = [RingReader(b[name].map_fd, b[name].max_entries, dtype)
+                       for name, dtype in (("samples", SAMPLE_DTYPE), ("sched_events", SCHED_DTYPE))]
+        if self.event == "cycles":
+            ev_type, ev_config = bcc.PerfType.HARDWARE, bcc.PerfHWConfig.CPU_CYCLES
+        else:
+            ev_type, ev_config = bcc.PerfType.SOFTWARE, bcc.PerfSWConfig.CPU_CLOCK
+        try:
+            b.attach_perf_event(ev_type=ev_type, ev_config=ev_config, fn_name="on_sample",
+                                sample_freq=self.frequency, cpu=-1)
+        except Exception as e:  # noqa: BLE001
+            raise CollectError(f"cannot open the {self.event} perf event at {self.frequency} Hz: {e}") from None
+
+    def add_vcpu_threads(self, tids: dict[int, int]) -> None:
+        """Tell the sched program about vCPU threads found by discovery (tid -> VMM pid)."""
+        table = self._bpf["vcpu_tids"]
+        for tid, pid in tids.items():
+            table[ctypes.c_uint32(tid)] = ctypes.c_uint32(pid)
+
+    def process_names(self, pids: set[int]) -> dict[int, str]:
+        """The comm the sampler saw for each of these processes (those it has not seen are left out)."""
+        table = self._bpf["process_comms"]
+        names = {}
+        for pid in pids:
+            try:
+                value = table[ctypes.c_uint32(pid)]
+            except KeyError:
+                continue
+            names[pid] = bytes(value.comm).split(b"\0", 1)[0].decode(errors="replace")
+        return names
+
+    def drain(self) -> Drained:
+        """Everything recorded since the last call (records are submitted without
+        wake-ups, so the caller drains on its own timer: no feedback from wake-ups)."""
+        samples, sched = (ring.read() for ring in self._rings)
+        return Drained(samples, sched)
+
+    def lost(self) -> dict[str, list[int]]:
+        """Records dropped because a ring buffer was full, per CPU."""
+        return {name: [int(v) for v in self._bpf[f"{name}_lost"][ctypes.c_int(0)]]
+                for name in ("samples", "sched")}
+
+    @property
+    def started(self) -> bool:
+        return self._bpf is not None
+
+    def close(self) -> None:
+        for ring in self._rings:
+            ring.close()
+        self._rings = []
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None

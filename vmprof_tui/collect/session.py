@@ -1,0 +1,220 @@
+"""One collection session: every consumer (`record`, `top`, the continuous agent) gets its data here.
+
+**sample** → record: the session checks privileges, loads the hypervisor backend and the BPF
+programs (and the LBR collector with `--lbr`), finds VMs and registers their vCPU threads with the
+sched program, snapshots every newly sampled host process, and hands out what each drain brought
+as a ``Chunk``.  A consumer only decides what to do with chunks: `record` writes them to a file,
+the live screen keeps a sliding window of them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui import __version__
+from vmprof_tui.collect import discover
+from vmprof_tui.collect.backends import Backend, load_backend
+from vmprof_tui.collect.bpf import Collector, check_privileges
+from vmprof_tui.collect.lbr import LbrCollector, LbrConfig, LbrUnsupported
+from vmprof_tui.collect.lbr_capability import detect
+from vmprof_tui.record.records import SAMPLE_DTYPE
+from vmprof_tui.resolve.bundle import read_build_id
+
+DISCOVER_S = 1.0  # new VMs and vCPU threads are rare; a /proc scan is not free
+
+
+class SessionError(RuntimeError):
+    """Collection cannot start as asked (one line for the user)."""
+
+
+@dataclass
+class Chunk:
+    """What one drain brought.  Every part may be empty."""
+    samples: np.ndarray  # SAMPLE_DTYPE rows, after the session's --vm/--pid filters
+    sched: np.ndarray  # SCHED_DTYPE rows (never filtered: blank time needs every switch)
+    lbr: np.ndarray | None = None  # raw LBR records (lbr_records.record_dtype) when LBR is collected
+    processes: dict[int, dict] = field(default_factory=dict)  # snapshots of processes sampled for the first time
+    new_vms: list[discover.VmInfo] = field(default_factory=list)  # VMs seen for the first time
+    gone_vms: list[discover.VmInfo] = field(default_factory=list)  # VMs that stopped since the last chunk
+    elapsed_s: float = 0.0  # since the session started
+
+
+@lru_cache(maxsize=4096)
+def build_id(path: str) -> str | None:
+    return read_build_id(Path(path))
+
+
+def snapshot_process(pid: int, comm: str | None = None, build_ids: bool = True) -> dict | None:
+    """What names a host process's samples: /proc when it is still there, else only the `comm` the
+    sampler saw (no maps: its user code stays unresolved).  build_ids=False skips reading the build id
+    of every mapped file (the live screen does not keep them)."""
+    snap = discover.process_snapshot(pid)
+    if snap is None:
+        return {"pid": pid, "comm": comm, "cmdline": [], "exe": None, "maps": "", "build_ids": {},
+                "exited": True} if comm else None
+    ids = {}
+    for line in snap["maps"].splitlines() if build_ids else ():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
+            bid = build_id(parts[5])
+            if bid:
+                ids[parts[5]] = bid
+    snap["build_ids"] = ids
+    return snap
+
+
+def read_kallsyms() -> str:
+    try:
+        return Path("/proc/kallsyms").read_text()
+    except OSError:
+        return ""
+
+
+class CollectionSession:
+    """The BPF programs on every CPU, the VMs on this host, and the processes sampled so far."""
+
+    def __init__(self, frequency: int = 1000, *, vm_names: Iterable[str] = (), pid: int | None = None,
+                 lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None) -> None:
+        check_privileges()  # before anything else, so the user hears the real reason
+        self.backend = backend or load_backend()
+        self.frequency = frequency
+        self.vm_names = list(vm_names)
+        self.pid = pid
+        self.build_ids = build_ids
+        self.collector = Collector(self.backend, frequency=frequency)
+        self.lbr = LbrCollector(lbr) if lbr is not None else None
+        if lbr is not None and not lbr.standin:
+            caps = detect(lbr.effective.branch_filter)
+            if not caps.ok:
+                raise SessionError(f"--lbr: {caps.message}")
+        self.vms: dict[int, discover.VmInfo] = {}  # running now, by VMM pid
+        self.vms_seen: dict[int, discover.VmInfo] = {}  # every VM of the session
+        self.pids_seen: set[int] = set()
+        self.attached = threading.Event()  # set once the BPF programs sample: consumers and tests wait on it
+        self.on_attached: Callable[[], None] | None = None  # called once, right after attached is set
+        self.started_at = 0.0
+        self.start_unix_s = 0.0
+        self._last_discover = 0.0
+        self._pending_new: list[discover.VmInfo] = []
+        self._pending_gone: list[discover.VmInfo] = []
+
+    def check_vm_names(self) -> None:
+        """--vm names that no running VM has are an error before anything is collected."""
+        names = {vm.name for vm in discover.discover_vms()}
+        missing = [n for n in self.vm_names if n not in names]
+        if missing:
+            running = ", ".join(sorted(names)) or "none"
+            raise SessionError(f"no VM named {', '.join(missing)} on this host (running VMs: {running})")
+
+    def start(self) -> None:
+        if self.vm_names:
+            self.check_vm_names()
+        self.collector.start()
+        if self.lbr is not None:
+            try:
+                self.lbr.start()
+            except LbrUnsupported as e:
+                self.collector.close()
+                raise SessionError(f"--lbr: {e}") from None
+        self.started_at = time.monotonic()
+        self.start_unix_s = time.time()
+        self._discover()
+        self.attached.set()
+        if self.on_attached is not None:
+            self.on_attached()
+
+    @property
+    def started(self) -> bool:
+        return self.collector.started
+
+    def meta(self) -> dict:
+        """The recording's meta chunk: where, what and how this session samples."""
+        be = self.backend
+        return {"vmprof": __version__, "host": socket.gethostname(), "kernel": platform.release(),
+                "machine": platform.machine(), "cpus": os.cpu_count(), "backend": be.name,
+                "event": self.collector.event, "frequency": self.frequency,
+                "clock": "CLOCK_MONOTONIC (bpf_ktime_get_ns)", "start_monotonic_ns": time.monotonic_ns(),
+                "start_unix_s": time.time(), "offsets": be.offsets, "kvm_sched_in": be.kvm_sched_in,
+                "vmx_helper": be.vmx_helper is not None, "notes": be.notes,
+                "filters": {"vm": self.vm_names, "pid": self.pid},
+                "lbr": None if self.lbr is None else {"pattern": self.lbr.config.pattern.name,
+                                                      "standin": self.lbr.config.standin}}
+
+    def _discover(self) -> None:
+        self._last_discover = time.monotonic()
+        current = {vm.pid: vm for vm in discover.discover_vms()}
+        for pid, vm in current.items():
+            known = self.vms_seen.get(pid)
+            new_threads = vm.vcpu_threads if known is None else {
+                t: v for t, v in vm.vcpu_threads.items() if t not in known.vcpu_threads}
+            if new_threads:
+                self.collector.add_vcpu_threads({t: pid for t in new_threads})
+            if known is None:
+                self.vms_seen[pid] = vm
+                self._pending_new.append(vm)
+            else:
+                known.vcpu_threads.update(new_threads)
+        self._pending_gone += [vm for pid, vm in self.vms.items() if pid not in current]
+        self.vms = {pid: self.vms_seen[pid] for pid in current}
+
+    def _keep(self, samples: np.ndarray) -> np.ndarray:
+        if self.pid is not None:
+            samples = samples[samples["pid"] == self.pid]
+        if self.vm_names:
+            pids = [pid for pid, vm in self.vms_seen.items() if vm.name in self.vm_names]
+            samples = samples[np.isin(samples["pid"], pids)]
+        return samples
+
+    def poll(self, discover_every_s: float = DISCOVER_S) -> Chunk:
+        """Everything recorded since the last poll (the caller polls on its own timer)."""
+        lbr = self.lbr.poll(0) if self.lbr is not None else None
+        drained = self.collector.drain()
+        if time.monotonic() - self._last_discover >= discover_every_s:
+            self._discover()
+        samples = self._keep(drained.samples) if len(drained.samples) else np.empty(0, SAMPLE_DTYPE)
+        new_pids = set(np.unique(samples["pid"]).tolist()) - self.pids_seen - {0}
+        processes = {}
+        if new_pids:
+            names = self.collector.process_names(new_pids)
+            processes = {pid: snap for pid in new_pids
+                         if (snap := snapshot_process(pid, names.get(pid), self.build_ids))}
+            self.pids_seen |= new_pids
+        chunk = Chunk(samples, drained.sched, lbr, processes, self._pending_new, self._pending_gone,
+                      time.monotonic() - self.started_at)
+        self._pending_new, self._pending_gone = [], []
+        return chunk
+
+    def forget_processes(self, pids: Iterable[int]) -> None:
+        """These pids get a fresh snapshot when sampled again (a window that dropped them, a reused pid)."""
+        self.pids_seen.difference_update(pids)
+
+    def lost(self) -> dict[str, list[int]]:
+        """Records dropped because a ring buffer was full, per CPU (and the LBR collector's counters)."""
+        lost: dict = self.collector.lost() if self.started else {"samples": [], "sched": []}
+        if self.lbr is not None:
+            lost["lbr"] = self.lbr.stats()
+        return lost
+
+    def finish(self) -> tuple[Chunk, dict]:
+        """Stop sampling: the last chunk and the final lost counters (they agree with each other)."""
+        if self.lbr is not None:
+            self.lbr.disable()  # the counters read next are then final
+        chunk = self.poll(discover_every_s=0.0)
+        lost = self.lost()
+        self.close()
+        return chunk, lost
+
+    def close(self) -> None:
+        self.collector.close()
+        if self.lbr is not None:
+            self.lbr.stop()

@@ -1,3 +1,0 @@
-"""Output formats of `vmprof report`: one module per format, each with render(profile, ...) -> str | bytes."""
-
-FORMATS = ("table", "json", "csv", "collapsed", "pprof", "chrome")

@@ -1,5 +1,0 @@
-import sys
-
-from vmprof_tui.lbr.command import main
-
-sys.exit(main())

@@ -1,0 +1,162 @@
+"""Symbol resolution: host kernel (kallsyms snapshot), host processes (maps
+snapshot + ELF symbols) and guests (guest bundles), vectorised over samples.
+
+Lookups are ``searchsorted`` over sorted address tables: one numpy call per
+(process, mapping), never a Python loop per sample.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui.resolve import bundle as guest_bundle
+from vmprof_tui.resolve.bundle import KernelSymbols
+
+EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, object),
+                             np.empty(0, object))
+
+
+
+def kallsyms_table(text: str, notes: list[str] | None = None) -> KernelSymbols:
+    """Text symbols of a host kallsyms dump (the same parser as a guest's); an unreadable one gives none,
+    and says why in `notes`."""
+    try:
+        return guest_bundle.parse_kallsyms(text.encode())
+    except guest_bundle.BundleError as e:
+        if notes is not None:
+            notes.append(f"host kallsyms unreadable ({e}): host kernel samples show [unknown]")
+        return EMPTY_KERNEL
+
+
+@dataclass
+class Mapping:
+    start: int
+    end: int
+    offset: int
+    path: str
+    object_path: Path | None  # the file to read symbols from (None: none available)
+
+
+class ObjectCache:
+    """ELF symbol tables by file, read once, through the hardened reader of guest bundles
+    (host files get the same limits: a corrupt library must not stop an analysis)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, guest_bundle.ElfSymbols | None] = {}
+        self._spaces: dict[tuple[str, int, str], AddressSpace] = {}
+
+    def host_space(self, name: str, pid: int, maps_text: str) -> AddressSpace:
+        """The address space of a host process from its maps snapshot, parsed once per snapshot."""
+        key = (name, pid, maps_text)
+        if key not in self._spaces:
+            if len(self._spaces) >= 1024:  # the live screen meets ever new processes: forget the oldest
+                del self._spaces[next(iter(self._spaces))]
+            self._spaces[key] = AddressSpace(name, pid, parse_proc_maps(maps_text))
+        return self._spaces[key]
+
+    def get(self, path: Path) -> guest_bundle.ElfSymbols | None:
+        key = str(path)
+        if key not in self._cache:
+            try:
+                self._cache[key] = guest_bundle.read_elf_symbols(path)
+            except (guest_bundle.BundleError, OSError):  # its addresses stay [unknown]
+                self._cache[key] = None
+        return self._cache[key]
+
+
+@dataclass
+class AddressSpace:
+    """The executable mappings of one process (host or guest)."""
+    name: str
+    pid: int | None
+    maps: list[Mapping] = field(default_factory=list)
+
+    @cached_property
+    def _sorted_maps(self) -> tuple[list[Mapping], np.ndarray, np.ndarray]:
+        maps = sorted(self.maps, key=lambda m: m.start)
+        return maps, np.array([m.start for m in maps], np.uint64), np.array([m.end for m in maps], np.uint64)
+
+    def resolve(self, ips: np.ndarray, objects: ObjectCache) -> tuple[list[str], list[str]]:
+        """(function, module) for each ip; '[unknown]' where unresolved."""
+        functions = np.full(len(ips), "[unknown]", dtype=object)
+        modules = np.full(len(ips), "[unknown]", dtype=object)
+        maps, starts, ends = self._sorted_maps
+        if not maps or not len(ips):
+            return functions.tolist(), modules.tolist()
+        which = np.searchsorted(starts, ips, side="right").astype(np.int64) - 1
+        inside = which >= 0
+        inside[inside] = ips[inside] < ends[which[inside]]
+        which[~inside] = -1
+        for mi in np.unique(which[inside]).tolist():  # only the mappings that were hit
+            m = maps[mi]
+            sel = which == mi
+            modules[sel] = os.path.basename(m.path) or m.path
+            obj = objects.get(m.object_path) if m.object_path is not None else None
+            if obj is None:
+                continue
+            functions[sel] = obj.names_or_unknown[obj.lookup(obj.link_addrs(m, ips[sel]))]
+        return functions.tolist(), modules.tolist()
+
+
+def parse_proc_maps(text: str) -> list[Mapping]:
+    """Executable file mappings of a /proc/PID/maps text."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or "x" not in parts[1]:
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        path = parts[5].replace(" (deleted)", "")
+        obj = Path(path) if path.startswith("/") else None
+        out.append(Mapping(lo, hi, int(parts[2], 16), path, obj))
+    return out
+
+
+@dataclass
+class GuestSymbols:
+    """What one guest bundle tells: CR3 -> process, each process's mappings, guest kernel symbols."""
+    vm: str
+    processes: dict[int, AddressSpace]  # normalised CR3 -> process
+    kernel: KernelSymbols
+    note: str | None = None  # why the bundle could not be used
+    bundle: guest_bundle.GuestBundle | None = None  # kept open: a tar bundle's objects live in its folder
+
+
+def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
+    """Guest symbols from a bundle folder/tar path or from tar bytes stored in a recording."""
+    try:
+        if isinstance(source, bytes):
+            with tempfile.NamedTemporaryFile(suffix=".tar") as f:
+                f.write(source)
+                f.flush()
+                b = guest_bundle.load_bundle(Path(f.name))
+        else:
+            b = guest_bundle.load_bundle(Path(source))
+    except (guest_bundle.BundleError, OSError) as e:
+        return GuestSymbols(vm, {}, EMPTY_KERNEL, note=f"guest bundle of {vm} rejected: {e}")
+    # Two processes running the same program are told apart: prog(1), prog(2)
+    counts: dict[str, int] = {}
+    for p in b.processes:
+        counts[p.name] = counts.get(p.name, 0) + 1
+    seen: dict[str, int] = {}
+    processes: dict[int, AddressSpace] = {}
+    for p in b.processes:
+        name = p.name
+        if counts[name] > 1:
+            seen[name] = seen.get(name, 0) + 1
+            name = f"{name}({seen[name]})"
+        maps = [Mapping(m.start, m.end, m.offset, m.path, m.object_path) for m in p.maps if m.executable]
+        space = AddressSpace(name, p.pid, maps)
+        for cr3 in p.cr3:
+            if cr3 not in processes or not p.exited:  # live processes win over exited ones with a reused CR3
+                processes[cr3] = space
+    kernel = b.kernel.symbols if b.kernel is not None and b.kernel.symbols is not None else EMPTY_KERNEL
+    note = "; ".join(b.notes) if b.notes else None
+    return GuestSymbols(vm, processes, kernel, note=None, bundle=b) if not note else \
+        GuestSymbols(vm, processes, kernel, note=f"guest bundle of {vm}: {note}", bundle=b)

@@ -1,0 +1,238 @@
+"""Chrome Trace Event Format (JSON): the timeline of every vCPU, for Perfetto UI and chrome://tracing.
+
+Tracks:
+
+* one process per VM (``pid`` = the VM's index, ``process_name`` = its name) with one
+  thread per vCPU (``thread_name`` "vcpuN", ordered by vCPU id).  The ``tid`` is the
+  host thread id of the vCPU thread: unlike the vCPU id it is unique across VMs,
+  which Perfetto needs (it names threads by ``tid`` alone and treats ``tid`` 0 as
+  the idle task);
+* one "host" process (``pid`` = 2^22, above any Linux pid, since Perfetto treats
+  pid 0 as the kernel's swapper) with one thread per pCPU showing when it was idle,
+  which vCPU ran on it, and when other host tasks ran.
+
+Complete events (``"ph": "X"``, ``ts``/``dur`` in whole microseconds from the
+recording's first timestamp) on a vCPU track:
+
+* ``guest``: the guest process/function running, consecutive samples of the same
+  process and function merged into one slice;
+* ``vmm``: ``[vmm]``, samples of the vCPU thread outside guest mode (the VMM or
+  KVM working for the vCPU: steal of type 2);
+* ``unsampled``: ``[unsampled]``, an interval on a CPU that no sample landed in
+  (shorter than the sampling period, or its samples were lost);
+* ``steal``: ``[steal] HOLDER`` while the vCPU was runnable but another task held
+  its pCPU, ``[steal] vmm blocked`` while the VMM thread blocked on its behalf;
+* ``idle``: ``[idle] halt`` while the guest had halted the vCPU.
+
+The on-CPU intervals come from the scheduler events (exact); the samples in each
+say what ran: the interval is split between its runs of samples at the midpoints
+between neighbouring samples, so guest + vmm + unsampled + steal + idle cover the
+vCPU's life with no hole.  Slices never overlap on a track (the trace viewers need
+strictly nested slices).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from vmprof_tui.analyse.analysis import BLOCKED, IDLE, Analysis, Blank, Profile, VcpuTimeline
+from vmprof_tui.show.formats import ReportInput
+
+HOST_PID = 1 << 22  # PID_MAX_LIMIT: no Linux process has this id
+CAT_GUEST, CAT_VMM, CAT_STEAL, CAT_IDLE, CAT_UNSAMPLED = "guest", "vmm", "steal", "idle", "unsampled"
+CAT_VCPU, CAT_HOST = "vcpu", "host"
+
+Event = dict[str, Any]
+
+
+ONE_PROFILE = True
+
+def _us(ns: np.ndarray | int, t0: int) -> np.ndarray:
+    """Nanoseconds on the host clock to whole microseconds from t0 (every boundary rounded once)."""
+    return np.rint((np.asarray(ns, dtype=np.int64) - t0) / 1000.0).astype(np.int64)
+
+
+def _slice(name: str, cat: str, pid: int, tid: int, start_us: int, end_us: int, args: dict) -> Event:
+    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start_us, "dur": end_us - start_us,
+            "args": args}
+
+
+def blank_name(b: Blank) -> tuple[str, str]:
+    if b.kind == IDLE:
+        return "[idle] halt", CAT_IDLE
+    if b.kind == BLOCKED:
+        return "[steal] vmm blocked", CAT_STEAL
+    holders = b.holders()
+    return f"[steal] {max(holders, key=holders.get) if holders else b.first_holder}", CAT_STEAL
+
+
+def sample_runs(times: np.ndarray, codes: np.ndarray, seg: np.ndarray, seg_lo: np.ndarray,
+                seg_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Merge consecutive samples with the same code into runs that tile their on-CPU segments (vectorised).
+
+    ``times`` are sorted sample times, ``seg`` the on-CPU segment of each sample and
+    ``seg_lo``/``seg_hi`` the segments' bounds.  A run breaks where the code or the
+    segment changes.  Between two runs of one segment the boundary is the midpoint of
+    their neighbouring samples; the first run of a segment starts where the segment
+    starts and the last one ends where it ends, so the runs cover the on-CPU time.
+    Returns (first sample index, sample count, start ns, end ns) per run, runs with
+    no duration left out.
+    """
+    n = len(times)
+    if not n:
+        empty = np.empty(0, np.int64)
+        return empty, empty, empty, empty
+    t = times.astype(np.int64)
+    new_seg = np.ones(n, bool)
+    new_seg[1:] = seg[1:] != seg[:-1]
+    brk = new_seg.copy()
+    brk[1:] |= codes[1:] != codes[:-1]
+    first = np.nonzero(brk)[0]
+    last = np.append(first[1:] - 1, n - 1)
+    mid = t[:-1] + (t[1:] - t[:-1]) // 2  # mid[i]: between samples i and i+1
+    before = np.concatenate([t[:1], mid])  # before[i]: between samples i-1 and i
+    after = np.concatenate([mid, t[-1:]])  # after[i]: between samples i and i+1
+    seg_end = np.append(new_seg[1:], True)
+    start = np.where(new_seg[first], seg_lo[seg[first]], before[first])
+    end = np.where(seg_end[last], seg_hi[seg[last]], after[last])
+    ok = end > start
+    return first[ok], (last - first + 1)[ok], start[ok], end[ok]
+
+
+def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event]:
+    """The slices of one vCPU track: guest and vmm from its samples, steal and idle from its blanks."""
+    tid = tl.tid
+    blanks = sorted(tl.blanks, key=lambda b: b.start_ns)
+    b_start = np.array([b.start_ns for b in blanks], np.int64)
+    b_end = np.array([b.end_ns for b in blanks], np.int64)
+    # on-CPU segment k runs from the end of blank k-1 to the start of blank k
+    seg_lo = np.concatenate([[tl.start_ns], b_end]).astype(np.int64)
+    seg_hi = np.concatenate([b_start, [tl.end_ns]]).astype(np.int64)
+    s = an.samples
+    idx = np.nonzero(an.thread_mask(tl))[0]
+    times = s["time_ns"][idx].astype(np.int64)
+    seg = np.searchsorted(b_end, times, side="right")
+    inside_blank = np.searchsorted(b_start, times, side="right") > seg  # contradicts the sched events
+    keep = ~inside_blank
+    idx, times, seg = idx[keep], times[keep], seg[keep]
+    codes = np.where(an.is_guest[idx], an.key[idx], -1)
+    first, count, start, end = sample_runs(times, codes, seg, seg_lo, seg_hi)
+    start_us, end_us = _us(start, t0), _us(end, t0)
+    events: list[Event] = []
+    for i, n, a, z in zip(idx[first].tolist(), count.tolist(), start_us.tolist(), end_us.tolist(), strict=True):
+        if z <= a:
+            continue
+        if an.is_guest[i]:
+            r = an.row(i, n)
+            name = f"{r.process}/{r.function}" if r.process else r.function
+            args = {"process": r.process, "pid": r.pid, "function": r.function, "module": r.module,
+                    "samples": n, "vcpu": tl.vcpu}
+            events.append(_slice(name, CAT_GUEST, pid, tid, a, z, args))
+        else:
+            args = {"samples": n, "vcpu": tl.vcpu, "host_function": str(an.func[i]), "module": str(an.module[i])}
+            events.append(_slice("[vmm]", CAT_VMM, pid, tid, a, z, args))
+    # on-CPU segments that no sample landed in (shorter than a sampling period, or samples lost)
+    unsampled = np.ones(len(seg_lo), bool)
+    unsampled[seg] = False
+    unsampled &= seg_hi > seg_lo
+    ua, uz = _us(seg_lo[unsampled], t0).tolist(), _us(seg_hi[unsampled], t0).tolist()
+    for a, z in zip(ua, uz, strict=True):
+        if z > a:
+            events.append(_slice("[unsampled]", CAT_UNSAMPLED, pid, tid, a, z, {"vcpu": tl.vcpu}))
+    if blanks:
+        bs, be = _us(b_start, t0).tolist(), _us(b_end, t0).tolist()
+        for b, a, z in zip(blanks, bs, be, strict=True):
+            if z <= a:
+                continue
+            name, cat = blank_name(b)
+            args = {"kind": b.kind, "held_by_ns": b.holders(), "exit_reason": b.exit_reason, "vcpu": tl.vcpu}
+            events.append(_slice(name, cat, pid, tid, a, z, args))
+    return events
+
+
+def host_events(an: Analysis, t0: int) -> tuple[list[Event], list[int]]:
+    """Per pCPU: idle intervals, vCPU run intervals, and host tasks in between (from the sched events)."""
+    ev = an.sched
+    if not len(ev):
+        return [], []
+    order = np.lexsort((ev["time_ns"], ev["cpu"]))
+    ev = ev[order]
+    cpu = ev["cpu"].astype(np.int64)
+    t = ev["time_ns"].astype(np.int64)
+    nxt = ev["next_tid"].astype(np.int64)
+    same_cpu = cpu[1:] == cpu[:-1]
+    # interval i runs from event i to event i+1 on the same CPU, with event i's next task on it;
+    # it is exact when event i+1 switches that task out (idle and vCPU threads always are)
+    exact = same_cpu & (ev["prev_tid"][1:].astype(np.int64) == nxt[:-1])
+    i_idx = np.nonzero(same_cpu)[0]
+    a_us, z_us = _us(t[i_idx], t0), _us(t[i_idx + 1], t0)
+    events: list[Event] = []
+    for i, a, z in zip(i_idx.tolist(), a_us.tolist(), z_us.tolist(), strict=True):
+        if z <= a:
+            continue
+        c = int(cpu[i])
+        task = int(nxt[i])
+        tid = HOST_PID + 1 + c
+        if task == 0:
+            events.append(_slice("[idle]", CAT_IDLE, HOST_PID, tid, a, z, {"cpu": c}))
+        elif task in an.vcpu_of_tid:
+            vpid, vcpu = an.vcpu_of_tid[task]
+            vm = an.vm_by_pid.get(vpid, f"vm-{vpid}")
+            events.append(_slice(f"{vm}/vcpu{vcpu}", CAT_VCPU, HOST_PID, tid, a, z,
+                                 {"cpu": c, "vm": vm, "vcpu": vcpu, "tid": task}))
+        else:
+            comm = ev["next_comm"][i].decode(errors="replace") or str(task)
+            name = comm if exact[i] else "[host]"
+            events.append(_slice(name, CAT_HOST, HOST_PID, tid, a, z,
+                                 {"cpu": c, "first_task": comm, "tid": task, "pid": int(ev["next_pid"][i]),
+                                  "exact": bool(exact[i])}))
+    return events, sorted(set(cpu.tolist()))
+
+
+def _meta(name: str, pid: int, tid: int | None, value: str | int) -> Event:
+    arg = "name" if isinstance(value, str) else "sort_index"
+    e: Event = {"name": name, "ph": "M", "pid": pid, "args": {arg: value}}
+    if tid is not None:
+        e["tid"] = tid
+    return e
+
+
+def build_trace(an: Analysis, vm: str | None = None, vcpu: int | None = None, profile: Profile | None = None,
+                host: bool = True) -> dict:
+    w0, _ = an.window()
+    meta: list[Event] = []
+    events: list[Event] = []
+    vms = [vm] if vm else an.vm_names()
+    for name in vms:
+        pid = an.vm_index.get(name, 0) or len(an.vm_index) + 1
+        meta += [_meta("process_name", pid, None, name), _meta("process_sort_index", pid, None, pid)]
+        for tl in sorted(an.vm_timelines(name, vcpu), key=lambda x: x.vcpu):
+            meta += [_meta("thread_name", pid, tl.tid, f"vcpu{tl.vcpu}"),
+                     _meta("thread_sort_index", pid, tl.tid, tl.vcpu)]
+            events += vcpu_events(an, tl, pid, w0)
+    if host:
+        hev, cpus = host_events(an, w0)
+        if hev:
+            meta += [_meta("process_name", HOST_PID, None, "host"),
+                     _meta("process_sort_index", HOST_PID, None, len(an.vm_index) + 1)]
+            for c in cpus:
+                meta += [_meta("thread_name", HOST_PID, HOST_PID + 1 + c, f"cpu{c}"),
+                         _meta("thread_sort_index", HOST_PID, HOST_PID + 1 + c, c)]
+            events += hev
+    events.sort(key=lambda e: (e["ts"], e["pid"], e["tid"]))
+    other: dict[str, Any] = {"tool": "vmprof", "recording": str(an.rec.path), "frequency_hz": an.frequency,
+                             "period_ns": an.period_ns, "backend": an.backend, "vms": vms,
+                             "start_unix_s": an.rec.meta.get("start_unix_s"), "first_timestamp_ns": w0,
+                             "lost_samples": an.rec.lost_samples, "notes": list(an.notes)}
+    if profile is not None:
+        other["level"] = profile.level
+        other["notes"] = list(profile.notes)
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def render(inp: ReportInput) -> str:
+    trace = build_trace(inp.analysis, inp.vm, inp.vcpu, inp.profiles[0])
+    return json.dumps(trace, separators=(",", ":")) + "\n"

@@ -1,0 +1,261 @@
+"""pprof output: a gzipped ``profile.proto`` (github.com/google/pprof/proto/profile.proto).
+
+``go tool pprof -http=: FILE``, speedscope, Grafana Pyroscope and most other
+profile viewers read it.  Each row of the profile becomes one pprof Sample with
+two values, ``samples/count`` and ``cpu/nanoseconds`` (samples × sampling
+period), and a stack of up to three frames, leaf first::
+
+    function (Function.filename = module)   e.g. compute_a / compute
+    process  "name [pid]"                   e.g. compute(1) [1]
+    VM       "[name]"                       e.g. [twoprocs]
+
+so that flame views group the whole machine by VM → process → function.  At
+the host level the one row per VM is split into that VM's guest processes and
+functions (the VM frame then carries exactly the VM row's samples): one flame
+graph shows host processes, host kernel and every guest program side by side.
+Samples also carry labels ``vm``, ``process``, ``pid`` and ``module`` for
+``-tagfocus``/``-tagshow``.
+
+Why the protobuf is encoded by hand: the ``protobuf`` runtime cannot encode a
+message without classes generated from ``profile.proto`` by ``protoc`` (or a
+descriptor built at run time), which would add a dependency and a build step
+for a handful of flat messages.  The wire format needed here is small — varints,
+length-delimited fields and packed repeated integers — and is written directly
+below; the tests decode the output with the independent ``protobuf`` package.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.show.formats import ReportInput
+
+# Field numbers of profile.proto.
+# Profile
+P_SAMPLE_TYPE, P_SAMPLE, P_MAPPING, P_LOCATION, P_FUNCTION, P_STRING_TABLE = 1, 2, 3, 4, 5, 6
+P_TIME_NANOS, P_DURATION_NANOS, P_PERIOD_TYPE, P_PERIOD, P_COMMENT, P_DEFAULT_SAMPLE_TYPE = 9, 10, 11, 12, 13, 14
+# ValueType
+VT_TYPE, VT_UNIT = 1, 2
+# Sample
+S_LOCATION_ID, S_VALUE, S_LABEL = 1, 2, 3
+# Label
+L_KEY, L_STR, L_NUM, L_NUM_UNIT = 1, 2, 3, 4
+# Mapping
+M_ID, M_FILENAME, M_HAS_FUNCTIONS = 1, 5, 7
+# Location
+LOC_ID, LOC_MAPPING_ID, LOC_ADDRESS, LOC_LINE = 1, 2, 3, 4
+# Line
+LINE_FUNCTION_ID, LINE_LINE = 1, 2
+# Function
+F_ID, F_NAME, F_SYSTEM_NAME, F_FILENAME = 1, 2, 3, 4
+
+WIRE_VARINT, WIRE_LEN = 0, 2
+
+# One mapping for every location: frames are already symbolized (has_functions), so pprof
+# neither looks for binaries to symbolize nor warns that the main binary has no name.
+MAPPING_ID, MAPPING_NAME = 1, "[vmprof]"
+
+
+# -- protobuf wire format ------------------------------------------------------------
+
+ONE_PROFILE = True
+
+def varint(value: int) -> bytes:
+    """Base-128 varint; negative int64 values take ten bytes (two's complement), as protobuf does."""
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def key(field: int, wire: int) -> bytes:
+    return varint((field << 3) | wire)
+
+
+def field_varint(field: int, value: int) -> bytes:
+    """A scalar integer field; zero is the proto3 default and is left out."""
+    return key(field, WIRE_VARINT) + varint(value) if value else b""
+
+
+def field_bytes(field: int, data: bytes) -> bytes:
+    return key(field, WIRE_LEN) + varint(len(data)) + data
+
+
+def field_packed(field: int, values: Iterable[int]) -> bytes:
+    body = b"".join(varint(v) for v in values)
+    return field_bytes(field, body) if body else b""
+
+
+class StringTable:
+    """The profile's string table: deduplicated, index 0 is the empty string."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = [""]
+        self.index: dict[str, int] = {"": 0}
+
+    def __call__(self, s: str) -> int:
+        i = self.index.get(s)
+        if i is None:
+            i = self.index[s] = len(self.strings)
+            self.strings.append(s)
+        return i
+
+
+# -- the profile --------------------------------------------------------------------
+
+class ProfileBuilder:
+    """Functions, locations (one per function: a frame) and samples, interned as they come."""
+
+    def __init__(self) -> None:
+        self.strings = StringTable()
+        self.functions: list[bytes] = []
+        self.locations: list[bytes] = []
+        self.samples: list[bytes] = []
+        self._location_of: dict[tuple[str, str], int] = {}
+
+    def location(self, name: str, filename: str = "") -> int:
+        """The location id of a frame; a frame is one Location with one Line of one Function.
+
+        Function.system_name stays unset: pprof "demangles" system names that look like
+        C++ and would cut "compute(1) [1]" down to "compute [1]".
+        """
+        k = (name, filename)
+        loc = self._location_of.get(k)
+        if loc is None:
+            fid = len(self.functions) + 1
+            n = self.strings(name)
+            self.functions.append(field_varint(F_ID, fid) + field_varint(F_NAME, n) +
+                                  field_varint(F_FILENAME, self.strings(filename)))
+            loc = self._location_of[k] = len(self.locations) + 1
+            line = field_varint(LINE_FUNCTION_ID, fid)
+            self.locations.append(field_varint(LOC_ID, loc) + field_varint(LOC_MAPPING_ID, MAPPING_ID) +
+                                  field_bytes(LOC_LINE, line))
+        return loc
+
+    def label(self, name: str, text: str | None = None, num: int | None = None) -> bytes:
+        body = field_varint(L_KEY, self.strings(name))
+        if text is not None:
+            body += field_varint(L_STR, self.strings(text))
+        if num is not None:
+            body += key(L_NUM, WIRE_VARINT) + varint(num)  # written even when 0 (pid 0 is a pid)
+        return field_bytes(S_LABEL, body)
+
+    def sample(self, stack: Sequence[int], values: Sequence[int], labels: Sequence[bytes]) -> None:
+        self.samples.append(field_packed(S_LOCATION_ID, stack) + field_packed(S_VALUE, values) + b"".join(labels))
+
+    def value_type(self, field: int, type_: str, unit: str) -> bytes:
+        body = field_varint(VT_TYPE, self.strings(type_)) + field_varint(VT_UNIT, self.strings(unit))
+        return field_bytes(field, body)
+
+    def encode(self, *, period_ns: int, time_nanos: int, duration_nanos: int, comments: Sequence[str]) -> bytes:
+        head = self.value_type(P_SAMPLE_TYPE, "samples", "count") + self.value_type(P_SAMPLE_TYPE, "cpu", "nanoseconds")
+        period_type = self.value_type(P_PERIOD_TYPE, "cpu", "nanoseconds")
+        comment_ids = [self.strings(c) for c in comments]
+        default_type = self.strings("cpu")
+        # every string is interned by now: the table can be written
+        mapping = (field_varint(M_ID, MAPPING_ID) + field_varint(M_FILENAME, self.strings(MAPPING_NAME)) +
+                   field_varint(M_HAS_FUNCTIONS, 1))
+        parts = [head]
+        parts += [field_bytes(P_SAMPLE, s) for s in self.samples]
+        parts.append(field_bytes(P_MAPPING, mapping))
+        parts += [field_bytes(P_LOCATION, loc) for loc in self.locations]
+        parts += [field_bytes(P_FUNCTION, f) for f in self.functions]
+        parts += [field_bytes(P_STRING_TABLE, s.encode()) for s in self.strings.strings]
+        parts += [field_varint(P_TIME_NANOS, time_nanos), field_varint(P_DURATION_NANOS, duration_nanos), period_type,
+                  field_varint(P_PERIOD, period_ns), field_packed(P_COMMENT, comment_ids),
+                  field_varint(P_DEFAULT_SAMPLE_TYPE, default_type)]
+        return b"".join(parts)
+
+
+def _process_frame(process: str | None, pid: int | None) -> str | None:
+    if not process:
+        return None
+    return f"{process} [{pid}]" if pid is not None else process
+
+
+def _stack(b: ProfileBuilder, row: Row) -> list[int]:
+    stack = [b.location(row.function, row.module)]
+    proc = _process_frame(row.process, row.pid)
+    if proc is not None:
+        stack.append(b.location(proc))
+    if row.vm and row.function != f"[{row.vm}]":  # a host-level VM row is its own VM frame
+        stack.append(b.location(f"[{row.vm}]"))
+    return stack
+
+
+def _labels(b: ProfileBuilder, row: Row) -> list[bytes]:
+    labels = [b.label("module", row.module)]
+    if row.vm:
+        labels.append(b.label("vm", row.vm))
+    if row.process:
+        labels.append(b.label("process", row.process))
+    if row.pid is not None:
+        labels.append(b.label("pid", num=row.pid))
+    return labels
+
+
+def _guest_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
+    """A host-level VM row split into its guest (process, function) rows; [row] if they do not add up."""
+    if row.vm is None or row.pid is None or row.function != f"[{row.vm}]":
+        return [row]
+    s = an.samples
+    sel = an.in_vm & (s["pid"] == row.pid)
+    if cpu is not None:
+        sel &= s["cpu"] == cpu
+    if int(np.count_nonzero(sel)) != int(round(row.samples)):
+        return [row]
+    return an.aggregate(sel)
+
+
+def rounded_counts(samples: Sequence[float]) -> np.ndarray:
+    """Integer sample counts whose sum is the rounded total (cumulative rounding; never negative)."""
+    cum = np.rint(np.cumsum(np.asarray(samples, dtype=float)))
+    return np.diff(np.concatenate([[0.0], cum])).astype(np.int64)
+
+
+def comments(an: Analysis | None, profile: Profile) -> list[str]:
+    where = "host" if profile.level == "host" else f"guest {profile.vm}"
+    if profile.vcpu is not None:
+        where += f" vcpu{profile.vcpu}"
+    out = [f"vmprof report: level {where}",
+           f"total samples {int(round(profile.total_samples))}, duration {profile.duration_s:.3f} s, "
+           f"lost samples {profile.lost_samples}, unresolved samples {profile.unresolved_samples}",
+           "ratios: " + ", ".join(f"{k} {v:.1f}%" for k, v in profile.ratios.items())]
+    if an is not None:
+        out.append(f"sampling: {an.frequency} Hz (period {an.period_ns:.0f} ns), backend {an.backend}")
+    out += [f"note: {n}" for n in profile.notes]
+    return out
+
+
+def render_profile(profile: Profile, period_ns: float, time_nanos: int = 0, an: Analysis | None = None,
+                   cpu: int | None = None) -> bytes:
+    """The gzipped profile.proto of one Profile (with an Analysis, VM rows of the host level are split)."""
+    rows = [r for r in profile.rows if r.samples > 0]
+    if an is not None and profile.level == "host":
+        rows = [g for r in rows for g in _guest_rows(an, r, cpu)]
+    counts = rounded_counts([r.samples for r in rows])
+    cpu_ns = rounded_counts([r.samples * period_ns for r in rows])
+    b = ProfileBuilder()
+    for row, n, ns in zip(rows, counts.tolist(), cpu_ns.tolist(), strict=True):
+        b.sample(_stack(b, row), (n, ns), _labels(b, row))
+    data = b.encode(period_ns=int(round(period_ns)), time_nanos=time_nanos,
+                    duration_nanos=int(round(profile.duration_s * 1e9)), comments=comments(an, profile))
+    return gzip.compress(data, compresslevel=6, mtime=0)
+
+
+def render(inp: ReportInput) -> bytes:
+    an = inp.analysis
+    start = an.rec.meta.get("start_unix_s")
+    time_nanos = int(float(start) * 1e9) if isinstance(start, int | float) else 0
+    return render_profile(inp.profiles[0], an.period_ns, time_nanos, an, inp.cpu)

@@ -1,0 +1,566 @@
+"""`vmprof top`: the live screen (Textual), on a LiveWindow or a ReplayWindow.
+
+Screens: overview (one row per VM and one for the host) → VM (vCPUs) →
+processes → functions; host view; steal detail; per-vCPU timeline.  Every
+number on screen comes from vmprof_tui.analyse.analysis on the session's window.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from rich.cells import cell_len
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from vmprof_tui.analyse.analysis import IDLE, PREEMPTED, Analysis, steal_type
+
+SPARK = "▁▂▃▄▅▆▇█"
+HOST_KEY = "(host)"
+
+
+def cell(value: object) -> Text:
+    """A table cell as Text: numbers right-aligned, names literal (a plain str would be read as markup, and
+    names like [steal] or [kernel.kallsyms] would vanish as unknown style tags)."""
+    if isinstance(value, Text):
+        return value
+    if isinstance(value, float):
+        return Text(f"{value:.1f}", justify="right")
+    if isinstance(value, int):
+        return Text(str(value), justify="right")
+    return Text(str(value))
+
+
+def sparkline(values: list[float], width: int = 20) -> str:
+    vals = list(values)[-width:]
+    return "".join(SPARK[min(int(v / 100 * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in vals)
+
+
+@dataclass
+class VmSummary:
+    vcpus: int
+    user: float
+    kernel: float
+    steal1: float
+    steal2: float
+    idle: float
+    top_process: str
+    top_function: str
+
+
+def vm_summary(an: Analysis, vm: str) -> VmSummary:
+    p = an.guest_profile(vm)
+    total = p.total_samples or 1.0
+    steal = [r for r in p.rows if r.function == "[steal]"]
+    steal1 = sum(r.samples for r in steal if steal_type(r.module) == 1)
+    steal2 = sum(r.samples for r in steal if steal_type(r.module) == 2)
+    guest_rows = [r for r in p.rows if not r.function.startswith("[")]
+    by_proc: dict[str, float] = defaultdict(float)
+    for r in guest_rows:
+        by_proc[r.process or "?"] += r.samples
+    top_proc = max(by_proc, key=by_proc.get) if by_proc else "-"
+    top_fn = max(guest_rows, key=lambda r: r.samples).function if guest_rows else "-"
+    return VmSummary(len(an.vm_timelines(vm)), p.ratios["user"], p.ratios["os"], 100 * steal1 / total,
+                     100 * steal2 / total, p.ratios["idle"], top_proc, top_fn)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(
+            "[b]vmprof top[/b] — the whole virtualized host, from the host alone\n\n"
+            "Enter     drill down: VM → vCPUs → processes → functions (host row: host view)\n"
+            "Esc       back\n"
+            "s         steal detail of the selected VM (by exit reason, by who held the pCPU)\n"
+            "t         per-vCPU timeline of the selected VM (guest / VMM / steal / idle)\n"
+            "o         sort by the next column        /  filter rows by name\n"
+            "space     pause / resume                 +  -  refresh faster / slower\n"
+            "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
+            "Rows and columns are clickable with the mouse.", id="help")
+
+
+class FilterScreen(ModalScreen[str]):
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="filter (substring of name; empty clears)", id="filter")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+
+class TableScreen(Screen):
+    """A screen with a title line and one table, re-rendered from each new Analysis."""
+
+    BINDINGS = [Binding("escape", "back", "back"), Binding("o", "sort", "sort"),
+                Binding("slash", "filter", "filter")]
+    columns: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sort_column = 0
+        self.filter = ""
+        self.cells: dict[str, list] = {}  # row key -> cells, in the table's order
+        self._texts: dict[str, str | Text] = {}
+        self.ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical():
+            yield Static(id="title")
+            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield Static(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns(*self.columns)
+        self.ready = True
+        self.refresh_from(self.app.analysis)
+
+    def action_back(self) -> None:
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()
+
+    def action_sort(self) -> None:
+        self.sort_column = (self.sort_column + 1) % len(self.columns)
+        self.refresh_from(self.app.analysis)
+
+    def action_filter(self) -> None:
+        def done(value: str | None) -> None:
+            self.filter = value or ""
+            self.refresh_from(self.app.analysis)
+        self.app.push_screen(FilterScreen(), done)
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        raise NotImplementedError
+
+    def title_text(self, an: Analysis) -> str:
+        return ""
+
+    def refresh_from(self, an: Analysis | None) -> None:
+        if an is None or not self.ready:  # refreshes can arrive before the screen is mounted
+            return
+        table = self.query_one(DataTable)
+        rows = [(k, r) for k, r in self.rows(an) if not self.filter or self.filter.lower() in " ".join(
+            str(c) for c in r).lower()]
+        col = self.sort_column
+
+        def sort_key(item: tuple[str, tuple]) -> tuple:
+            v = item[1][col]
+            v = v.plain if isinstance(v, Text) else v
+            return (0, -v) if isinstance(v, int | float) else (1, str(v))
+
+        rows.sort(key=sort_key)
+        seen: Counter[str] = Counter()
+        keys: list[str] = []
+        for key, _cells in rows:
+            keys.append(f"{key}\0{seen[key]}" if seen[key] else key)  # row keys must be unique
+            seen[key] += 1
+        cells = {k: [cell(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
+        # Change the table, do not rebuild it: Textual measures every cell of every row it adds.
+        selected = self._cursor_key(table)
+        for key in self.cells.keys() - cells.keys():
+            table.remove_row(key)
+        for key, row in cells.items():
+            before = self.cells.get(key)
+            if before is None:
+                table.add_row(*row, key=key)
+                continue
+            for (column_key, column), value, old in zip(table.columns.items(), row, before, strict=True):
+                if value != old:  # re-measure only a cell wider than its column (narrower ones re-measure all)
+                    wider = cell_len(str(value)) > column.content_width
+                    table.update_cell(key, column_key, value, update_width=wider)
+        if keys != list(self.cells):  # a change of order re-sorts the table
+            rank = {tuple(map(str, cells[k])): i for i, k in enumerate(keys)}
+            table.sort(key=lambda values: rank.get(tuple(map(str, values)), len(rank)))
+            if selected in cells:  # the cursor stays on its row across refreshes
+                table.move_cursor(row=table.get_row_index(selected), animate=False)
+        self.cells = cells
+        self.set_text("#title", self.title_text(an))
+        self.set_text("#status", self.app.status_text(an, self.filter, self.columns[col]))
+
+    def set_text(self, selector: str, text: str | Text) -> None:
+        """Update a Static only when its text changed (an update lays the screen out again)."""
+        if self._texts.get(selector) != text:
+            self._texts[selector] = text
+            self.query_one(selector, Static).update(cell(text))
+
+    @staticmethod
+    def _cursor_key(table: DataTable) -> str | None:
+        if not table.row_count or not 0 <= table.cursor_row < table.row_count:
+            return None
+        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+
+    def selected(self) -> str | None:
+        """The key of the row under the cursor, as rows() gave it."""
+        key = self._cursor_key(self.query_one(DataTable))
+        return key.split("\0")[0] if key is not None else None
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter or a click on a row (the row's key survives refreshes)."""
+        self.drill(str(event.row_key.value).split("\0")[0])
+
+    def drill(self, key: str | None) -> None:
+        """Open what the row `key` contains; screens with something below them override this."""
+
+    def action_drill(self) -> None:
+        self.drill(self.selected())
+
+
+class VmTableScreen(TableScreen):
+    """A table about one VM; empty (not an error) while the VM is not in the window."""
+
+    def __init__(self, vm: str) -> None:
+        super().__init__()
+        self.vm = vm
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        return self.vm_rows(an) if self.vm in an.vm_names() else []
+
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        raise NotImplementedError
+
+
+class OverviewScreen(TableScreen):
+    BINDINGS = [Binding("enter", "drill", "drill down"), Binding("s", "steal", "steal"),
+                Binding("t", "timeline", "timeline")]
+    columns = ("VM", "vCPUs", "user %", "kernel %", "steal % (t1/t2)", "idle %", "top process",
+               "top function", "history (busy %)")
+
+    def title_text(self, an: Analysis) -> str:
+        h = an.host_profile()
+        r = h.ratios
+        return (f"OS:USER:IDLE:VM = {r['os']:.1f}:{r['user']:.1f}:{r['idle']:.1f}:{r['vm']:.1f}   "
+                f"host samples {int(h.total_samples)}   lost {h.lost_samples}   VMs {len(an.vm_names())}")
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        h = an.host_profile()
+        r = h.ratios
+        host_rows = [x for x in h.rows if not x.function.startswith("[")]
+        top_host = max(host_rows, key=lambda x: x.samples) if host_rows else None
+        out = [(HOST_KEY, ("(host)", "-", r["user"], r["os"], "-", r["idle"],
+                           top_host.process or "-" if top_host else "-", top_host.function if top_host else "-",
+                           sparkline(self.app.history[HOST_KEY])))]
+        for vm in an.vm_names():
+            s = vm_summary(an, vm)
+            steal = Text(f"{s.steal1 + s.steal2:5.1f} ({s.steal1:.1f}/{s.steal2:.1f})",
+                         style="bold red" if s.steal1 + s.steal2 > 20 else "")
+            out.append((vm, (vm, s.vcpus, s.user, s.kernel, steal, s.idle, s.top_process, s.top_function,
+                             sparkline(self.app.history[vm]))))
+        return out
+
+    def drill(self, key: str | None) -> None:
+        if key == HOST_KEY:
+            self.app.push_screen(HostScreen())
+        elif key:
+            self.app.push_screen(VmScreen(key))
+
+    def action_steal(self) -> None:
+        key = self.selected()
+        if key and key != HOST_KEY:
+            self.app.push_screen(StealScreen(key))
+
+    def action_timeline(self) -> None:
+        key = self.selected()
+        if key and key != HOST_KEY:
+            self.app.push_screen(TimelineScreen(key))
+
+
+class HostScreen(TableScreen):
+    columns = ("samples", "%", "function", "module", "process")
+
+    def title_text(self, an: Analysis) -> str:
+        return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        p = an.host_profile()
+        total = p.total_samples or 1.0
+        return [(r.function, (int(r.samples), 100 * r.samples / total, r.function, r.module, r.process or ""))
+                for r in p.rows]
+
+
+class VmScreen(VmTableScreen):
+    BINDINGS = [Binding("enter", "drill", "processes"), Binding("s", "steal", "steal"),
+                Binding("t", "timeline", "timeline")]
+    columns = ("vCPU", "tid", "guest %", "idle %", "steal %", "top function")
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm}: vCPUs (Enter: processes on the vCPU)"
+
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        out = []
+        for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
+            p = an.guest_profile(self.vm, tl.vcpu)
+            g = [r for r in p.rows if not r.function.startswith("[")]
+            top = max(g, key=lambda r: r.samples).function if g else "-"
+            out.append((str(tl.vcpu), (f"vcpu{tl.vcpu}", tl.tid, p.ratios["user"] + p.ratios["os"],
+                                       p.ratios["idle"], p.ratios["steal"], top)))
+        return out
+
+    def drill(self, key: str | None) -> None:
+        if key is not None:
+            self.app.push_screen(ProcessScreen(self.vm, int(key)))
+
+    def action_steal(self) -> None:
+        self.app.push_screen(StealScreen(self.vm))
+
+    def action_timeline(self) -> None:
+        self.app.push_screen(TimelineScreen(self.vm))
+
+
+class ProcessScreen(VmTableScreen):
+    BINDINGS = [Binding("enter", "drill", "functions")]
+    columns = ("process", "pid", "samples", "%")
+
+    def __init__(self, vm: str, vcpu: int | None) -> None:
+        super().__init__(vm)
+        self.vcpu = vcpu
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm} vcpu{self.vcpu}: guest processes, steal and idle (Enter: functions)"
+
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        p = an.guest_profile(self.vm, self.vcpu)
+        total = p.total_samples or 1.0
+        agg: dict[tuple[str, int | None], float] = defaultdict(float)
+        for r in p.rows:
+            agg[(r.process or f"{r.function} {r.module}", r.pid)] += r.samples
+        return [(name, (name, pid if pid is not None else "", int(n), 100 * n / total))
+                for (name, pid), n in agg.items()]
+
+    def drill(self, key: str | None) -> None:
+        if key is not None and not key.startswith("["):
+            self.app.push_screen(FunctionScreen(self.vm, self.vcpu, key))
+
+
+class FunctionScreen(VmTableScreen):
+    columns = ("function", "module", "samples", "% of process")
+
+    def __init__(self, vm: str, vcpu: int | None, process: str) -> None:
+        super().__init__(vm)
+        self.vcpu, self.process = vcpu, process
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm} vcpu{self.vcpu} process {self.process}: functions"
+
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        mine = [r for r in an.guest_profile(self.vm, self.vcpu).rows if r.process == self.process]
+        total = sum(r.samples for r in mine) or 1.0
+        return [(r.function, (r.function, r.module, int(r.samples), 100 * r.samples / total)) for r in mine]
+
+
+class StealScreen(VmTableScreen):
+    columns = ("vCPU", "kind", "cause", "seconds", "% of wall")
+
+    def title_text(self, an: Analysis) -> str:
+        return f"VM {self.vm}: steal by who held the pCPU (type 1) and by exit reason (type 2)"
+
+    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        from vmprof_tui.analyse.steal import vcpu_steal
+
+        out = []
+        for v in vcpu_steal(an, self.vm):
+            wall = v["wall_s"] or 1.0
+            for who, sec in v["type1_by_holder_s"].items():
+                out.append((f"{v['vcpu']}:{who}", (f"vcpu{v['vcpu']}", "type 1", who, sec, 100 * sec / wall)))
+            for why, sec in v["type2_by_exit_s"].items():
+                out.append((f"{v['vcpu']}:{why}", (f"vcpu{v['vcpu']}", "type 2", why, sec, 100 * sec / wall)))
+            out.append((f"{v['vcpu']}:idle", (f"vcpu{v['vcpu']}", "idle", "halt", v["idle_s"],
+                                              100 * v["idle_s"] / wall)))
+        return out
+
+
+class TimelineScreen(Screen):
+    """Per-vCPU strips of the window: guest running, VMM, steal, idle."""
+
+    BINDINGS = [Binding("escape", "back", "back")]
+    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue")}
+
+    def __init__(self, vm: str) -> None:
+        super().__init__()
+        self.vm = vm
+        self.ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="timeline")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.ready = True
+        self.refresh_from(self.app.analysis)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def refresh_from(self, an: Analysis | None) -> None:
+        if an is None or not self.ready:
+            return
+        width = max(self.size.width - 12, 20)
+        text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
+                    f"{an.rec.duration_s / width:.2f}s   ")
+        for code, label in ((1, "guest"), (2, "VMM"), (3, "steal"), (4, "idle")):
+            ch, style = self.STATES[code]
+            text.append(ch * 2, style=style)
+            text.append(f" {label}  ")
+        text.append("\n\n")
+        w0, w1 = an.window()
+        span = max(w1 - w0, 1)
+        s = an.samples
+        for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
+            strip = np.zeros(width, np.int8)
+            for b in tl.blanks:
+                lo = int((b.start_ns - w0) * width // span)
+                hi = max(int((b.end_ns - w0) * width // span), lo + 1)
+                strip[lo:hi] = 4 if b.kind == IDLE else 3 if b.kind == PREEMPTED else 2
+            mine = an.thread_mask(tl)
+            cols = ((s["time_ns"][mine].astype(np.int64) - w0) * width // span).clip(0, width - 1)
+            guest = an.is_guest[mine]
+            strip[cols[~guest]] = 2
+            strip[cols[guest]] = 1
+            text.append(f"vcpu{tl.vcpu:<3} ")
+            for code in strip.tolist():
+                ch, style = self.STATES[code]
+                text.append(ch, style=style)
+            text.append("\n")
+        self.query_one("#timeline", Static).update(text)
+
+
+class VmprofTop(App):
+    TITLE = "vmprof top"
+    CSS = "#help { padding: 1 2; border: round $accent; background: $panel; width: 80; height: auto; }" \
+          " FilterScreen { align: center middle; } #filter { width: 60; }" \
+          " HelpScreen { align: center middle; } #title, #status { height: 1; }"
+    BINDINGS = [Binding("q", "quit", "quit"), Binding("question_mark", "help", "help"),
+                Binding("space", "pause", "pause"), Binding("plus", "faster", "faster"),
+                Binding("minus", "slower", "slower"), Binding("left_square_bracket", "shorter", show=False),
+                Binding("right_square_bracket", "longer", show=False)]
+
+    def __init__(self, window: object, refresh_s: float = 1.0,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        super().__init__()
+        self.window = window  # analyse.window.LiveWindow or ReplayWindow
+        self.should_stop = should_stop or (lambda: False)
+        self.refresh_s = refresh_s
+        self.paused = False
+        self.analysis: Analysis | None = None
+        self.history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=60))
+        self.message = ""
+        self._timer = None
+        self._polling = False  # a poll runs in a worker thread
+
+    def on_mount(self) -> None:
+        self.sub_title = "live" if getattr(self.window, "live", False) else "replay"
+        self.push_screen(OverviewScreen())
+        if self.window.started:
+            self.tick()
+        else:  # the screen is up at once; compiling and loading the BPF programs takes a second
+            self.message = "starting: compiling and loading the BPF programs..."
+            self._refresh_status()
+            self.run_worker(self._start_window, thread=True)
+        self._timer = self.set_interval(self.refresh_s, self.tick)
+
+    def _start_window(self) -> None:
+        try:
+            self.window.start()
+            self.message = ""
+            self.call_from_thread(self.tick)
+        except Exception as e:  # noqa: BLE001 - shown on screen, never a traceback
+            self.message = f"cannot start collection: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            self.call_from_thread(self._refresh_status)
+
+    def _refresh_status(self) -> None:
+        screen = self.screen
+        if isinstance(screen, TableScreen) and screen.ready:
+            screen.set_text("#status", self.message)
+
+    def tick(self) -> None:
+        """Start a poll of the window in a worker thread (draining and analysing stay off the UI thread);
+        a tick that comes while the last poll still runs is skipped."""
+        if self.should_stop():  # SIGTERM (the terminal's Ctrl-C is a key here: q quits)
+            self.exit()
+            return
+        if self.paused or not self.window.started or self._polling:
+            return
+        self._polling = True
+        self.run_worker(self._poll, thread=True, group="poll")
+
+    def _poll(self) -> None:
+        try:
+            an = self.window.poll()
+            loads = [(HOST_KEY, 100.0 - an.host_profile().ratios["idle"])]
+            for vm in an.vm_names():
+                p = an.guest_profile(vm)
+                loads.append((vm, p.ratios["user"] + p.ratios["os"]))
+        except Exception as e:  # noqa: BLE001 - shown on screen, never a traceback
+            self.call_from_thread(self._stopped, f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            return
+        self.call_from_thread(self._show, an, loads)
+
+    def _stopped(self, why: str) -> None:
+        self._polling = False
+        self.message = f"collection stopped: {why}"
+        self.paused = True
+        self._refresh_screen()
+
+    def _show(self, an: Analysis, loads: list[tuple[str, float]]) -> None:
+        self._polling = False
+        self.analysis = an
+        news = getattr(self.window, "messages", None)
+        if news:
+            self.message = "; ".join(news[-2:])
+            news.clear()
+        for key, load in loads:
+            self.history[key].append(load)
+        if getattr(self.window, "at_end", False):
+            self.message = "end of the recording"
+        self._refresh_screen()
+
+    def _refresh_screen(self) -> None:
+        screen = self.screen
+        if hasattr(screen, "refresh_from"):
+            screen.refresh_from(self.analysis)
+
+    def status_text(self, an: Analysis, filt: str, sort: str) -> str:
+        parts = ["PAUSED" if self.paused else f"refresh {self.refresh_s:g}s",
+                 f"window {getattr(self.window, 'window_s', 0):g}s", f"sort: {sort}"]
+        if filt:
+            parts.append(f"filter: {filt}")
+        if not an.vm_names():
+            parts.append("no VM on this host — try `vmprof demo`")
+        if self.message:
+            parts.append(self.message)
+        return "  |  ".join(parts)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._refresh_screen()
+
+    def _set_interval(self, seconds: float) -> None:
+        self.refresh_s = min(max(seconds, 0.25), 10.0)
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_interval(self.refresh_s, self.tick)
+        self._refresh_screen()
+
+    def action_faster(self) -> None:
+        self._set_interval(self.refresh_s / 2)
+
+    def action_slower(self) -> None:
+        self._set_interval(self.refresh_s * 2)
+
+    def action_shorter(self) -> None:
+        self.window.window_s = max(self.window.window_s / 2, 1.0)
+
+    def action_longer(self) -> None:
+        self.window.window_s = min(self.window.window_s * 2, 120.0)
