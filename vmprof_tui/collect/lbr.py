@@ -23,8 +23,7 @@ import numpy as np
 
 from vmprof_tui.collect import lbr_capability as capability
 from vmprof_tui.collect.lbr_patterns import DEFAULT_PATTERN, Pattern, get
-from vmprof_tui.record.lbr_model import Fields, LbrSample
-from vmprof_tui.record.lbr_records import decode, record_dtype, to_samples
+from vmprof_tui.record.lbr_records import decode, record_dtype
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "lbr.bpf.c"
@@ -166,23 +165,3 @@ class LbrCollector:
         if self._bpf is not None:
             self._bpf.cleanup()  # type: ignore[attr-defined]
             self._bpf = None
-
-
-def collect(config: LbrConfig, seconds: float) -> list[LbrSample]:
-    """Collect for `seconds` and return the samples (counter deltas per CPU)."""
-    import time
-
-    col = LbrCollector(config)
-    col.start()
-    parts = []
-    try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            parts.append(col.poll(100))
-        parts.append(col.poll(0))
-    finally:
-        col.stop()
-    return to_samples(np.concatenate(parts))  # parts holds at least the last poll
-
-
-__all__ = ["Fields", "LbrCollector", "LbrConfig", "LbrUnsupported", "collect", "compile_bpf"]
