@@ -147,7 +147,7 @@ def test_record_summary_line_and_cli_errors(tmp_path: Path) -> None:
     novm = vmprof("record", "-o", str(tmp_path / "x.vmprof"), "-d", "1", "--vm", "no-such-vm")
     assert novm.returncode == 1 and "no VM named no-such-vm" in novm.stderr
     assert not (tmp_path / "x.vmprof").exists()
-    assert vmprof("record").returncode == 2
+    assert vmprof("record", "-F", "0").returncode == 2
 
 
 def test_unprivileged_record_is_one_clear_line(tmp_path: Path) -> None:

@@ -11,28 +11,42 @@ import os
 import sys
 
 from vmprof_tui import __version__
-from vmprof_tui.cli.common import Failure, fail
+from vmprof_tui.cli.common import Failure, Usage, fail
 
 COMMANDS = ("record", "report", "top", "steal", "blocks", "guest", "doctor", "demo")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Examples as written, and every option's default after its help (none for flags and unset options)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each command's parser (its usage is what a wrong option prints)."""
     parser = argparse.ArgumentParser(
         prog="vmprof", description="Profile a whole KVM host (host, VMMs, every guest) from the host alone.")
     parser.add_argument("--version", action="version", version=f"vmprof {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = {}
     for name in COMMANDS:
         command = importlib.import_module(f"{__name__}.{name}")
         p = sub.add_parser(name, help=command.HELP, description=command.HELP, epilog=command.EXAMPLES,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=HelpFormatter)
         p.set_defaults(func=command.run)
         command.add_arguments(p)
-    return parser
+        commands[name] = p
+    return parser, commands
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, commands = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would print the top-level usage; the command's own is the useful one
+        (commands[args.command] if args.command else parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -40,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except Failure as e:
         return fail(str(e))
+    except Usage as e:
+        print(f"vmprof {args.command}: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # the reader went away (`vmprof report REC | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0

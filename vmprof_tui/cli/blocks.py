@@ -19,12 +19,13 @@ from vmprof_tui.show.formats import blocks_table as format_table
 
 HELP = "time the instruction blocks before each sample from LBR records and measured CPI"
 EXAMPLES = """examples:
-  vmprof blocks --perf-script prog.txt --function quantum_toffoli --freq-mhz 3300
-        import `perf script` output of `perf record -b` (see docs/lbr.md for the exact commands)
-  vmprof blocks --perf-script prog.txt --object ./shor --function quantum_toffoli --format json
-  vmprof blocks REC --function main --vm vm1 --process shor --format csv
-  vmprof blocks --patterns --rate 1000 --cpus 16      data volume of the paper's four patterns
-  vmprof blocks --check                               can this host collect LBR? (needs a PMU)"""
+  vmprof blocks --perf-script prog.txt -f quantum_toffoli --freq-mhz 3300
+      import `perf script` text of `perf record -b` (docs/lbr.md)
+  vmprof blocks --perf-script prog.txt --object ./shor -f quantum_toffoli \\
+      --format json
+  vmprof blocks REC -f main --vm vm1 --process shor --format csv
+  vmprof blocks --patterns --rate 1000 --cpus 16   the patterns' data volume
+  vmprof blocks --check            can this host collect LBR? (needs a PMU)"""
 
 FORMATTERS = {"table": format_table.render, "json": format_json.render, "csv": format_csv.render}
 FILTERS = {"any": BranchFilter.ANY, "callret": BranchFilter.CALL | BranchFilter.RETURN, "call": BranchFilter.CALL}
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--function", "-f", metavar="NAME", help="show the blocks of this function")
     p.add_argument("--vm", metavar="NAME", help="only samples of this VM")
     p.add_argument("--process", "-p", metavar="NAME", help="only samples of this process (comm or pid)")
-    p.add_argument("--format", choices=sorted(FORMATTERS), default="table")
+    p.add_argument("--format", choices=sorted(FORMATTERS), default="table", help="output format")
     p.add_argument("--freq-mhz", type=float, metavar="MHZ", help="CPU frequency, to show times in ns")
     p.add_argument("--object", action="append", default=[], metavar="PATH[@BIAS]",
                    help="object file to resolve addresses with (bias = runtime - file address; default 0); "

@@ -14,8 +14,15 @@ if TYPE_CHECKING:
     from vmprof_tui.analyse.analysis import Analysis
 
 
+DEFAULT_RECORDING = "vmprof.data"  # as perf's perf.data: record writes it, report and steal read it
+
+
 class Failure(Exception):
     """A runtime failure with one line for the user (exit status 1)."""
+
+
+class Usage(Exception):
+    """Bad usage found after parsing (options that do not go together): one line, exit status 2."""
 
 
 def fail(message: str) -> int:
@@ -43,7 +50,9 @@ def write_output(args: argparse.Namespace, data: str | bytes) -> None:
 
 def add_recording_arguments(p: argparse.ArgumentParser) -> None:
     """REC and the options of every command that analyses a recording (report, steal)."""
-    p.add_argument("recording", metavar="REC", help="a recording written by vmprof record")
+    p.add_argument("recording", metavar="REC", nargs="?", default=None,
+                   help=f"a recording written by vmprof record (default: -i, else ./{DEFAULT_RECORDING})")
+    p.add_argument("-i", "--input", default=None, metavar="FILE", help="the recording, as perf's -i")
     p.add_argument("--vm", default=None, metavar="NAME", help="one VM")
     p.add_argument("--guest-bundle", action="append", default=[], metavar="VM=PATH",
                    help="guest bundle (folder or tar) naming VM's guest samples (repeatable)")
@@ -68,6 +77,12 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     from vmprof_tui.analyse.analysis import Analysis
     from vmprof_tui.record.recording import RecordingError, load
 
+    if args.recording and args.input and args.recording != args.input:
+        raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
+    given = args.recording or args.input
+    if not given and not Path(DEFAULT_RECORDING).exists():
+        raise Failure(f"no recording given and no ./{DEFAULT_RECORDING} here: vmprof record writes one")
+    args.recording = given or DEFAULT_RECORDING
     try:
         rec = load(Path(args.recording))
     except RecordingError as e:
@@ -77,8 +92,15 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
         try:
             lo, hi = (float(x) for x in args.time_range.split(":"))
         except ValueError:
-            raise Failure(f"--time-range takes FROM:TO in seconds, not {args.time_range!r}") from None
-        time_range = (lo, hi)
+            raise Usage(f"--time-range takes FROM:TO in seconds, not {args.time_range!r}") from None
+        times = [a["time_ns"] for a in (rec.samples, rec.sched) if len(a)]
+        span = (max(int(t.max()) for t in times) - min(int(t.min()) for t in times)) / 1e9 if times else 0.0
+        if lo < 0 or hi <= lo:
+            raise Usage(f"--time-range {args.time_range}: FROM must be at least 0 and below TO")
+        if lo >= span:
+            raise Failure(f"--time-range {args.time_range} starts after the end of {args.recording} "
+                          f"(it spans 0 to {span:.2f} s)")
+        time_range = (lo, min(hi, span))
     an = Analysis(rec, _parse_bundles(args.guest_bundle), time_range=time_range)
     if args.vm and args.vm not in an.vm_names():
         raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")

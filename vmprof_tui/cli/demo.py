@@ -11,11 +11,12 @@ from vmprof_tui.cli.common import Failure, fail, stop_on_signals
 
 HELP = "run the built-in demo VMs (real KVM guests with known ground truth)"
 EXAMPLES = """examples:
-  vmprof demo                              run the 'alone' scenario until Ctrl-C
-  vmprof demo --scenario steal3 -d 10      three VMs on one pCPU for 10 s
-  vmprof demo --scenario custom --vms 2 --vcpus 2 --program compute --program jacobi --pin 1
-  vmprof demo --scenario halt -d 5 --json  machine-readable description and ground truth
-  vmprof demo --list                       the scenarios"""
+  vmprof demo                          the 'alone' scenario until Ctrl-C
+  vmprof demo --scenario steal3 -d 10  three VMs on one pCPU for 10 s
+  vmprof demo --scenario custom --vms 2 --vcpus 2 --program compute \\
+              --program jacobi --pin 1
+  vmprof demo --scenario halt -d 5 --json   description and ground truth
+  vmprof demo --list                   the scenarios"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,11 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument("--no-tui", action="store_true", help="print a plain-text summary every second instead of "
                    "opening the live screen")
-    p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ", help="live screen sampling rate")
+    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
+                   help="live screen sampling rate")
     p.add_argument("--json", action="store_true", help="print the description and ground truth as JSON")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     g = p.add_argument_group("custom scenario")
-    g.add_argument("--vms", type=int, default=1, metavar="N")
+    g.add_argument("--vms", type=int, default=1, metavar="N", help="number of VMs")
     g.add_argument("--vcpus", type=int, default=1, metavar="N", help="vCPUs per VM")
     g.add_argument("--program", action="append", choices=programs.NAMES,
                    help="guest program per vCPU, repeatable (default: compute)")

@@ -44,8 +44,16 @@ def run_checks() -> list[Check]:
         checks.append(Check("bcc", False, str(e), "bash tools/bootstrap.sh"))
         bcc_ok = False
     build = collect.kernel_build_dir()
-    checks.append(Check("kernel headers", build.exists(), f"{build} -> {os.path.realpath(build)}" if build.exists()
-                        else f"{build} missing", "bash tools/bootstrap.sh (links Debian's linux-headers there)"))
+    detail = f"{build} missing"
+    if build.exists():
+        target = os.path.realpath(build)
+        detail = f"{build} -> {target}"
+        release = os.uname().release
+        if release not in target:
+            detail += (f" (headers of another kernel than {release}: fine, the BPF programs use UAPI headers only "
+                       "and take kernel structure offsets from this kernel's BTF)")
+    checks.append(Check("kernel headers", build.exists(), detail,
+                        "bash tools/bootstrap.sh (links Debian's linux-headers there)"))
     name = backends.detect_backend()
     kvm_dev = Path("/dev/kvm").exists()
     checks.append(Check("KVM", name != backends.NONE,
@@ -88,9 +96,9 @@ def run_checks() -> list[Check]:
     return checks
 
 
-HELP = "check what this host can do (privileges, BTF, bcc, KVM backend, PMU, LBR, helper)"
+HELP = "check what this host can do (privileges, BTF, bcc, KVM, PMU, LBR, helper)"
 EXAMPLES = """examples:
-  vmprof doctor        what this host can do, and how to fix what is missing"""
+  vmprof doctor        what this host can do, and how to fix the rest"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

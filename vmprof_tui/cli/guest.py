@@ -13,9 +13,11 @@ HELP = "guest bundles: collect one from a libvirt VM through the QEMU guest agen
 
 
 FETCH_EXAMPLES = """examples:
-  vmprof guest fetch --vm web1                    store the bundle of libvirt domain web1 as ./guests/web1.tar
-  vmprof guest fetch --vm web1 -o rec1/guests     ... next to a recording (report/top find it there)
-  vmprof guest fetch --vm web1 --connect qemu:///system --guest-command "python3 -m vmprof_guest"
+  vmprof guest fetch --vm web1     bundle of libvirt domain web1 as
+                                   ./guests/web1.tar
+  vmprof guest fetch --vm web1 -o rec1/guests   next to a recording
+  vmprof guest fetch --vm web1 --connect qemu:///system \\
+                     --guest-command "python3 -m vmprof_guest"
 """
 
 

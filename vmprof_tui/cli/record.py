@@ -3,32 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-from vmprof_tui.cli.common import fail, stop_on_signals
+from vmprof_tui.cli.common import DEFAULT_RECORDING, Failure, Usage, fail, stop_on_signals
 
 HELP = "sample the whole host (host, VMMs, every guest) into a recording file"
 EXAMPLES = """examples:
-  vmprof record -o run.vmprof -d 10          everything on every CPU for 10 s at 1000 Hz
-  vmprof record -o run.vmprof -F 10000       10 kHz until Ctrl-C
-  vmprof record -o web.vmprof --vm web1 --vm web2 -d 30   samples of two VMs only
-  vmprof record -o lbr.vmprof --lbr --pid 1234 -d 10      + branch records for vmprof blocks (PMU hosts)"""
+  vmprof record -d 10       every CPU, 10 s at 1000 Hz, into ./vmprof.data
+  vmprof record -o run.vmprof -F 10000          10 kHz until Ctrl-C
+  vmprof record -o run.vmprof -- make -j2       while a command runs
+  vmprof record -o web.vmprof --vm web1 -d 30   samples of one VM only
+  vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="recording file to write")
-    p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ", help="samples per second per CPU")
-    p.add_argument("-d", "--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help=f"recording file to write (default: ./{DEFAULT_RECORDING}; an old one becomes .old)")
+    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
+                   help="samples per second per CPU")
+    p.add_argument("-d", "--duration", type=float, default=None, metavar="S",
+                   help="stop after S seconds (default: Ctrl-C, or the end of COMMAND)")
+    p.add_argument("-a", "--all-cpus", action="store_true",
+                   help="accepted for perf's habit: vmprof always samples every CPU")
     p.add_argument("--vm", action="append", default=[], metavar="NAME",
                    help="keep only samples of this VM (repeatable; scheduler events are always kept)")
-    p.add_argument("--pid", type=int, default=None, help="keep only samples of this host process")
+    p.add_argument("-p", "--pid", type=int, default=None, help="keep only samples of this host process")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
                    help="also record last branch records with cycles and instructions (hosts with a PMU and LBR; "
                         "PATTERN type1..type4 as in `vmprof blocks --patterns`, default type4)")
     p.add_argument("--lbr-period", type=int, default=1_000_003, metavar="CYCLES",
-                   help="cycles between LBR samples (default about 1 ms at 1 GHz)")
+                   help="cycles between LBR samples (about 1 ms at 1 GHz)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="record while this command runs, from its start to its end")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,9 +51,21 @@ def run(args: argparse.Namespace) -> int:
     from vmprof_tui.record.recording import RecordingError
 
     if args.frequency <= 0 or args.frequency > 100_000:
-        print("vmprof record: -F must be between 1 and 100000 Hz", file=sys.stderr)
-        return 2
-    stopped = stop_on_signals()
+        raise Usage("-F must be between 1 and 100000 Hz")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if command and shutil.which(command[0]) is None:
+        raise Failure(f"command not found: {command[0]}")
+    if args.pid is not None and not Path(f"/proc/{args.pid}").is_dir():
+        raise Failure(f"no process with pid {args.pid} on this host")
+    if args.output is None:
+        args.output = DEFAULT_RECORDING
+        if Path(args.output).exists():  # as perf does with perf.data
+            Path(args.output).replace(args.output + ".old")
+    interrupted = stop_on_signals()
+    child: subprocess.Popen | None = None
+
+    def stopped() -> bool:
+        return interrupted() or (child is not None and child.poll() is not None)
     tty = sys.stderr.isatty()
 
     def on_progress(p: Progress) -> None:
@@ -58,15 +81,27 @@ def run(args: argparse.Namespace) -> int:
         for note in session.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
         recorder = Recorder(Path(args.output), session)
-        if not args.quiet:
-            # the line a user (or a test) waits for: from here on every CPU is sampled
-            session.on_attached = lambda: print(
-                f"vmprof record: sampling every CPU at {args.frequency} Hz ({session.collector.event}) "
-                f"into {args.output}; Ctrl-C stops", file=sys.stderr, flush=True)
+
+        def attached() -> None:
+            nonlocal child
+            if not args.quiet:  # the line a user (or a test) waits for: from here on every CPU is sampled
+                print(f"vmprof record: sampling every CPU at {args.frequency} Hz ({session.collector.event}) "
+                      f"into {args.output}; " + (f"running {shlex.join(command)}" if command else "Ctrl-C stops"),
+                      file=sys.stderr, flush=True)
+            if command:
+                child = subprocess.Popen(command)
+
+        session.on_attached = attached
         progress = recorder.run(args.duration, stopped, None if args.quiet else on_progress)
-    except (BackendError, CollectError, SessionError, RecordingError) as e:
+    except (BackendError, CollectError, SessionError, RecordingError, OSError) as e:
         return fail(str(e))
+    finally:
+        if child is not None and child.poll() is None:  # -d ended the recording first, or Ctrl-C
+            child.terminate()
+            child.wait()
     if tty and not args.quiet:
         print(file=sys.stderr)
+    if child is not None and child.returncode:
+        print(f"vmprof record: note: {command[0]} exited with status {child.returncode}", file=sys.stderr)
     print(progress.summary())
     return 0

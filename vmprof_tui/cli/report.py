@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from vmprof_tui.cli.common import Failure, add_recording_arguments, load_analysis, write_output
+from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
 from vmprof_tui.show.formats import FORMATS
 
 HELP = "profile tables of a recording, at host or guest level"
 EXAMPLES = """examples:
-  vmprof report run.vmprof                          host level: host kernel, processes, one row per VM
-  vmprof report run.vmprof --vm web1                guest level of VM web1: processes, functions, steal, idle
-  vmprof report run.vmprof --vm web1 --vcpu 0 --format json
-  vmprof report run.vmprof --level host --cpu 1     one pCPU only
-  vmprof report run.vmprof --vm web1 --format collapsed > web1.folded   (FlameGraph, speedscope)
-  vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/bundles/web1
-  vmprof report run.vmprof --vm web1 --format pprof -o web1.pb.gz      (pprof -http :8080 web1.pb.gz)
-  vmprof report run.vmprof --format chrome -o run.json                 (open in ui.perfetto.dev)
-  vmprof report run.vmprof --time-range 10:20                          seconds 10 to 20 only"""
+  vmprof report                       host level of ./vmprof.data
+  vmprof report run.vmprof --vm web1  guest level of VM web1: processes,
+                                      functions, steal, idle
+  vmprof report -i run.vmprof --vm web1 --vcpu 0 --format json
+  vmprof report run.vmprof --cpu 1    host level, one pCPU only
+  vmprof report run.vmprof --vm web1 --format collapsed > web1.folded
+  vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/web1.tar
+  vmprof report run.vmprof --vm web1 --format pprof -o web1.pb.gz
+  vmprof report run.vmprof --format chrome -o run.json   (ui.perfetto.dev)
+  vmprof report run.vmprof --time-range 10:20   seconds 10 to 20 only"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,16 +28,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host (default without --vm) or guest (default with --vm)")
     p.add_argument("--vcpu", type=int, default=None, metavar="N", help="guest level: one vCPU")
     p.add_argument("--cpu", type=int, default=None, metavar="N", help="host level: one pCPU")
-    p.add_argument("--sort", choices=("samples", "name"), default="samples")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--sort", choices=("samples", "name"), default="samples", help="row order")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (docs/formats.md)")
+    p.add_argument("--stdio", action="store_true", help="accepted for perf's habit: the table is text already")
 
 
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.show import formats
 
+    level = args.level or ("guest" if args.vm else "host")
+    if level == "host" and args.vcpu is not None:
+        raise Usage("--vcpu applies to the guest level: add --vm NAME")
+    if level == "guest" and args.cpu is not None:
+        raise Usage("--cpu applies to the host level (a guest's vCPUs: --vcpu N)")
+    if args.format == "pprof" and not args.output and sys.stdout.isatty():
+        raise Usage("pprof output is binary (gzipped protobuf): write it with -o FILE.pb.gz, or pipe it")
     an = load_analysis(args)
     fmt = formats.module(args.format)
-    level = args.level or ("guest" if args.vm else "host")
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
         if not vms:

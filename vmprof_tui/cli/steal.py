@@ -9,13 +9,14 @@ from vmprof_tui.cli.common import Failure, add_recording_arguments, load_analysi
 
 HELP = "steal and idle per VM and vCPU, who stole, and corrected execution times"
 EXAMPLES = """examples:
-  vmprof steal run.vmprof                 every VM: steal type 1/2, idle, who stole, corrected times
+  vmprof steal run.vmprof     every VM: steal type 1/2, idle, who stole,
+                              corrected times
   vmprof steal run.vmprof --vm web1 --format json"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_recording_arguments(p)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,15 +11,16 @@ from vmprof_tui.cli.common import Failure, stop_on_signals
 
 HELP = "the live screen: what every VM, vCPU, guest process and function is doing now"
 EXAMPLES = """examples:
-  vmprof top                       live: every VM, vCPU, guest process and function, steal and idle
-  vmprof top -F 499 --window 30    lower rate, longer window
-  vmprof top --replay run.vmprof   play a recording through the same screens"""
+  vmprof top                      live: every VM, vCPU, process, function
+  vmprof top -F 499 --window 30   lower rate, longer window
+  vmprof top --replay run.vmprof  play a recording through the same screens"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", default=None, metavar="REC", help="play a recording instead of sampling live")
-    p.add_argument("-F", "--frequency", type=int, default=1000, metavar="HZ")
-    p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed (default 5)")
+    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
+                   help="samples per second per CPU")
+    p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed")
     p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
 
 
@@ -51,6 +52,9 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise Failure("the live screen needs a terminal (stdout and stdin); for text use `vmprof record` "
+                      "and `vmprof report`")
     if not args.replay:
         from vmprof_tui.collect import discover
 

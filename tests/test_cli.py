@@ -1,0 +1,117 @@
+"""The command line behaves as users of perf and py-spy expect (issue 16, command line)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, require_root, vmprof
+
+from vmprof_tui.cli import COMMANDS, build_parser
+from vmprof_tui.record import recording
+
+GOLDEN = "tests/data/golden/steal3.vmprof"
+
+
+def run_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vmprof_tui", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def one_line(res: subprocess.CompletedProcess, code: int, text: str) -> None:
+    assert res.returncode == code, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and text in lines[0], lines
+
+
+def test_help_fits_80_columns_and_shows_defaults() -> None:
+    for name in COMMANDS:
+        out = subprocess.run([sys.executable, "-m", "vmprof_tui", name, "--help"], capture_output=True, text=True,
+                             cwd=ROOT, env={**os.environ, "COLUMNS": "80"})
+        assert out.returncode == 0
+        wide = [line for line in out.stdout.splitlines() if len(line) > 80]
+        assert not wide, (name, wide)
+    _parser, commands = build_parser()
+    for name, p in commands.items():
+        for action in p._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"vmprof {name} {action.option_strings[0]} has no help text"
+    assert "(default: 1000)" in vmprof("record", "--help").stdout
+
+
+def test_unknown_option_prints_the_commands_usage() -> None:
+    res = vmprof("report", GOLDEN, "--bogus")
+    assert res.returncode == 2
+    assert res.stderr.startswith("usage: vmprof report") and "unrecognized arguments: --bogus" in res.stderr
+
+
+def test_options_that_do_not_apply_are_errors() -> None:
+    one_line(vmprof("report", GOLDEN, "--vcpu", "0"), 2, "--vcpu applies to the guest level")
+    one_line(vmprof("report", GOLDEN, "--vm", "steal1", "--cpu", "1"), 2, "--cpu applies to the host level")
+    one_line(vmprof("report", GOLDEN, "--time-range", "50:60"), 1, "starts after the end of")
+    one_line(vmprof("report", GOLDEN, "--time-range", "2:1"), 2, "FROM must be at least 0 and below TO")
+    one_line(vmprof("report", GOLDEN, "-i", "other.vmprof"), 2, "give the recording once")
+
+
+def test_report_input_option_and_stdio() -> None:
+    by_arg = vmprof("report", GOLDEN)
+    by_i = vmprof("report", "-i", GOLDEN, "--stdio")
+    assert by_arg.returncode == by_i.returncode == 0 and by_arg.stdout == by_i.stdout
+
+
+def test_report_default_recording(tmp_path: Path) -> None:
+    one_line(run_in(tmp_path, "report"), 1, "no recording given and no ./vmprof.data here")
+    (tmp_path / "vmprof.data").write_bytes((ROOT / GOLDEN).read_bytes())
+    res = run_in(tmp_path, "report")
+    assert res.returncode == 0 and res.stdout.startswith("Level: host"), res.stderr
+
+
+def test_pprof_is_not_written_to_a_terminal() -> None:
+    """script(1) gives the command a terminal as stdout."""
+    res = subprocess.run(["script", "-qec", f"{sys.executable} -m vmprof_tui report {GOLDEN} --format pprof",
+                          "/dev/null"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert res.returncode == 2 and "pprof output is binary" in res.stdout and "\x1f\x8b" not in res.stdout
+
+
+def test_top_without_a_terminal_says_so() -> None:
+    one_line(vmprof("top", "--replay", GOLDEN), 1, "the live screen needs a terminal")
+
+
+def test_record_refuses_a_missing_pid_and_command() -> None:
+    one_line(vmprof("record", "-d", "1", "-p", "999999999"), 1, "no process with pid 999999999")
+    one_line(vmprof("record", "-d", "1", "--", "no-such-command-here"), 1, "command not found: no-such-command-here")
+    one_line(vmprof("record", "-F", "0"), 2, "-F must be between 1 and 100000 Hz")
+
+
+def test_record_a_command_from_start_to_end(tmp_path: Path) -> None:
+    require_root()
+    out = tmp_path / "cmd.vmprof"
+    res = vmprof("record", "-o", str(out), "-a", "--rate", "500", "--", "sh", "-c",
+                 "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exit 3")
+    assert res.returncode == 0, res.stderr
+    assert "sh exited with status 3" in res.stderr
+    rec = recording.load(out)
+    assert rec.complete and rec.meta["frequency"] == 500
+    names = {p["comm"] for p in rec.processes().values()} if hasattr(rec, "processes") else {
+        v["comm"] for k, v in rec.snapshot.items() if k.startswith("process:")}
+    assert "sh" in names, "the command's own samples are in the recording"
+
+
+def test_record_default_output_keeps_the_old_one(tmp_path: Path) -> None:
+    require_root()
+    first = run_in(tmp_path, "record", "-d", "0.3", "-q")
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "vmprof.data").exists() and not (tmp_path / "vmprof.data.old").exists()
+    second = run_in(tmp_path, "record", "-d", "0.3", "-q")
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "vmprof.data.old").exists()
+    assert recording.load(tmp_path / "vmprof.data.old").complete
+
+
+def test_doctor_explains_headers_of_another_kernel() -> None:
+    out = vmprof("doctor")
+    line = next(x for x in out.stdout.splitlines() if "kernel headers" in x)
+    if os.uname().release not in os.path.realpath(f"/lib/modules/{os.uname().release}/build"):
+        assert "headers of another kernel" in line and "BTF" in line, line
