@@ -36,7 +36,13 @@ def vmprof(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProces
 def start_recording(out: Path, *args: str, timeout: float = 120) -> subprocess.Popen:
     """`vmprof record -o OUT ARGS` in the background, returned once it says it samples every CPU
     (compiling the BPF programs takes seconds, more on a fresh machine)."""
-    proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui", "record", "-o", str(out), *args], cwd=ROOT,
+    return start_sampling("record", "-o", str(out), *args, timeout=timeout)
+
+
+def start_sampling(*args: str, timeout: float = 120) -> subprocess.Popen:
+    """`vmprof ARGS` (record or agent) in the background, returned once it says it samples every CPU;
+    its stderr is then read by a thread (kept in proc.lines) so the pipe never fills."""
+    proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui", *args], cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     seen = []
@@ -45,11 +51,12 @@ def start_recording(out: Path, *args: str, timeout: float = 120) -> subprocess.P
         if not line:  # it ended before attaching
             break
         seen.append(line)
-        if line.startswith("vmprof record: sampling every CPU"):
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+        if ": sampling every CPU" in line:
+            proc.lines = seen  # type: ignore[attr-defined]
+            threading.Thread(target=lambda: seen.extend(proc.stderr), daemon=True).start()  # keep it drained
             return proc
     proc.kill()
-    pytest.fail(f"vmprof record did not attach: {''.join(seen)}")
+    pytest.fail(f"vmprof {args[0]} did not attach: {''.join(seen)}")
 
 
 def require_root() -> None:

@@ -12,9 +12,11 @@ dtypes in vmprof_tui.record.records), times delta-encoded, compressed with zlib.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
+import re
 import struct
 import tarfile
 import zlib
@@ -99,6 +101,14 @@ def _decode_lbr(payload: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=record_dtype(int(header["nr"]), int(header["fields"]))).copy()
 
 
+def bundle_tar(folder: Path) -> bytes:
+    """A guest bundle folder as the tar a recording stores."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(folder), arcname=".")
+    return buf.getvalue()
+
+
 class Writer:
     """Appends chunks; every flush() is fsynced so a killed recorder loses at most the unflushed part."""
 
@@ -137,11 +147,8 @@ class Writer:
 
     def add_bundle(self, vm: str, folder: Path) -> None:
         """Store a guest bundle folder (as a tar) with the recording."""
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(str(folder), arcname=".")
         name = vm.encode()
-        self.chunk(BUNDLE, struct.pack("<H", len(name)) + name + buf.getvalue())
+        self.chunk(BUNDLE, struct.pack("<H", len(name)) + name + bundle_tar(folder))
 
     def add_lbr(self, records: np.ndarray, nr: int, fields: int) -> None:
         """Raw LBR records (bpf/lbr_record.h, LBR_NR=nr, LBR_FIELDS=fields) as they came from the ring buffer."""
@@ -185,6 +192,34 @@ class Recording:
         if len(self.samples):
             return float(self.samples["time_ns"].max() - self.samples["time_ns"].min()) / 1e9
         return 0.0
+
+
+STATIC_REF = re.compile(r"^\.\./static/(kallsyms|bundle)-[0-9a-f]{16}\.(txt|tar)\.gz$")
+
+
+def _read_static(rec: Recording, ref: object, what: str) -> bytes | None:
+    """The bytes of a spool static file a window references; None (and a problem noted) if unusable."""
+    if not isinstance(ref, str) or not STATIC_REF.match(ref):
+        rec.problems.append(f"{what} reference {str(ref)[:80]!r} is not a spool static file: ignored")
+        return None
+    try:
+        with gzip.open(rec.path.parent / ref) as f:
+            return f.read(MAX_INFLATED)
+    except (OSError, EOFError, zlib.error) as e:
+        rec.problems.append(f"the {what} this window references ({ref}) cannot be read: {e}")
+        return None
+
+
+def _load_static(rec: Recording) -> None:
+    """A window of `vmprof agent` references static data in its spool (the host's kallsyms, guest bundles:
+    stored once per change) instead of carrying copies: read them in, so a window reads like any recording."""
+    ref = rec.snapshot.get("kallsyms_ref")
+    if ref is not None and "kallsyms" not in rec.snapshot and (data := _read_static(rec, ref, "kallsyms")):
+        rec.snapshot["kallsyms"] = data.decode(errors="replace")
+    refs = rec.snapshot.get("bundle_refs") or {}
+    for vm, ref in refs.items() if isinstance(refs, dict) else ():
+        if vm not in rec.bundles and (data := _read_static(rec, ref, f"bundle of VM {str(vm)[:80]}")):
+            rec.bundles[str(vm)] = data
 
 
 def load(path: Path) -> Recording:
@@ -249,6 +284,7 @@ def load(path: Path) -> Recording:
         rec.sched = np.concatenate(tables[SCHED])
     if lbr_parts:
         rec.lbr = np.concatenate(lbr_parts)
+    _load_static(rec)
     if rec.end is None and not rec.problems:
         rec.problems.append("the recorder did not finish (no end chunk): this is the part flushed before it stopped")
     return rec

@@ -1,0 +1,212 @@
+"""`vmprof agent` (issue 12, the measured host): back-to-back windows of one collection session in a
+spool, against real demo VMs and a one-shot recording of the same span."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import record_scenario, require_root, start_sampling, vmprof
+
+from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
+from vmprof_tui.demo import runner
+from vmprof_tui.record import recording
+from vmprof_tui.record.recorder import Recorder
+from vmprof_tui.record.recording import Writer
+from vmprof_tui.record.spool import WINDOW_RE, Agent, Spool, parse_duration, parse_size
+
+
+def windows(spool: Path, host: str = "h1") -> list[Path]:
+    return Spool(spool, host).complete_windows()
+
+
+def wait_windows(spool: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while len(found := windows(spool)) < n:
+        assert time.monotonic() < deadline, f"only {len(found)} windows after {timeout} s"
+        with pytest.raises(subprocess.TimeoutExpired):  # the agent must still run
+            proc.wait(timeout=0.2)
+    return found
+
+
+def rows(doc: dict) -> dict[tuple, float]:
+    return {(r["function"], r["module"], r["process"] or ""): r["ratio"] for r in doc["rows"]}
+
+
+class TeeSession:
+    """A collection session whose chunks also go, whole, into one one-shot recording (written as `vmprof record`
+    writes it): the windows and the one-shot recording then hold the same samples, so what differs between
+    their reports is only what cutting into windows changes."""
+
+    def __init__(self, session: CollectionSession, path: Path) -> None:
+        self._session = session
+        self.recorder = Recorder(path, session)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._session, name)
+
+    def start(self) -> None:
+        self._session.start()
+        self.recorder.writer = Writer(self.recorder.out, self._session.meta())
+        self.first = True
+
+    def poll(self, **kw: float) -> Chunk:
+        chunk = self._session.poll(**kw)
+        self.recorder._write(chunk, first=self.first)
+        self.first = False
+        return chunk
+
+    def finish(self) -> tuple[Chunk, dict]:
+        chunk, lost = self._session.finish()
+        self.recorder._write(chunk)
+        self.recorder.writer.add_snapshot({"kallsyms": read_kallsyms()})
+        self.recorder.writer.close({"duration_s": 0.0, "lost": lost})
+        return chunk, lost
+
+
+@pytest.mark.parametrize("frequency", [1000, 10000])
+def test_windows_touch_and_match_a_one_shot_recording(tmp_path: Path, frequency: int) -> None:
+    require_root()
+    os.sched_setaffinity(0, {0})  # as record_scenario: the profiler stays off the VMs' pCPU
+    one_shot = tmp_path / "one-shot.vmprof"
+    session = TeeSession(CollectionSession(frequency), one_shot)
+    spool = Spool(tmp_path / "spool", "h1")
+    agent = Agent(session, spool, window_s=2.0)  # type: ignore[arg-type]
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop.is_set,))
+    thread.start()
+    try:
+        assert session.attached.wait(120)
+        with runner.DemoRun(runner.scenario_specs("steal3"), duration_s=7.0) as run:
+            run.wait(20)
+    finally:
+        stop.set()
+        thread.join(60)
+    log = spool.read_log()
+    assert len(log) >= 4 and all(w["stored"] for w in log)
+    assert sum(w["uncovered_s"] for w in log) == 0.0
+    for a, b in zip(log, log[1:], strict=False):
+        assert a["end_ns"] == b["start_ns"], "consecutive windows touch"
+    assert sum(w["lost_samples"] for w in log) == 0
+    rec = recording.load(one_shot)
+    assert sum(w["samples"] for w in log) == len(rec.samples), "every sample is in exactly one window"
+    first_ns = min(int(a["time_ns"].min()) for a in (rec.samples, rec.sched))
+    vm_pids = {vm["name"]: vm["pid"] for vm in rec.snapshot["vms"]}
+    compared = 0
+    for w in log:
+        in_win = rec.samples[(rec.samples["time_ns"] >= w["start_ns"]) & (rec.samples["time_ns"] < w["end_ns"])]
+        if not all(np.count_nonzero(in_win["pid"] == pid) > 0.9 * frequency * 2.0 / 3 for pid in vm_pids.values()):
+            continue  # windows where the VMs did not run all along
+        lo, hi = (w["start_ns"] - first_ns) / 1e9, (w["end_ns"] - 1 - first_ns) / 1e9
+        for vm in vm_pids:
+            win = vmprof("report", str(spool.windows / w["file"]), "--vm", vm, "--format", "json")
+            ref = vmprof("report", str(one_shot), "--vm", vm, "--format", "json", "--time-range", f"{lo:.9f}:{hi:.9f}")
+            assert win.returncode == 0 and ref.returncode == 0, win.stderr + ref.stderr
+            got, want = rows(json.loads(win.stdout)), rows(json.loads(ref.stdout))
+            print(f"window {w['seq']} {vm}: " + ", ".join(f"{k[0]} {k[1]} {got.get(k, 0):.1f}/{want.get(k, 0):.1f}"
+                                                          for k in sorted(set(got) | set(want))))
+            for key in set(got) | set(want):
+                assert abs(got.get(key, 0.0) - want.get(key, 0.0)) <= 1.0, (w["seq"], vm, key, got, want)
+        compared += 1
+    assert compared >= 2, "at least two windows where the VMs ran all along"
+
+
+def test_sigkill_loses_at_most_the_open_window_and_restart_continues(tmp_path: Path) -> None:
+    require_root()
+    spool = tmp_path / "spool"
+    args = ("agent", "--spool", str(spool), "--host", "h1", "--window", "1s")
+    agent = start_sampling(*args)
+    before = wait_windows(spool, 2, agent)
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(30)
+    after_kill = windows(spool)
+    assert len(after_kill) >= len(before) and all(recording.load(p).complete for p in after_kill)
+    agent = start_sampling(*args)  # a restart continues in the same spool
+    try:
+        wait_windows(spool, len(after_kill) + 1, agent)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(60)
+    seqs = [int(WINDOW_RE.match(p.name).group(1)) for p in windows(spool)]
+    assert seqs == sorted(set(seqs)) and seqs[len(after_kill)] > seqs[len(after_kill) - 1]
+    assert not list((spool / "h1" / "windows").glob("*.tmp"))
+
+
+def test_retention_by_size_deletes_the_oldest(tmp_path: Path) -> None:
+    require_root()
+    spool = tmp_path / "spool"
+    out = vmprof("agent", "--spool", str(spool), "--host", "h1", "--window", "1s", "--max-size", "30k", "-d", "5.5")
+    assert out.returncode == 0, out.stderr
+    log = Spool(spool, "h1").read_log()
+    kept = windows(spool)
+    assert len(log) >= 5 and len(kept) < len(log)
+    assert sum(p.stat().st_size for p in kept) <= 30 * 1024
+    assert kept[-1].name == log[-1]["file"], "the newest window is kept"
+
+
+def test_full_spool_is_one_line_and_collection_goes_on(tmp_path: Path) -> None:
+    """The spool's filesystem fills up while the agent runs: the windows that do not fit are counted with one
+    line each, collection goes on, the stored windows stay readable, and storing resumes once there is room."""
+    require_root()
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
+    try:
+        agent = start_sampling("agent", "--spool", str(mnt), "--host", "h1", "--window", "1s")
+        wait_windows(mnt, 1, agent)
+        filler = mnt / "filler"
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until ENOSPC
+        deadline = time.monotonic() + 60
+        while not any("NOT stored" in line for line in agent.lines):
+            assert time.monotonic() < deadline, "".join(agent.lines)
+            with pytest.raises(subprocess.TimeoutExpired):
+                agent.wait(timeout=0.2)
+        filler.unlink()
+        stored_before = len(windows(mnt))
+        wait_windows(mnt, stored_before + 1, agent)  # room again: storing resumes
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(60) == 0
+        full = [line for line in agent.lines if "NOT stored" in line]
+        assert full and all("the spool is full; collection goes on" in line for line in full), full
+        for p in windows(mnt):
+            assert recording.load(p).complete
+        assert not list((mnt / "h1" / "windows").glob("*.tmp"))
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_metrics_endpoint_serves_steal_by_vm(tmp_path: Path) -> None:
+    require_root()
+    port = 19466 + os.getpid() % 500
+    agent = start_sampling("agent", "--spool", str(tmp_path), "--host", "h1", "--window", "1s",
+                           "--metrics", f"127.0.0.1:{port}")
+    try:
+        record_scenario(tmp_path, "steal3", 2.5)
+        wait_windows(tmp_path, 3, agent)
+        deadline = time.monotonic() + 60
+        while True:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            if 'vmprof_vcpu_seconds_total{state="steal_type1",vcpu="0",vm="steal1"}' in text:
+                break
+            assert time.monotonic() < deadline, text[-2000:]
+            with pytest.raises(subprocess.TimeoutExpired):
+                agent.wait(timeout=0.5)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(60)
+    assert "vmprof_window_store_seconds" in text and "vmprof_lost_samples_total 0.0" in text
+
+
+def test_sizes_durations_and_bad_usage() -> None:
+    assert parse_size("10G") == 10 << 30 and parse_size("500M") == 500 << 20 and parse_size("64k") == 65536
+    assert parse_duration("24h") == 86400 and parse_duration("90") == 90 and parse_duration("5m") == 300
+    bad = vmprof("agent", "--spool", "/tmp/x", "--window", "soon")
+    assert bad.returncode == 2 and "not a duration" in bad.stderr

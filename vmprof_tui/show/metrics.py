@@ -1,0 +1,61 @@
+"""Prometheus metrics of the continuous agent (`vmprof agent --metrics ADDR:PORT`), per VM and vCPU.
+
+Counters grow by each stored window's seconds, so `rate()` over them gives shares of time, the way
+operators already graph libvirt's vCPU delay; the steal counters say why (who held the pCPU, which
+exit kept the VMM busy).  Served by prometheus_client's own HTTP server.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.steal import vcpu_steal
+from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL
+
+TOP_HOLDERS = 5  # type-1 causes per vCPU and window with a series of their own (holders come and go)
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.vcpu_seconds = Counter("vmprof_vcpu_seconds", "Seconds of each vCPU by state: guest_user, "
+                                    "guest_kernel, idle, steal_type1 (another task held the pCPU), steal_type2 "
+                                    "(the VMM or KVM worked on the vCPU's behalf)", ["vm", "vcpu", "state"], registry=r)
+        self.steal_seconds = Counter("vmprof_vcpu_steal_seconds", "Steal by cause: type 1 by who held the pCPU, "
+                                     "type 2 by exit reason", ["vm", "vcpu", "type", "cause"], registry=r)
+        self.lost = Counter("vmprof_lost_samples", "Samples dropped because a ring buffer was full", registry=r)
+        self.windows = Counter("vmprof_windows", "Windows by outcome", ["outcome"], registry=r)
+        self.store_seconds = Gauge("vmprof_window_store_seconds", "Time to store the last window (t0)", registry=r)
+        self.uncovered_seconds = Counter("vmprof_uncovered_seconds", "Time between windows not covered by any",
+                                         registry=r)
+
+    def serve(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+
+    def add_window(self, an: Analysis, stored: bool, store_s: float, uncovered_s: float, lost: int) -> None:
+        self.windows.labels("stored" if stored else "not_stored").inc()
+        self.store_seconds.set(store_s)
+        self.uncovered_seconds.inc(uncovered_s)
+        self.lost.inc(lost)
+        kernel = (an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0
+        for vm in an.vm_names():
+            timelines = {tl.vcpu: tl for tl in an.vm_timelines(vm)}
+            for v in vcpu_steal(an, vm):
+                labels = (vm, str(v["vcpu"]))
+                in_guest = an.thread_mask(timelines[v["vcpu"]]) & an.is_guest
+                guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.period_ns / 1e9
+                for state, seconds in (("guest_user", v["guest_s"] - guest_kernel_s), ("guest_kernel", guest_kernel_s),
+                                       ("idle", v["idle_s"]), ("steal_type1", v["steal_type1_s"]),
+                                       ("steal_type2", v["steal_type2_s"])):
+                    self.vcpu_seconds.labels(*labels, state).inc(max(seconds, 0.0))
+                holders = list(v["type1_by_holder_s"].items())  # largest first
+                for cause, seconds in holders[:TOP_HOLDERS]:
+                    self.steal_seconds.labels(*labels, "1", cause).inc(seconds)
+                if holders[TOP_HOLDERS:]:
+                    self.steal_seconds.labels(*labels, "1", "other").inc(sum(s for _, s in holders[TOP_HOLDERS:]))
+                for cause, seconds in v["type2_by_exit_s"].items():
+                    self.steal_seconds.labels(*labels, "2", cause).inc(seconds)
