@@ -186,8 +186,9 @@ class Agent:
         s = self.session
         s.start()
         self._writer.start()
-        start_ns = time.monotonic_ns()
-        self.window = Window(self.spool.next_seq(), start_ns, start_ns + self.window_ns, time.time())
+        start_ns, self._unix_at = time.monotonic_ns(), time.time()
+        self._mono_at = start_ns
+        self.window = Window(self.spool.next_seq(), start_ns, start_ns + self.window_ns, self._unix_at)
         try:
             while not should_stop():
                 time.sleep(drain_s)
@@ -221,7 +222,8 @@ class Agent:
             self._close(win)
             if final:
                 return
-            self.window = Window(win.seq + 1, win.end_ns, win.end_ns + self.window_ns, time.time())
+            self.window = Window(win.seq + 1, win.end_ns, win.end_ns + self.window_ns,
+                                 self._unix_at + (win.end_ns - self._mono_at) / 1e9)
 
     def _close(self, win: Window) -> None:
         samples = win.samples

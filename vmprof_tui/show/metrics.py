@@ -7,12 +7,11 @@ exit kept the VMM busy).  Served by prometheus_client's own HTTP server.
 
 from __future__ import annotations
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from vmprof_tui.analyse.analysis import Analysis
-from vmprof_tui.analyse.steal import vcpu_steal
-from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL
+from vmprof_tui.fleet.history import STATES
+from vmprof_tui.fleet.tasks import vcpu_seconds
 
 TOP_HOLDERS = 5  # type-1 causes per vCPU and window with a series of their own (holders come and go)
 
@@ -41,21 +40,15 @@ class AgentMetrics:
         self.store_seconds.set(store_s)
         self.uncovered_seconds.inc(uncovered_s)
         self.lost.inc(lost)
-        kernel = (an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0
         for vm in an.vm_names():
-            timelines = {tl.vcpu: tl for tl in an.vm_timelines(vm)}
-            for v in vcpu_steal(an, vm):
+            for v in vcpu_seconds(an, vm):
                 labels = (vm, str(v["vcpu"]))
-                in_guest = an.thread_mask(timelines[v["vcpu"]]) & an.is_guest
-                guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.period_ns / 1e9
-                for state, seconds in (("guest_user", v["guest_s"] - guest_kernel_s), ("guest_kernel", guest_kernel_s),
-                                       ("idle", v["idle_s"]), ("steal_type1", v["steal_type1_s"]),
-                                       ("steal_type2", v["steal_type2_s"])):
-                    self.vcpu_seconds.labels(*labels, state).inc(max(seconds, 0.0))
-                holders = list(v["type1_by_holder_s"].items())  # largest first
+                for state in STATES:
+                    self.vcpu_seconds.labels(*labels, state).inc(v[state])
+                holders = list(v["type1_by_holder"].items())  # largest first
                 for cause, seconds in holders[:TOP_HOLDERS]:
                     self.steal_seconds.labels(*labels, "1", cause).inc(seconds)
                 if holders[TOP_HOLDERS:]:
                     self.steal_seconds.labels(*labels, "1", "other").inc(sum(s for _, s in holders[TOP_HOLDERS:]))
-                for cause, seconds in v["type2_by_exit_s"].items():
+                for cause, seconds in v["type2_by_exit"].items():
                     self.steal_seconds.labels(*labels, "2", cause).inc(seconds)
