@@ -210,3 +210,38 @@ def test_sizes_durations_and_bad_usage() -> None:
     assert parse_duration("24h") == 86400 and parse_duration("90") == 90 and parse_duration("5m") == 300
     bad = vmprof("agent", "--spool", "/tmp/x", "--window", "soon")
     assert bad.returncode == 2 and "not a duration" in bad.stderr
+
+
+def test_prometheus_scrapes_the_agent(tmp_path: Path) -> None:
+    """Debian's prometheus scrapes `vmprof agent --metrics`; its HTTP API returns the VMs' steal series."""
+    require_root()
+    metrics_port, prom_port = 19466 + os.getpid() % 500, 19966 + os.getpid() % 500
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vmprof\n    static_configs:\n"
+                      f"      - targets: ['127.0.0.1:{metrics_port}']\n")
+    agent = start_sampling("agent", "--spool", str(tmp_path / "spool"), "--host", "h1", "--window", "1s",
+                           "--metrics", f"127.0.0.1:{metrics_port}")
+    prom = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    query = (f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+             "vmprof_vcpu_seconds_total%7Bstate%3D%22steal_type1%22%7D")
+    try:
+        record_scenario(tmp_path, "steal3", 3.0)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                doc = json.loads(urllib.request.urlopen(query, timeout=5).read())
+                series = {r["metric"]["vm"]: float(r["value"][1]) for r in doc["data"]["result"]}
+            except OSError:  # not up yet
+                series = {}
+            if {"steal1", "steal2", "steal3"} <= set(series) and min(series.values()) > 0:
+                break
+            assert time.monotonic() < deadline, f"prometheus has {series}"
+            with pytest.raises(subprocess.TimeoutExpired):
+                prom.wait(timeout=0.5)
+    finally:
+        for p in (agent, prom):
+            p.send_signal(signal.SIGTERM)
+            p.wait(60)
+    print("steal type 1 seconds per VM, as Prometheus has them:", series)

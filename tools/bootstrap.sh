@@ -10,7 +10,7 @@ say() { printf 'bootstrap: %s\n' "$*"; }
 die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
 
 kver=$(uname -r)
-pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux)
+pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus)
 [ -e "/lib/modules/$kver/build/Makefile" ] || pkgs+=(linux-headers-amd64)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -48,6 +48,6 @@ fi
 say "installing vmprof and its test dependencies into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./guest \
   || die "pip install failed (is PyPI reachable?)"
-.venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual' \
+.venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual, distributed, pyarrow, duckdb, prometheus_client' \
   || die "the venv cannot import its dependencies"
 say "ready: .venv/bin/vmprof (and .venv/bin/vmprof-guest, the guest agent)"
