@@ -1,0 +1,69 @@
+"""Analysis node capacity: t2 per 60 s window of a 2-CPU host with 5 and 10 VMs, and hosts per node.
+
+Builds 60 s windows in the real recording format (synthetic samples and sched events of N 1-vCPU
+VMs sharing the host's CPUs at 1 kHz, with guest bundles so guest code resolves), analyses them with
+`vmprof analyze` on an embedded LocalCluster of this machine's cores, and prints t0 (store time,
+measured by writing the window), t1, t2 (analysis cost of one window, all its VMs) and the largest n
+with t0 + t1 > (t0 + t2/threads) × n (thesis: 4 hosts × 10 VMs per 14-core node; target here: 50 × 10).
+Usage: python benchmarks/fleet.py [--vms 5,10] [--windows 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from synth import SynthRecording  # noqa: E402
+
+from vmprof_tui.fleet.analyze import Analyzer, find_windows, hosts_per_node  # noqa: E402
+
+
+def build_spool(root: Path, vms: int, windows: int, window_s: float = 60.0) -> list[float]:
+    """Windows of a 2-CPU host whose VMs take turns on the CPUs in 10 ms slices; returns their store times."""
+    wdir = root / "h1" / "windows"
+    wdir.mkdir(parents=True)
+    t0s = []
+    for w in range(windows):
+        b = SynthRecording(frequency=1000, cpus=2)
+        handles = [b.vm(f"vm{i}", pid=1000 + 10 * i, vcpus={0: 1001 + 10 * i}) for i in range(vms)]
+        slice_ns, t, turn = 10_000_000, 0, 0
+        while t < int(window_s * 1e9):
+            for cpu in range(2):
+                vm = handles[(turn + cpu) % vms]
+                b.run(vm, vcpu=0, cpu=cpu, start_ns=t, end_ns=t + slice_ns)
+            t += slice_ns
+            turn += 2
+        start = time.monotonic()
+        b.write(wdir / f"W{w + 1:08d}-{1_800_000_000 + int(w * window_s)}.vmprof")
+        t0s.append(time.monotonic() - start)
+    return t0s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vms", default="5,10")
+    ap.add_argument("--windows", type=int, default=4)
+    args = ap.parse_args()
+    for vms in (int(v) for v in args.vms.split(",")):
+        tmp = Path(tempfile.mkdtemp(prefix="vmprof-fleet-"))
+        t0s = build_spool(tmp / "spool", vms, args.windows)
+        with Analyzer(tmp / "store", workers=os.cpu_count()) as an:
+            results = an.run(find_windows([tmp / "spool"]))
+            threads = an.n_threads
+        t2s = [r.t2_s for r in results if r.error is None]
+        t0 = statistics.median(t0s)
+        n = min(hosts_per_node(t0, 60.0, t2, threads) for t2 in t2s)
+        print(f"{vms} VMs per host, 60 s windows at 1 kHz on 2 CPUs: t0 {t0:.3f} s (median), t2 median "
+              f"{statistics.median(t2s):.3f} s, max {max(t2s):.3f} s over {len(t2s)} windows; {threads} worker "
+              f"processes: hosts per analysis node n = {n} (n x VMs = {n * vms})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
