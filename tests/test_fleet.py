@@ -3,6 +3,7 @@ scheduler with two worker processes, stored in Parquet, asked with DuckDB."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -17,12 +18,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, require_root, vmprof
+from textual.widgets import DataTable, Static
 
 from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
 from vmprof_tui.fleet.analyze import done_path, find_windows
+from vmprof_tui.fleet.history import Store
 from vmprof_tui.fleet.tasks import analyse_window_vm, window_vms
 from vmprof_tui.record.spool import Agent, Spool
+from vmprof_tui.show.store_app import StoreApp
 
 HOSTS = ("h1", "h2", "h3")
 
@@ -186,16 +190,38 @@ def test_history_and_diff(spool: Path, tmp_path: Path) -> None:
     out = vmprof("history", "--store", str(store), "--vm", "steal1", "--format", "json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    full = [r for r in rows if r["window_s"] >= 1.4 and r["steal_pct"] > 50]
+    full = [r for r in rows if r["window_s"] >= 1.4 and r["steal_pct"] > 50]  # three VMs on one pCPU
     assert len(full) >= 3
-    for r in full:  # three VMs on one pCPU: two thirds steal
-        assert abs(r["steal_pct"] - 66.7) < 3 and r["top"][0]["function"] == "[steal]"
+    windows = {int(p.name[1:9]): p for p in (spool / "h1" / "windows").iterdir()}
+    for r in full:  # the store says what a report of the window itself says
+        rep = json.loads(vmprof("report", str(windows[r["window"]]), "--vm", "steal1", "--format", "json").stdout)
+        assert abs(r["steal_pct"] - rep["ratios"]["steal"]) < 1.0, (r, rep["ratios"])
+        assert r["top"][0]["function"] == "[steal]"
     csv = vmprof("history", "--store", str(store), "--format", "csv")
     assert csv.returncode == 0 and csv.stdout.startswith("host,vm,window,start")
     d = vmprof("diff", "--store", str(store), "--vm", "steal1", "1h..0m", "1h..0m", "--format", "json")
     assert d.returncode == 0 and all(r["delta"] == 0 for r in json.loads(d.stdout))
     bad = vmprof("history", "--store", str(tmp_path / "nothing"))
     assert bad.returncode == 1 and "holds no analysed window" in bad.stderr
+    asyncio.run(browse_store(store))
+
+
+async def browse_store(store: Path) -> None:
+    """`vmprof top --store`: step through the windows, open a VM's functions."""
+    app = StoreApp(Store(store))
+    async with app.run_test(size=(160, 40)) as pilot:
+        title = app.query_one("#title", Static)
+        last = str(title.render())
+        assert f"window {len(app.starts)} of {len(app.starts)}" in last and "3 VMs on 1 hosts" in last
+        await pilot.press("left")
+        assert f"window {len(app.starts) - 1} of" in str(title.render())
+        table = app.query_one("#vms", DataTable)
+        assert table.row_count == 3 and "steal1" in str(table.get_row_at(0)[1])
+        await pilot.press("enter")
+        await pilot.pause()
+        functions = app.screen.query_one("#functions", DataTable)
+        names = {str(functions.get_row_at(i)[1]) for i in range(functions.row_count)}
+        assert {"[steal]", "compute_a", "compute_b"} <= names, names
 
 
 def test_steal_burst_is_flagged_in_the_right_windows(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-STAGES = ("collect", "record", "resolve", "analyse", "show", "cli")
+STAGES = ("collect", "record", "resolve", "analyse", "fleet", "show", "cli")
 SHARED = {"vmprof_tui", "vmprof_tui.libc", "vmprof_tui.record.records"}  # version, libc, the sample record
 # (importing module prefix, imported module prefix): why
 ALLOWED = {

@@ -13,11 +13,14 @@ HELP = "the live screen: what every VM, vCPU, guest process and function is doin
 EXAMPLES = """examples:
   vmprof top                      live: every VM, vCPU, process, function
   vmprof top -F 499 --window 30   lower rate, longer window
-  vmprof top --replay run.vmprof  play a recording through the same screens"""
+  vmprof top --replay run.vmprof  play a recording through the same screens
+  vmprof top --store /srv/store   step through the windows of a fleet store"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", default=None, metavar="REC", help="play a recording instead of sampling live")
+    p.add_argument("--store", default=None, metavar="DIR", help="step through the windows of a fleet store "
+                   "(vmprof analyze) instead")
     p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
                    help="samples per second per CPU")
     p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed")
@@ -55,6 +58,15 @@ def run(args: argparse.Namespace) -> int:
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise Failure("the live screen needs a terminal (stdout and stdin); for text use `vmprof record` "
                       "and `vmprof report`")
+    if args.store:
+        from vmprof_tui.fleet.history import Store, StoreError
+        from vmprof_tui.show.store_app import StoreApp
+
+        try:
+            StoreApp(Store(Path(args.store))).run()
+        except StoreError as e:
+            raise Failure(str(e)) from None
+        return 0
     if not args.replay:
         from vmprof_tui.collect import discover
 

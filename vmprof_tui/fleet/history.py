@@ -121,6 +121,15 @@ class Store:
         return out
 
 
+    def functions(self, host: str, vm: str, window: int, limit: int = 100) -> list[tuple[str, str, str, float]]:
+        """(process, function, module, % of the VM's samples) of one stored window, largest first."""
+        got = self.db.execute(
+            "SELECT coalesce(process, ''), function, module, sum(samples) AS n, sum(sum(samples)) OVER () FROM profile "
+            "WHERE host = ? AND vm = ? AND \"window\" = ? GROUP BY ALL ORDER BY n DESC LIMIT ?",
+            [host, vm, window, limit]).fetchall()
+        return [(p, f, m, 100.0 * float(n) / float(total or 1)) for p, f, m, n, total in got]
+
+
 def _quote(text: str) -> str:
     return text.replace("'", "''")
 

@@ -36,6 +36,7 @@ from vmprof_tui.record.recording import Writer, bundle_tar
 from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
 
 WINDOW_RE = re.compile(r"^W(\d{8})-(\d+)\.vmprof$")
+KALLSYMS_CHECK_S = 60.0  # kallsyms is read again (stored only if it changed) at most this often
 LATE_NS = 300_000_000  # a window closes this long after its end: records drained late still land in it
 MAX_QUEUED = 4  # windows waiting for the writer; more means the disk cannot keep up: the oldest is dropped
 
@@ -179,6 +180,8 @@ class Agent:
         self._lost_before: dict[str, int] = {"samples": 0, "sched": 0}
         self._prev_end_ns: int | None = None
         self.bundle_refs: dict[str, str] = {}  # VM name -> its guest bundle in the spool's static data
+        self.kallsyms_ref = ""
+        self._kallsyms_read = -KALLSYMS_CHECK_S
         self._pending_samples: list[np.ndarray] = []  # drained, not yet in a closed window
         self._pending_sched: list[np.ndarray] = []
 
@@ -266,7 +269,9 @@ class Agent:
         self._prev_end_ns = win.end_ns
         t = time.monotonic()
         try:
-            kallsyms_ref = self.spool.store_static("kallsyms", read_kallsyms().encode(), "txt")  # new only on change
+            if time.monotonic() - self._kallsyms_read >= KALLSYMS_CHECK_S:  # reading it costs ~0.1 s of CPU
+                self.kallsyms_ref = self.spool.store_static("kallsyms", read_kallsyms().encode(), "txt")
+                self._kallsyms_read = time.monotonic()
             for vm_name, tar in win.bundles.items():
                 self.bundle_refs[vm_name] = self.spool.store_static("bundle", tar, "tar")
             meta = self.session.meta()
@@ -276,7 +281,7 @@ class Agent:
             try:
                 w.add(samples, sched)
                 vms = [vm.to_json() for vm in self.session.vms_seen.values()]
-                snap = {"vms": vms, "kallsyms_ref": kallsyms_ref, "bundle_refs": dict(self.bundle_refs)}
+                snap = {"vms": vms, "kallsyms_ref": self.kallsyms_ref, "bundle_refs": dict(self.bundle_refs)}
                 snap.update({f"process:{pid}": p for pid, p in win.processes.items()})
                 w.add_snapshot(snap)
                 w.close({"duration_s": stats.t1_s, "samples": len(samples), "lost": {
