@@ -337,8 +337,10 @@ def test_fetch_errors_are_one_clear_line(fake_virsh: Path, tmp_path: Path) -> No
 def test_fetch_cli(fake_virsh: Path, tmp_path: Path) -> None:
     import argparse
 
+    from vmprof_tui.cli import guest as guest_cli
+
     parser = argparse.ArgumentParser(prog="vmprof guest")
-    guest_fetch.register(parser)
+    guest_cli.add_arguments(parser)
     args = parser.parse_args(["fetch", "--vm", "guest1", "-o", str(tmp_path), "--guest-command",
                               " ".join(AGENT), *[f"--agent-arg={a}" for a in FAST]])
     assert args.func(args) == 0
