@@ -16,7 +16,8 @@ from conftest import ROOT
 
 from vmprof_tui.collect import guest_fetch
 from vmprof_tui.resolve import bundle as B
-from vmprof_tui.resolve.symbols import ObjectCache, guest_symbols
+from vmprof_tui.resolve import bundle_format, elf, symtab
+from vmprof_tui.resolve.spaces import ObjectCache, guest_symbols
 
 sys.path.insert(0, str(ROOT / "tests" / "data" / "bundles"))
 import hostile  # noqa: E402
@@ -37,8 +38,30 @@ GUEST = ROOT / "guest"
     (0x000F_FFFF_FFFF_F000, 0x000F_FFFF_FFFF_F000),  # the highest 52-bit physical page
 ])
 def test_normalise_cr3(value: int, root: int) -> None:
-    assert B.normalise_cr3(value) == root
-    assert int(B.normalise_cr3_array(np.array([value], dtype=np.uint64))[0]) == root
+    assert bundle_format.normalise_cr3(value) == root
+    assert int(bundle_format.normalise_cr3_array(np.array([value], dtype=np.uint64))[0]) == root
+
+
+# There are two copies of the bundle format's identity and of CR3 normalisation on purpose: the guest agent
+# (guest/vmprof_guest) is installed alone inside guests and must not import vmprof_tui, so it keeps its own.
+# This test is what keeps the two copies one definition in effect.
+def test_guest_agent_agrees_with_the_host() -> None:
+    sys.path.insert(0, str(GUEST))
+    try:
+        from vmprof_guest import assemble, cr3
+    finally:
+        sys.path.remove(str(GUEST))
+    assert (assemble.FORMAT, assemble.VERSION) == (bundle_format.FORMAT, bundle_format.VERSION)
+    assert assemble.VERSION in bundle_format.VERSIONS
+    assert cr3.CR3_ADDR_MASK == bundle_format.CR3_ADDR_MASK
+    rng = np.random.default_rng(11)
+    values = [0, 1, 0xFFF, 0x1000, 0x1FFF, 1 << 51, (1 << 52) - 1, 1 << 52, 1 << 61, 1 << 62, 1 << 63,
+              (1 << 64) - 1, 0x8000_0001_2345_6801, 0x6000_0001_2345_7ABC,
+              *(1 << b for b in range(64)), *((1 << b) - 1 for b in range(1, 65)),
+              *rng.integers(0, 1 << 64, size=2000, dtype=np.uint64, endpoint=False).tolist()]
+    host_array = bundle_format.normalise_cr3_array(np.array(values, dtype=np.uint64)).tolist()
+    for v, from_array in zip(values, host_array, strict=True):
+        assert cr3.normalise_cr3(v) == bundle_format.normalise_cr3(v) == from_array, hex(v)
 
 
 # -- hostile bundles: each rejected with one clear line, nothing written outside ---------------------------
@@ -77,13 +100,13 @@ def test_good_bundles_load_and_resolve(tmp_path: Path) -> None:
             assert proc.cr3 == [0x1000]
             obj = proc.maps[0].object_path
             assert obj is not None and obj.is_file() and obj.resolve().is_relative_to(b.root.resolve())
-            syms = B.read_elf_symbols(obj)
+            syms = elf.read_elf_symbols(obj)
             assert list(syms.names) == ["hello"]
         # what the analysis uses: CR3 -> address space -> (function, module)
         again = tmp_path / f"again-{build.__name__}"
         again.mkdir()
         g = guest_symbols("vm1", build(again))
-        space = g.processes[B.normalise_cr3(0x8000_0000_0000_1001)]
+        space = g.processes[bundle_format.normalise_cr3(0x8000_0000_0000_1001)]
         # The map covers file offset 0 at 0x401000; `hello` is at file offset 120.
         funcs, mods = space.resolve(np.array([0x401000 + 120 + 3, 0x401000], np.uint64), ObjectCache())
         assert funcs == ["hello", "[unknown]"] and mods == ["hello", "hello"]
@@ -101,25 +124,13 @@ def test_rejected_bundle_only_costs_its_own_guest(tmp_path: Path) -> None:
     ok.bundle.close()
 
 
-def test_bundle_arguments_and_recording_layout(tmp_path: Path) -> None:
-    assert B.parse_bundle_arg("web1=/x/y.tar") == ("web1", Path("/x/y.tar"))
-    with pytest.raises(ValueError, match="VM=PATH"):
-        B.parse_bundle_arg("/x/y.tar")
-    guests = tmp_path / "rec" / "guests"
-    guests.mkdir(parents=True)
-    hostile.write_folder(guests / "vm1", hostile.index())
-    (guests / "vm2.tar").write_bytes(hostile.good_tar(tmp_path).read_bytes())
-    (guests / "notes.txt").write_text("ignored")
-    assert B.find_recording_bundles(tmp_path / "rec") == {"vm1": guests / "vm1", "vm2": guests / "vm2.tar"}
-
-
 # -- ELF symbols -----------------------------------------------------------------------------------------------
 
 
 def test_elf_symbols_of_a_real_library() -> None:
     """libc's dynamic symbols, and the file-offset → address arithmetic a sample goes through."""
     libc = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve()
-    syms = B.read_elf_symbols(libc)
+    syms = elf.read_elf_symbols(libc)
     assert len(syms) > 1000 and syms.elf_type == 3 and syms.build_id
     assert np.all(syms.starts[1:] >= syms.starts[:-1])
     i = list(syms.names).index("malloc")
@@ -133,7 +144,7 @@ def test_elf_symbols_of_a_real_library() -> None:
     assert int(vaddr[0]) == start + 5
     assert syms.names[syms.lookup(vaddr)[0]] in ("malloc", "__libc_malloc")
     assert syms.lookup(np.array([0], dtype=np.uint64))[0] == -1
-    assert int(syms.file_offsets_to_vaddrs(np.array([1 << 40], dtype=np.uint64))[0]) == int(B.NO_ADDR)
+    assert int(syms.file_offsets_to_vaddrs(np.array([1 << 40], dtype=np.uint64))[0]) == int(elf.NO_ADDR)
 
 
 def test_malformed_elf_is_an_elf_error(tmp_path: Path) -> None:
@@ -151,19 +162,19 @@ def test_malformed_elf_is_an_elf_error(tmp_path: Path) -> None:
     for name, data in cases.items():
         path = tmp_path / name
         path.write_bytes(data)
-        with pytest.raises(B.ElfError) as info:
-            B.read_elf_symbols(path)
+        with pytest.raises(elf.ElfError) as info:
+            elf.read_elf_symbols(path)
         assert "\n" not in str(info.value) and str(info.value).startswith(name), (name, str(info.value))
     link = tmp_path / "link"
     link.symlink_to("/lib/x86_64-linux-gnu/libc.so.6")
     with pytest.raises(B.BundleError, match="symbolic link"):
-        B.read_elf_symbols(link)
-    with pytest.raises(B.ElfError, match="symbols, over the limit of 0"):
-        B.elf_symbols_from_bytes(good, B.Limits(max_symbols=0))
+        elf.read_elf_symbols(link)
+    with pytest.raises(elf.ElfError, match="symbols, over the limit of 0"):
+        elf.elf_symbols_from_bytes(good, B.Limits(max_symbols=0))
 
 
-def _patch_symtab(elf: bytes, offset: int | None = None, link: int | None = None) -> bytes:
-    data = bytearray(elf)
+def _patch_symtab(image: bytes, offset: int | None = None, link: int | None = None) -> bytes:
+    data = bytearray(image)
     shoff = int.from_bytes(data[40:48], "little")
     sh = shoff + 2 * 64  # section 2 is .symtab
     if offset is not None:
@@ -176,11 +187,11 @@ def _patch_symtab(elf: bytes, offset: int | None = None, link: int | None = None
 def test_kallsyms_parsing() -> None:
     text = (b"ffffffff81000000 T _text\nffffffff81000100 t helper\nffffffff82000000 D data_sym\n"
             b"ffffffffc0000000 t mod_fn\t[kvm]\nffffffff81000200 W weak_fn\n")
-    ks = B.parse_kallsyms(text)
+    ks = symtab.parse_kallsyms(text)
     assert list(ks.names) == ["_text", "helper", "weak_fn", "mod_fn"] and list(ks.modules)[-1] == "kvm"
     assert list(ks.lookup(np.array([0xFFFFFFFF81000150, 0xFFFFFFFF80000000], dtype=np.uint64))) == [1, -1]
     with pytest.raises(B.BundleError, match="line 1"):
-        B.parse_kallsyms(b"garbage\n")
+        symtab.parse_kallsyms(b"garbage\n")
 
 
 # -- demo guests go through the same code path ---------------------------------------------------------------
@@ -196,12 +207,12 @@ def test_demo_bundle_loads_and_matches_ready_event() -> None:
                 assert b.cr3_method == "vmm" and b.vm == name
                 g = guest_symbols(name, run.bundle_root / name)
                 for p in ready["processes"]:
-                    proc = next(q for q in b.processes if B.normalise_cr3(p["cr3"]) in q.cr3)
+                    proc = next(q for q in b.processes if bundle_format.normalise_cr3(p["cr3"]) in q.cr3)
                     assert proc.pid == p["pid"] and proc.name == p["name"]
                     text = next(m for m in proc.maps if m.executable and m.object_path)
-                    syms = B.read_elf_symbols(text.object_path)
+                    syms = elf.read_elf_symbols(text.object_path)
                     # a sampled CR3 as the CPU shows it (PCID bits set)
-                    space = g.processes[B.normalise_cr3(p["cr3"] | 0x5)]
+                    space = g.processes[bundle_format.normalise_cr3(p["cr3"] | 0x5)]
                     assert space.pid == proc.pid
                     for fn in ("compute_a", "main"):
                         addr = int(syms.starts[list(syms.names).index(fn)])
@@ -326,8 +337,10 @@ def test_fetch_errors_are_one_clear_line(fake_virsh: Path, tmp_path: Path) -> No
 def test_fetch_cli(fake_virsh: Path, tmp_path: Path) -> None:
     import argparse
 
+    from vmprof_tui.cli import guest as guest_cli
+
     parser = argparse.ArgumentParser(prog="vmprof guest")
-    guest_fetch.register(parser)
+    guest_cli.add_arguments(parser)
     args = parser.parse_args(["fetch", "--vm", "guest1", "-o", str(tmp_path), "--guest-command",
                               " ".join(AGENT), *[f"--agent-arg={a}" for a in FAST]])
     assert args.func(args) == 0

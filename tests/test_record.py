@@ -103,7 +103,7 @@ def test_sched_events_reproduce_vcpu_run_time(which: str, request: pytest.Fixtur
 
 def test_vcpu_samples_name_the_vm(vcpu2: Recorded) -> None:
     rec = vcpu2.rec
-    vms = {vm["name"]: vm for vm in rec.snapshot["vms"]}
+    vms = {vm["name"]: vm for vm in rec.vms()}
     assert vms["vcpu2"]["kind"] == "demo" and vms["vcpu2"]["pid"] == vcpu2.ready["vcpu2"]["pid"]
     assert "vcpu2" in rec.bundles
     vcpu_samples = rec.samples[(rec.samples["flags"] & SAMPLE_VCPU) != 0]
@@ -179,7 +179,7 @@ def test_short_lived_processes_keep_their_names(tmp_path: Path) -> None:
         pids.append(p.pid)
     assert rec.wait(timeout=60) == 0
     r = recording.load(out)
-    snaps = {int(k.split(":")[1]): v for k, v in r.snapshot.items() if k.startswith("process:")}
+    snaps = r.processes()
     sampled = set(np.unique(r.samples["pid"]).tolist()) & set(pids)
     assert sampled, "no short process was sampled"
     assert all(snaps.get(pid, {}).get("comm") == "vmprof-blip" for pid in sampled), \

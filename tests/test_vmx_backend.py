@@ -99,9 +99,9 @@ def _vmx_recording(tmp_path: Path) -> recording.Recording:
     e["prev_exit_reason"][0] = 12
     s["time_ns"][2000:] += 1000 * period  # no samples while halted: the vCPU is back after 1 s
     meta = {"backend": "vmx", "frequency": 1000, "event": "cpu-clock"}
-    snapshot = {"vms": [{"name": "web1", "pid": pid, "kind": "qemu", "vcpu_threads": {str(tid): 0}}]}
+    snapshot = recording.snapshot(vms=[{"name": "web1", "pid": pid, "kind": "qemu", "vcpu_threads": {str(tid): 0}}])
     rec = recording.Recording(tmp_path / "vmx.vmprof", meta, s, e, snapshot)
-    rec.end = {"duration_s": 4.0, "lost": {"samples": [0, 0], "sched": [0, 0]}, "vms": snapshot["vms"]}
+    rec.end = {"duration_s": 4.0, "lost": {"samples": [0, 0], "sched": [0, 0]}, recording.VMS_KEY: rec.vms()}
     return rec
 
 

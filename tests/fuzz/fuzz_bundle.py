@@ -38,6 +38,7 @@ with atheris.instrument_imports(include=["vmprof_tui", "elftools"]):
     import elftools.elf.elffile  # noqa: F401 - instrumented for coverage feedback
 
     from vmprof_tui.resolve import bundle as B
+    from vmprof_tui.resolve import elf
 
 import hostile  # noqa: E402 - after the instrumented import
 
@@ -78,8 +79,8 @@ def _load(path: Path) -> None:
                 if m.object_path is not None:
                     assert m.object_path.resolve().is_relative_to(work.resolve())
                     try:
-                        B.read_elf_symbols(m.object_path, LIMITS)
-                    except B.ElfError as e:
+                        elf.read_elf_symbols(m.object_path, LIMITS)
+                    except elf.ElfError as e:
                         _check_one_line(e)
         b.close()
     _scratch_is_clean(work)
@@ -147,7 +148,7 @@ def _mutated_index(fdp: atheris.FuzzedDataProvider) -> object:
 
 def fuzz_elf(data: bytes) -> None:
     try:
-        syms = B.elf_symbols_from_bytes(data, LIMITS)
+        syms = elf.elf_symbols_from_bytes(data, LIMITS)
     except B.BundleError as e:
         _check_one_line(e)
         return

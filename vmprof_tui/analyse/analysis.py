@@ -1,6 +1,6 @@
 """Analysis on the one host time axis: profiles, blank time, steal attribution.
 
-record → resolve → **analyse**: every sample is resolved once (symbols.py),
+record → resolve → **analyse**: every sample is resolved once (resolve/resolver.py),
 then
 
 * the host level counts real samples: host kernel, host processes, and one
@@ -20,7 +20,7 @@ then
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,24 +30,12 @@ from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
-    SAMPLE_GUEST_UNKNOWN,
     SAMPLE_HOST_KERNEL,
     SCHED_DTYPE,
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
 )
-from vmprof_tui.resolve.bundle import KernelSymbols, normalise_cr3_array
-from vmprof_tui.resolve.symbols import (
-    EMPTY_KERNEL,
-    GuestSymbols,
-    ObjectCache,
-    guest_symbols,
-    kallsyms_table,
-)
-
-KERNEL_MODULE = "[kernel.kallsyms]"
-GUEST_KERNEL_MODULE = "[guest.kallsyms]"
-UNKNOWN = "[unknown]"
+from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 
 IDLE, PREEMPTED, BLOCKED = "idle", "preempted", "blocked"
 
@@ -162,60 +150,15 @@ def steal_type(module: str) -> int:
     return 2 if module.startswith("(vmm") else 1
 
 
-class NameCodes:
-    """Integer codes for (process, pid, function, module) and for (process, pid), kept across analyses: the
-    live screen encodes each new chunk once, and a refresh then groups integers instead of strings."""
-
-    def __init__(self) -> None:
-        self.names: dict[tuple, int] = {}
-        self.procs: dict[tuple, int] = {}
-
-    def encode(self, process: np.ndarray, pid: np.ndarray, func: np.ndarray,
-               module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n, names, procs = len(process), self.names, self.procs
-        p, q = process.tolist(), pid.tolist()
-        name_code = np.fromiter((names.setdefault(k, len(names)) for k in zip(p, q, func.tolist(), module.tolist(),
-                                                                             strict=True)), np.int64, n)
-        proc_code = np.fromiter((procs.setdefault(k, len(procs)) for k in zip(p, q, strict=True)), np.int64, n)
-        return name_code, proc_code
-
-
-@dataclass
-class Resolved:
-    """Per-sample names: function, module, process and its pid (-1 when none), and their NameCodes."""
-    func: np.ndarray
-    module: np.ndarray
-    process: np.ndarray
-    proc_pid: np.ndarray
-    name_code: np.ndarray
-    proc_code: np.ndarray
-
-    def take(self, index: np.ndarray) -> Resolved:
-        return Resolved(*(getattr(self, f.name)[index] for f in fields(self)))
-
-    @staticmethod
-    def concatenate(parts: list[Resolved]) -> Resolved:
-        return Resolved(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Resolved)))
-
-
-@dataclass
-class SymbolCache:
-    """Symbol sources kept across analyses (the live screen analyses a new window every second)."""
-    objects: ObjectCache = field(default_factory=ObjectCache)
-    guests: dict[str, GuestSymbols] = field(default_factory=dict)
-    kallsyms: KernelSymbols | None = None
-    codes: NameCodes = field(default_factory=NameCodes)
-
-
 class Analysis:
     """Everything derived from one recording (and the guest bundles that name its guests)."""
 
     def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
-                 cache: SymbolCache | None = None, time_range: tuple[float, float] | None = None,
-                 resolved: Resolved | None = None, timelines: bool = True) -> None:
-        """time_range: (from, to) in seconds after the first record; the analysis covers only that span.
-        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once);
-        timelines=False: resolve only (no timelines, no grouping keys)."""
+                 resolver: Resolver | None = None, time_range: tuple[float, float] | None = None,
+                 resolved: Resolved | None = None) -> None:
+        """resolver: symbol sources kept across analyses (the live screen's windows share one);
+        time_range: (from, to) in seconds after the first record; the analysis covers only that span.
+        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once)."""
         self.rec = rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
@@ -247,23 +190,15 @@ class Analysis:
         self.vm_index: dict[str, int] = {}
         self.vcpu_of_tid: dict[int, tuple[int, int]] = {}  # tid -> (vmm pid, vcpu id)
         self._learn_vms()
-        self.cache = cache or SymbolCache()
-        self.objects = self.cache.objects
-        self.guests = self.cache.guests
-        self._load_guests(guest_bundles or {})
+        self.resolver = resolver or Resolver()
+        self.notes += self.resolver.load_guests(self.vm_by_pid.values(), guest_bundles or {}, rec.bundles)
         self._resolve()
-        if timelines:
-            self._encode_keys()
-        self.timelines = self._build_timelines() if timelines else {}
-
-    def resolved(self) -> Resolved:
-        """The names of self.samples (in its time order)."""
-        return Resolved(self.func, self.module, self.process, self.proc_pid, self.name_code, self.proc_code)
+        self._encode_keys()
+        self.timelines = self._build_timelines()
 
     # -- VMs, vCPU threads ---------------------------------------------------------
     def _learn_vms(self) -> None:
-        vms = (self.rec.end or {}).get("vms") or self.rec.snapshot.get("vms") or []
-        for i, vm in enumerate(sorted(vms, key=lambda v: (v["name"], v["pid"]))):
+        for i, vm in enumerate(sorted(self.rec.vms(), key=lambda v: (v["name"], v["pid"]))):
             self.vm_by_pid[int(vm["pid"])] = vm["name"]
             self.vm_index.setdefault(vm["name"], i + 1)
             for tid, vcpu in vm.get("vcpu_threads", {}).items():
@@ -284,22 +219,6 @@ class Analysis:
                     self.vm_by_pid[pid] = name
                     self.vm_index.setdefault(name, len(self.vm_index) + 1)
 
-    def _load_guests(self, explicit: dict[str, Path]) -> None:
-        for name in self.vm_by_pid.values():
-            if name in self.guests and self.guests[name].bundle is not None:
-                continue
-            if name in explicit:
-                g = guest_symbols(name, explicit[name])
-            elif name in self.rec.bundles:
-                g = guest_symbols(name, self.rec.bundles[name])
-            else:
-                g = GuestSymbols(name, {}, EMPTY_KERNEL,
-                                 note=f"no guest bundle for VM {name}: its guest samples show raw addresses "
-                                      f"(give one with --guest-bundle {name}=PATH)")
-            if g.note:
-                self.notes.append(g.note)
-            self.guests[name] = g
-
     # -- resolution --------------------------------------------------------------------
     def _resolve(self) -> None:
         s = self.samples
@@ -312,84 +231,17 @@ class Analysis:
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
         self.is_guest = guest
-        if self._given is not None:
-            g = self._given
-            self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
-            self.name_code, self.proc_code = g.name_code, g.proc_code
-        else:
-            self._resolve_symbols(guest)
-            self.name_code, self.proc_code = self.cache.codes.encode(self.process, self.proc_pid, self.func,
-                                                                     self.module)
+        g = self._given
+        if g is None:
+            g = self.resolver.resolve(s, self.rec.processes(), self.vm_by_pid, self.rec.kallsyms(), self.notes)
+        self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
+        self.name_code, self.proc_code = g.name_code, g.proc_code
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
         thread_keys = np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
                                   len(self.vcpu_of_tid))
         self.in_vm = guest | np.isin(s["pid"].astype(np.int64) << 32 | s["tid"], thread_keys)
-
-    def _resolve_symbols(self, guest: np.ndarray) -> None:
-        s = self.samples
-        n = len(s)
-        self.func = np.full(n, UNKNOWN, dtype=object)
-        self.module = np.full(n, UNKNOWN, dtype=object)
-        self.process = np.full(n, "", dtype=object)
-        self.proc_pid = np.full(n, -1, dtype=np.int64)
-        flags = s["flags"]
-        host = ~guest
-        kernel = host & ((flags & SAMPLE_HOST_KERNEL) != 0)
-        if self.cache.kallsyms is None or "kallsyms" in self.rec.snapshot:
-            self.cache.kallsyms = kallsyms_table(self.rec.snapshot.get("kallsyms", ""), self.notes)
-        kallsyms = self.cache.kallsyms
-        if kernel.any():
-            idx = kallsyms.lookup(s["host_ip"][kernel])
-            self.func[kernel] = kallsyms.names_or_unknown[idx]
-            self.module[kernel] = kallsyms.module_labels(idx, KERNEL_MODULE)
-        comm = {}
-        for key, snap in self.rec.snapshot.items():
-            if key.startswith("process:"):
-                comm[int(snap["pid"])] = snap
-        pids = s["pid"]
-        for pid in np.unique(pids[host]).tolist():
-            sel = host & (pids == pid)
-            snap = comm.get(pid)
-            name = "swapper" if pid == 0 else (snap["comm"] if snap else str(pid))
-            self.process[sel] = name
-            self.proc_pid[sel] = pid
-            user = sel & ~kernel
-            if user.any() and snap:
-                space = self.objects.host_space(name, pid, snap["maps"])
-                f, m = space.resolve(s["host_ip"][user], self.objects)
-                self.func[user] = f
-                self.module[user] = m
-        cr3s = normalise_cr3_array(s["guest_cr3"])
-        for pid in np.unique(pids[guest]).tolist():
-            vm = self.vm_by_pid.get(pid, f"vm-{pid}")
-            g = self.guests.get(vm)
-            sel = guest & (pids == pid)
-            unknown = sel & ((flags & SAMPLE_GUEST_UNKNOWN) != 0)
-            self.module[unknown] = "(guest RIP unknown)"
-            known = sel & ~unknown
-            gkernel = known & ((flags & SAMPLE_GUEST_KERNEL) != 0)
-            if gkernel.any():
-                ks = g.kernel if g is not None else EMPTY_KERNEL
-                idx = ks.lookup(s["guest_ip"][gkernel])
-                self.func[gkernel] = ks.names_or_unknown[idx]
-                self.module[gkernel] = ks.module_labels(idx, GUEST_KERNEL_MODULE)
-            guser = known & ~gkernel
-            for cr3 in np.unique(cr3s[known]).tolist():
-                csel = known & (cr3s == cr3)
-                space = g.processes.get(cr3) if g is not None else None
-                if space is None:
-                    self.process[csel] = f"[cr3 {cr3:#x}]"
-                    self.module[csel & guser] = UNKNOWN
-                    continue
-                self.process[csel] = space.name
-                self.proc_pid[csel] = space.pid if space.pid is not None else -1
-                usel = csel & guser
-                if usel.any():
-                    f, m = space.resolve(s["guest_ip"][usel], self.objects)
-                    self.func[usel] = f
-                    self.module[usel] = m
 
     def _encode_keys(self) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):

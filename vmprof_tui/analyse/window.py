@@ -13,18 +13,26 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import Analysis, Resolved, SymbolCache
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
-from vmprof_tui.resolve.symbols import kallsyms_table
+from vmprof_tui.resolve.resolver import Resolved, Resolver
+from vmprof_tui.resolve.symtab import kallsyms_table
 
 
 def _window_recording(path: Path, meta: dict, samples: np.ndarray, sched: np.ndarray, snapshot: dict,
                       bundles: dict[str, bytes], seconds: float, lost: dict | None = None) -> recording.Recording:
     rec = recording.Recording(path, meta, samples, sched, snapshot, bundles)
-    rec.end = {"duration_s": seconds, "lost": lost or {"samples": [], "sched": []}, "vms": snapshot.get("vms", [])}
+    # rec.end is still None here, so vms() reads the window's snapshot
+    rec.end = {"duration_s": seconds, "lost": lost or {"samples": [], "sched": []}, recording.VMS_KEY: rec.vms()}
     return rec
+
+
+def _time_ordered(samples: np.ndarray) -> np.ndarray:
+    """Samples in time order (a stable sort, as Analysis does; drained chunks usually are already)."""
+    t = samples["time_ns"]
+    return samples if np.all(t[1:] >= t[:-1]) else samples[np.argsort(t, kind="stable")]
 
 
 class LiveWindow:
@@ -35,8 +43,9 @@ class LiveWindow:
     def __init__(self, session: CollectionSession, window_s: float = 10.0) -> None:
         self.session = session
         self.window_s = window_s
-        self.cache = SymbolCache()
-        self.snapshot: dict = {}
+        self.resolver = Resolver()
+        self.processes: dict[int, dict] = {}  # host pid -> its snapshot, while it has samples in the window
+        self.vms: list[dict] | None = None  # the running VMs (None until the first discovery)
         self._samples: deque[tuple[np.ndarray, Resolved]] = deque()  # drained chunks and their names
         self._sched: deque[np.ndarray] = deque()
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
@@ -55,7 +64,7 @@ class LiveWindow:
         if self.started:
             return
         self.session.start()
-        self.cache.kallsyms = kallsyms_table(read_kallsyms())
+        self.resolver.kallsyms = kallsyms_table(read_kallsyms())
 
     def _forget_processes(self) -> None:
         """Drop the snapshots of processes with no sample left in the window: a host that starts many short
@@ -64,7 +73,7 @@ class LiveWindow:
         in_window = {int(pid) for chunk, _names in self._samples for pid in np.unique(chunk["pid"]).tolist()}
         gone = self.session.pids_seen - in_window
         for pid in gone:
-            self.snapshot.pop(f"process:{pid}", None)
+            self.processes.pop(pid, None)
         self.session.forget_processes(gone)
 
     def bundles(self) -> dict[str, Path]:
@@ -74,21 +83,20 @@ class LiveWindow:
         now_ns = time.monotonic_ns()
         chunk = self.session.poll(discover_every_s=2.0)
         if chunk.new_vms or chunk.gone_vms:
-            if self.snapshot.get("vms") is not None:  # the first discovery is no news
+            if self.vms is not None:  # the first discovery is no news
                 self.messages += [f"VM {vm.name} (pid {vm.pid}) started" for vm in chunk.new_vms]
             self.messages += [f"VM {vm.name} (pid {vm.pid}) stopped" for vm in chunk.gone_vms]
         if time.monotonic() - self._last_forget >= 2.0:
             self._forget_processes()
         # VMs that went away drop out of the live view as the window moves on
-        self.snapshot["vms"] = [vm.to_json() for vm in self.session.vms.values()]
-        for pid, snap in chunk.processes.items():
-            self.snapshot[f"process:{pid}"] = snap
+        self.vms = [vm.to_json() for vm in self.session.vms.values()]
+        self.processes.update(chunk.processes)
         if len(chunk.samples):
             # each chunk is resolved once; every refresh then only groups the window's names
-            names = Analysis(_window_recording(Path("(live)"), self.meta, chunk.samples, chunk.sched[:0],
-                                               self.snapshot, {}, 0.0), self.bundles(), cache=self.cache,
-                             timelines=False)
-            self._samples.append((names.samples, names.resolved()))
+            samples = _time_ordered(chunk.samples)
+            vm_of_pid = {int(vm["pid"]): vm["name"] for vm in self.vms}
+            self.resolver.load_guests(vm_of_pid.values(), self.bundles(), {})
+            self._samples.append((samples, self.resolver.resolve(samples, self.processes, vm_of_pid)))
         if len(chunk.sched):
             self._sched.append(chunk.sched)
         horizon = now_ns - int(self.window_s * 1e9)
@@ -107,9 +115,10 @@ class LiveWindow:
         resolved = resolved.take(keep) if resolved is not None else None
         sched = sched[sched["time_ns"] >= horizon]
         seconds = min(self.window_s, chunk.elapsed_s)
-        rec = _window_recording(Path("(live)"), self.meta, samples, sched, self.snapshot, {}, seconds,
+        rec = _window_recording(Path("(live)"), self.meta, samples, sched,
+                                recording.snapshot(vms=self.vms, processes=self.processes), {}, seconds,
                                 self.session.lost())
-        return Analysis(rec, self.bundles(), cache=self.cache, resolved=resolved)
+        return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved)
 
     def close(self) -> None:
         self.session.close()
@@ -123,7 +132,7 @@ class ReplayWindow:
     def __init__(self, path: Path, window_s: float = 10.0) -> None:
         self.rec = recording.load(path)
         self.window_s = window_s
-        self.cache = SymbolCache()
+        self.resolver = Resolver()
         times = [a["time_ns"] for a in (self.rec.samples, self.rec.sched) if len(a)]
         self.t0 = int(min(t.min() for t in times)) if times else 0
         self.t_end = int(max(t.max() for t in times)) if times else 0
@@ -131,13 +140,13 @@ class ReplayWindow:
         self.samples = np.sort(self.rec.samples, order="time_ns")
         self.sched = np.sort(self.rec.sched, order="time_ns")
         self.meta = self.rec.meta
-        # kallsyms is parsed once into the cache (start); without it in the snapshot no window re-parses it
-        self.snapshot = {k: v for k, v in self.rec.snapshot.items() if k != "kallsyms"}
+        # kallsyms is parsed once into the resolver (start); without it in the snapshot no window re-parses it
+        self.snapshot = {k: v for k, v in self.rec.snapshot.items() if k != recording.KALLSYMS_KEY}
 
     started = True
 
     def start(self) -> None:
-        self.cache.kallsyms = kallsyms_table(self.rec.snapshot.get("kallsyms", ""))
+        self.resolver.kallsyms = kallsyms_table(self.rec.kallsyms() or "")
 
     @property
     def at_end(self) -> bool:
@@ -152,7 +161,7 @@ class ReplayWindow:
                                                                                   self.now, "right")]
         rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9)
         rec.problems = list(self.rec.problems)
-        return Analysis(rec, cache=self.cache)
+        return Analysis(rec, resolver=self.resolver)
 
     def close(self) -> None:
         pass

@@ -28,7 +28,7 @@ from vmprof_tui.collect.bpf import Collector, check_privileges
 from vmprof_tui.collect.lbr import LbrCollector, LbrConfig, LbrUnsupported
 from vmprof_tui.collect.lbr_capability import detect
 from vmprof_tui.record.records import SAMPLE_DTYPE
-from vmprof_tui.resolve.bundle import read_build_id
+from vmprof_tui.resolve.elf import read_build_id
 
 DISCOVER_S = 1.0  # new VMs and vCPU threads are rare; a /proc scan is not free
 

@@ -40,6 +40,7 @@ from vmprof_tui.demo.loader import (
     load_program,
 )
 from vmprof_tui.libc import LIBC, schedstat
+from vmprof_tui.resolve import bundle_format
 
 # Doorbell ports (programs/guest_rt.h).
 PORT_EXIT, PORT_SLEEP_MS, PORT_PROGRESS = 0x10, 0x11, 0x12
@@ -382,12 +383,12 @@ def write_bundle(vm: DemoVm, directory: Path) -> None:
         processes.append({"pid": p.pid, "tids": [p.pid], "name": p.name,
                           "cmdline": [f"/bin/{p.name}", *map(str, p.args)],
                           "exe": f"/bin/{p.name}", "cr3": [p.space.cr3], "maps": maps})
-    bundle = {"format": "vmprof-guest-bundle", "version": 1, "vm": vm.name,
+    bundle = {"format": bundle_format.FORMAT, "version": bundle_format.VERSION, "vm": vm.name,
               "created_by": "vmprof demo VMM", "cr3_method": "vmm", "kernel": None,
               "processes": processes}
-    tmp = directory / "bundle.json.tmp"
+    tmp = directory / f"{bundle_format.INDEX}.tmp"
     tmp.write_text(json.dumps(bundle, indent=1))
-    tmp.rename(directory / "bundle.json")
+    tmp.rename(directory / bundle_format.INDEX)
 
 
 _out_lock = threading.Lock()

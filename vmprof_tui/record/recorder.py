@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
+from vmprof_tui.record import recording
 from vmprof_tui.record.recording import Writer
 from vmprof_tui.record.records import SAMPLE_GUEST
 
@@ -89,9 +90,9 @@ class Recorder:
             if vm.bundle and Path(vm.bundle, "bundle.json").exists():
                 w.add_bundle(vm.name, Path(vm.bundle))
         if first or chunk.new_vms:
-            w.add_snapshot({"vms": [vm.to_json() for vm in session.vms_seen.values()]})
+            w.add_snapshot(recording.snapshot(vms=[vm.to_json() for vm in session.vms_seen.values()]))
         if chunk.processes:
-            w.add_snapshot({f"process:{pid}": snap for pid, snap in chunk.processes.items()})
+            w.add_snapshot(recording.snapshot(processes=chunk.processes))
         p = self.progress
         p.elapsed_s = chunk.elapsed_s
         p.samples += len(chunk.samples)
@@ -108,8 +109,8 @@ class Recorder:
             self.session.close()
         if on_progress:
             on_progress(self.progress)
-        self.writer.add_snapshot({"kallsyms": read_kallsyms()})
+        self.writer.add_snapshot(recording.snapshot(kallsyms=read_kallsyms()))
         self.writer.close({"duration_s": self.progress.elapsed_s, "samples": self.progress.samples,
                            "guest_samples": self.progress.guest, "lost": lost,
                            "end_monotonic_ns": time.monotonic_ns(),
-                           "vms": [vm.to_json() for vm in self.session.vms_seen.values()]})
+                           recording.VMS_KEY: [vm.to_json() for vm in self.session.vms_seen.values()]})

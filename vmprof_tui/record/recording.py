@@ -46,6 +46,38 @@ class RecordingError(RuntimeError):
     pass
 
 
+# -- snapshot keys: made and read through this module only ----------------------------------------
+# A snapshot chunk is a JSON object merged into Recording.snapshot (docs/recording.md).  Writers build
+# it with snapshot(); readers use Recording.processes(), .vms() and .kallsyms().
+
+VMS_KEY = "vms"  # discovered VMs (also a key of the end chunk: the VMs as they were at the end)
+KALLSYMS_KEY = "kallsyms"  # the host's /proc/kallsyms text
+_PROCESS_PREFIX = "process:"  # process:PID, a host process as first sampled
+
+
+def process_key(pid: int) -> str:
+    """The snapshot key of host process `pid`."""
+    return f"{_PROCESS_PREFIX}{pid}"
+
+
+def is_process_key(key: str) -> bool:
+    return key.startswith(_PROCESS_PREFIX)
+
+
+def snapshot(vms: list[dict] | None = None, processes: dict[int, dict] | None = None,
+             kallsyms: str | None = None) -> dict:
+    """A snapshot chunk's object with the parts given (parts left out are not in it, so merging it into a
+    recording's snapshot leaves them as they were)."""
+    out: dict = {}
+    if vms is not None:
+        out[VMS_KEY] = vms
+    for pid, snap in (processes or {}).items():
+        out[process_key(pid)] = snap
+    if kallsyms is not None:
+        out[KALLSYMS_KEY] = kallsyms
+    return out
+
+
 def _pack_rows(header: dict, body: bytes) -> bytes:
     """A row chunk's payload: header length, JSON header (with "rows"), zlib body."""
     h = json.dumps(header).encode()
@@ -180,6 +212,18 @@ class Recording:
     @property
     def complete(self) -> bool:
         return self.end is not None and not self.problems
+
+    def processes(self) -> dict[int, dict]:
+        """Host pid -> its snapshot (comm, cmdline, exe, maps text, build ids; taken when first sampled)."""
+        return {int(v["pid"]): v for k, v in self.snapshot.items() if is_process_key(k)}
+
+    def vms(self) -> list[dict]:
+        """The VMs of the recording: as the end chunk lists them (every VM seen), else the last snapshot's."""
+        return (self.end or {}).get(VMS_KEY) or self.snapshot.get(VMS_KEY) or []
+
+    def kallsyms(self) -> str | None:
+        """The host's kallsyms text; None when the recording holds none (it is written at the end)."""
+        return self.snapshot.get(KALLSYMS_KEY)
 
     @property
     def lost_samples(self) -> int:

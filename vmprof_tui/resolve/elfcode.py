@@ -2,7 +2,7 @@
 resolver from runtime addresses to (object, vaddr, function).
 
 Symbols and segments come from the same hardened reader as guest bundles
-(:func:`vmprof_tui.bundle.elf_symbols_from_bytes`), so block tables and profiles name
+(:func:`vmprof_tui.resolve.elf.elf_symbols_from_bytes`), so block tables and profiles name
 functions alike and a malformed object raises one :class:`ElfError` line (the caller
 degrades that object's addresses to "unresolved").  Nothing is executed.
 """
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmprof_tui.record.lbr_model import ResolvedAddr
-from vmprof_tui.resolve.bundle import DEFAULT_LIMITS, ElfError, Segment, elf_symbols_from_bytes
+from vmprof_tui.resolve.elf import ElfError, Segment, elf_symbols_from_bytes
+from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS
 
 PF_X = 1
 EM_X86_64 = 62

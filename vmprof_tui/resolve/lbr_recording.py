@@ -11,7 +11,7 @@ import numpy as np
 from vmprof_tui.record.lbr_model import LbrSample, Resolve, ResolvedAddr
 from vmprof_tui.record.lbr_records import to_samples
 from vmprof_tui.record.recording import Recording, RecordingError, load
-from vmprof_tui.resolve.symbols import ObjectCache, parse_proc_maps
+from vmprof_tui.resolve.spaces import ObjectCache, parse_proc_maps
 
 
 def process_resolver(maps_text: str, objects: ObjectCache) -> Resolve:
@@ -47,7 +47,7 @@ def samples_of_recording(path: str, vm: str | None, process: str | None
     if rec.lbr is None or not len(rec.lbr):
         raise RecordingError(f"{path} has no branch records: record with `vmprof record --lbr` on a host with "
                           "LBR, or use `perf record -b` there and --perf-script")
-    snaps = {int(v["pid"]): v for k, v in rec.snapshot.items() if k.startswith("process:")}
+    snaps = rec.processes()
     samples = to_samples(rec.lbr, {pid: snap["comm"] for pid, snap in snaps.items()})
     objects = ObjectCache()
     resolvers: dict[int, Resolve | None] = {}

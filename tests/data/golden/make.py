@@ -85,7 +85,7 @@ def keep_system_objects(path: Path) -> None:
         if kind == r.SNAPSHOT:
             snap = json.loads(zlib.decompress(payload))
             for key, proc in snap.items():
-                if key.startswith("process:"):
+                if r.is_process_key(key):
                     proc["maps"] = "\n".join(line for line in proc["maps"].splitlines()
                                              if re.search(r" /(usr|lib)/", line))
                     proc["build_ids"] = {k: v for k, v in proc["build_ids"].items() if re.match("/(usr|lib)/", k)}

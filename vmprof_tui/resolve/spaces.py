@@ -1,8 +1,9 @@
-"""Symbol resolution: host kernel (kallsyms snapshot), host processes (maps
-snapshot + ELF symbols) and guests (guest bundles), vectorised over samples.
+"""Address spaces: which object file a sampled address falls in, and its function there.
 
-Lookups are ``searchsorted`` over sorted address tables: one numpy call per
-(process, mapping), never a Python loop per sample.
+Host processes come from the recording's maps snapshots (`parse_proc_maps`), guest processes from
+guest bundles (`guest_symbols`: normalised CR3 → process → its executable mappings).  Every object
+file is read once through the hardened ELF reader (`ObjectCache`).  Lookups are ``searchsorted``
+over sorted address tables: one numpy call per (process, mapping), never a Python loop per sample.
 """
 
 from __future__ import annotations
@@ -15,23 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.resolve import bundle as guest_bundle
-from vmprof_tui.resolve.bundle import KernelSymbols
-
-EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, object),
-                             np.empty(0, object))
-
-
-
-def kallsyms_table(text: str, notes: list[str] | None = None) -> KernelSymbols:
-    """Text symbols of a host kallsyms dump (the same parser as a guest's); an unreadable one gives none,
-    and says why in `notes`."""
-    try:
-        return guest_bundle.parse_kallsyms(text.encode())
-    except guest_bundle.BundleError as e:
-        if notes is not None:
-            notes.append(f"host kallsyms unreadable ({e}): host kernel samples show [unknown]")
-        return EMPTY_KERNEL
+from vmprof_tui.resolve.bundle import GuestBundle, load_bundle
+from vmprof_tui.resolve.elf import ElfSymbols, read_elf_symbols
+from vmprof_tui.resolve.symtab import EMPTY_KERNEL, KernelSymbols
+from vmprof_tui.resolve.untrusted import BundleError
 
 
 @dataclass
@@ -48,7 +36,7 @@ class ObjectCache:
     (host files get the same limits: a corrupt library must not stop an analysis)."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, guest_bundle.ElfSymbols | None] = {}
+        self._cache: dict[str, ElfSymbols | None] = {}
         self._spaces: dict[tuple[str, int, str], AddressSpace] = {}
 
     def host_space(self, name: str, pid: int, maps_text: str) -> AddressSpace:
@@ -60,12 +48,12 @@ class ObjectCache:
             self._spaces[key] = AddressSpace(name, pid, parse_proc_maps(maps_text))
         return self._spaces[key]
 
-    def get(self, path: Path) -> guest_bundle.ElfSymbols | None:
+    def get(self, path: Path) -> ElfSymbols | None:
         key = str(path)
         if key not in self._cache:
             try:
-                self._cache[key] = guest_bundle.read_elf_symbols(path)
-            except (guest_bundle.BundleError, OSError):  # its addresses stay [unknown]
+                self._cache[key] = read_elf_symbols(path)
+            except (BundleError, OSError):  # its addresses stay [unknown]
                 self._cache[key] = None
         return self._cache[key]
 
@@ -125,7 +113,7 @@ class GuestSymbols:
     processes: dict[int, AddressSpace]  # normalised CR3 -> process
     kernel: KernelSymbols
     note: str | None = None  # why the bundle could not be used
-    bundle: guest_bundle.GuestBundle | None = None  # kept open: a tar bundle's objects live in its folder
+    bundle: GuestBundle | None = None  # kept open: a tar bundle's objects live in its folder
 
 
 def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
@@ -135,10 +123,10 @@ def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
             with tempfile.NamedTemporaryFile(suffix=".tar") as f:
                 f.write(source)
                 f.flush()
-                b = guest_bundle.load_bundle(Path(f.name))
+                b = load_bundle(Path(f.name))
         else:
-            b = guest_bundle.load_bundle(Path(source))
-    except (guest_bundle.BundleError, OSError) as e:
+            b = load_bundle(Path(source))
+    except (BundleError, OSError) as e:
         return GuestSymbols(vm, {}, EMPTY_KERNEL, note=f"guest bundle of {vm} rejected: {e}")
     # Two processes running the same program are told apart: prog(1), prog(2)
     counts: dict[str, int] = {}

@@ -1,0 +1,109 @@
+"""Symbol tables: sorted address ranges → names, one class for every source (host and guest kallsyms,
+ELF files), and the kallsyms parser (host /proc/kallsyms snapshots and guest bundles alike).
+
+Lookups are ``searchsorted`` over the sorted starts: one numpy call per table, never a Python loop per
+sample.  kallsyms text is untrusted when it comes from a guest, so its parser is bounded (`Limits`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, MAX_NAME, BundleError, Limits, safe_text
+
+
+@dataclass
+class SymbolTable:
+    """Sorted function ranges: addresses in [starts[i], ends[i]) belong to names[i].  One class for host
+    and guest kallsyms and ELF symbol tables, so every lookup behaves alike."""
+
+    starts: np.ndarray  # uint64, sorted
+    ends: np.ndarray  # uint64, exclusive
+    names: np.ndarray  # object (str)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def lookup(self, addrs: np.ndarray) -> np.ndarray:
+        """Index of the symbol containing each address, -1 where none does."""
+        a = np.asarray(addrs, dtype=np.uint64)
+        idx = np.searchsorted(self.starts, a, side="right").astype(np.int64) - 1
+        ok = idx >= 0
+        ok[ok] &= a[ok] < self.ends[idx[ok]]
+        return np.where(ok, idx, -1)
+
+    @functools.cached_property
+    def names_or_unknown(self) -> np.ndarray:
+        """Names with '[unknown]' last so that index -1 reads it."""
+        return np.append(self.names, "[unknown]").astype(object)
+
+
+@dataclass
+class KernelSymbols(SymbolTable):
+    """Kernel text symbols from a kallsyms text; each ends where the next one starts."""
+
+    modules: np.ndarray  # object (str, "" for the kernel image)
+
+    @functools.cached_property
+    def _bracketed_modules(self) -> np.ndarray:
+        """'[module]' per symbol, '' for the kernel image and (last) for index -1."""
+        return np.array([f"[{m}]" if m else "" for m in self.modules.tolist()] + [""], dtype=object)
+
+    def module_labels(self, idx: np.ndarray, image: str) -> np.ndarray:
+        """'[module]' for symbols of modules; `image` for the kernel image and for index -1."""
+        labels = self._bracketed_modules[idx]
+        labels[labels == ""] = image
+        return labels
+
+
+# a kernel with no symbols: every address reads [unknown]
+EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, object),
+                             np.empty(0, object))
+
+
+def parse_kallsyms(data: bytes, limits: Limits = DEFAULT_LIMITS) -> KernelSymbols:
+    """Text symbols (t, T, w, W) of a kallsyms text, sorted; BundleError with one line for a malformed one."""
+    if len(data) > limits.max_kallsyms_bytes:
+        raise BundleError(f"kallsyms is {len(data)} bytes, over the limit of {limits.max_kallsyms_bytes}")
+    lines = data.split(b"\n")
+    if len(lines) > limits.max_symbols + 1:
+        raise BundleError(f"kallsyms has {len(lines)} lines, over the limit of {limits.max_symbols} symbols")
+    addrs: list[int] = []
+    names: list[str] = []
+    mods: list[str] = []
+    for n, line in enumerate(lines, 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) < 3 or len(parts[1]) != 1 or len(parts[0]) > 16:
+            raise BundleError(f"kallsyms line {n} is not 'ADDRESS TYPE NAME [MODULE]'")
+        if parts[1] not in (b"t", b"T", b"w", b"W"):
+            continue
+        try:
+            addr = int(parts[0], 16)
+        except ValueError:
+            raise BundleError(f"kallsyms line {n}: bad address") from None
+        addrs.append(addr)
+        names.append(safe_text(parts[2][:MAX_NAME].decode("utf-8", "replace"), MAX_NAME))
+        mod = parts[3].strip(b"[]") if len(parts) > 3 else b""
+        mods.append(safe_text(mod[:256].decode("utf-8", "replace"), 256))
+    a = np.array(addrs, dtype=np.uint64)
+    order = np.argsort(a, kind="stable")
+    a = a[order]
+    ends = np.append(a[1:], a[-1:] + np.uint64(4096))
+    return KernelSymbols(starts=a, ends=ends, names=np.array(names, dtype=object)[order],
+                         modules=np.array(mods, dtype=object)[order])
+
+
+def kallsyms_table(text: str, notes: list[str] | None = None) -> KernelSymbols:
+    """Text symbols of a host kallsyms dump (the same parser as a guest's); an unreadable one gives none,
+    and says why in `notes`."""
+    try:
+        return parse_kallsyms(text.encode())
+    except BundleError as e:
+        if notes is not None:
+            notes.append(f"host kallsyms unreadable ({e}): host kernel samples show [unknown]")
+        return EMPTY_KERNEL
