@@ -20,7 +20,7 @@ from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
 from vmprof_tui.record.recorder import Recorder
-from vmprof_tui.record.recording import Writer
+from vmprof_tui.record.recording import Writer, snapshot
 from vmprof_tui.record.spool import WINDOW_RE, Agent, Spool, parse_duration, parse_size
 
 
@@ -69,7 +69,7 @@ class TeeSession:
     def finish(self) -> tuple[Chunk, dict]:
         chunk, lost = self._session.finish()
         self.recorder._write(chunk)
-        self.recorder.writer.add_snapshot({"kallsyms": read_kallsyms()})
+        self.recorder.writer.add_snapshot(snapshot(kallsyms=read_kallsyms()))
         self.recorder.writer.close({"duration_s": 0.0, "lost": lost})
         return chunk, lost
 

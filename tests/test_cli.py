@@ -94,8 +94,7 @@ def test_record_a_command_from_start_to_end(tmp_path: Path) -> None:
     assert "sh exited with status 3" in res.stderr
     rec = recording.load(out)
     assert rec.complete and rec.meta["frequency"] == 500
-    names = {p["comm"] for p in rec.processes().values()} if hasattr(rec, "processes") else {
-        v["comm"] for k, v in rec.snapshot.items() if k.startswith("process:")}
+    names = {p["comm"] for p in rec.processes().values()}
     assert "sh" in names, "the command's own samples are in the recording"
 
 

@@ -131,7 +131,7 @@ def table(store: Path, name: str) -> list[dict]:
 
 def single_process(spool: Path, store: Path) -> None:
     for ref in find_windows([spool]):
-        for vm in window_vms(ref.path):
+        for vm in window_vms(ref.path)[0]:
             analyse_window_vm(ref, vm, str(store))
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import require_root
 
+from vmprof_tui.analyse import exits
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.steal import steal_report
 from vmprof_tui.collect import backends
@@ -33,7 +34,7 @@ FAKE = {"TASK_PREEMPT_NOTIFIERS": 768, "TASK_PID": 1264, "TASK_TGID": 1268, "TAS
 
 
 def test_exit_categories() -> None:
-    c = backends.exit_category
+    c = exits.exit_category
     assert (c("vmx", 12), c("vmx", 1), c("vmx", 30), c("vmx", 48), c("vmx", 49), c("vmx", 32)) == (
         "halt", "external_interrupt", "io", "ept", "mmio", "msr")
     assert c("vmx", 0x8000_0021) == c("vmx", 0x21)  # failed-entry bit and friends are masked

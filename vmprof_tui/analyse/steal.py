@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from vmprof_tui.analyse import exits
 from vmprof_tui.analyse.analysis import BLOCKED, IDLE, PREEMPTED, Analysis, Attribution
-from vmprof_tui.collect import backends
 from vmprof_tui.record.records import SAMPLE_VCPU
 
 
@@ -24,7 +24,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)
         for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm], return_counts=True), strict=True):
-            by_exit[backends.exit_category(an.backend, int(reason))] += float(n) * period
+            by_exit[exits.exit_category(an.backend, int(reason))] += float(n) * period
         vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
         if vmm_user:
             by_exit["vmm user space"] += float(vmm_user) * period

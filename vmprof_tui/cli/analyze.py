@@ -13,10 +13,10 @@ HELP = "analyse agent windows on Dask into a Parquet store (each window once)"
 EXAMPLES = """examples:
   vmprof analyze /srv/spool --store /srv/store          embedded LocalCluster
   vmprof analyze /nfs/spool/* --store /srv/store --scheduler tcp://node1:8786
-  vmprof analyze /srv/spool --store /srv/store --follow   keep up with new windows
+  vmprof analyze /srv/spool --store /srv/store --follow   keep up with it
 
 a real cluster: `dask scheduler` on one node, `dask worker tcp://node1:8786` on
-each analysis node (with vmprof installed and the spool mounted at the same path)."""
+each analysis node (vmprof installed, the spool mounted at the same path)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,8 +10,10 @@ from vmprof_tui.cli.common import Failure, Usage, write_output
 
 HELP = "differential profile of a VM between two time ranges of the store"
 EXAMPLES = """examples:
-  vmprof diff --store /srv/store --vm web1 2h..1h 1h..0m     last hour vs the one before
-  vmprof diff --store /srv/store --vm web1 2026-11-22T09:00..2026-11-22T10:00 30m..0m"""
+  vmprof diff --store /srv/store --vm web1 2h..1h 1h..0m   the last hour vs
+                                                           the one before
+  vmprof diff --store /srv/store --vm web1 \\
+              2026-11-22T09:00..2026-11-22T10:00 30m..0m"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vmprof_tui.cli.common import Failure, write_output
 
-HELP = "per-window history of VMs from the store: user, kernel, idle, steal, top functions"
+HELP = "per-window history of VMs in the store: user, kernel, idle, steal, top functions"
 EXAMPLES = """examples:
   vmprof history --store /srv/store --vm web1 --since 1h
   vmprof history --store /srv/store --anomalies          windows that stand out

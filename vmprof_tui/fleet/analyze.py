@@ -122,12 +122,12 @@ class Analyzer:
         good = [r for r in todo if results[r].error is None]
         vms_of = dict(zip(good, c.gather(c.map(window_vms, [r.path for r in good], pure=False)), strict=True))
         for ref in good:
-            results[ref].vms = vms_of[ref]
-            for vm in vms_of[ref]:
+            results[ref].vms, results[ref].t2_s = vms_of[ref]
+            for vm in results[ref].vms:
                 f = c.submit(analyse_window_vm, ref, vm, str(self.store), key=f"vmprof-{ref.host}-{ref.seq}-{vm}",
                              retries=retries, pure=False)
                 futures[f] = ref
-        pending = {ref: len(vms_of[ref]) for ref in good}
+        pending = {ref: len(results[ref].vms) for ref in good}
         finished = []
         for ref in good:
             if not pending[ref]:  # a window with no VM: done at once

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.steal import vcpu_steal
-from vmprof_tui.record.recording import load
+from vmprof_tui.record.recording import KALLSYMS_KEY, load
 from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL
 
 PROFILE_SCHEMA = pa.schema([
@@ -71,18 +71,19 @@ def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
     return out
 
 
-def window_vms(path: str) -> list[str]:
-    """The VMs a window has samples or timelines of (the tasks to make for it)."""
+def window_vms(path: str) -> tuple[list[str], float]:
+    """The VMs of a window (the tasks to make for it), and the seconds it took to find them (part of t2)."""
+    t = time.monotonic()
     rec = load(Path(path))
-    rec.snapshot.pop("kallsyms", None)
-    return Analysis(rec, timelines=False).vm_names()
+    rec.snapshot.pop(KALLSYMS_KEY, None)
+    return Analysis(rec).vm_names(), time.monotonic() - t
 
 
 def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     """The task: analyse one VM of one window, write its rows, return what it did (for t2)."""
     t = time.monotonic()
     rec = load(Path(ref.path))
-    rec.snapshot.pop("kallsyms", None)  # the guest level never names host kernel code: skip its parse
+    rec.snapshot.pop(KALLSYMS_KEY, None)  # the guest level never names host kernel code: skip its parse
     an = Analysis(rec)
     window_s = float(rec.end["duration_s"]) if rec.end else rec.duration_s
     start = datetime.fromtimestamp(float(rec.meta.get("start_unix_s", ref.start_unix_s)), UTC)

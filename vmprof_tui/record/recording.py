@@ -258,8 +258,8 @@ def _load_static(rec: Recording) -> None:
     """A window of `vmprof agent` references static data in its spool (the host's kallsyms, guest bundles:
     stored once per change) instead of carrying copies: read them in, so a window reads like any recording."""
     ref = rec.snapshot.get("kallsyms_ref")
-    if ref is not None and "kallsyms" not in rec.snapshot and (data := _read_static(rec, ref, "kallsyms")):
-        rec.snapshot["kallsyms"] = data.decode(errors="replace")
+    if ref is not None and KALLSYMS_KEY not in rec.snapshot and (data := _read_static(rec, ref, "kallsyms")):
+        rec.snapshot[KALLSYMS_KEY] = data.decode(errors="replace")
     refs = rec.snapshot.get("bundle_refs") or {}
     for vm, ref in refs.items() if isinstance(refs, dict) else ():
         if vm not in rec.bundles and (data := _read_static(rec, ref, f"bundle of VM {str(vm)[:80]}")):

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
-from vmprof_tui.record.recording import Writer, bundle_tar
+from vmprof_tui.record.recording import Writer, bundle_tar, snapshot
 from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
 
 WINDOW_RE = re.compile(r"^W(\d{8})-(\d+)\.vmprof$")
@@ -281,9 +281,8 @@ class Agent:
             try:
                 w.add(samples, sched)
                 vms = [vm.to_json() for vm in self.session.vms_seen.values()]
-                snap = {"vms": vms, "kallsyms_ref": self.kallsyms_ref, "bundle_refs": dict(self.bundle_refs)}
-                snap.update({f"process:{pid}": p for pid, p in win.processes.items()})
-                w.add_snapshot(snap)
+                w.add_snapshot({**snapshot(vms=vms, processes=win.processes), "kallsyms_ref": self.kallsyms_ref,
+                                "bundle_refs": dict(self.bundle_refs)})
                 w.close({"duration_s": stats.t1_s, "samples": len(samples), "lost": {
                     "samples": [win.lost.get("samples", 0)], "sched": [win.lost.get("sched", 0)]},
                     "end_monotonic_ns": win.end_ns, "vms": vms})
