@@ -16,7 +16,9 @@ import pytest
 from conftest import Recorded, record_scenario, vmprof
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from vmprof_tui.analyse import timeline
 from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.show.formats import ReportInput, chrome, pprof
 
 VM = "twoprocs"
@@ -121,9 +123,9 @@ def test_varint_wire_format() -> None:
 def test_pprof_hand_made_profile() -> None:
     rows = [Row(500, "compute_a", "compute", "compute(1)", 1, "vm1"),
             Row(120, "compute_b", "compute", "compute(1)", 1, "vm1"),
-            Row(33.4, "[steal]", "(outside)", None, None, "vm1"),
-            Row(33.4, "[steal]", "(vmm)", None, None, "vm1"),
-            Row(0.2, "[idle]", "(halt_exit)", None, None, "vm1"),
+            Row(33.4, "[steal]", "(outside)", None, None, "vm1", RowKind.STEAL_OUTSIDE),
+            Row(33.4, "[steal]", "(vmm)", None, None, "vm1", RowKind.STEAL_VMM),
+            Row(0.2, "[idle]", "(halt_exit)", None, None, "vm1", RowKind.IDLE),
             Row(0, "never", "none", None, None, "vm1")]
     profile = Profile("guest", "vm1", None, sum(r.samples for r in rows), 0.75, 3,
                       {"os": 0.0, "user": 90.0, "idle": 0.0, "steal": 10.0}, rows, notes=["a note"])
@@ -142,8 +144,9 @@ def test_pprof_hand_made_profile() -> None:
 
 
 def test_pprof_host_rows_without_process() -> None:
-    rows = [Row(10, "schedule", "[kernel.kallsyms]", "kworker", 7), Row(5, "[idle]", "(cpu idle)"),
-            Row(20, "[vm1]", "(VM1)", None, 4242, "vm1")]
+    rows = [Row(10, "schedule", "[kernel.kallsyms]", "kworker", 7),
+            Row(5, "[idle]", "(cpu idle)", kind=RowKind.CPU_IDLE),
+            Row(20, "[vm1]", "(VM1)", None, 4242, "vm1", RowKind.VM)]
     profile = Profile("host", None, None, 35, 1.0, 0, {}, rows)
     d = Decoded(pprof.render_profile(profile, 1e6))
     check_wellformed(d)
@@ -156,11 +159,11 @@ def test_sample_runs_tile_on_cpu_segments() -> None:
     codes = np.array([7, 7, 8, 8, 8, 8, 8, -1])
     seg = np.array([0, 0, 0, 0, 0, 1, 1, 1])  # a blank from 5.6 ms to 8.5 ms
     lo, hi = np.array([200_000, 8_500_000]), np.array([5_600_000, 12 * p])
-    first, count, start, end = chrome.sample_runs(times, codes, seg, lo, hi)
+    first, count, start, end = timeline.sample_runs(times, codes, seg, lo, hi)
     assert first.tolist() == [0, 2, 5, 7] and count.tolist() == [2, 3, 2, 1]
     assert start.tolist() == [200_000, 2_500_000, 8_500_000, 10_500_000]
     assert end.tolist() == [2_500_000, 5_600_000, 10_500_000, 12_000_000]
-    assert chrome.sample_runs(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64), lo, hi)[0].size == 0
+    assert timeline.sample_runs(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64), lo, hi)[0].size == 0
 
 
 # -- a real recording ------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""The numpy dtypes are the C structs of bpf/sample.h: same size, same offsets."""
+"""The numpy dtypes are the C structs of bpf/sample.h (same size, same offsets), and the flag constants
+are its #defines (same names, same values)."""
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -8,20 +10,42 @@ from conftest import ROOT
 from vmprof_tui.record import records
 
 
-def test_dtypes_match_c_structs(tmp_path: Path) -> None:
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "sample.h"', "int main(void) {"]
-    for struct, dtype in records.C_STRUCTS.items():
-        lines.append(f'printf("{struct} size %zu\\n", sizeof(struct {struct}));')
-        for name in dtype.names:
-            lines.append(f'printf("{struct} {name} %zu\\n", offsetof(struct {struct}, {name}));')
-    lines.append("return 0; }")
+def compile_and_run(tmp_path: Path, body: list[str]) -> list[str]:
+    """The output lines of a C program that includes sample.h and runs `body` in main()."""
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "sample.h"', "int main(void) {", *body,
+             "return 0; }"]
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines))
     exe = tmp_path / "layout"
     subprocess.run(["gcc", f"-I{ROOT / 'bpf'}", "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
-    c_layout = {tuple(line.split()[:2]): int(line.split()[2]) for line in out if line}
+    return [line for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+            if line]
+
+
+def test_dtypes_match_c_structs(tmp_path: Path) -> None:
+    lines = []
+    for struct, dtype in records.C_STRUCTS.items():
+        lines.append(f'printf("{struct} size %zu\\n", sizeof(struct {struct}));')
+        for name in dtype.names:
+            lines.append(f'printf("{struct} {name} %zu\\n", offsetof(struct {struct}, {name}));')
+    c_layout = {tuple(line.split()[:2]): int(line.split()[2]) for line in compile_and_run(tmp_path, lines)}
     for struct, dtype in records.C_STRUCTS.items():
         assert c_layout[(struct, "size")] == dtype.itemsize, struct
         for name in dtype.names:
             assert c_layout[(struct, name)] == dtype.fields[name][1], (struct, name)
+
+
+FLAG_PREFIXES = ("SAMPLE_", "SCHED_")
+
+
+def test_flag_constants_match_defines(tmp_path: Path) -> None:
+    """Every SAMPLE_*/SCHED_* flag of sample.h exists in records.py with the value the C compiler gives it,
+    and records.py has no flag that sample.h lacks."""
+    header = (ROOT / "bpf" / "sample.h").read_text()
+    c_names = re.findall(r"^\s*#\s*define\s+((?:SAMPLE|SCHED)_\w+)\s+\S", header, re.MULTILINE)
+    assert c_names, "no flag #defines found in sample.h"
+    c_values = {name: int(value) for name, value in (line.split() for line in compile_and_run(
+        tmp_path, [f'printf("{n} %llu\\n", (unsigned long long)({n}));' for n in c_names]))}
+    py_values = {name: value for name, value in vars(records).items()
+                 if name.startswith(FLAG_PREFIXES) and isinstance(value, int)}
+    assert py_values == c_values

@@ -19,12 +19,13 @@ then
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui.analyse.kinds import BlankKind, RowKind
+from vmprof_tui.analyse.timeline import IDLE_CAUSE, steal_split
 from vmprof_tui.collect import backends
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
@@ -37,8 +38,6 @@ from vmprof_tui.record.records import (
 )
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 
-IDLE, PREEMPTED, BLOCKED = "idle", "preempted", "blocked"
-
 # positions of sched-event fields in a record converted with .tolist()
 FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU = (SCHED_DTYPE.names.index(n) for n in (
     "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu"))
@@ -46,12 +45,15 @@ FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU = (SCHED_DTYPE.names.index(n) 
 
 @dataclass
 class Row:
+    """One line of a profile.  `kind` says what it counts; function and module are only what users read
+    (exports keep their keys: the kind is not written out)."""
     samples: float
     function: str
     module: str
     process: str | None = None
     pid: int | None = None
     vm: str | None = None
+    kind: RowKind = RowKind.FUNCTION
 
     def to_json(self, total: float) -> dict:
         return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
@@ -87,7 +89,7 @@ class Blank:
     """An interval in which a vCPU was not on a CPU."""
     start_ns: int
     end_ns: int
-    kind: str  # idle | preempted | blocked
+    kind: BlankKind
     exit_reason: int
     cpu: int
     first_holder: str  # the task that took the pCPU when the vCPU left it
@@ -144,10 +146,6 @@ class Attribution:
         return self.run_ns + self.steal_ns
 
 
-def steal_type(module: str) -> int:
-    """Which steal a guest profile's [steal] row is: 1, waiting for the pCPU ('(outside)', '(on vcpuN)'), or 2,
-    the VMM or KVM working on the vCPU's behalf ('(vmm)', '(vmm blocked)'); see _guest_profile."""
-    return 2 if module.startswith("(vmm") else 1
 
 
 class Analysis:
@@ -334,7 +332,7 @@ class Analysis:
         A thread's on-CPU intervals do not overlap, so the time it ran before t is a step function F(t)
         (cumulative durations); its overlap with [a, b) is F(b) - F(a), for all waits at once."""
         for tid, tl in timelines.items():
-            waits = [b for b in tl.blanks if b.kind == PREEMPTED]
+            waits = [b for b in tl.blanks if b.kind == BlankKind.PREEMPTED]
             if not waits:
                 continue
             w_start = np.array([b.start_ns for b in waits], np.int64)
@@ -388,11 +386,11 @@ class Analysis:
         """A blank that began with sched event `e` (a record of SCHED_DTYPE as a tuple)."""
         flags = e[FLAGS]
         if flags & SCHED_PREV_HALTED:
-            kind = IDLE
+            kind = BlankKind.IDLE
         elif flags & SCHED_PREV_RUNNABLE:
-            kind = PREEMPTED
+            kind = BlankKind.PREEMPTED
         else:
-            kind = BLOCKED
+            kind = BlankKind.BLOCKED
         who = (e[NEXT_PID], e[NEXT_COMM])
         holder = self._holders.get(who)
         if holder is None:
@@ -411,7 +409,8 @@ class Analysis:
         """The names of sample i as a Row of `samples`."""
         pid = int(self.proc_pid[i])
         return Row(samples, str(self.func[i]), str(self.module[i]), str(self.process[i]) or None,
-                   pid if pid >= 0 else None, self.vm_of[i] or None)
+                   pid if pid >= 0 else None, self.vm_of[i] or None,
+                   RowKind.UNKNOWN if self.unresolved[i] else RowKind.FUNCTION)
 
     def aggregate(self, sel: np.ndarray) -> list[Row]:
         """One Row per distinct (vm, process, pid, function, module) among the selected samples."""
@@ -469,11 +468,12 @@ class Analysis:
             row.vm = None
         idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
         if idle_virtual:
-            rows.append(Row(idle_virtual, "[idle]", "(cpu idle)"))
+            rows.append(Row(idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
         for pid in np.unique(s["pid"][guest]).tolist():
             name = self.vm_by_pid.get(pid, f"vm-{pid}")
             n = int(np.count_nonzero(guest & (s["pid"] == pid)))
-            rows.append(Row(n, f"[{name}]", f"(VM{self.vm_index.get(name, 0)})", None, pid, name))
+            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), None, pid, name,
+                            RowKind.VM))
         total = float(np.count_nonzero(host | guest)) + idle_virtual
         idle = idle_virtual if measured_idle else np.count_nonzero(host & (s["pid"] == 0))
         kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
@@ -515,27 +515,17 @@ class Analysis:
         # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal)
         vmm = sel & ~self.is_guest
         vmm_samples = float(np.count_nonzero(vmm))
-        virtual: dict[tuple[str, str], float] = defaultdict(float)
-        for tl in tls:
-            for b in tl.blanks:
-                n = b.duration_ns / period
-                if b.kind == IDLE:
-                    virtual[("[idle]", "(halt_exit)")] += n
-                elif b.kind == PREEMPTED:
-                    for v, ns in b.same_vm_ns.items():
-                        virtual[("[steal]", f"(on vcpu{v})")] += ns / period
-                    virtual[("[steal]", "(outside)")] += n - sum(b.same_vm_ns.values()) / period
-                else:
-                    virtual[("[steal]", "(vmm blocked)")] += n
+        # virtual samples of the blanks, by cause (in the order the blanks show them)
+        virtual = steal_split((b for tl in tls for b in tl.blanks), period)
         if vmm_samples:
-            virtual[("[steal]", "(vmm)")] += vmm_samples
-        for (f, m), n in virtual.items():
-            rows.append(Row(n, f, m, None, None, vm))
+            virtual[(RowKind.STEAL_VMM, None)] += vmm_samples
+        for (kind, v), n in virtual.items():
+            rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
         total = float(np.count_nonzero(real_guest)) + sum(virtual.values())
         gk = np.count_nonzero(real_guest & ((s["flags"] & SAMPLE_GUEST_KERNEL) != 0))
         gu = np.count_nonzero(real_guest) - gk
-        idle = virtual.get(("[idle]", "(halt_exit)"), 0.0)
-        steal = sum(v for (f, _m), v in virtual.items() if f == "[steal]")
+        idle = virtual.get(IDLE_CAUSE, 0.0)
+        steal = sum(v for (kind, _v), v in virtual.items() if kind.is_steal)
         ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
                   (("os", gk), ("user", gu), ("idle", idle), ("steal", steal))}
         notes = list(self.notes)
@@ -556,12 +546,12 @@ class Analysis:
                 continue
             keys = (self.key if per_function else self.proc_key)[sel]
             steal = np.zeros((2, int(keys.max()) + 1))
-            steals = [b for b in tl.blanks if b.kind != IDLE]
+            steals = [b for b in tl.blanks if b.kind.steal_type]
             if steals:
                 times = s["time_ns"][sel]
                 starts = np.array([b.start_ns for b in steals], np.uint64)
                 ends = np.array([b.end_ns for b in steals], np.uint64)
-                type1 = np.array([b.kind == PREEMPTED for b in steals])
+                type1 = np.array([b.kind.steal_type == 1 for b in steals])
                 before = np.searchsorted(times, starts, side="right") - 1
                 after = np.searchsorted(times, ends, side="left")
                 ok = (before >= 0) & (after < len(times))

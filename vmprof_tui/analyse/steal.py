@@ -1,5 +1,9 @@
-"""Steal and idle per VM and vCPU, type 1 vs type 2, exit-reason
-breakdown, who stole, and corrected execution times beside apparent ones."""
+"""`vmprof steal`: steal and idle per VM and vCPU, type 1 vs type 2, exit-reason
+breakdown, who stole, and corrected execution times beside apparent ones.
+
+The split of blank time by cause is analyse.timeline.steal_split (the guest
+profile uses the same); this module adds the breakdowns by exit reason and by
+who held the pCPU, in seconds of each vCPU's wall time."""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ from collections import defaultdict
 import numpy as np
 
 from vmprof_tui.analyse import exits
-from vmprof_tui.analyse.analysis import BLOCKED, IDLE, PREEMPTED, Analysis, Attribution
+from vmprof_tui.analyse.analysis import Analysis, Attribution
+from vmprof_tui.analyse.kinds import BlankKind
+from vmprof_tui.analyse.timeline import BLOCKED_CAUSE, IDLE_CAUSE, steal_of_type, steal_split
 from vmprof_tui.record.records import SAMPLE_VCPU
 
 
@@ -28,16 +34,17 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
         if vmm_user:
             by_exit["vmm user space"] += float(vmm_user) * period
-        idle = sum(b.duration_ns for b in tl.blanks if b.kind == IDLE)
-        preempted = [b for b in tl.blanks if b.kind == PREEMPTED]
-        blocked = sum(b.duration_ns for b in tl.blanks if b.kind == BLOCKED)
+        split = steal_split(tl.blanks)  # in ns
+        idle = split.get(IDLE_CAUSE, 0.0)
+        blocked = split.get(BLOCKED_CAUSE, 0.0)
         if blocked:
             by_exit["vmm blocked"] += blocked
         who: dict[str, float] = defaultdict(float)
-        for b in preempted:
-            for holder, ns in b.holders().items():
-                who[holder] += ns
-        type1 = float(sum(who.values()))
+        for b in tl.blanks:
+            if b.kind == BlankKind.PREEMPTED:
+                for holder, ns in b.holders().items():
+                    who[holder] += ns
+        type1 = steal_of_type(split, 1)
         type2 = float(sum(by_exit.values()))
         wall = float(tl.wall_ns) or 1.0
         vcpus.append({

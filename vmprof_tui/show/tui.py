@@ -20,7 +20,10 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from vmprof_tui.analyse.analysis import IDLE, PREEMPTED, Analysis, steal_type
+from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.kinds import BlankKind, RowKind
+from vmprof_tui.analyse.steal import vcpu_steal
+from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
 
 SPARK = "▁▂▃▄▅▆▇█"
 HOST_KEY = "(host)"
@@ -55,13 +58,17 @@ class VmSummary:
     top_function: str
 
 
+def functions(rows: list[Row]) -> list[Row]:
+    """The rows of resolved functions (not steal, idle, VM or [unknown] rows): what "top function" picks from."""
+    return [r for r in rows if r.kind is RowKind.FUNCTION]
+
+
 def vm_summary(an: Analysis, vm: str) -> VmSummary:
     p = an.guest_profile(vm)
     total = p.total_samples or 1.0
-    steal = [r for r in p.rows if r.function == "[steal]"]
-    steal1 = sum(r.samples for r in steal if steal_type(r.module) == 1)
-    steal2 = sum(r.samples for r in steal if steal_type(r.module) == 2)
-    guest_rows = [r for r in p.rows if not r.function.startswith("[")]
+    steal1 = sum(r.samples for r in p.rows if r.kind.steal_type == 1)
+    steal2 = sum(r.samples for r in p.rows if r.kind.steal_type == 2)
+    guest_rows = functions(p.rows)
     by_proc: dict[str, float] = defaultdict(float)
     for r in guest_rows:
         by_proc[r.process or "?"] += r.samples
@@ -243,7 +250,7 @@ class OverviewScreen(TableScreen):
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         h = an.host_profile()
         r = h.ratios
-        host_rows = [x for x in h.rows if not x.function.startswith("[")]
+        host_rows = functions(h.rows)
         top_host = max(host_rows, key=lambda x: x.samples) if host_rows else None
         out = [(HOST_KEY, ("(host)", "-", r["user"], r["os"], "-", r["idle"],
                            top_host.process or "-" if top_host else "-", top_host.function if top_host else "-",
@@ -298,7 +305,7 @@ class VmScreen(VmTableScreen):
         out = []
         for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
             p = an.guest_profile(self.vm, tl.vcpu)
-            g = [r for r in p.rows if not r.function.startswith("[")]
+            g = functions(p.rows)
             top = max(g, key=lambda r: r.samples).function if g else "-"
             out.append((str(tl.vcpu), (f"vcpu{tl.vcpu}", tl.tid, p.ratios["user"] + p.ratios["os"],
                                        p.ratios["idle"], p.ratios["steal"], top)))
@@ -322,6 +329,7 @@ class ProcessScreen(VmTableScreen):
     def __init__(self, vm: str, vcpu: int | None) -> None:
         super().__init__(vm)
         self.vcpu = vcpu
+        self.processes: set[str] = set()  # the guest processes among the rows (they have functions)
 
     def title_text(self, an: Analysis) -> str:
         return f"VM {self.vm} vcpu{self.vcpu}: guest processes, steal and idle (Enter: functions)"
@@ -330,13 +338,17 @@ class ProcessScreen(VmTableScreen):
         p = an.guest_profile(self.vm, self.vcpu)
         total = p.total_samples or 1.0
         agg: dict[tuple[str, int | None], float] = defaultdict(float)
+        self.processes.clear()
         for r in p.rows:
             agg[(r.process or f"{r.function} {r.module}", r.pid)] += r.samples
+            if r.process and r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN):
+                self.processes.add(r.process)
         return [(name, (name, pid if pid is not None else "", int(n), 100 * n / total))
                 for (name, pid), n in agg.items()]
 
     def drill(self, key: str | None) -> None:
-        if key is not None and not key.startswith("["):
+        # guest processes have functions below them; steal and idle rows do not
+        if key is not None and key in self.processes:
             self.app.push_screen(FunctionScreen(self.vm, self.vcpu, key))
 
 
@@ -363,8 +375,6 @@ class StealScreen(VmTableScreen):
         return f"VM {self.vm}: steal by who held the pCPU (type 1) and by exit reason (type 2)"
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        from vmprof_tui.analyse.steal import vcpu_steal
-
         out = []
         for v in vcpu_steal(an, self.vm):
             wall = v["wall_s"] or 1.0
@@ -378,10 +388,13 @@ class StealScreen(VmTableScreen):
 
 
 class TimelineScreen(Screen):
-    """Per-vCPU strips of the window: guest running, VMM, steal, idle."""
+    """Per-vCPU strips of the window: guest running, VMM, steal, idle (analyse.timeline.vcpu_segments)."""
 
     BINDINGS = [Binding("escape", "back", "back")]
     STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue")}
+    BLANK_STATES = {BlankKind.IDLE: 4, BlankKind.PREEMPTED: 3, BlankKind.BLOCKED: 2}  # VMM-blocked: VMM's colour
+    # what a column shows when several segments share it: samples over blanks, guest code over the VMM
+    PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
 
     def __init__(self, vm: str) -> None:
         super().__init__()
@@ -413,18 +426,17 @@ class TimelineScreen(Screen):
         text.append("\n\n")
         w0, w1 = an.window()
         span = max(w1 - w0, 1)
-        s = an.samples
         for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
-            strip = np.zeros(width, np.int8)
-            for b in tl.blanks:
-                lo = int((b.start_ns - w0) * width // span)
-                hi = max(int((b.end_ns - w0) * width // span), lo + 1)
-                strip[lo:hi] = 4 if b.kind == IDLE else 3 if b.kind == PREEMPTED else 2
-            mine = an.thread_mask(tl)
-            cols = ((s["time_ns"][mine].astype(np.int64) - w0) * width // span).clip(0, width - 1)
-            guest = an.is_guest[mine]
-            strip[cols[~guest]] = 2
-            strip[cols[guest]] = 1
+            strip = np.zeros(width, np.int8)  # unsampled on-CPU time stays blank
+            segments = vcpu_segments(an, tl)
+            for kind in self.PAINT_ORDER:
+                for seg in segments:
+                    if seg.kind is not kind:
+                        continue
+                    lo = min(int((seg.start_ns - w0) * width // span), width - 1)
+                    hi = max(int((seg.end_ns - w0) * width // span), lo + 1)
+                    strip[lo:hi] = (self.BLANK_STATES[seg.blank.kind] if seg.blank is not None
+                                    else 1 if kind is SegmentKind.GUEST else 2)
             text.append(f"vcpu{tl.vcpu:<3} ")
             for code in strip.tolist():
                 ch, style = self.STATES[code]

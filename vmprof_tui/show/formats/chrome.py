@@ -24,11 +24,10 @@ recording's first timestamp) on a vCPU track:
   its pCPU, ``[steal] vmm blocked`` while the VMM thread blocked on its behalf;
 * ``idle``: ``[idle] halt`` while the guest had halted the vCPU.
 
-The on-CPU intervals come from the scheduler events (exact); the samples in each
-say what ran: the interval is split between its runs of samples at the midpoints
-between neighbouring samples, so guest + vmm + unsampled + steal + idle cover the
-vCPU's life with no hole.  Slices never overlap on a track (the trace viewers need
-strictly nested slices).
+The slices of a vCPU track are its segments (analyse.timeline.vcpu_segments, the
+same the live screen's timeline draws): guest + vmm + unsampled + steal + idle
+cover the vCPU's life with no hole.  Slices never overlap on a track (the trace
+viewers need strictly nested slices).
 """
 
 from __future__ import annotations
@@ -38,7 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import BLOCKED, IDLE, Analysis, Blank, Profile, VcpuTimeline
+from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline
+from vmprof_tui.analyse.kinds import BlankKind
+from vmprof_tui.analyse.timeline import Segment, SegmentKind, vcpu_segments
 from vmprof_tui.show.formats import ReportInput
 
 HOST_PID = 1 << 22  # PID_MAX_LIMIT: no Linux process has this id
@@ -60,94 +61,40 @@ def _slice(name: str, cat: str, pid: int, tid: int, start_us: int, end_us: int, 
             "args": args}
 
 
-def blank_name(b: Blank) -> tuple[str, str]:
-    if b.kind == IDLE:
+def blank_name(seg: Segment) -> tuple[str, str]:
+    assert seg.blank is not None
+    if seg.blank.kind == BlankKind.IDLE:
         return "[idle] halt", CAT_IDLE
-    if b.kind == BLOCKED:
+    if seg.blank.kind == BlankKind.BLOCKED:
         return "[steal] vmm blocked", CAT_STEAL
-    holders = b.holders()
-    return f"[steal] {max(holders, key=holders.get) if holders else b.first_holder}", CAT_STEAL
-
-
-def sample_runs(times: np.ndarray, codes: np.ndarray, seg: np.ndarray, seg_lo: np.ndarray,
-                seg_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Merge consecutive samples with the same code into runs that tile their on-CPU segments (vectorised).
-
-    ``times`` are sorted sample times, ``seg`` the on-CPU segment of each sample and
-    ``seg_lo``/``seg_hi`` the segments' bounds.  A run breaks where the code or the
-    segment changes.  Between two runs of one segment the boundary is the midpoint of
-    their neighbouring samples; the first run of a segment starts where the segment
-    starts and the last one ends where it ends, so the runs cover the on-CPU time.
-    Returns (first sample index, sample count, start ns, end ns) per run, runs with
-    no duration left out.
-    """
-    n = len(times)
-    if not n:
-        empty = np.empty(0, np.int64)
-        return empty, empty, empty, empty
-    t = times.astype(np.int64)
-    new_seg = np.ones(n, bool)
-    new_seg[1:] = seg[1:] != seg[:-1]
-    brk = new_seg.copy()
-    brk[1:] |= codes[1:] != codes[:-1]
-    first = np.nonzero(brk)[0]
-    last = np.append(first[1:] - 1, n - 1)
-    mid = t[:-1] + (t[1:] - t[:-1]) // 2  # mid[i]: between samples i and i+1
-    before = np.concatenate([t[:1], mid])  # before[i]: between samples i-1 and i
-    after = np.concatenate([mid, t[-1:]])  # after[i]: between samples i and i+1
-    seg_end = np.append(new_seg[1:], True)
-    start = np.where(new_seg[first], seg_lo[seg[first]], before[first])
-    end = np.where(seg_end[last], seg_hi[seg[last]], after[last])
-    ok = end > start
-    return first[ok], (last - first + 1)[ok], start[ok], end[ok]
+    return f"[steal] {seg.holder}", CAT_STEAL
 
 
 def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event]:
-    """The slices of one vCPU track: guest and vmm from its samples, steal and idle from its blanks."""
+    """The slices of one vCPU track, one per segment that lasts at least a microsecond once rounded."""
     tid = tl.tid
-    blanks = sorted(tl.blanks, key=lambda b: b.start_ns)
-    b_start = np.array([b.start_ns for b in blanks], np.int64)
-    b_end = np.array([b.end_ns for b in blanks], np.int64)
-    # on-CPU segment k runs from the end of blank k-1 to the start of blank k
-    seg_lo = np.concatenate([[tl.start_ns], b_end]).astype(np.int64)
-    seg_hi = np.concatenate([b_start, [tl.end_ns]]).astype(np.int64)
-    s = an.samples
-    idx = np.nonzero(an.thread_mask(tl))[0]
-    times = s["time_ns"][idx].astype(np.int64)
-    seg = np.searchsorted(b_end, times, side="right")
-    inside_blank = np.searchsorted(b_start, times, side="right") > seg  # contradicts the sched events
-    keep = ~inside_blank
-    idx, times, seg = idx[keep], times[keep], seg[keep]
-    codes = np.where(an.is_guest[idx], an.key[idx], -1)
-    first, count, start, end = sample_runs(times, codes, seg, seg_lo, seg_hi)
-    start_us, end_us = _us(start, t0), _us(end, t0)
+    segments = vcpu_segments(an, tl)
+    starts = _us(np.array([g.start_ns for g in segments], np.int64), t0).tolist()
+    ends = _us(np.array([g.end_ns for g in segments], np.int64), t0).tolist()
     events: list[Event] = []
-    for i, n, a, z in zip(idx[first].tolist(), count.tolist(), start_us.tolist(), end_us.tolist(), strict=True):
+    for g, a, z in zip(segments, starts, ends, strict=True):
         if z <= a:
             continue
-        if an.is_guest[i]:
-            r = an.row(i, n)
+        if g.kind is SegmentKind.GUEST:
+            r = an.row(g.sample, g.samples)
             name = f"{r.process}/{r.function}" if r.process else r.function
             args = {"process": r.process, "pid": r.pid, "function": r.function, "module": r.module,
-                    "samples": n, "vcpu": tl.vcpu}
+                    "samples": g.samples, "vcpu": tl.vcpu}
             events.append(_slice(name, CAT_GUEST, pid, tid, a, z, args))
-        else:
-            args = {"samples": n, "vcpu": tl.vcpu, "host_function": str(an.func[i]), "module": str(an.module[i])}
+        elif g.kind is SegmentKind.VMM:
+            args = {"samples": g.samples, "vcpu": tl.vcpu, "host_function": str(an.func[g.sample]),
+                    "module": str(an.module[g.sample])}
             events.append(_slice("[vmm]", CAT_VMM, pid, tid, a, z, args))
-    # on-CPU segments that no sample landed in (shorter than a sampling period, or samples lost)
-    unsampled = np.ones(len(seg_lo), bool)
-    unsampled[seg] = False
-    unsampled &= seg_hi > seg_lo
-    ua, uz = _us(seg_lo[unsampled], t0).tolist(), _us(seg_hi[unsampled], t0).tolist()
-    for a, z in zip(ua, uz, strict=True):
-        if z > a:
+        elif g.kind is SegmentKind.UNSAMPLED:
             events.append(_slice("[unsampled]", CAT_UNSAMPLED, pid, tid, a, z, {"vcpu": tl.vcpu}))
-    if blanks:
-        bs, be = _us(b_start, t0).tolist(), _us(b_end, t0).tolist()
-        for b, a, z in zip(blanks, bs, be, strict=True):
-            if z <= a:
-                continue
-            name, cat = blank_name(b)
+        else:
+            b = g.blank
+            name, cat = blank_name(g)
             args = {"kind": b.kind, "held_by_ns": b.holders(), "exit_reason": b.exit_reason, "vcpu": tl.vcpu}
             events.append(_slice(name, cat, pid, tid, a, z, args))
     return events

@@ -7,6 +7,7 @@ the guest level; host process (or VM), module, function at the host level.
 from __future__ import annotations
 
 from vmprof_tui.analyse.analysis import Profile
+from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.show.formats import ReportInput, joined
 
 ONE_PROFILE = True
@@ -23,7 +24,7 @@ def render_profile(profile: Profile, sort: str = "samples", limit: int | None = 
             continue
         if profile.level == "guest":
             frames = [r.vm or profile.vm or "vm", r.process or r.function, r.module, r.function]
-        elif r.vm:
+        elif r.kind is RowKind.VM:  # a host-level VM row: the VM is the whole stack
             frames = [r.function]
         else:
             frames = [r.process or "?", r.module, r.function]

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.show.formats import ReportInput
 
 # Field numbers of profile.proto.
@@ -189,7 +190,7 @@ def _stack(b: ProfileBuilder, row: Row) -> list[int]:
     proc = _process_frame(row.process, row.pid)
     if proc is not None:
         stack.append(b.location(proc))
-    if row.vm and row.function != f"[{row.vm}]":  # a host-level VM row is its own VM frame
+    if row.vm and row.kind is not RowKind.VM:  # a host-level VM row is its own VM frame
         stack.append(b.location(f"[{row.vm}]"))
     return stack
 
@@ -207,7 +208,7 @@ def _labels(b: ProfileBuilder, row: Row) -> list[bytes]:
 
 def _guest_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
     """A host-level VM row split into its guest (process, function) rows; [row] if they do not add up."""
-    if row.vm is None or row.pid is None or row.function != f"[{row.vm}]":
+    if row.kind is not RowKind.VM or row.pid is None:
         return [row]
     s = an.samples
     sel = an.in_vm & (s["pid"] == row.pid)
