@@ -41,3 +41,21 @@ class Background:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def interleaved_rates(conditions: dict[str, list[str] | None], rounds: int, seconds: float, label: str,
+                      warmup_s: float = 2.5) -> dict[str, list[float]]:
+    """The guest's work rate under each condition (a command in the background, or None), in interleaved
+    rounds so that the machine's drift hits every condition alike."""
+    rates: dict[str, list[float]] = {k: [] for k in conditions}
+    for r in range(rounds):
+        for name, cmd in conditions.items():
+            bg = Background(cmd, warmup_s=warmup_s) if cmd else None
+            try:
+                rates[name].append(guest_rate(seconds))
+            finally:
+                if bg:
+                    bg.stop()
+        print(f"  {label} round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()),
+              flush=True)
+    return rates

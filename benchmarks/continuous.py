@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Background, guest_rate  # noqa: E402
+from _common import interleaved_rates  # noqa: E402
 
 
 def main() -> int:
@@ -36,17 +36,7 @@ def main() -> int:
             "agent": [sys.executable, "-m", "vmprof_tui", "agent", "--spool", str(spool), "--host", "h",
                       "--window", "1s", "-F", str(freq)],
         }
-        rates: dict[str, list[float]] = {k: [] for k in conditions}
-        for r in range(args.rounds):
-            for name, cmd in conditions.items():
-                bg = Background(cmd, warmup_s=3.0) if cmd else None
-                try:
-                    rates[name].append(guest_rate(args.seconds))
-                finally:
-                    if bg:
-                        bg.stop()
-            print(f"  {freq} Hz round {r + 1}/{args.rounds}: " +
-                  ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()), flush=True)
+        rates = interleaved_rates(conditions, args.rounds, args.seconds, f"{freq} Hz", warmup_s=3.0)
         log = [json.loads(line) for line in (spool / "h" / "agent.jsonl").read_text().splitlines()]
         # windows of one agent run touch; between runs (a new agent each round) the gap is not the agent's
         covered = sum(w["t1_s"] for w in log)

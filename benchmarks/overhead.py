@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Background, guest_rate, perf_binary  # noqa: E402
+from _common import interleaved_rates, perf_binary  # noqa: E402
 
 FLOOR = """
 import sys, time, bcc
@@ -50,17 +50,8 @@ def main() -> int:
     else:
         print("perf not found (apt-get install linux-perf): perf column skipped")
     for freq in (int(f) for f in args.frequencies.split(",")):
-        rates: dict[str, list[float]] = {k: [] for k in conditions}
-        for r in range(args.rounds):
-            for name, cmd in conditions.items():
-                bg = Background(cmd(freq), warmup_s=2.5) if cmd else None
-                try:
-                    rates[name].append(guest_rate(args.seconds))
-                finally:
-                    if bg:
-                        bg.stop()
-            print(f"  {freq} Hz round {r + 1}/{args.rounds}: " +
-                  ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()), flush=True)
+        rates = interleaved_rates({k: cmd(freq) if cmd else None for k, cmd in conditions.items()}, args.rounds,
+                                  args.seconds, f"{freq} Hz")
         base = statistics.median(rates["none"])
         cost = {k: 100.0 * (1 - statistics.median(v) / base) for k, v in rates.items()}
         line = f"{freq} Hz: guest work-rate drop vs no profiler (median of {args.rounds} interleaved rounds): " + \
