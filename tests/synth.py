@@ -1,24 +1,72 @@
-"""Synthetic recordings in the real format, for exact tests of the analysis without KVM or BPF.
+"""Synthetic recordings in the real format, for analysis tests without KVM, BPF or root.
 
-A test lays out a schedule — which thread runs on which CPU when, whether a vCPU is in the guest,
-in the VMM, halted or preempted — and the builder emits exactly the records the BPF programs
-would: `bpf/sampler.bpf.c` takes one sample per CPU every 1/frequency of the time something runs
-there (flags SAMPLE_VCPU | SAMPLE_GUEST for guest code, SAMPLE_VCPU alone while KVM handles an
-exit, none for host code), and `bpf/sched.bpf.c` one event per switch in which a vCPU thread or the
-idle task leaves or takes a CPU (SCHED_PREV_LOADED and the vCPU's mp_state and exit reason when a
-vCPU leaves inside KVM_RUN, SCHED_PREV_RUNNABLE when it was preempted rather than blocked). An idle
-CPU is not sampled (the PVM machines' behaviour; idle time comes from the sched events). The file is
-written with the real `Writer`, so tests read it back with `recording.load` like any recording.
+A test describes what every CPU ran, and when; ``SynthRecording.write`` turns that schedule into the
+records the BPF programs would have emitted for it and writes them with the real ``recording.Writer``
+(meta, bundle, snapshot, sample and sched chunks flushed every 500 ms of recorded time, kallsyms, end),
+so a test reads them back with ``recording.load`` exactly as ``vmprof report`` does::
+
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})                   # VMM pid, vCPU id -> thread id
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=40 * MS)               # guest code
+    b.vmm_work(web, 0, cpu=1, start_ns=40 * MS, end_ns=50 * MS, exit_reason=VMX_IO)
+    b.halt(web, 0, start_ns=50 * MS, end_ns=80 * MS)               # off its pCPU, halted (idle)
+    b.run(web, 0, cpu=1, start_ns=80 * MS, end_ns=100 * MS)
+    b.host_task(500, "app", cpu=0, start_ns=0, end_ns=20 * MS)
+    rec = load(b.write(tmp_path / "x.vmprof"))
+
+Times are ns after the recording's start (written as ``BASE_NS + t``); intervals are half-open
+[start, end).  A CPU runs the idle task (pid 0, ``swapper/N``) wherever nothing else was placed.
+
+What it mirrors (bpf/sampler.bpf.c, bpf/sched.bpf.c, bpf/vcpu.h, bpf/sample.h):
+
+* Samples: one per CPU every 1/frequency (at ``phase_ns + k * period``, cpu-clock style), for whatever
+  that CPU runs at that instant.  ``pid`` is the tgid, ``tid`` the thread; ``SAMPLE_HOST_KERNEL`` when the
+  host IP is kernel text (idle, kernel threads, KVM, and guest samples, whose host IP is in KVM's
+  entry/exit path); ``stack_id`` -1.  A vCPU thread inside KVM_RUN has its vCPU loaded:
+  ``SAMPLE_VCPU`` and ``vcpu_id``; in guest mode also ``SAMPLE_GUEST`` (+ ``SAMPLE_GUEST_KERNEL`` at CPL 0)
+  with guest RIP and CR3, and as exit reason the external-interrupt exit the sampling IRQ itself caused
+  (``handling_intr_from_guest``); while KVM handles an exit (``vmm_work(in_kernel=True)``) the exit being
+  handled.  A vCPU thread in VMM user space (``vmm_work(in_kernel=False)``) has no vCPU loaded: flags 0,
+  exit reason 0, vcpu_id 0, like any host thread.  ``silent_idle_cpus`` take no samples while idle (the
+  PVM development machines: an idle CPU other than CPU 0 takes no cpu-clock interrupts).
+* Sched events: one per context switch in which the thread leaving or arriving is a vCPU thread or the
+  idle task; host task to host task switches are not recorded.  Every vCPU thread of a declared VM is
+  known to the programs (the recorder puts discovered vCPU threads in ``vcpu_tids`` before sampling), so
+  it sets ``SCHED_PREV_VCPU`` / ``SCHED_NEXT_VCPU``.  ``SCHED_PREV_RUNNABLE`` when the one leaving was
+  preempted or still TASK_RUNNING: the idle task always, a vCPU thread that was preempted (or migrated),
+  a host task only with ``preempted=True``.  ``SCHED_PREV_LOADED`` with ``prev_vcpu_id`` and
+  ``prev_exit_reason`` when the vCPU thread left inside KVM_RUN (from guest code or KVM); the exit reason
+  is HLT for a halt, the exit KVM was handling when it left from ``vmm_work``, the external-interrupt
+  exit (host tick) when it was preempted in guest mode; 0 when not loaded.  ``SCHED_PREV_HALTED`` for a
+  halt (mp_state HALTED; blocked in KVM, so not runnable).  ``next_comm`` is the arriving thread's comm
+  (at most 15 bytes), ``swapper/N`` for the idle task; ``pad`` is zero.
+* Snapshot: ``vms`` (name, VMM pid, kind, vCPU threads, vcpu_fds, bundle folder), ``process:PID`` for
+  every sampled pid except 0 (comm, cmdline, exe, maps text: one executable mapping of a file that
+  does not exist here for user-mode processes, none for kernel threads, build_ids), ``kallsyms`` (a small
+  host kallsyms text, ``HOST_SYMBOLS``) written at the end; a ``bundle`` chunk per VM given guest
+  processes or guest kernel symbols; the end chunk with duration, counts, lost records, end time and VMs.
+
+Not modelled: halt polling (``SAMPLE_HALTED``), VMX without helper_kmod (``SAMPLE_GUEST_UNKNOWN``),
+host and guest stacks, LBR, lost records, ring-buffer reordering (samples are written in time order),
+VMM threads that load a vCPU for an ioctl, threads first learnt by the sampler mid-recording.
+
+How a vCPU thread leaves its CPU is given by what follows: ``halt``, ``preempt`` or ``block`` starting
+where its on-CPU time ends.  A gap with none of them is a preemption; after its last on-CPU time with
+none, the thread blocks (the VMM stops the vCPU).  Who holds the pCPU during a gap is whatever the test
+places there (``host_task``, ``run`` of another vCPU), else the idle task.
 """
 
 from __future__ import annotations
 
+import json
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.record.recording import Writer, snapshot
+from vmprof_tui import __version__
+from vmprof_tui.record.recording import Writer
 from vmprof_tui.record.records import (
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
@@ -34,138 +82,336 @@ from vmprof_tui.record.records import (
 )
 
 MS = 1_000_000
-IDLE = (0, 0, "swapper/0")  # the idle task: pid, tid, comm
+BASE_NS = 5_000 * 1_000_000_000  # host CLOCK_MONOTONIC at the recording's time 0 (5000 s after boot)
+FLUSH_NS = 500 * MS  # the recorder writes pending records every 500 ms
+
+# Intel VMX basic exit reasons (vmprof_tui/vmx_exits.py); SVM's equivalents in EXITS
+VMX_EXTERNAL_INTERRUPT, VMX_HLT, VMX_IO, VMX_MSR_WRITE, VMX_EPT_VIOLATION = 1, 12, 30, 32, 48
+EXITS = {"vmx": {"interrupt": VMX_EXTERNAL_INTERRUPT, "hlt": VMX_HLT}, "svm": {"interrupt": 0x60, "hlt": 0x78}}
+
+# the host kernel text of the kallsyms snapshot; each symbol is 0x1000 bytes long
+HOST_SYMBOLS = {"_text": 0xFFFFFFFF81000000, "default_idle": 0xFFFFFFFF81001000,
+                "worker_thread": 0xFFFFFFFF81002000, "vmx_vcpu_enter_exit": 0xFFFFFFFF81003000,
+                "vmx_handle_exit": 0xFFFFFFFF81004000, "do_syscall_64": 0xFFFFFFFF81005000}
+USER_TEXT = (0x400000, 0x500000)  # the one executable mapping of every host user process
+USER_IP = 0x401000
+GUEST_USER_IP = 0x401234
+GUEST_CR3 = 0x1000
+
+GUEST, KVM, VMM_USER, HOST, IDLE_TASK = "guest", "kvm", "vmm-user", "host", "idle"
+HALT, PREEMPT, BLOCK = "halt", "preempt", "block"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Vm:
     name: str
-    pid: int
+    pid: int  # the VMM process
     vcpus: dict[int, int]  # vCPU id -> thread id
-    bundle: Path | None = None
+    comm: str
+    kind: str
 
-    def thread(self, vcpu: int) -> tuple[int, int, str]:
-        return self.pid, self.vcpus[vcpu], f"vcpu{vcpu}"
+    def tid(self, vcpu: int) -> int:
+        return self.vcpus[vcpu]
+
+    def thread_comm(self, vcpu: int) -> str:
+        return f"CPU {vcpu}/KVM"  # QEMU's vCPU thread names
 
 
 @dataclass
+class _Slice:
+    """One thread on one CPU over [start, end), in one mode."""
+    cpu: int
+    start: int
+    end: int
+    pid: int
+    tid: int
+    comm: str
+    mode: str  # guest | kvm | vmm-user | host | idle
+    kernel: bool = False  # host kernel (host tasks) or guest kernel (guest mode)
+    ip: int = 0
+    guest_ip: int = 0
+    guest_cr3: int = 0
+    exit_reason: int = 0  # kvm: the exit KVM handles
+    vcpu: int | None = None
+    preempted: bool = False  # host tasks: still runnable when they leave the CPU
+
+
+@dataclass
+class _Off:
+    """A vCPU thread off its CPU over [start, end): how it left."""
+    start: int
+    end: int
+    kind: str  # halt | preempt | block
+
+
+@dataclass
+class _GuestInfo:
+    processes: list[dict] = field(default_factory=list)
+    kernel_symbols: dict[str, int] = field(default_factory=dict)
+
+
 class SynthRecording:
-    frequency: int = 1000
-    cpus: int = 2
-    vms: list[Vm] = field(default_factory=list)
-    processes: dict[int, str] = field(default_factory=dict)  # host pid -> comm
-    samples: list[tuple] = field(default_factory=list)
-    sched: list[tuple] = field(default_factory=list)
-    # per CPU: who runs there now (pid, tid, comm), so a switch names both sides
-    on_cpu: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    def __init__(self, frequency: int = 1000, cpus: int = 2, backend: str = "vmx", phase_ns: int = 0,
+                 silent_idle_cpus: tuple[int, ...] = (), duration_ns: int | None = None) -> None:
+        """duration_ns: the recording's length; by default the end of the last thing placed on a CPU."""
+        if backend not in EXITS:
+            raise ValueError(f"backend {backend!r}: the builder knows {sorted(EXITS)}")
+        self.frequency, self.cpus, self.backend = frequency, cpus, backend
+        self.phase_ns, self.silent_idle_cpus, self._duration = phase_ns, set(silent_idle_cpus), duration_ns
+        self.vms: list[Vm] = []
+        self._slices: list[_Slice] = []
+        self._offs: dict[int, list[_Off]] = {}  # vCPU tid -> off-CPU intervals declared
+        self._guests: dict[str, _GuestInfo] = {}
 
-    @property
-    def period_ns(self) -> int:
-        return 1_000_000_000 // self.frequency
+    # -- what the host runs ----------------------------------------------------------------------
+    def vm(self, name: str, pid: int, vcpus: dict[int, int], comm: str = "qemu-system-x86",
+           kind: str = "qemu") -> Vm:
+        vm = Vm(name, pid, dict(vcpus), comm, kind)
+        self.vms.append(vm)
+        return vm
 
-    def vm(self, name: str, pid: int, vcpus: dict[int, int], bundle: Path | None = None) -> Vm:
-        v = Vm(name, pid, vcpus, bundle)
-        self.vms.append(v)
-        return v
-
-    def _is_vcpu(self, tid: int) -> bool:
-        return any(tid in v.vcpus.values() for v in self.vms)
-
-    def _ticks(self, start_ns: int, end_ns: int) -> range:
-        """The sampling instants in [start, end): every period on the CPU's own grid."""
-        p = self.period_ns
-        return range((start_ns + p - 1) // p * p, end_ns, p)
-
-    def switch(self, cpu: int, t: int, nxt: tuple[int, int, str], *, exit_reason: int = 0, halted: bool = False,
-               runnable: bool = True, loaded: bool = True) -> None:
-        """The thread on `cpu` leaves for `nxt` (recorded when either side is a vCPU thread or the idle task)."""
-        prev = self.on_cpu.get(cpu, IDLE)
-        self.on_cpu[cpu] = nxt
-        flags = 0
-        prev_vcpu = self._is_vcpu(prev[1])
-        if prev_vcpu:
-            flags |= SCHED_PREV_VCPU
-            if loaded:
-                flags |= SCHED_PREV_LOADED | (SCHED_PREV_HALTED if halted else 0)
-        if self._is_vcpu(nxt[1]):
-            flags |= SCHED_NEXT_VCPU
-        if not flags and prev[1] != 0 and nxt[1] != 0:
-            return  # neither a vCPU nor idle: the sched program records nothing
-        if runnable:
-            flags |= SCHED_PREV_RUNNABLE
-        vcpu_id = next((i for v in self.vms for i, t in v.vcpus.items() if t == prev[1]), 0)
-        self.sched.append((t, prev[0], prev[1], nxt[0], nxt[1], exit_reason if prev_vcpu and loaded else 0, cpu,
-                           vcpu_id if prev_vcpu and loaded else 0, flags, nxt[2].encode()))
-
-    def _sample(self, t: int, cpu: int, pid: int, tid: int, flags: int, host_ip: int = 0, guest_ip: int = 0,
-                guest_cr3: int = 0, exit_reason: int = 0, vcpu: int = 0) -> None:
-        self.samples.append((t, host_ip, guest_ip, guest_cr3, pid, tid, exit_reason, -1, cpu, vcpu, flags, 0))
-
-    def run(self, vm: Vm, vcpu: int, cpu: int, start_ns: int, end_ns: int, *, guest_ip: int = 0x401000,
-            guest_cr3: int = 0x100000, kernel: bool = False) -> None:
-        """vCPU `vcpu` of `vm` runs guest code on `cpu` over [start, end): switched in at start, sampled."""
-        me = vm.thread(vcpu)
-        if self.on_cpu.get(cpu) != me:
-            self.switch(cpu, start_ns, me)
-        flags = SAMPLE_VCPU | SAMPLE_GUEST | (SAMPLE_GUEST_KERNEL if kernel else 0)
-        for t in self._ticks(start_ns, end_ns):
-            self._sample(t, cpu, vm.pid, me[1], flags, guest_ip=guest_ip, guest_cr3=guest_cr3, vcpu=vcpu)
+    def run(self, vm: Vm, vcpu: int, cpu: int, start_ns: int, end_ns: int, guest_ip: int = GUEST_USER_IP,
+            guest_cr3: int = GUEST_CR3, kernel: bool = False) -> None:
+        """The vCPU runs guest code (guest user mode, or guest kernel mode with kernel=True)."""
+        self._add(_Slice(cpu, start_ns, end_ns, vm.pid, vm.tid(vcpu), vm.thread_comm(vcpu), GUEST, kernel,
+                         HOST_SYMBOLS["vmx_vcpu_enter_exit"], guest_ip, guest_cr3, vcpu=vcpu))
 
     def vmm_work(self, vm: Vm, vcpu: int, cpu: int, start_ns: int, end_ns: int, exit_reason: int,
-                 in_kvm: bool = True) -> None:
-        """The vCPU thread works for its vCPU outside the guest: KVM handling an exit (in_kvm) or the VMM."""
-        me = vm.thread(vcpu)
-        if self.on_cpu.get(cpu) != me:
-            self.switch(cpu, start_ns, me)
-        flags = SAMPLE_HOST_KERNEL | (SAMPLE_VCPU if in_kvm else 0)
-        for t in self._ticks(start_ns, end_ns):
-            self._sample(t, cpu, vm.pid, me[1], flags, host_ip=0xFFFFFFFF81000000, exit_reason=exit_reason,
-                         vcpu=vcpu)
-
-    def halt(self, vm: Vm, vcpu: int, cpu: int, t: int, exit_reason: int = 0) -> None:
-        """The vCPU halts at t: its thread blocks in KVM_RUN (not runnable), the CPU goes idle."""
-        self.switch(cpu, t, IDLE, exit_reason=exit_reason, halted=True, runnable=False)
-
-    def host_task(self, pid: int, comm: str, cpu: int, start_ns: int, end_ns: int, *, tid: int | None = None,
-                  kernel: bool = False, preempts: bool = True) -> None:
-        """A host thread runs on `cpu` over [start, end); whoever ran there is preempted (still runnable)."""
-        self.processes[pid] = comm
-        me = (pid, tid or pid, comm)
-        if self.on_cpu.get(cpu) != me:
-            self.switch(cpu, start_ns, me, runnable=preempts)
-        for t in self._ticks(start_ns, end_ns):
-            self._sample(t, cpu, pid, me[1], SAMPLE_HOST_KERNEL if kernel else 0,
-                         host_ip=0xFFFFFFFF81000000 if kernel else 0x400000)
-
-    def idle(self, cpu: int, t: int, *, runnable: bool = False) -> None:
-        """The CPU goes idle at t (the thread on it blocks, or is preempted with runnable=True)."""
-        self.switch(cpu, t, IDLE, runnable=runnable)
-
-    def preempt(self, cpu: int, t: int, by: tuple[int, int, str]) -> None:
-        self.switch(cpu, t, by)
-
-    def write(self, path: Path, end: bool = True) -> Path:
-        samples = np.array(sorted(self.samples), SAMPLE_DTYPE) if self.samples else np.empty(0, SAMPLE_DTYPE)
-        sched_rows = [(t, pp, pt, np_, nt, er, cpu, vid, fl, (0,) * 7, comm)
-                      for t, pp, pt, np_, nt, er, cpu, vid, fl, comm in sorted(self.sched)]
-        sched = np.array(sched_rows, SCHED_DTYPE) if sched_rows else np.empty(0, SCHED_DTYPE)
-        times = [int(a["time_ns"].max()) for a in (samples, sched) if len(a)]
-        meta = {"vmprof": "synth", "backend": "pvm", "event": "cpu-clock", "frequency": self.frequency,
-                "cpus": self.cpus, "start_monotonic_ns": 0, "start_unix_s": 1_800_000_000.0}
-        w = Writer(path, meta)
-        w.add(samples, sched)
-        for v in self.vms:
-            if v.bundle is not None:
-                w.add_bundle(v.name, v.bundle)
-        vms = [{"name": v.name, "pid": v.pid, "kind": "demo", "bundle": None, "vcpu_fds": len(v.vcpus),
-                "vcpu_threads": {str(t): i for i, t in v.vcpus.items()}} for v in self.vms]
-        procs = {pid: {"pid": pid, "comm": comm, "cmdline": [comm], "exe": None, "maps": "", "build_ids": {}}
-                 for pid, comm in self.processes.items()}
-        w.add_snapshot(snapshot(vms=vms, processes=procs, kallsyms=""))
-        if end:
-            w.close({"duration_s": (max(times, default=0)) / 1e9, "samples": len(samples),
-                     "lost": {"samples": [0], "sched": [0]}, "vms": vms})
+                 in_kernel: bool = True) -> None:
+        """The vCPU thread is on the CPU but not in guest mode: KVM handles `exit_reason` (in_kernel), or
+        the VMM emulates it in user space after KVM_RUN returned (vCPU not loaded)."""
+        if in_kernel:
+            self._add(_Slice(cpu, start_ns, end_ns, vm.pid, vm.tid(vcpu), vm.thread_comm(vcpu), KVM, True,
+                             HOST_SYMBOLS["vmx_handle_exit"], exit_reason=exit_reason, vcpu=vcpu))
         else:
+            self._add(_Slice(cpu, start_ns, end_ns, vm.pid, vm.tid(vcpu), vm.thread_comm(vcpu), VMM_USER,
+                             False, USER_IP, exit_reason=exit_reason, vcpu=vcpu))
+
+    def halt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int) -> None:
+        """The vCPU halted (HLT exit, mp_state HALTED) and left its CPU at start_ns until end_ns."""
+        self._off(vm, vcpu, _Off(start_ns, end_ns, HALT))
+
+    def preempt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int) -> None:
+        """The vCPU thread was preempted: runnable, off its CPU, from start_ns to end_ns."""
+        self._off(vm, vcpu, _Off(start_ns, end_ns, PREEMPT))
+
+    def block(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int) -> None:
+        """The vCPU thread blocked (not runnable, not halted): the VMM waits on I/O or a lock."""
+        self._off(vm, vcpu, _Off(start_ns, end_ns, BLOCK))
+
+    def host_task(self, pid: int, comm: str, cpu: int, start_ns: int, end_ns: int, kernel: bool = False,
+                  tid: int | None = None, preempted: bool = False, ip: int | None = None) -> None:
+        """A host thread on a CPU; kernel=True for a kernel thread (host IP in kernel text)."""
+        if pid == 0:
+            raise ValueError("the idle task runs wherever nothing else was placed")
+        if ip is None:
+            ip = HOST_SYMBOLS["worker_thread"] if kernel else USER_IP
+        self._add(_Slice(cpu, start_ns, end_ns, pid, pid if tid is None else tid, comm, HOST, kernel, ip,
+                         preempted=preempted))
+
+    # -- what names the guest ---------------------------------------------------------------------
+    def guest_process(self, vm: Vm, pid: int, name: str, cr3: int) -> None:
+        """A guest process of the VM's guest bundle (docs/bundle.md): its samples are named `name`."""
+        self._guests.setdefault(vm.name, _GuestInfo()).processes.append(
+            {"pid": pid, "tids": [pid], "name": name, "cmdline": [f"/bin/{name}"], "exe": f"/bin/{name}",
+             "cr3": [cr3], "maps": []})
+
+    def guest_kernel_symbols(self, vm: Vm, symbols: dict[str, int]) -> None:
+        """Guest kernel text symbols (the bundle's kallsyms): guest kernel samples get these names."""
+        self._guests.setdefault(vm.name, _GuestInfo()).kernel_symbols.update(symbols)
+
+    # -- the records --------------------------------------------------------------------------------
+    @property
+    def duration_ns(self) -> int:
+        if self._duration is not None:
+            return self._duration
+        ends = [s.end for s in self._slices] + [o.end for offs in self._offs.values() for o in offs]
+        return max(ends, default=0)
+
+    @property
+    def period_ns(self) -> float:
+        return 1e9 / self.frequency
+
+    def _add(self, s: _Slice) -> None:
+        if not 0 <= s.cpu < self.cpus:
+            raise ValueError(f"CPU {s.cpu}: the recording has {self.cpus} CPUs")
+        if s.end <= s.start:
+            raise ValueError(f"empty interval [{s.start}, {s.end})")
+        for o in self._slices:
+            if o.start < s.end and s.start < o.end and (o.cpu == s.cpu or o.tid == s.tid):
+                raise ValueError(f"[{s.start}, {s.end}) of tid {s.tid} on CPU {s.cpu} overlaps "
+                                 f"[{o.start}, {o.end}) of tid {o.tid} on CPU {o.cpu}")
+        self._slices.append(s)
+
+    def _off(self, vm: Vm, vcpu: int, off: _Off) -> None:
+        if off.end <= off.start:
+            raise ValueError(f"empty interval [{off.start}, {off.end})")
+        self._offs.setdefault(vm.tid(vcpu), []).append(off)
+
+    def _vcpu_tids(self) -> dict[int, tuple[Vm, int]]:
+        return {tid: (vm, vcpu) for vm in self.vms for vcpu, tid in vm.vcpus.items()}
+
+    def _cpu_slices(self, cpu: int) -> list[_Slice]:
+        """Everything on one CPU in time order, the idle task in the gaps."""
+        mine = sorted((s for s in self._slices if s.cpu == cpu), key=lambda s: s.start)
+        out: list[_Slice] = []
+        t = 0
+        for s in [*mine, None]:
+            end = self.duration_ns if s is None else s.start
+            if end > t:
+                out.append(_Slice(cpu, t, end, 0, 0, f"swapper/{cpu}", IDLE_TASK, True,
+                                  HOST_SYMBOLS["default_idle"]))
+            if s is not None:
+                out.append(s)
+                t = s.end
+        return out
+
+    def _check(self) -> None:
+        """Off-CPU intervals lie where their thread is off every CPU, and start where it left one."""
+        for tid, offs in self._offs.items():
+            own = sorted((s for s in self._slices if s.tid == tid), key=lambda s: s.start)
+            for o in offs:
+                if any(s.start < o.end and o.start < s.end for s in own):
+                    raise ValueError(f"tid {tid} is on a CPU during its {o.kind} [{o.start}, {o.end})")
+                if o.start > 0 and not any(s.end == o.start for s in own):
+                    raise ValueError(f"tid {tid}: {o.kind} at {o.start} does not start where it left a CPU")
+                if o.end < self.duration_ns and not any(s.start == o.end for s in own):
+                    raise ValueError(f"tid {tid}: {o.kind} ends at {o.end}, where it takes no CPU")
+                if o.kind == HALT and o.start > 0 and [s for s in own if s.end == o.start][0].mode == VMM_USER:
+                    raise ValueError(f"tid {tid}: a halt starts inside KVM_RUN, not in VMM user space")
+
+    def _leaving(self, s: _Slice) -> tuple[int, int]:
+        """(flags, prev_exit_reason) of the switch in which the thread of `s` leaves its CPU at s.end."""
+        if s.mode == IDLE_TASK:
+            return SCHED_PREV_RUNNABLE, 0  # the idle task is always TASK_RUNNING
+        if s.mode == HOST:
+            return (SCHED_PREV_RUNNABLE if s.preempted else 0), 0
+        exits = EXITS[self.backend]
+        later = [x for x in self._slices if x.tid == s.tid and x.start >= s.end]
+        off = [o for o in self._offs.get(s.tid, []) if o.start == s.end]
+        kind = off[0].kind if off else PREEMPT if later else BLOCK
+        flags = SCHED_PREV_VCPU
+        if kind != BLOCK:
+            flags |= SCHED_PREV_RUNNABLE if kind == PREEMPT else SCHED_PREV_HALTED
+        if s.mode == VMM_USER:  # left KVM_RUN: no vCPU loaded
+            return flags, 0
+        flags |= SCHED_PREV_LOADED
+        reason = exits["hlt"] if kind == HALT else s.exit_reason if s.mode == KVM else exits["interrupt"]
+        return flags, reason
+
+    def sched(self) -> np.ndarray:
+        """The sched events bpf/sched.bpf.c would emit for the schedule, in time order."""
+        self._check()
+        vcpu_tids = self._vcpu_tids()
+        rows = []
+        for cpu in range(self.cpus):
+            slices = self._cpu_slices(cpu)
+            for prev, nxt in zip(slices, slices[1:], strict=False):
+                if prev.tid == nxt.tid:
+                    continue  # the same thread goes on (guest code, then KVM, then the VMM...)
+                flags, reason = self._leaving(prev)  # SCHED_PREV_VCPU for vCPU threads only
+                if nxt.tid in vcpu_tids:
+                    flags |= SCHED_NEXT_VCPU
+                if not flags & (SCHED_PREV_VCPU | SCHED_NEXT_VCPU) and prev.tid != 0 and nxt.tid != 0:
+                    continue  # host task to host task: not recorded
+                loaded = flags & SCHED_PREV_LOADED
+                rows.append((BASE_NS + prev.end, prev.pid, prev.tid, nxt.pid, nxt.tid, reason, cpu,
+                             prev.vcpu if loaded else 0, flags, (0,) * 7, nxt.comm.encode()[:15]))
+        table = np.array(rows, dtype=SCHED_DTYPE)
+        return table[np.argsort(table["time_ns"], kind="stable")]
+
+    def samples(self) -> np.ndarray:
+        """The samples bpf/sampler.bpf.c would emit: one per CPU per period, in time order."""
+        exits = EXITS[self.backend]
+        rows = []
+        n = 0
+        while round(self.phase_ns + n * self.period_ns) < self.duration_ns:
+            n += 1
+        times = [round(self.phase_ns + k * self.period_ns) for k in range(n)]
+        for cpu in range(self.cpus):
+            slices = self._cpu_slices(cpu)
+            starts = [s.start for s in slices]
+            for t in times:
+                s = slices[bisect_right(starts, t) - 1]
+                if s.mode == IDLE_TASK and cpu in self.silent_idle_cpus:
+                    continue
+                guest_ip = guest_cr3 = reason = vcpu_id = 0
+                flags = SAMPLE_HOST_KERNEL if s.kernel or s.mode in (IDLE_TASK, KVM, GUEST) else 0
+                if s.mode == GUEST:
+                    flags |= SAMPLE_VCPU | SAMPLE_GUEST | (SAMPLE_GUEST_KERNEL if s.kernel else 0)
+                    guest_ip, guest_cr3, reason, vcpu_id = s.guest_ip, s.guest_cr3, exits["interrupt"], s.vcpu
+                elif s.mode == KVM:
+                    flags |= SAMPLE_VCPU
+                    reason, vcpu_id = s.exit_reason, s.vcpu
+                rows.append((BASE_NS + t, s.ip, guest_ip, guest_cr3, s.pid, s.tid, reason, -1, cpu, vcpu_id,
+                             flags, 0))
+        table = np.array(rows, dtype=SAMPLE_DTYPE)
+        return table[np.lexsort((table["cpu"], table["time_ns"]))]
+
+    # -- the file -----------------------------------------------------------------------------------
+    def meta(self) -> dict:
+        return {"vmprof": __version__, "host": "synth", "kernel": "synthetic", "machine": "x86_64",
+                "cpus": self.cpus, "backend": self.backend, "event": "cpu-clock", "frequency": self.frequency,
+                "clock": "CLOCK_MONOTONIC (bpf_ktime_get_ns)", "start_monotonic_ns": BASE_NS,
+                "start_unix_s": 1_800_000_000.0, "offsets": {}, "kvm_sched_in": 0,
+                "vmx_helper": self.backend == "vmx", "notes": [], "filters": {"vm": [], "pid": None}, "lbr": None}
+
+    def kallsyms(self) -> str:
+        return "".join(f"{addr:016x} T {name}\n" for name, addr in HOST_SYMBOLS.items())
+
+    def _vm_json(self, vm: Vm, bundles: dict[str, Path]) -> dict:
+        return {"name": vm.name, "pid": vm.pid, "kind": vm.kind,
+                "vcpu_threads": {str(tid): vcpu for vcpu, tid in vm.vcpus.items()}, "vcpu_fds": len(vm.vcpus),
+                "bundle": str(bundles[vm.name]) if vm.name in bundles else None}
+
+    def _process_snapshot(self, pid: int) -> dict:
+        vm = next((v for v in self.vms if v.pid == pid), None)
+        mine = [s for s in self._slices if s.pid == pid]
+        comm = vm.comm if vm else next((s.comm for s in mine if s.tid == pid), mine[0].comm)
+        user = vm is not None or any(s.mode == HOST and not s.kernel for s in mine)
+        exe = f"/opt/synth/bin/{comm}"
+        maps = (f"{USER_TEXT[0]:08x}-{USER_TEXT[1]:08x} r-xp 00000000 fe:00 4242"
+                f"                       {exe}\n") if user else ""
+        return {"pid": pid, "comm": comm, "cmdline": [exe] if user else [], "exe": exe if user else None,
+                "maps": maps, "build_ids": {}}
+
+    def _write_bundle(self, folder: Path, vm: Vm, info: _GuestInfo) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        kernel = None
+        if info.kernel_symbols:
+            (folder / "kallsyms").write_text(
+                "".join(f"{a:016x} T {n}\n" for n, a in sorted(info.kernel_symbols.items(), key=lambda x: x[1])))
+            kernel = {"release": "synthetic", "build_id": None, "kallsyms": "kallsyms", "modules": []}
+        index = {"format": "vmprof-guest-bundle", "version": 1, "vm": vm.name, "created_by": "tests/synth.py",
+                 "cr3_method": "vmm", "kernel": kernel, "processes": info.processes}
+        (folder / "bundle.json").write_text(json.dumps(index, indent=1))
+
+    def write(self, path: Path) -> Path:
+        """The recording file, written as the recorder writes it (vmprof_tui/recorder.py)."""
+        path = Path(path)
+        samples, sched = self.samples(), self.sched()
+        bundles = {vm.name: path.parent / f"{path.stem}-bundles" / vm.name
+                   for vm in self.vms if vm.name in self._guests}
+        w = Writer(path, self.meta())
+        for vm in self.vms:
+            if vm.name in bundles:
+                self._write_bundle(bundles[vm.name], vm, self._guests[vm.name])
+                w.add_bundle(vm.name, bundles[vm.name])
+        w.add_snapshot({"vms": [self._vm_json(vm, bundles) for vm in self.vms]})
+        seen: set[int] = set()
+        for lo in range(0, max(self.duration_ns, 1), FLUSH_NS):
+            s_part = samples[(samples["time_ns"] >= BASE_NS + lo) & (samples["time_ns"] < BASE_NS + lo + FLUSH_NS)]
+            e_part = sched[(sched["time_ns"] >= BASE_NS + lo) & (sched["time_ns"] < BASE_NS + lo + FLUSH_NS)]
+            w.add(s_part, e_part)
+            new = set(np.unique(s_part["pid"]).tolist()) - seen - {0}
+            if new:
+                seen |= new
+                w.add_snapshot({f"process:{pid}": self._process_snapshot(pid) for pid in sorted(new)})
             w.flush()
-            w.file.close()
+        w.add_snapshot({"kallsyms": self.kallsyms()})
+        w.close({"duration_s": self.duration_ns / 1e9, "samples": len(samples),
+                 "guest_samples": int(np.count_nonzero(samples["flags"] & SAMPLE_GUEST)),
+                 "lost": {"samples": [0] * self.cpus, "sched": [0] * self.cpus},
+                 "end_monotonic_ns": BASE_NS + self.duration_ns,
+                 "vms": [self._vm_json(vm, bundles) for vm in self.vms]})
         return path
