@@ -22,6 +22,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from synth import SynthRecording  # noqa: E402
 
 from vmprof_tui.fleet.analyze import Analyzer, find_windows, hosts_per_node  # noqa: E402
+from vmprof_tui.record import recording  # noqa: E402
+from vmprof_tui.record.recording import Writer  # noqa: E402
+
+
+def store_time(path: Path) -> float:
+    """t0: the time to write this window as the agent's writer does (tables, snapshot, end; fsynced)."""
+    rec = recording.load(path)
+    start = time.monotonic()
+    w = Writer(path.with_suffix(".t0"), rec.meta)
+    w.add(rec.samples, rec.sched)
+    w.add_snapshot(rec.snapshot)
+    w.close(rec.end or {})
+    t0 = time.monotonic() - start
+    path.with_suffix(".t0").unlink()
+    return t0
 
 
 def build_spool(root: Path, vms: int, windows: int, window_s: float = 60.0) -> list[float]:
@@ -39,9 +54,8 @@ def build_spool(root: Path, vms: int, windows: int, window_s: float = 60.0) -> l
                 b.run(vm, vcpu=0, cpu=cpu, start_ns=t, end_ns=t + slice_ns)
             t += slice_ns
             turn += 2
-        start = time.monotonic()
-        b.write(wdir / f"W{w + 1:08d}-{1_800_000_000 + int(w * window_s)}.vmprof")
-        t0s.append(time.monotonic() - start)
+        path = b.write(wdir / f"W{w + 1:08d}-{1_800_000_000 + int(w * window_s)}.vmprof")
+        t0s.append(store_time(path))
     return t0s
 
 
