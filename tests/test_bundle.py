@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from vmprof_tui.collect.bpf import guest_fetch
+from vmprof_tui.collect import guest_fetch
 from vmprof_tui.resolve import bundle as B
 from vmprof_tui.resolve import bundle_format, elf, symtab
 from vmprof_tui.resolve.spaces import ObjectCache, guest_symbols

@@ -13,9 +13,9 @@ import os
 import pytest
 from conftest import require_root
 
-from vmprof_tui.collect.bpf import lbr as collect
-from vmprof_tui.collect.bpf import lbr_capability as capability
-from vmprof_tui.collect.bpf import lbr_patterns as patterns
+from vmprof_tui.collect import lbr as collect
+from vmprof_tui.collect import lbr_capability as capability
+from vmprof_tui.collect import lbr_patterns as patterns
 
 
 @pytest.mark.parametrize(("name", "nr", "info"), [("type4", 32, True), ("type3", 16, False)])

@@ -12,8 +12,8 @@ from conftest import require_root
 from vmprof_tui.analyse import exits
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.steal import steal_report
-from vmprof_tui.collect.bpf import backends
-from vmprof_tui.collect.bpf import bpf as collect
+from vmprof_tui.collect import backends
+from vmprof_tui.collect import bpf as collect
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import (
     SAMPLE_DTYPE,
