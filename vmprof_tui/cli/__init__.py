@@ -421,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     guest_fetch.register(p)
 
     add("doctor", "check what this host can do (privileges, BTF, bcc, KVM backend, PMU, LBR, helper)", cmd_doctor)
+    from vmprof_tui.cli import predict as predict_cli; predict_cli.register(sub)  # noqa: E702, I001
 
     p = add("demo", "run the built-in demo VMs (real KVM guests with known ground truth)", cmd_demo)
     p.add_argument("--scenario", "-s", default="alone", choices=scenarios.NAMES, metavar="NAME",
