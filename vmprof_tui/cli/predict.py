@@ -22,6 +22,7 @@ EPILOGS = {
       --costs target.costs.json""",
     "measure": """examples:
   vmprof predict measure -o make.json -- make -j1
+  vmprof predict measure -o xz.json --repeat 3 -- xz -k -T1 big.file
   vmprof predict measure -o t.json --instructions ptrace -- ./tiny
   vmprof predict measure -o s.json -- sh -c 'sort big.txt > /dev/null'
 
@@ -66,9 +67,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
         return _usage("predict measure: no command: put it after --, e.g. vmprof predict measure -o c.json -- ls")
     if args.max_steps <= 0:
         return _usage("predict measure: --max-steps must be positive")
+    if not 1 <= args.repeat <= 100:
+        return _usage("predict measure: --repeat must be between 1 and 100")
     try:
         counts = measure(command, instructions=args.instructions, max_steps=args.max_steps,
-                         syscalls=not args.no_syscalls)
+                         syscalls=not args.no_syscalls, repeat=args.repeat)
         write_json(Path(args.output), counts.to_json())
     except PredictError as e:
         return _fail(str(e))
@@ -146,6 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compute term: auto = the PMU where present, else user CPU time (default: %(default)s)")
     m.add_argument("--max-steps", type=int, default=5_000_000, metavar="N",
                    help="--instructions ptrace gives up after N instructions (default: %(default)s)")
+    m.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run N times and keep the run with the median user CPU time; the command must do the "
+                        "same work each time (default: %(default)s)")
     m.add_argument("--no-syscalls", action="store_true",
                    help="do not count system calls (no BPF, no root needed; the estimate loses those terms)")
     m.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS]", help="the command to run")

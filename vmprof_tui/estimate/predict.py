@@ -482,7 +482,7 @@ def render(counts: Counts, estimates: list[Estimate], top: int = 12) -> str:
                 lines.append(f"    {f'{len(rest)} other syscalls':32} {_fmt_n(sum(t.count for t in rest)):>16} "
                              f"{'':>12} {_fmt_s(sum(t.seconds for t in rest)):>12} "
                              f"{100 * sum(t.seconds for t in rest) / total:5.1f}%")
-        lines.append(f"  from fallback costs (unmeasured kinds): {_fmt_s(est.fallback_s)} "
+        lines.append(f"  * fallback costs (kinds not measured, charged a null syscall): {_fmt_s(est.fallback_s)} "
                      f"({100 * est.fallback_s / total:.1f}% of the prediction)")
         lines += [f"  note: {n}" for n in est.notes]
     if len(estimates) > 1:
@@ -496,5 +496,8 @@ def render(counts: Counts, estimates: list[Estimate], top: int = 12) -> str:
 
 def _row(t: Term, total: float, indent: int = 2) -> str:
     name = t.name + (" *" if t.fallback else "")
-    return (f"{'':{indent}}{name:{36 - indent}} {_fmt_n(t.count):>16} {_fmt_s(t.cost_s):>12} "
+    count, cost = _fmt_n(t.count), _fmt_s(t.cost_s)
+    if t.unit == "reference CPU s":  # seconds of the reference × a ratio
+        count, cost = f"{t.count:.6f} s", f"× {t.cost_s:.4f}"
+    return (f"{'':{indent}}{name:{36 - indent}} {count:>16} {cost:>12} "
             f"{_fmt_s(t.seconds):>12} {100 * t.seconds / total:5.1f}%")

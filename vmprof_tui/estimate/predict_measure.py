@@ -122,6 +122,11 @@ class SyscallCounter:
         dropped = sum(self.bpf["dropped"][ctypes.c_int(0)])
         return out, int(procs), int(threads), int(dropped)
 
+    def reset(self) -> None:
+        for name in ("counts", "forks", "dropped"):
+            self.bpf[name].clear()
+        self.bpf["tracked"].clear()
+
     def close(self) -> None:
         self.bpf.cleanup()
 
@@ -299,21 +304,28 @@ def choose_method(requested: str) -> str:
 
 
 def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_000,
-            syscalls: bool = True, loop_repeat: int = 5) -> Counts:
-    """Count one run of argv (and its children) on this machine."""
+            syscalls: bool = True, repeat: int = 1, loop_repeat: int = 5) -> Counts:
+    """Count `repeat` runs of argv (and its children) on this machine; keep the median run.
+
+    The run kept is the one with the median user CPU time (the compute term, and the figure
+    most disturbed by whatever else the machine runs); every run's times are kept in
+    reference.runs so that the spread is visible."""
     resolve_command(argv)
     method = choose_method(instructions)
     counter = SyscallCounter() if syscalls else None
+    runs: list[tuple[Run, tuple[dict[str, SyscallCount], int, int, int]]] = []
     try:
         loop = predict_costs.time_compute_loop(repeat=loop_repeat, min_time=0.1)
-        run = run_command(argv, counter, method, max_steps)
-        if counter is not None:
-            by_name, procs, threads, dropped = counter.read()
-        else:
-            by_name, procs, threads, dropped = {}, 0, 0, 0
+        for _ in range(max(1, repeat)):
+            if counter is not None:
+                counter.reset()
+            run = run_command(argv, counter, method, max_steps)
+            runs.append((run, counter.read() if counter is not None else ({}, 0, 0, 0)))
     finally:
         if counter is not None:
             counter.close()
+    ordered = sorted(runs, key=lambda r: r[0].rusage.ru_utime if r[0].rusage else 0.0)
+    run, (by_name, procs, threads, dropped) = ordered[(len(ordered) - 1) // 2]
     notes = []
     if run.status != 0:
         notes.append(f"the command exited with status {run.status}; counts are of that run")
@@ -321,9 +333,13 @@ def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_
         notes.append("system calls were not counted (--no-syscalls): the estimate has no syscall terms")
     if dropped:
         notes.append(f"{dropped} child processes were not tracked (the BPF map was full): their syscalls are missing")
-    ru = run.rusage
     if method == COMPUTE_USER_CPU:
         notes.append("no PMU instructions counter used: the compute term is the user CPU time of the tree")
+    if len(runs) > 1:
+        notes.append(f"the median of {len(runs)} runs by user CPU time")
+    ru = run.rusage
+    times = [{"wall_s": r.wall_s, "user_s": r.rusage.ru_utime if r.rusage else 0.0,
+              "system_s": r.rusage.ru_stime if r.rusage else 0.0} for r, _ in runs]
     return Counts(
         command=list(argv), exit_status=run.status, wall_s=run.wall_s,
         user_s=ru.ru_utime if ru else 0.0, system_s=ru.ru_stime if ru else 0.0,
@@ -332,7 +348,7 @@ def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_
         voluntary_switches=ru.ru_nvcsw if ru else 0, involuntary_switches=ru.ru_nivcsw if ru else 0,
         processes_created=procs, threads_created=threads,
         reference={**machine_description(), "compute_loop_s": loop.median,
-                   "compute_loop_min_s": loop.min, "compute_loop_max_s": loop.max},
+                   "compute_loop_min_s": loop.min, "compute_loop_max_s": loop.max, "runs": times},
         notes=notes)
 
 
