@@ -245,26 +245,23 @@ def main() -> int:
         out = work / f"{name}.counts.json"
         vmprof("predict", "measure", "-o", str(out), "--repeat", str(args.runs), "--", *cmd)
         counts[name] = load_counts(out)
-    actual: dict[str, dict[str, float]] = {"self": {}, "target": {}}
-    for name, (cmd, reset) in progs.items():
-        times = []
-        for _ in range(args.runs):
-            if reset:
-                run_timed(reset, False, work)
-            times.append(run_timed(cmd, False, work))
-        actual["self"][name] = statistics.median(times)
-    print(f"self done ({time.monotonic() - t_start:.0f} s); target: cgroup quota {args.quota} CPU on CPU "
-          f"{TARGET_CPU} beside a busy loop ...", flush=True)
+    print(f"counted ({time.monotonic() - t_start:.0f} s); costs of the target: cgroup quota {args.quota} CPU "
+          f"on CPU {TARGET_CPU} beside a busy loop ...", flush=True)
     with target_machine(args.quota):
         vmprof("predict", "costs", "-q", "-o", str(work / "target.costs.json"), "--name",
                f"quota{args.quota}+busy", "--dir", str(work), "--min-time", "0.5", in_target=True)
-        for name, (cmd, reset) in progs.items():
-            times = []
-            for _ in range(args.runs):
-                if reset:
-                    run_timed(reset, False, work)
-                times.append(run_timed(cmd, True, work))
-            actual["target"][name] = statistics.median(times)
+    # the actual runs: rounds alternate between the two machines, so that a burst of other load on
+    # this shared machine falls on both rather than on one
+    times: dict[str, dict[str, list[float]]] = {t: {n: [] for n in progs} for t in ("self", "target")}
+    for r in range(args.runs):
+        for t in ("self", "target"):
+            with target_machine(args.quota) if t == "target" else contextlib.nullcontext():
+                for name, (cmd, reset) in progs.items():
+                    if reset:
+                        run_timed(reset, False, work)
+                    times[t][name].append(run_timed(cmd, t == "target", work))
+        print(f"round {r + 1}/{args.runs} of actual runs done ({time.monotonic() - t_start:.0f} s)", flush=True)
+    actual = {t: {n: statistics.median(v) for n, v in times[t].items()} for t in times}
     costs = {"self": load_costs(work / "self.costs.json"), "target": load_costs(work / "target.costs.json")}
 
     print(f"\nmeasured in {time.monotonic() - t_start:.0f} s on {os.uname().nodename} ({os.cpu_count()} CPUs, "
@@ -283,6 +280,11 @@ def main() -> int:
             errors[t].append(abs(err))
             row += f" | {pred:{9 if t == 'self' else 11}.3f} {act:7.3f} {err:+6.1f}%"
         print(row)
+    print("\nspread of the actual runs (min-max s): " + "; ".join(
+        f"{n} self {min(times['self'][n]):.3f}-{max(times['self'][n]):.3f}, target "
+        f"{min(times['target'][n]):.3f}-{max(times['target'][n]):.3f}" for n in progs))
+    print("user CPU s of the counted runs (the median one is used): " + "; ".join(
+        f"{n} " + "/".join(f"{x['user_s']:.3f}" for x in c.reference.get("runs", [])) for n, c in counts.items()))
     print()
     for t in ("self", "target"):
         e = errors[t]
