@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 
 LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.ptrace.restype = ctypes.c_long  # ptrace(request, pid, addr, data): for the ptrace-based counters
+LIBC.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 
 
 def schedstat(pid: int | str, tid: int) -> tuple[int, int]:

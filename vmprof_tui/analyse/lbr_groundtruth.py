@@ -49,10 +49,7 @@ class TraceError(RuntimeError):
 
 
 def _libc() -> ctypes.CDLL:
-    libc = LIBC
-    libc.ptrace.restype = ctypes.c_long
-    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-    return libc
+    return LIBC
 
 
 @dataclass

@@ -1,0 +1,503 @@
+"""Run-time prediction for a target machine (paper 004): counts here × costs there.
+
+A program that runs to completion is run once on the machine at hand (the *reference*)
+and counted: its compute (instructions, or user CPU time where there is no PMU), its
+system calls by kind, page faults, voluntary context switches and processes created
+(:mod:`vmprof_tui.estimate.predict_measure`).  A target machine publishes what one of
+each operation costs there (:mod:`vmprof_tui.estimate.predict_costs`).  The prediction
+is the sum of count × cost over every term, shown term by term (:func:`estimate`).
+
+This module holds the two file formats (versioned JSON, parsed with checks: a hand-edited
+or corrupt file gives one clear :class:`PredictError`) and the arithmetic.  docs/predict.md
+describes both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COUNTS_FORMAT = "vmprof-predict-counts"
+COSTS_FORMAT = "vmprof-predict-costs"
+VERSION = 1
+
+COMPUTE_USER_CPU = "user-cpu-time"
+COMPUTE_PMU = "pmu-instructions"
+COMPUTE_PTRACE = "ptrace-single-step"
+COMPUTE_METHODS = (COMPUTE_USER_CPU, COMPUTE_PMU, COMPUTE_PTRACE)
+
+# The compute loop of predict_costs: instructions per iteration (fixed by its machine code).
+LOOP_INSTRUCTIONS = 4
+
+# The operations `vmprof predict costs` measures; each is seconds per operation.
+COST_NAMES = ("compute_loop", "null_syscall", "open_close", "read_4k", "read_64k", "write_4k", "write_64k",
+              "mmap_munmap", "fork_exit", "fork_exec_exit", "minor_fault", "major_fault", "context_switch")
+
+UNISTD_HEADERS = ("/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "/usr/include/asm/unistd_64.h",
+                  "/usr/include/asm-generic/unistd.h")
+
+
+class PredictError(RuntimeError):
+    """One line for the user: what is wrong and what to do."""
+
+
+# ---------------------------------------------------------------------------
+# syscall names
+
+
+def syscall_names(headers: tuple[str, ...] = UNISTD_HEADERS) -> dict[int, str]:
+    """Number -> name from the first readable unistd_64.h (libc6-dev); {} if none."""
+    pattern = re.compile(r"^#define\s+__NR_(\w+)\s+(\d+)\s*$", re.M)
+    for h in headers:
+        try:
+            text = Path(h).read_text()
+        except OSError:
+            continue
+        table = {int(nr): name for name, nr in pattern.findall(text)}
+        if table:
+            return table
+    return {}
+
+
+def syscall_name(nr: int, table: dict[int, str]) -> str:
+    return table.get(nr, f"syscall_{nr}")
+
+
+# ---------------------------------------------------------------------------
+# the two files
+
+
+@dataclass
+class SyscallCount:
+    nr: int
+    calls: int
+    bytes: int = 0
+
+
+@dataclass
+class Counts:
+    """What one run of a command did on the reference machine (the COUNTS file)."""
+
+    command: list[str]
+    exit_status: int
+    wall_s: float
+    user_s: float
+    system_s: float
+    compute_method: str
+    instructions: int | None
+    syscalls: dict[str, SyscallCount]
+    minor_faults: int
+    major_faults: int
+    voluntary_switches: int
+    involuntary_switches: int
+    processes_created: int
+    threads_created: int
+    reference: dict[str, Any]  # host, kernel, cpus, compute_loop_s (seconds per loop iteration there)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reference_loop_s(self) -> float:
+        return float(self.reference["compute_loop_s"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": COUNTS_FORMAT, "version": VERSION,
+            "command": self.command, "exit_status": self.exit_status,
+            "time": {"wall_s": self.wall_s, "user_s": self.user_s, "system_s": self.system_s},
+            "compute": {"method": self.compute_method, "instructions": self.instructions,
+                        "user_cpu_s": self.user_s},
+            "syscalls": {name: {"nr": c.nr, "calls": c.calls, "bytes": c.bytes}
+                         for name, c in sorted(self.syscalls.items(), key=lambda kv: -kv[1].calls)},
+            "faults": {"minor": self.minor_faults, "major": self.major_faults},
+            "context_switches": {"voluntary": self.voluntary_switches, "involuntary": self.involuntary_switches},
+            "processes": {"created": self.processes_created, "threads": self.threads_created},
+            "reference": self.reference,
+            "notes": self.notes,
+        }
+
+    @property
+    def syscall_total(self) -> int:
+        return sum(c.calls for c in self.syscalls.values())
+
+
+@dataclass
+class CostStat:
+    """Seconds per operation over repetitions."""
+
+    median: float
+    min: float
+    max: float
+    repeat: int
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"median_s": self.median, "min_s": self.min, "max_s": self.max, "repeat": self.repeat}
+
+
+@dataclass
+class Costs:
+    """What one operation costs on a target (the COSTS file)."""
+
+    target: dict[str, Any]  # name, host, kernel, cpus, cgroup quota if any, measured_at
+    costs: dict[str, CostStat]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.target.get("name") or self.target.get("host") or "target")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": COSTS_FORMAT, "version": VERSION, "target": self.target,
+                "costs": {k: v.to_json() for k, v in self.costs.items()}, "notes": self.notes}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as e:
+        raise PredictError(f"cannot write {path}: {e.strerror}") from None
+
+
+def _load(path: Path, fmt: str, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise PredictError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PredictError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise PredictError(f"{path} is not JSON ({e}); is it a {what} file?") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise PredictError(f"{path} is not a {what} file (format {got!r}, expected {fmt!r})")
+    if data.get("version") != VERSION:
+        raise PredictError(f"{path}: {what} format version {data.get('version')!r} is not supported "
+                           f"(this vmprof reads version {VERSION})")
+    return data
+
+
+class _Reader:
+    """Typed access to a parsed file; any mismatch is one PredictError naming the file and key."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path, self.data = path, data
+
+    def get(self, dotted: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+        node: Any = self.data
+        for key in dotted.split("."):
+            if not isinstance(node, dict) or key not in node:
+                if optional:
+                    return None
+                raise PredictError(f"{self.path}: missing {dotted}")
+            node = node[key]
+        if node is None and optional:
+            return None
+        if isinstance(node, bool) or not isinstance(node, kind):
+            raise PredictError(f"{self.path}: {dotted} is {node!r}, not a {_kind_name(kind)}")
+        return node
+
+    def number(self, dotted: str, *, optional: bool = False, positive: bool = False) -> float | None:
+        v = self.get(dotted, (int, float), optional=optional)
+        if v is None:
+            return None
+        if not math.isfinite(v) or v < 0 or (positive and v == 0):
+            raise PredictError(f"{self.path}: {dotted} is {v!r}, not a {'positive' if positive else 'non-negative'} "
+                               "finite number")
+        return float(v)
+
+    def count(self, dotted: str, *, optional: bool = False) -> int | None:
+        v = self.get(dotted, int, optional=optional)
+        if v is not None and v < 0:
+            raise PredictError(f"{self.path}: {dotted} is {v}, not a count")
+        return v
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "integer", float: "number", str: "string", dict: "object", list: "list"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def load_counts(path: Path) -> Counts:
+    r = _Reader(path, _load(path, COUNTS_FORMAT, "vmprof predict counts"))
+    command = r.get("command", list)
+    if not all(isinstance(a, str) for a in command):
+        raise PredictError(f"{path}: command must be a list of strings")
+    method = r.get("compute.method", str)
+    if method not in COMPUTE_METHODS:
+        raise PredictError(f"{path}: compute.method {method!r} is not one of {', '.join(COMPUTE_METHODS)}")
+    instructions = r.count("compute.instructions", optional=True)
+    if method != COMPUTE_USER_CPU and instructions is None:
+        raise PredictError(f"{path}: compute.method is {method} but compute.instructions is missing")
+    syscalls: dict[str, SyscallCount] = {}
+    for name, entry in r.get("syscalls", dict).items():
+        e = _Reader(path, {"s": entry})
+        syscalls[str(name)] = SyscallCount(nr=e.count("s.nr") or 0, calls=e.count("s.calls") or 0,
+                                           bytes=e.count("s.bytes", optional=True) or 0)
+    r.number("reference.compute_loop_s", positive=True)
+    notes = r.get("notes", list, optional=True) or []
+    return Counts(
+        command=command, exit_status=r.get("exit_status", int),
+        wall_s=r.number("time.wall_s") or 0.0, user_s=r.number("time.user_s") or 0.0,
+        system_s=r.number("time.system_s") or 0.0, compute_method=method, instructions=instructions,
+        syscalls=syscalls, minor_faults=r.count("faults.minor") or 0, major_faults=r.count("faults.major") or 0,
+        voluntary_switches=r.count("context_switches.voluntary") or 0,
+        involuntary_switches=r.count("context_switches.involuntary") or 0,
+        processes_created=r.count("processes.created") or 0, threads_created=r.count("processes.threads") or 0,
+        reference=r.get("reference", dict), notes=[str(n) for n in notes])
+
+
+def load_costs(path: Path) -> Costs:
+    r = _Reader(path, _load(path, COSTS_FORMAT, "vmprof predict costs"))
+    target = r.get("target", dict)
+    entries = r.get("costs", dict)
+    missing = [n for n in COST_NAMES if n not in entries]
+    if missing:
+        raise PredictError(f"{path}: costs lack {', '.join(missing)} (measure them with vmprof predict costs)")
+    costs = {}
+    for name in COST_NAMES:
+        costs[name] = CostStat(median=r.number(f"costs.{name}.median_s", positive=True) or 0.0,
+                               min=r.number(f"costs.{name}.min_s") or 0.0, max=r.number(f"costs.{name}.max_s") or 0.0,
+                               repeat=r.count(f"costs.{name}.repeat") or 0)
+    notes = r.get("notes", list, optional=True) or []
+    return Costs(target=target, costs=costs, notes=[str(n) for n in notes])
+
+
+# ---------------------------------------------------------------------------
+# the estimate
+
+# How each syscall is charged.  Process creation is charged per process (fork+exit, which
+# includes the child's exit and the parent's wait), exec per exec; the syscalls those costs
+# already contain are charged nothing, so nothing is counted twice.
+IN_PROCESS_TERM = frozenset({"clone", "clone3", "fork", "vfork", "exit", "exit_group", "wait4", "waitid"})
+EXEC_CALLS = frozenset({"execve", "execveat"})
+OPEN_CALLS = frozenset({"open", "openat", "openat2", "creat"})
+READ_CALLS = frozenset({"read", "pread64", "readv", "preadv", "preadv2"})
+WRITE_CALLS = frozenset({"write", "pwrite64", "writev", "pwritev", "pwritev2"})
+# Charged the measured null syscall (getppid) as the measured cost of their kind: the second
+# half of a measured pair (close of open+close, munmap of mmap+munmap) or trivially cheap.
+NULL_LIKE = frozenset({"getppid", "getpid", "gettid", "getuid", "geteuid", "getgid", "getegid", "close", "munmap"})
+# Syscalls whose positive return value is a byte count (the BPF counter sums them).
+BYTE_CALLS = READ_CALLS | WRITE_CALLS | frozenset({"sendfile", "copy_file_range", "splice", "recvfrom", "sendto",
+                                                   "recvmsg", "sendmsg"})
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Per-operation seconds derived from a COSTS file (read/write: per call + per byte)."""
+
+    loop_s: float  # one compute-loop iteration
+    null: float
+    open: float  # open+close minus the close (charged as null)
+    read_call: float
+    read_byte: float
+    write_call: float
+    write_byte: float
+    mmap: float  # mmap+munmap minus the munmap (charged as null)
+    fork_exit: float
+    exec: float  # fork+exec+exit minus fork+exit
+    minor_fault: float
+    major_fault: float
+    context_switch: float
+
+
+def unit_costs(c: Costs) -> UnitCosts:
+    m = {k: v.median for k, v in c.costs.items()}
+
+    def call_and_byte(small: str, large: str) -> tuple[float, float]:
+        per_byte = max(0.0, (m[large] - m[small]) / (65536 - 4096))
+        return max(0.0, m[small] - 4096 * per_byte), per_byte
+
+    read_call, read_byte = call_and_byte("read_4k", "read_64k")
+    write_call, write_byte = call_and_byte("write_4k", "write_64k")
+    null = m["null_syscall"]
+    return UnitCosts(loop_s=m["compute_loop"], null=null, open=max(0.0, m["open_close"] - null),
+                     read_call=read_call, read_byte=read_byte, write_call=write_call, write_byte=write_byte,
+                     mmap=max(0.0, m["mmap_munmap"] - null), fork_exit=m["fork_exit"],
+                     exec=max(0.0, m["fork_exec_exit"] - m["fork_exit"]), minor_fault=m["minor_fault"],
+                     major_fault=m["major_fault"], context_switch=m["context_switch"])
+
+
+@dataclass(frozen=True)
+class Term:
+    group: str  # compute, syscall, fault, process, switch
+    name: str
+    count: float
+    unit: str
+    cost_s: float  # seconds per unit (for byte-moving calls: the per-call part)
+    seconds: float
+    basis: str  # which measured cost, or "fallback: ..."
+    fallback: bool = False
+
+
+@dataclass
+class Estimate:
+    target: str
+    terms: list[Term]
+    compute_basis: str
+    notes: list[str]
+
+    @property
+    def total_s(self) -> float:
+        return sum(t.seconds for t in self.terms)
+
+    def group_s(self, group: str) -> float:
+        return sum(t.seconds for t in self.terms if t.group == group)
+
+    @property
+    def fallback_s(self) -> float:
+        return sum(t.seconds for t in self.terms if t.fallback)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "predicted_s": self.total_s, "compute": self.compute_basis,
+                "by_group_s": {g: self.group_s(g) for g in GROUPS}, "fallback_s": self.fallback_s,
+                "terms": [t.__dict__ for t in self.terms], "notes": self.notes}
+
+
+GROUPS = ("compute", "syscall", "fault", "process", "switch")
+
+
+def _syscall_term(name: str, c: SyscallCount, u: UnitCosts) -> Term:
+    n = c.calls
+    if name in IN_PROCESS_TERM:
+        return Term("syscall", name, n, "calls", 0.0, 0.0, "in the fork+exit cost of each process")
+    if name in EXEC_CALLS:
+        return Term("syscall", name, n, "calls", u.exec, n * u.exec, "exec")
+    if name in OPEN_CALLS:
+        return Term("syscall", name, n, "calls", u.open, n * u.open, "open (open+close minus a null call)")
+    if name in READ_CALLS:
+        return Term("syscall", name, n, "calls", u.read_call, n * u.read_call + c.bytes * u.read_byte,
+                    f"read: per call + {c.bytes} bytes")
+    if name in WRITE_CALLS:
+        return Term("syscall", name, n, "calls", u.write_call, n * u.write_call + c.bytes * u.write_byte,
+                    f"write: per call + {c.bytes} bytes")
+    if name == "mmap":
+        return Term("syscall", name, n, "calls", u.mmap, n * u.mmap, "mmap (mmap+munmap minus a null call)")
+    if name in NULL_LIKE:
+        return Term("syscall", name, n, "calls", u.null, n * u.null, "null syscall")
+    return Term("syscall", name, n, "calls", u.null, n * u.null, "fallback: null syscall cost", fallback=True)
+
+
+def estimate(counts: Counts, costs: Costs, compute: str = "auto") -> Estimate:
+    """Predicted run time of the counted program on the machine `costs` describes.
+
+    compute: "auto" (the counts' own method), "cpu-time" (user CPU seconds of the reference
+    × the target's time for what took one CPU second on the reference, from the compute loop
+    timed on both), or "instructions" (instructions × the target's time per loop instruction:
+    the paper's method; assumes the program's CPI equals the loop's)."""
+    u = unit_costs(costs)
+    notes: list[str] = []
+    if compute == "auto":
+        compute = "cpu-time" if counts.compute_method == COMPUTE_USER_CPU else "instructions"
+    terms: list[Term] = []
+    if compute == "instructions":
+        if counts.instructions is None:
+            raise PredictError("the counts have no instruction count (measured with the user-CPU-time method): "
+                               "use --compute cpu-time")
+        per_insn = u.loop_s / LOOP_INSTRUCTIONS
+        terms.append(Term("compute", f"instructions ({counts.compute_method})", counts.instructions,
+                          "instructions", per_insn, counts.instructions * per_insn,
+                          "compute loop: seconds per instruction"))
+        basis = f"instructions × target seconds per compute-loop instruction ({counts.compute_method})"
+    elif compute == "cpu-time":
+        ratio = u.loop_s / counts.reference_loop_s
+        terms.append(Term("compute", "user CPU time", counts.user_s, "reference CPU s", ratio,
+                          counts.user_s * ratio, "compute loop: target s per reference CPU s"))
+        basis = (f"user CPU time × {ratio:.3f} (target compute loop {u.loop_s * 1e9:.3f} ns/iteration vs "
+                 f"reference {counts.reference_loop_s * 1e9:.3f})")
+    else:
+        raise PredictError(f"unknown compute method {compute!r}: use auto, cpu-time or instructions")
+    names = syscall_names()
+    for name, c in sorted(counts.syscalls.items(), key=lambda kv: -kv[1].calls):
+        if c.calls or c.bytes:
+            terms.append(_syscall_term(name if not name.startswith("syscall_") else
+                                       syscall_name(c.nr, names), c, u))
+    terms.append(Term("fault", "minor page faults", counts.minor_faults, "faults", u.minor_fault,
+                      counts.minor_faults * u.minor_fault, "minor fault (anonymous page, first write)"))
+    terms.append(Term("fault", "major page faults", counts.major_faults, "faults", u.major_fault,
+                      counts.major_faults * u.major_fault, "major fault (one page read from disk)"))
+    terms.append(Term("process", "processes created", counts.processes_created, "processes", u.fork_exit,
+                      counts.processes_created * u.fork_exit, "fork+exit+wait"))
+    if counts.threads_created:
+        terms.append(Term("process", "threads created", counts.threads_created, "threads", u.fork_exit,
+                          counts.threads_created * u.fork_exit, "fallback: fork+exit cost", fallback=True))
+    terms.append(Term("switch", "voluntary context switches", counts.voluntary_switches, "switches",
+                      u.context_switch, counts.voluntary_switches * u.context_switch, "pipe ping-pong switch"))
+    if compute == "cpu-time" and counts.compute_method != COMPUTE_USER_CPU:
+        notes.append("compute from user CPU time although the counts also hold instructions")
+    if counts.exit_status != 0:
+        notes.append(f"the counted run exited with status {counts.exit_status}")
+    par = (counts.user_s + counts.system_s) / counts.wall_s if counts.wall_s > 0 else 0.0
+    if par > 1.2:
+        notes.append(f"the counted run kept {par:.1f} CPUs busy on average: the prediction is for one CPU "
+                     "(the sum of its work), not for the same parallelism")
+    return Estimate(costs.name, terms, basis, notes)
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    if s >= 1e-6:
+        return f"{s * 1e6:.3f} us"
+    return f"{s * 1e9:.2f} ns"
+
+
+def _fmt_n(n: float) -> str:
+    return f"{n:,.3f}" if isinstance(n, float) and not float(n).is_integer() else f"{int(n):,}"
+
+
+def render(counts: Counts, estimates: list[Estimate], top: int = 12) -> str:
+    """The per-target breakdown and, with several targets, a comparison table."""
+    lines = [f"command: {' '.join(counts.command)} (exit status {counts.exit_status})",
+             f"reference: {counts.reference.get('host', '?')}: wall {counts.wall_s:.3f} s, user {counts.user_s:.3f} s,"
+             f" system {counts.system_s:.3f} s; {counts.syscall_total:,} syscalls, {counts.minor_faults:,} minor + "
+             f"{counts.major_faults:,} major faults, {counts.processes_created} processes"]
+    for est in estimates:
+        total = est.total_s or 1e-30
+        lines += ["", f"target {est.target}: predicted {est.total_s:.3f} s "
+                  f"({est.total_s / counts.wall_s:.2f}× the reference wall time)" if counts.wall_s else
+                  f"target {est.target}: predicted {est.total_s:.3f} s",
+                  f"  compute: {est.compute_basis}",
+                  f"  {'term':34} {'count':>16} {'cost each':>12} {'time':>12} {'share':>6}"]
+        shown = [t for t in est.terms if t.group != "syscall"]
+        sys_terms = sorted((t for t in est.terms if t.group == "syscall"), key=lambda t: -t.seconds)
+        for t in shown[:1]:
+            lines.append(_row(t, total))
+        for g, label in (("syscall", "system calls"), ("fault", "page faults"), ("process", "processes"),
+                         ("switch", "context switches")):
+            lines.append(f"  {label + ' (total)':34} {'':>16} {'':>12} {_fmt_s(est.group_s(g)):>12} "
+                         f"{100 * est.group_s(g) / total:5.1f}%")
+            members = sys_terms[:top] if g == "syscall" else [t for t in shown if t.group == g]
+            for t in members:
+                lines.append(_row(t, total, indent=4))
+            if g == "syscall" and len(sys_terms) > top:
+                rest = sys_terms[top:]
+                lines.append(f"    {f'{len(rest)} other syscalls':32} {_fmt_n(sum(t.count for t in rest)):>16} "
+                             f"{'':>12} {_fmt_s(sum(t.seconds for t in rest)):>12} "
+                             f"{100 * sum(t.seconds for t in rest) / total:5.1f}%")
+        lines.append(f"  * fallback costs (kinds not measured, charged a null syscall): {_fmt_s(est.fallback_s)} "
+                     f"({100 * est.fallback_s / total:.1f}% of the prediction)")
+        lines += [f"  note: {n}" for n in est.notes]
+    if len(estimates) > 1:
+        lines += ["", f"{'target':24} {'predicted':>11} {'compute':>11} {'syscalls':>11} {'faults':>11} "
+                  f"{'processes':>11} {'switches':>11}"]
+        for est in estimates:
+            lines.append(f"{est.target[:24]:24} {est.total_s:10.3f}s" + "".join(
+                f" {est.group_s(g):10.3f}s" for g in GROUPS))
+    return "\n".join(lines) + "\n"
+
+
+def _row(t: Term, total: float, indent: int = 2) -> str:
+    name = t.name + (" *" if t.fallback else "")
+    count, cost = _fmt_n(t.count), _fmt_s(t.cost_s)
+    if t.unit == "reference CPU s":  # seconds of the reference × a ratio
+        count, cost = f"{t.count:.6f} s", f"× {t.cost_s:.4f}"
+    return (f"{'':{indent}}{name:{36 - indent}} {count:>16} {cost:>12} "
+            f"{_fmt_s(t.seconds):>12} {100 * t.seconds / total:5.1f}%")

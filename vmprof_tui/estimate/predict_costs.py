@@ -1,0 +1,605 @@
+"""What one operation costs on this machine (`vmprof predict costs`), run on or inside a target.
+
+Every cost is wall time per operation, measured in loops long enough (``min_time`` per
+repetition, many scheduler periods) that a CPU quota or a neighbour's share of the CPU shows
+up in it as it would in a program's run time.  The loops are a few lines of x86-64 machine
+code (the assembly source is below; ``tests/test_predict.py`` reassembles it and compares),
+called through ctypes from an executable mapping, so no interpreter overhead sits inside a
+measured loop, no compiler is needed on the target, and the compute loop has a known number
+of instructions per iteration (4).  Process creation and exec are measured from a minimal
+static ELF written at run time (:data:`FORKER_CODE`), so that fork copies a small process,
+as make or a shell would, not this Python interpreter.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import resource
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vmprof_tui.estimate.predict import COST_NAMES, Costs, CostStat, PredictError
+
+# Assembled with GNU as (intel syntax) from SNIPPETS_ASM; offsets from `nm`.
+SNIPPETS_ASM = r"""
+	.intel_syntax noprefix
+	.text
+	.globl compute_loop
+compute_loop:			/* (n): 4 instructions per iteration */
+	xor eax, eax
+	mov edx, 1
+1:	add rax, rdx
+	xor rdx, rax
+	sub rdi, 1
+	jnz 1b
+	ret
+	.globl null_loop
+null_loop:			/* (n): n getppid */
+1:	mov eax, 110
+	syscall
+	sub rdi, 1
+	jnz 1b
+	ret
+	.globl open_close_loop
+open_close_loop:		/* (n, path): n openat(AT_FDCWD, path, O_RDONLY) + close */
+	mov r8, rdi
+	mov r9, rsi
+1:	mov eax, 257
+	mov rdi, -100
+	mov rsi, r9
+	xor edx, edx
+	xor r10d, r10d
+	syscall
+	test rax, rax
+	js 2f
+	mov rdi, rax
+	mov eax, 3
+	syscall
+	sub r8, 1
+	jnz 1b
+	xor eax, eax
+2:	ret
+	.globl rw_loop
+rw_loop:			/* (n, fd, buf, size, nr, limit): nr = pread64/pwrite64 at offsets 0, size, ... wrapping at limit */
+	push rbx
+	push rbp
+	push r12
+	push r13
+	push r14
+	push r15
+	mov rbx, rdi
+	mov r12, rsi
+	mov r13, rdx
+	mov r14, rcx
+	mov r15, r8
+	mov rbp, r9
+	xor r10d, r10d
+1:	mov rax, r15
+	mov rdi, r12
+	mov rsi, r13
+	mov rdx, r14
+	syscall
+	test rax, rax
+	js 3f
+	add r10, r14
+	cmp r10, rbp
+	jb 2f
+	xor r10d, r10d
+2:	sub rbx, 1
+	jnz 1b
+	xor eax, eax
+3:	pop r15
+	pop r14
+	pop r13
+	pop r12
+	pop rbp
+	pop rbx
+	ret
+	.globl mmap_loop
+mmap_loop:			/* (n, len): n mmap(anonymous, len) + munmap */
+	push rbx
+	push r12
+	mov rbx, rdi
+	mov r12, rsi
+1:	mov eax, 9
+	xor edi, edi
+	mov rsi, r12
+	mov edx, 3
+	mov r10d, 0x22
+	mov r8, -1
+	xor r9d, r9d
+	syscall
+	cmp rax, -4095
+	jae 2f
+	mov rdi, rax
+	mov rsi, r12
+	mov eax, 11
+	syscall
+	sub rbx, 1
+	jnz 1b
+	xor eax, eax
+2:	pop r12
+	pop rbx
+	ret
+	.globl touch_write
+touch_write:			/* (addr, pages, stride): one byte written per page */
+1:	mov byte ptr [rdi], 1
+	add rdi, rdx
+	sub rsi, 1
+	jnz 1b
+	xor eax, eax
+	ret
+	.globl touch_read
+touch_read:			/* (addr, pages, stride): one byte read per page, returns their sum */
+	xor eax, eax
+1:	movzx ecx, byte ptr [rdi]
+	add rax, rcx
+	add rdi, rdx
+	sub rsi, 1
+	jnz 1b
+	ret
+	.globl pingpong
+pingpong:			/* (n, rfd, wfd, buf, starter): starter writes then reads 1 byte, the other reads then writes */
+	push rbx
+	push r12
+	push r13
+	push r14
+	push r15
+	mov rbx, rdi
+	mov r12, rsi
+	mov r13, rdx
+	mov r14, rcx
+	mov r15, r8
+1:	test r15, r15
+	jz 2f
+	mov eax, 1
+	mov rdi, r13
+	mov rsi, r14
+	mov edx, 1
+	syscall
+	cmp rax, 1
+	jne 9f
+2:	xor eax, eax
+	mov rdi, r12
+	mov rsi, r14
+	mov edx, 1
+	syscall
+	cmp rax, 1
+	jne 9f
+	test r15, r15
+	jnz 3f
+	mov eax, 1
+	mov rdi, r13
+	mov rsi, r14
+	mov edx, 1
+	syscall
+	cmp rax, 1
+	jne 9f
+3:	sub rbx, 1
+	jnz 1b
+	xor eax, eax
+	jmp 8f
+9:	mov rax, -1
+8:	pop r15
+	pop r14
+	pop r13
+	pop r12
+	pop rbx
+	ret
+"""
+
+SNIPPETS_CODE = bytes.fromhex(
+    "31c0ba010000004801d04831c24883ef0175f4c3b86e0000000f054883ef0175f3c34989f84989f1b80101000048c7c7"
+    "9cffffff4c89ce31d24531d20f054885c078124889c7b8030000000f054983e80175d531c0c353554154415541564157"
+    "4889fb4989f44989d54989ce4d89c74c89cd4531d24c89f84c89e74c89ee4c89f20f054885c078134d01f24939ea7203"
+    "4531d24883eb0175dc31c0415f415e415d415c5d5bc35341544889fb4989f4b80900000031ff4c89e6ba0300000041ba"
+    "2200000049c7c0ffffffff4531c90f05483d01f0ffff73154889c74c89e6b80b0000000f054883eb0175c431c0415c5b"
+    "c3c607014801d74883ee0175f431c0c331c00fb60f4801c84801d74883ee0175f1c35341544155415641574889fb4989"
+    "f44989d54989ce4d89c74d85ff7418b8010000004c89ef4c89f6ba010000000f054883f801753c31c04c89e74c89f6ba"
+    "010000000f054883f80175274d85ff7518b8010000004c89ef4c89f6ba010000000f054883f801750a4883eb0175ab31"
+    "c0eb0748c7c0ffffffff415f415e415d415c5bc3")
+SNIPPETS = {"compute_loop": 0x00, "null_loop": 0x14, "open_close_loop": 0x22, "rw_loop": 0x56, "mmap_loop": 0xA6,
+            "touch_write": 0xF1, "touch_read": 0x100, "pingpong": 0x112}
+
+FORKER_ASM = r"""
+	.intel_syntax noprefix
+	.text
+	.globl _start
+/* argc 1: exit at once; 2: ITER x (fork, the child exits, wait4);
+   3: the same with the child exec'ing argv[0] (with argc 1) */
+_start:
+	mov rax, [rsp]
+	cmp rax, 1
+	jbe 8f
+	mov ebx, 0x11223344	/* ITER, patched */
+	mov r12, rax
+	mov r13, [rsp + 8]
+1:	mov eax, 57
+	syscall
+	test rax, rax
+	js 9f
+	jz 3f
+	mov rdi, -1
+	xor esi, esi
+	xor edx, edx
+	xor r10d, r10d
+	mov eax, 61
+	syscall
+	sub rbx, 1
+	jnz 1b
+8:	xor edi, edi
+	mov eax, 231
+	syscall
+3:	cmp r12, 3
+	jne 8b
+	push 0
+	push r13
+	mov rsi, rsp
+	mov rdi, r13
+	xor edx, edx
+	mov eax, 59
+	syscall
+9:	mov edi, 1
+	mov eax, 231
+	syscall
+"""
+
+FORKER_CODE = bytes.fromhex(
+    "488b04244883f8017636bb443322114989c44c8b6c2408b8390000000f054885c0783f742448c7c7ffffffff31f631d2"
+    "4531d2b83d0000000f054883eb0175d731ffb8e70000000f054983fc0375f16a0041554889e64c89ef31d2b83b000000"
+    "0f05bf01000000b8e70000000f05")
+ITER_MARK = (0x11223344).to_bytes(4, "little")
+
+NR_PREAD64, NR_PWRITE64 = 17, 18
+PAGE = mmap.PAGESIZE
+MADV_NOHUGEPAGE = 15
+
+
+def forker_elf(iterations: int) -> bytes:
+    """A static x86-64 ELF executable: one PT_LOAD segment (headers + FORKER_CODE) at 0x400000."""
+    import struct
+
+    base, ehsize, phsize = 0x400000, 64, 56
+    code = FORKER_CODE.replace(ITER_MARK, int(iterations).to_bytes(4, "little"))
+    entry = base + ehsize + phsize
+    size = ehsize + phsize + len(code)
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    eh = ident + struct.pack("<HHIQQQIHHHHHH", 2, 62, 1, entry, ehsize, 0, 0, ehsize, phsize, 1, 0, 0, 0)
+    ph = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)  # PT_LOAD, R+X
+    return eh + ph + code
+
+
+class Snippets:
+    """SNIPPETS_CODE in an executable mapping, callable through ctypes."""
+
+    def __init__(self) -> None:
+        try:
+            self._mem = mmap.mmap(-1, PAGE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        except OSError as e:
+            raise PredictError(f"predict costs: cannot map executable memory for the measurement loops: "
+                               f"{e.strerror}") from None
+        self._mem.write(SNIPPETS_CODE)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(self._mem))
+        L = ctypes.c_long  # noqa: N806
+
+        def fn(name: str, nargs: int) -> Callable[..., int]:
+            return ctypes.CFUNCTYPE(L, *([L] * nargs))(addr + SNIPPETS[name])
+
+        self.compute_loop = fn("compute_loop", 1)
+        self.null_loop = fn("null_loop", 1)
+        self.open_close_loop = fn("open_close_loop", 2)
+        self.rw_loop = fn("rw_loop", 6)
+        self.mmap_loop = fn("mmap_loop", 2)
+        self.touch_write = fn("touch_write", 3)
+        self.touch_read = fn("touch_read", 3)
+        self.pingpong = fn("pingpong", 5)
+
+
+_SNIPPETS: Snippets | None = None
+
+
+def snippets() -> Snippets:
+    global _SNIPPETS
+    if _SNIPPETS is None:
+        _SNIPPETS = Snippets()
+    return _SNIPPETS
+
+
+def _check(rc: int, what: str) -> None:
+    if rc < 0:
+        raise PredictError(f"predict costs: {what} failed: {os.strerror(-rc) if rc > -4096 else rc}")
+
+
+# ---------------------------------------------------------------------------
+# the timing discipline
+
+
+def _stat(values: list[float]) -> CostStat:
+    return CostStat(median=statistics.median(values), min=min(values), max=max(values), repeat=len(values))
+
+
+def _calibrate(run: Callable[[int], float], min_time: float, start: int = 16) -> int:
+    """Operations per chunk so that one chunk takes about min_time / 4."""
+    n = start
+    while True:
+        dt = run(n)
+        if dt >= min_time / 16 or n >= 1 << 40:
+            return max(1, int(n * (min_time / 4) / max(dt, 1e-9)))
+        n *= 4
+
+
+def _repeat(chunk: Callable[[], tuple[float, int]], repeat: int, min_time: float) -> CostStat:
+    """Per repetition, chunks until min_time of measured time: seconds per operation."""
+    values = []
+    for _ in range(repeat):
+        total, ops = 0.0, 0
+        while ops == 0 or total < min_time:
+            dt, n = chunk()
+            total += dt
+            ops += n
+        values.append(total / ops)
+    return _stat(values)
+
+
+def _timed(fn: Callable[..., int], *args: int, check: bool = True) -> float:
+    t0 = time.perf_counter()
+    rc = fn(*args)
+    dt = time.perf_counter() - t0
+    if check:
+        _check(rc, "a measurement loop")
+    return dt
+
+
+def _loop_cost(fn: Callable[..., int], args: tuple[int, ...], repeat: int, min_time: float,
+               check: bool = True) -> CostStat:
+    n = _calibrate(lambda k: _timed(fn, k, *args, check=check), min_time)
+    return _repeat(lambda: (_timed(fn, n, *args, check=check), n), repeat, min_time)
+
+
+# ---------------------------------------------------------------------------
+# the operations
+
+
+def time_compute_loop(repeat: int = 5, min_time: float = 0.2) -> CostStat:
+    """Seconds per iteration of the compute loop (4 instructions: add, xor, sub, jnz)."""
+    return _loop_cost(snippets().compute_loop, (), repeat, min_time, check=False)  # returns its sum
+
+
+def _faults() -> tuple[int, int]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_minflt, ru.ru_majflt
+
+
+def _minor_fault_chunk(pages: int) -> tuple[float, int]:
+    """A page's life in a program: the first write faults it in (zeroed), and it is freed at munmap
+    or exit.  Both are timed (mmap/munmap calls amortised over `pages`)."""
+    t0 = time.perf_counter()
+    m = mmap.mmap(-1, pages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m.madvise(MADV_NOHUGEPAGE)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        f0 = _faults()[0]
+        snippets().touch_write(addr, pages, PAGE)
+        faults = _faults()[0] - f0
+    finally:
+        m.close()
+    dt = time.perf_counter() - t0
+    if faults < pages:
+        raise PredictError(f"predict costs: touching {pages} fresh pages made only {faults} minor faults "
+                           "(transparent huge pages?)")
+    return dt, faults
+
+
+class _MajorFaults:
+    """Reads of a file's pages through a mapping after its cache was dropped (posix_fadvise
+    DONTNEED; MADV_RANDOM stops read-ahead, so each page is one fault and one disk read)."""
+
+    def __init__(self, path: Path, pages: int) -> None:
+        self.pages = pages
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(self.fd, os.urandom(PAGE) * pages)
+        os.fsync(self.fd)
+
+    def chunk(self) -> tuple[float, int]:
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        # writable only so that ctypes can take its address; the pages are only read
+        m = mmap.mmap(self.fd, self.pages * PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            m.madvise(mmap.MADV_RANDOM)
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+            f0 = _faults()[1]
+            t0 = time.perf_counter()
+            snippets().touch_read(addr, self.pages, PAGE)
+            dt = time.perf_counter() - t0
+            majors = _faults()[1] - f0
+        finally:
+            m.close()
+        return dt, majors
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _process_cost(exe: Path, argc: int, iterations: int, repeat: int, min_time: float) -> CostStat:
+    """Seconds per (fork, [exec,] exit, wait) of the minimal static process, its own start subtracted."""
+    argv_base = [str(exe)]
+    argv = [str(exe), *(["x"] * (argc - 1))]
+
+    def run(args: list[str]) -> float:
+        t0 = time.perf_counter()
+        rc = subprocess.run(args, stdin=subprocess.DEVNULL).returncode
+        dt = time.perf_counter() - t0
+        if rc != 0:
+            raise PredictError(f"predict costs: the fork/exec measurement program exited with status {rc}")
+        return dt
+
+    def chunk() -> tuple[float, int]:
+        return max(run(argv) - run(argv_base), 1e-9), iterations
+
+    return _repeat(chunk, repeat, min_time)
+
+
+def _context_switch(repeat: int, min_time: float) -> CostStat:
+    """Half a pipe round trip between two processes on one CPU, minus the 1-byte write and read
+    it contains (timed in one process on one pipe, where nothing blocks)."""
+    s = snippets()
+    buf = ctypes.create_string_buffer(8)
+    addr = ctypes.addressof(buf)
+    r, w = os.pipe()
+    base = _loop_cost(s.pingpong, (r, w, addr, 1), repeat, min_time)  # write + read, no switch
+    os.close(r)
+    os.close(w)
+    cpus = os.sched_getaffinity(0)
+    one = {min(cpus)}
+    os.sched_setaffinity(0, one)
+    try:
+        a_r, a_w = os.pipe()
+        b_r, b_w = os.pipe()
+        # the partner answers `n` round trips per request; requests are counts on a control pipe
+        c_r, c_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(c_w)
+                while True:
+                    head = os.read(c_r, 8)
+                    if len(head) < 8:
+                        break
+                    n = int.from_bytes(head, "little")
+                    if s.pingpong(n, a_r, b_w, addr, 0) < 0:
+                        break
+            finally:
+                os._exit(0)
+        os.close(c_r)
+        try:
+            def rounds(n: int) -> float:
+                os.write(c_w, n.to_bytes(8, "little"))
+                return _timed(s.pingpong, n, b_r, a_w, addr, 1)
+
+            n = _calibrate(rounds, min_time)
+            trips = _repeat(lambda: (rounds(n), n), repeat, min_time)
+        finally:
+            os.close(c_w)
+            os.waitpid(pid, 0)
+            for fd in (a_r, a_w, b_r, b_w):
+                os.close(fd)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    half = [(t - base.median) / 2 for t in (trips.median, trips.min, trips.max)]
+    return CostStat(median=max(half[0], 1e-9), min=max(half[1], 1e-9), max=max(half[2], 1e-9), repeat=trips.repeat)
+
+
+def cgroup_cpu_limit() -> dict[str, object]:
+    """This process's cgroup and its CPU quota (v1 cfs_quota_us/cfs_period_us, or v2 cpu.max)."""
+    out: dict[str, object] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            d = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+            try:
+                quota = int((d / "cpu.cfs_quota_us").read_text())
+                period = int((d / "cpu.cfs_period_us").read_text())
+            except (OSError, ValueError):
+                continue
+            out.update({"cgroup": path, "cpu_quota": None if quota < 0 else quota / period})
+        elif controllers == "" and "cgroup" not in out:
+            try:
+                q, p = (Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.max").read_text().split()
+                out.update({"cgroup": path, "cpu_quota": None if q == "max" else int(q) / int(p)})
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def measure_costs(name: str | None = None, directory: Path | None = None, repeat: int = 5, min_time: float = 0.2,
+                  progress: Callable[[str, CostStat], None] | None = None) -> Costs:
+    """Time one of each operation here.  `directory` holds the files read, written and faulted in
+    (a disk file system: on tmpfs there are no major faults)."""
+    from vmprof_tui.estimate.predict_measure import machine_description
+
+    if repeat < 1 or min_time <= 0:
+        raise PredictError("predict costs: --repeat must be at least 1 and --min-time positive")
+    s = snippets()
+    parent = directory or Path("/var/tmp")
+    try:
+        work = Path(tempfile.mkdtemp(prefix="vmprof-costs-", dir=parent))
+    except OSError as e:
+        raise PredictError(f"predict costs: cannot create a scratch directory in {parent}: {e.strerror}") from None
+    notes: list[str] = []
+    out: dict[str, CostStat] = {}
+
+    def done(key: str, stat: CostStat) -> None:
+        out[key] = stat
+        if progress:
+            progress(key, stat)
+
+    files: list[int] = []
+    try:
+        done("compute_loop", time_compute_loop(repeat, min_time))
+        done("null_syscall", _loop_cost(s.null_loop, (), repeat, min_time))
+        small = work / "open-me"
+        small.write_bytes(b"x")
+        path_buf = ctypes.create_string_buffer(bytes(small))
+        done("open_close", _loop_cost(s.open_close_loop, (ctypes.addressof(path_buf),), repeat, min_time))
+        big = 64 << 20
+        rbuf = ctypes.create_string_buffer(65536)
+        rfd = os.open(work / "read-me", os.O_RDWR | os.O_CREAT, 0o600)
+        files.append(rfd)
+        os.write(rfd, os.urandom(1 << 20) * (big >> 20))
+        wfd = os.open(work / "write-me", os.O_WRONLY | os.O_CREAT, 0o600)
+        files.append(wfd)
+        for size in (4096, 65536):
+            args = (rfd, ctypes.addressof(rbuf), size, NR_PREAD64, big)
+            done(f"read_{size >> 10}k", _loop_cost(s.rw_loop, args, repeat, min_time))
+        for size in (4096, 65536):
+            os.ftruncate(wfd, 0)
+            args = (wfd, ctypes.addressof(rbuf), size, NR_PWRITE64, big)
+            done(f"write_{size >> 10}k", _loop_cost(s.rw_loop, args, repeat, min_time))
+        os.ftruncate(wfd, 0)
+        done("mmap_munmap", _loop_cost(s.mmap_loop, (65536,), repeat, min_time))
+        exe = work / "forker"
+        exe.write_bytes(forker_elf(1))
+        exe.chmod(0o700)
+        t_one = min(_process_cost(exe, 2, 1, 1, 0.0).median for _ in range(3))  # one fork, roughly
+        iters = max(10, min(100_000, int(min_time / 4 / max(t_one, 1e-6))))
+        exe.write_bytes(forker_elf(iters))
+        done("fork_exit", _process_cost(exe, 2, iters, repeat, min_time))
+        done("fork_exec_exit", _process_cost(exe, 3, iters, repeat, min_time))
+        done("minor_fault", _repeat(lambda: _minor_fault_chunk(4096), repeat, min_time))
+        major = _MajorFaults(work / "fault-me", 2048)
+        try:
+            probe_dt, probe_n = major.chunk()
+            if probe_n < major.pages // 2:
+                notes.append(f"dropping the page cache of a file in {parent} did not give major faults "
+                             f"({probe_n} of {major.pages} pages; tmpfs?): major_fault is a page read from cache")
+                done("major_fault", _repeat(lambda: _ratio_chunk(major.chunk, major.pages), repeat, min_time))
+            else:
+                done("major_fault", _repeat(major.chunk, repeat, min_time))
+        finally:
+            major.close()
+        done("context_switch", _context_switch(repeat, min_time))
+    finally:
+        for fd in files:
+            os.close(fd)
+        for p in work.iterdir():
+            p.unlink()
+        work.rmdir()
+    assert set(out) == set(COST_NAMES)
+    target = {"name": name or os.uname().nodename, **machine_description(), **cgroup_cpu_limit(),
+              "affinity": sorted(os.sched_getaffinity(0)), "repeat": repeat, "min_time_s": min_time}
+    return Costs(target=target, costs=out, notes=notes)
+
+
+def _ratio_chunk(chunk: Callable[[], tuple[float, int]], pages: int) -> tuple[float, int]:
+    dt, _ = chunk()
+    return dt, pages
