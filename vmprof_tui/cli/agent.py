@@ -101,14 +101,15 @@ def run(args: argparse.Namespace) -> int:
                                stats.lost_samples)
 
     interrupted = stop_on_signals()
-    deadline = None if args.duration is None else time.monotonic() + args.duration
     try:
         session = CollectionSession(args.frequency)
         agent = Agent(session, spool, window_s, on_window)
         session.on_attached = lambda: print(
             f"vmprof agent: sampling every CPU at {args.frequency} Hz into {spool.dir} in {window_s:g} s windows"
             + (f"; metrics on {args.metrics}" if args.metrics else ""), file=sys.stderr, flush=True)
-        agent.run(lambda: interrupted() or (deadline is not None and time.monotonic() >= deadline))
+        # -d counts from the start of sampling, as in `record`: BPF compilation takes a variable time
+        agent.run(lambda: interrupted() or (args.duration is not None
+                                            and time.monotonic() - session.started_at >= args.duration))
     except (BackendError, CollectError, SessionError) as e:
         return fail(str(e))
     print(json.dumps({"windows": len(agent.stats), "not_stored": agent.not_stored,
