@@ -640,10 +640,6 @@ def test_blank_at_the_end_runs_to_the_last_record(tmp_path: Path) -> None:
 # -- findings: what the analysis should give, and does not (yet) -----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _build_timelines puts a vCPU thread's first on-CPU interval on the CPU "
-                   "of its first switch IN; a thread running when the recording began and later migrating gets "
-                   "its first interval on the wrong pCPU: web0's wait counts 20 ms 'on vcpu1' instead of 10, "
-                   "and the kworker's 10 ms vanish from the holders")
 def test_finding_first_interval_of_a_migrating_vcpu(tmp_path: Path) -> None:
     """steal_mix() with web1 on CPU1 from 0: its first interval is 0-30 on CPU1, not CPU0."""
     an = analyse(steal_mix(web1_from_start=True), tmp_path)

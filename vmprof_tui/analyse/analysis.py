@@ -297,7 +297,8 @@ class Analysis:
             merged = zip(both["time_ns"].tolist(), is_in_all.tolist(), both["cpu"].tolist(), both.tolist(),
                          strict=True)
             on_since: int | None = start
-            on_cpu = int(ins["cpu"][0]) if len(ins) else int(outs["cpu"][0]) if len(outs) else -1
+            # a thread first seen leaving a CPU ran there until then, wherever it is switched in later
+            on_cpu = int(both["cpu"][0]) if len(both) else -1
             blank: tuple[int, tuple] | None = None
             intervals = []
             for t, is_in, cpu, e in merged:
