@@ -648,10 +648,6 @@ def test_finding_first_interval_of_a_migrating_vcpu(tmp_path: Path) -> None:
     assert rows(an.guest_profile("web", vcpu=0))[("[steal]", "(on vcpu1)", None)] == 10
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Blank.holders() gives the time no vCPU overlap explains to the task "
-                   "that took the pCPU first; when that was another VM's vCPU the host task that ran later is "
-                   "reported as 'db (VMM)' (10 ms) and kworker/0:1 is never named, though the sched event at 30 "
-                   "names it")
 def test_finding_holder_after_another_vms_vcpu(tmp_path: Path) -> None:
     """One CPU: web0 0-20 | db0 20-30 | kworker/0:1 30-40 | web0 40-100; db0 halts at 30 until the end."""
     b = SynthRecording(frequency=1000, cpus=1)

@@ -95,6 +95,7 @@ class Blank:
     first_holder: str  # the task that took the pCPU when the vCPU left it
     same_vm_ns: dict[int, int] = field(default_factory=dict)  # vCPU id of the same VM -> ns it held the pCPU
     other_vm_ns: dict[str, int] = field(default_factory=dict)  # another VM -> ns its vCPUs held the pCPU
+    host_ns: dict[str, int] = field(default_factory=dict)  # a task that is no vCPU -> ns it held the pCPU
 
     @property
     def duration_ns(self) -> int:
@@ -104,6 +105,8 @@ class Blank:
         """Who held the pCPU during the blank: vCPUs of the same VM, other VMs, the rest (host tasks)."""
         out = {f"vcpu{v}": ns for v, ns in self.same_vm_ns.items()}
         out.update(self.other_vm_ns)
+        for holder, ns in self.host_ns.items():
+            out[holder] = out.get(holder, 0) + ns
         rest = self.duration_ns - sum(out.values())
         if rest > 0:
             out[self.first_holder] = out.get(self.first_holder, 0) + rest
@@ -323,6 +326,7 @@ class Analysis:
             on_intervals[tid] = np.array(intervals, np.int64).reshape(-1, 3)
             timelines[tid] = tl
         self._split_preemptions(timelines, on_intervals)
+        self._host_holders(timelines)
         if self.range_ns is not None:
             timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
         return timelines
@@ -365,6 +369,31 @@ class Analysis:
                     else:
                         b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
 
+    def _host_holders(self, timelines: dict[int, VcpuTimeline]) -> None:
+        """The tasks that are no vCPU and held the pCPU while a vCPU waited: the sched events name the task
+        each switch on that CPU gives it to, and host-to-host switches are not recorded, so a task holds
+        it until the next recorded switch.  (vCPU threads are counted by exact overlap, above.)"""
+        vcpu_threads = {(tl.pid, tl.tid) for tl in timelines.values()}
+        ev = self.sched
+        for cpu in {b.cpu for tl in timelines.values() for b in tl.blanks if b.kind == BlankKind.PREEMPTED}:
+            e = ev[ev["cpu"] == cpu]
+            t = e["time_ns"].astype(np.int64)
+            nxt = list(zip(e["next_pid"].tolist(), e["next_tid"].tolist(), e["next_comm"].tolist(), strict=True))
+            for tl in timelines.values():
+                for b in tl.blanks:
+                    if b.kind != BlankKind.PREEMPTED or b.cpu != cpu:
+                        continue
+                    first = max(int(np.searchsorted(t, b.start_ns, side="right")) - 1, 0)
+                    for k in range(first, int(np.searchsorted(t, b.end_ns, side="left"))):
+                        pid, tid, comm = nxt[k]
+                        if (pid, tid) in vcpu_threads:
+                            continue
+                        end = min(int(t[k + 1]) if k + 1 < len(t) else b.end_ns, b.end_ns)
+                        ns = end - max(int(t[k]), b.start_ns)
+                        if ns > 0:
+                            holder = self._holder(pid, comm)
+                            b.host_ns[holder] = b.host_ns.get(holder, 0) + ns
+
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""
         lo, hi = self.range_ns
@@ -392,18 +421,20 @@ class Analysis:
             kind = BlankKind.PREEMPTED
         else:
             kind = BlankKind.BLOCKED
-        who = (e[NEXT_PID], e[NEXT_COMM])
-        holder = self._holders.get(who)
+        return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], self._holder(e[NEXT_PID], e[NEXT_COMM]))
+
+    def _holder(self, pid: int, comm: bytes) -> str:
+        """The name of the task a switch gave a CPU to."""
+        holder = self._holders.get((pid, comm))
         if holder is None:
-            holder_pid = who[0]
-            if holder_pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
-                holder = f"{self.vm_by_pid[holder_pid]} (VMM)"
-            elif holder_pid == 0:
+            if pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
+                holder = f"{self.vm_by_pid[pid]} (VMM)"
+            elif pid == 0:
                 holder = "idle"
             else:
-                holder = who[1].decode(errors="replace") or str(holder_pid)
-            self._holders[who] = holder
-        return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
+                holder = comm.decode(errors="replace") or str(pid)
+            self._holders[(pid, comm)] = holder
+        return holder
 
     # -- profiles --------------------------------------------------------------------
     def row(self, i: int, samples: float) -> Row:
