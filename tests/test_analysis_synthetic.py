@@ -664,9 +664,6 @@ def test_finding_holder_after_another_vms_vcpu(tmp_path: Path) -> None:
     assert v["type1_by_holder_s"] == approx({"db": 0.01, "kworker/0:1": 0.01})
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a time range cutting a preempted blank scales its holders pro rata "
-                   "(Blank.scale) instead of recomputing the overlap: web0's wait 20-50 cut at 35.5 gives "
-                   "5.17 ms each to vcpu1, db and kworker/0:1 where they held CPU0 0, 5.5 and 10 ms")
 def test_finding_time_range_cuts_a_preemption(tmp_path: Path) -> None:
     an = analyse(steal_mix(), tmp_path, time_range=(0.0, 0.0355))
     (b,) = timeline(an, "web", 0).blanks

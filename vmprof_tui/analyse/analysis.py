@@ -112,10 +112,6 @@ class Blank:
             out[self.first_holder] = out.get(self.first_holder, 0) + rest
         return out
 
-    def scale(self, factor: float) -> None:
-        self.same_vm_ns = {k: int(v * factor) for k, v in self.same_vm_ns.items()}
-        self.other_vm_ns = {k: int(v * factor) for k, v in self.other_vm_ns.items()}
-
 
 @dataclass
 class VcpuTimeline:
@@ -325,10 +321,10 @@ class Analysis:
                 intervals.append((on_since, tl.end_ns, on_cpu))
             on_intervals[tid] = np.array(intervals, np.int64).reshape(-1, 3)
             timelines[tid] = tl
+        if self.range_ns is not None:  # before the holders: those of a cut blank are what held it in the range
+            timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
         self._split_preemptions(timelines, on_intervals)
         self._host_holders(timelines)
-        if self.range_ns is not None:
-            timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
         return timelines
 
     def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
@@ -344,7 +340,7 @@ class Analysis:
             w_end = np.array([b.end_ns for b in waits], np.int64)
             w_cpu = np.array([b.cpu for b in waits], np.int64)
             for other, iv in on_intervals.items():
-                if other == tid or not len(iv):
+                if other == tid or other not in timelines or not len(iv):
                     continue
                 o = timelines[other]
                 ns = np.zeros(len(waits), np.int64)
@@ -402,11 +398,8 @@ class Analysis:
             return False
         blanks = []
         for b in tl.blanks:
-            full = b.duration_ns
             b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
             if b.end_ns > b.start_ns:
-                if b.duration_ns < full:
-                    b.scale(b.duration_ns / full)
                 blanks.append(b)
         tl.blanks = blanks
         tl.on_cpu_ns = tl.wall_ns - sum(b.duration_ns for b in blanks)
