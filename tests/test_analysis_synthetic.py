@@ -672,9 +672,6 @@ def test_finding_time_range_cuts_a_preemption(tmp_path: Path) -> None:
     assert ("[steal]", "(on vcpu1)", None) not in rows(an.guest_profile("web", vcpu=0))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a time range keeps samples with lo <= t <= hi: a 50 ms range on 2 CPUs "
-                   "at 1 kHz counts 102 samples (both bounds' samples), while its blanks and idle are 50 ms "
-                   "long; two adjacent ranges count the samples at their common bound twice")
 def test_finding_time_range_bounds_count_twice(tmp_path: Path) -> None:
     rec = load(host_mix().write(tmp_path / "x.vmprof"))
     first, second = Analysis(rec, time_range=(0.0, 0.05)), Analysis(rec, time_range=(0.05, 0.1))

@@ -179,7 +179,7 @@ class Analysis:
             lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
             self.range_ns = (lo, hi)
             t = self.samples["time_ns"]
-            inside = (t >= lo) & (t <= hi)
+            inside = (t >= lo) & (t < hi)  # half-open, as the blanks: adjacent ranges share no sample
             self.samples = self.samples[inside]
             self._given = self._given.take(inside) if self._given is not None else None
         self.notes: list[str] = list(rec.problems)
