@@ -679,9 +679,6 @@ def test_finding_time_range_bounds_count_twice(tmp_path: Path) -> None:
     assert len(first.samples) + len(second.samples) == len(rec.samples)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: cpu_idle_ns only knows CPUs with switches to or from the idle task, but "
-                   "host_profile then drops the idle samples of every CPU: CPU1, idle all the time with no "
-                   "switch, loses its 100 ms of idle (host total 100 instead of 200, idle 10% instead of 55%)")
 def test_finding_cpu_idle_the_whole_recording(tmp_path: Path) -> None:
     """Two CPUs: CPU0 app 0-80, idle 80-90, app 90-100; CPU1 idle throughout (taking samples)."""
     b = SynthRecording(frequency=1000, cpus=2)

@@ -485,9 +485,9 @@ class Analysis:
         guest = sel & self.in_vm
         host = sel & ~guest
         idle_ns = self.cpu_idle_ns()
-        measured_idle = bool(idle_ns)
-        if measured_idle:  # idle from the sched events replaces idle samples
-            host &= s["pid"] != 0
+        # idle from the sched events replaces the idle samples of a CPU that switched to or from idle; a CPU
+        # with no such switch (idle throughout, or never idle) keeps its idle samples
+        host &= ~((s["pid"] == 0) & np.isin(s["cpu"], list(idle_ns)))
         rows = self.aggregate(host)
         for row in rows:  # host rows carry no VM, only the VMM process name
             row.vm = None
@@ -500,7 +500,7 @@ class Analysis:
             rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), None, pid, name,
                             RowKind.VM))
         total = float(np.count_nonzero(host | guest)) + idle_virtual
-        idle = idle_virtual if measured_idle else np.count_nonzero(host & (s["pid"] == 0))
+        idle = idle_virtual + np.count_nonzero(host & (s["pid"] == 0))
         kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
         user = np.count_nonzero(host & ((s["flags"] & SAMPLE_HOST_KERNEL) == 0))
         ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
