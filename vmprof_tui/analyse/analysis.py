@@ -588,6 +588,13 @@ class Analysis:
             # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
             # sampling interrupt that never came does not shorten anybody's time.
             ns_per_sample = tl.on_cpu_ns / max(int(np.count_nonzero(self.thread_mask(tl))), 1)
+            # the VMM/KVM at work (steal of type 2, on the CPU) between two of its samples is steal too
+            vmm = np.nonzero(self.thread_mask(tl) & ~self.is_guest)[0]
+            before = np.searchsorted(sel, vmm) - 1  # sample indices are in time order
+            ok = (before >= 0) & (before + 1 < len(sel))
+            before = before[ok]
+            same = keys[before] == keys[before + 1]
+            np.add.at(steal[0], keys[before][same], ns_per_sample)
             uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
             for k, f, c in zip(uniq.tolist(), first.tolist(), counts.tolist(), strict=True):
                 row = self.row(int(sel[f]), c)
