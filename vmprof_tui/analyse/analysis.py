@@ -147,6 +147,25 @@ class Attribution:
 
 
 
+def recording_window(rec: Recording) -> tuple[int, int]:
+    """The span a recording covers on the host clock: from its first record to its end.
+
+    The end is where sampling stopped, not the last record: an idle CPU that takes no sampling interrupts
+    (the PVM machines) leaves nothing at the end, and a vCPU halted there is still halted.  The end chunk
+    gives it two ways: `end_monotonic_ns`, which the recorder takes after reading kallsyms (so it can be
+    late by that), and `duration_s`, counted from the start of sampling, which is about the first record
+    (so it is not late); the earlier one is the end.  Without an end time (live windows) the last record ends it.
+    """
+    times = [a["time_ns"] for a in (rec.samples, rec.sched) if len(a)]
+    if not times:
+        return 0, 0
+    w0, w1 = int(min(t.min() for t in times)), int(max(t.max() for t in times))
+    end = rec.end or {}
+    if "end_monotonic_ns" in end and "duration_s" in end:
+        w1 = max(w1, min(int(end["end_monotonic_ns"]), w0 + int(float(end["duration_s"]) * 1e9)))
+    return w0, w1
+
+
 class Analysis:
     """Everything derived from one recording (and the guest bundles that name its guests)."""
 
@@ -171,6 +190,7 @@ class Analysis:
         # strictly increasing: a full-record sort would not move anything (the window usually is)
         self.sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
         self.range_ns: tuple[int, int] | None = None
+        self._window = recording_window(rec)
         self._profiles: dict[tuple, Profile] = {}
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         self._thread_masks: dict[int, np.ndarray] = {}  # vCPU tid -> its samples
@@ -259,10 +279,8 @@ class Analysis:
     def window(self) -> tuple[int, int]:
         if self.range_ns is not None:
             return self.range_ns
-        times = [a["time_ns"] for a in (self.samples, self.sched) if len(a)]
-        if not times:
-            return 0, 0
-        return int(min(t[0] for t in times)), int(max(t[-1] for t in times))
+        return self._window
+
 
     def _build_timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events."""

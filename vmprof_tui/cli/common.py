@@ -74,7 +74,7 @@ def _parse_bundles(values: list[str]) -> dict[str, Path]:
 
 def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
-    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.analysis import Analysis, recording_window
     from vmprof_tui.record.recording import RecordingError, load
 
     if args.recording and args.input and args.recording != args.input:
@@ -93,8 +93,8 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
             lo, hi = (float(x) for x in args.time_range.split(":"))
         except ValueError:
             raise Usage(f"--time-range takes FROM:TO in seconds, not {args.time_range!r}") from None
-        times = [a["time_ns"] for a in (rec.samples, rec.sched) if len(a)]
-        span = (max(int(t.max()) for t in times) - min(int(t.min()) for t in times)) / 1e9 if times else 0.0
+        w0, w1 = recording_window(rec)
+        span = (w1 - w0) / 1e9
         if lo < 0 or hi <= lo:
             raise Usage(f"--time-range {args.time_range}: FROM must be at least 0 and below TO")
         if lo >= span:
