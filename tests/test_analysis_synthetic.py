@@ -680,6 +680,14 @@ def test_finding_time_range_bounds_count_twice(tmp_path: Path) -> None:
     assert len(first.samples) + len(second.samples) == len(rec.samples)
 
 
+def test_time_range_to_the_end_keeps_the_last_record(tmp_path: Path) -> None:
+    """Without an end chunk (a cut recording) the window ends at the last record, the samples at 99 ms."""
+    rec = load(host_mix().write(tmp_path / "x.vmprof"))
+    rec.end = None
+    assert Analysis(rec).window()[1] == BASE_NS + 99 * MS
+    assert len(Analysis(rec, time_range=(0.05, 0.099)).samples) == 2 * 50
+
+
 def test_finding_cpu_idle_the_whole_recording(tmp_path: Path) -> None:
     """Two CPUs: CPU0 app 0-80, idle 80-90, app 90-100; CPU1 idle throughout (taking samples)."""
     b = SynthRecording(frequency=1000, cpus=2)

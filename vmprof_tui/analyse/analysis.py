@@ -195,11 +195,12 @@ class Analysis:
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         self._thread_masks: dict[int, np.ndarray] = {}  # vCPU tid -> its samples
         if time_range is not None:
-            w0, _ = self.window()
-            lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
+            w0, w1 = self.window()
+            lo, hi = (w0 + round(x * 1e9) for x in time_range)
             self.range_ns = (lo, hi)
             t = self.samples["time_ns"]
-            inside = (t >= lo) & (t < hi)  # half-open, as the blanks: adjacent ranges share no sample
+            # half-open, as the blanks: adjacent ranges share no sample; a range to the end keeps the last record
+            inside = (t >= lo) & ((t < hi) | (hi >= w1))
             self.samples = self.samples[inside]
             self._given = self._given.take(inside) if self._given is not None else None
         self.notes: list[str] = list(rec.problems)
