@@ -389,25 +389,30 @@ class Analysis:
         each switch on that CPU gives it to, and host-to-host switches are not recorded, so a task holds
         it until the next recorded switch.  (vCPU threads are counted by exact overlap, above.)"""
         vcpu_threads = {(tl.pid, tl.tid) for tl in timelines.values()}
+        waits_on: dict[int, list[Blank]] = {}
+        for tl in timelines.values():
+            for b in tl.blanks:
+                if b.kind == BlankKind.PREEMPTED:
+                    waits_on.setdefault(b.cpu, []).append(b)
         ev = self.sched
-        for cpu in {b.cpu for tl in timelines.values() for b in tl.blanks if b.kind == BlankKind.PREEMPTED}:
+        for cpu, waits in waits_on.items():
             e = ev[ev["cpu"] == cpu]
-            t = e["time_ns"].astype(np.int64)
+            t = e["time_ns"].astype(np.int64).tolist()
+            held_until = [*t[1:], None]
             nxt = list(zip(e["next_pid"].tolist(), e["next_tid"].tolist(), e["next_comm"].tolist(), strict=True))
-            for tl in timelines.values():
-                for b in tl.blanks:
-                    if b.kind != BlankKind.PREEMPTED or b.cpu != cpu:
+            # the switches in each wait: from the one that began it (or the last before) to the last before its end
+            firsts = np.searchsorted(t, [b.start_ns for b in waits], side="right") - 1
+            lasts = np.searchsorted(t, [b.end_ns for b in waits], side="left")
+            for b, first, last in zip(waits, firsts.clip(0).tolist(), lasts.tolist(), strict=True):
+                for k in range(first, last):
+                    pid, tid, comm = nxt[k]
+                    if (pid, tid) in vcpu_threads:
                         continue
-                    first = max(int(np.searchsorted(t, b.start_ns, side="right")) - 1, 0)
-                    for k in range(first, int(np.searchsorted(t, b.end_ns, side="left"))):
-                        pid, tid, comm = nxt[k]
-                        if (pid, tid) in vcpu_threads:
-                            continue
-                        end = min(int(t[k + 1]) if k + 1 < len(t) else b.end_ns, b.end_ns)
-                        ns = end - max(int(t[k]), b.start_ns)
-                        if ns > 0:
-                            holder = self._holder(pid, comm)
-                            b.host_ns[holder] = b.host_ns.get(holder, 0) + ns
+                    until = held_until[k]
+                    ns = (b.end_ns if until is None else min(until, b.end_ns)) - max(t[k], b.start_ns)
+                    if ns > 0:
+                        holder = self._holder(pid, comm)
+                        b.host_ns[holder] = b.host_ns.get(holder, 0) + ns
 
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""
