@@ -162,7 +162,7 @@ def recording_window(rec: Recording) -> tuple[int, int]:
     w0, w1 = int(min(t.min() for t in times)), int(max(t.max() for t in times))
     end = rec.end or {}
     if "end_monotonic_ns" in end and "duration_s" in end:
-        w1 = max(w1, min(int(end["end_monotonic_ns"]), w0 + int(float(end["duration_s"]) * 1e9)))
+        w1 = max(w1, min(int(end["end_monotonic_ns"]), w0 + round(float(end["duration_s"]) * 1e9)))
     return w0, w1
 
 
@@ -281,7 +281,6 @@ class Analysis:
         if self.range_ns is not None:
             return self.range_ns
         return self._window
-
 
     def _build_timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events."""
