@@ -46,7 +46,7 @@ class Chunk:
     processes: dict[int, dict] = field(default_factory=dict)  # snapshots of processes sampled for the first time
     new_vms: list[discover.VmInfo] = field(default_factory=list)  # VMs seen for the first time
     gone_vms: list[discover.VmInfo] = field(default_factory=list)  # VMs that stopped since the last chunk
-    elapsed_s: float = 0.0  # since the session started
+    elapsed_s: float = 0.0  # from the start of the session to the drain (what the records cover)
 
 
 @lru_cache(maxsize=4096)
@@ -178,6 +178,8 @@ class CollectionSession:
     def poll(self, discover_every_s: float = DISCOVER_S) -> Chunk:
         """Everything recorded since the last poll (the caller polls on its own timer)."""
         lbr = self.lbr.poll(0) if self.lbr is not None else None
+        # the records drained cover the session up to here (discovery and snapshots below take a while)
+        elapsed_s = time.monotonic() - self.started_at
         drained = self.collector.drain()
         if time.monotonic() - self._last_discover >= discover_every_s:
             self._discover()
@@ -189,8 +191,7 @@ class CollectionSession:
             processes = {pid: snap for pid in new_pids
                          if (snap := snapshot_process(pid, names.get(pid), self.build_ids))}
             self.pids_seen |= new_pids
-        chunk = Chunk(samples, drained.sched, lbr, processes, self._pending_new, self._pending_gone,
-                      time.monotonic() - self.started_at)
+        chunk = Chunk(samples, drained.sched, lbr, processes, self._pending_new, self._pending_gone, elapsed_s)
         self._pending_new, self._pending_gone = [], []
         return chunk
 
