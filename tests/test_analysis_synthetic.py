@@ -638,7 +638,7 @@ def test_blank_at_the_end_runs_to_the_recording_end(tmp_path: Path) -> None:
     assert an.cpu_idle_ns() == {0: 20 * MS}
 
 
-# -- findings: what the analysis should give, and does not (yet) -----------------------------------
+# -- findings: bugs these tests found (each was xfail until fixed; the commits give before/after) --
 
 
 def test_finding_first_interval_of_a_migrating_vcpu(tmp_path: Path) -> None:
