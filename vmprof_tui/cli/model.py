@@ -131,19 +131,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         counts = [int(c) for c in args.levels.split(",")]
     except ValueError:
         raise Usage("--levels: measurements per order as integers, e.g. 30,15,10") from None
-    if not counts or len(counts) > len(workloads) or min(counts) < 1 or counts[0] < 2 * len(workloads):
-        raise Usage(f"--levels: 1 to {len(workloads)} counts (one per order), the first at least "
-                    f"{2 * len(workloads)} (two levels per workload)")
+    if not counts or len(counts) > len(workloads) or min(counts) < 0 or counts[0] < 2 * len(workloads):
+        raise Usage(f"--levels: 1 to {len(workloads)} counts (one per order, 0 skips one), the first at "
+                    f"least {2 * len(workloads)} (two levels per workload)")
     output = Path(args.output)
     if not output.parent.exists():
         raise Usage(f"-o {output}: the folder {output.parent} does not exist")
-    total = M.split_count(counts[0], len(workloads))
-    planned = sum(max(c, 2) for c in total) + sum(max(c, 1) for c in counts[1:])
     bench = _bench(workloads, args)
     _start(bench)
     try:
-        model = M.build(workloads, counts, _measurer(bench, args.resource, _progress(planned, args.quiet)),
-                        args.resource, l_max(args.resource))
+        log = _progress(len(M.design(len(workloads), counts)), args.quiet)
+        model = M.build(workloads, counts, _measurer(bench, args.resource, log), args.resource, l_max(args.resource))
     finally:
         bench.__exit__()
     model.save(output)

@@ -242,38 +242,50 @@ def load(path: Path) -> Model:
 
 # -- building ------------------------------------------------------------------------------------
 
-def build(workloads: Sequence[str], counts: Sequence[int], measure: Measure, resource: str, l_max: float,
-          progress: Callable[[str], None] = lambda _s: None) -> Model:
-    """Measure and fit the model order by order.  counts[k-1]: measurements of order k (all its models)."""
-    m = len(workloads)
-    model = Model(list(workloads), resource, l_max, [])
-    per_workload = split_count(counts[0], m)
-    for i in range(m):
-        xs = first_levels(per_workload[i])
-        ys = []
-        for x in xs:
-            ys.append(_measure(model, measure, 1, (i,), full(m, (i,), np.array([[x]]))[0]))
-            progress(f"order 1 {workloads[i]}={x:.2f}: {ys[-1]:.3f}")
-        model.first.append(np.polynomial.polynomial.polyfit(xs, ys, min(FIRST_DEGREE, len(xs) - 1)))
-    model.max_order = 1
+def design(m: int, counts: Sequence[int]) -> list[dict]:
+    """The sampling points, order by order: {"order", "subset", "levels"} (levels of all m workloads).
+
+    counts[k-1] is the number of measurements of order k over all its models; 0 skips order k (its
+    approximation then stays uncorrected: the paper's variant that goes from order 1 to order 3)."""
+    points = []
+    for i, n in enumerate(split_count(counts[0], m)):
+        points += [{"order": 1, "subset": [i], "levels": full(m, (i,), np.array([[x]]))[0].tolist()}
+                   for x in first_levels(n)]
     for k in range(2, min(len(counts), m) + 1):
+        if counts[k - 1] <= 0:
+            continue
         subsets = list(itertools.combinations(range(m), k))
         for subset, n in zip(subsets, split_count(counts[k - 1], len(subsets)), strict=True):
-            xs = inner_points(k, n)
-            ys = []
-            for x in xs:
-                ys.append(_measure(model, measure, k, subset, full(m, subset, x[None])[0]))
-                progress(f"order {k} {' '.join(f'{workloads[s]}={v:.2f}' for s, v in zip(subset, x, strict=True))}:"
-                         f" {ys[-1]:.3f}")
-            fit_correction(model, subset, xs, np.asarray(ys), n)
+            points += [{"order": k, "subset": list(subset), "levels": full(m, subset, x[None])[0].tolist()}
+                       for x in inner_points(k, n)]
+    return points
+
+
+def build(workloads: Sequence[str], counts: Sequence[int], measure: Measure, resource: str, l_max: float) -> Model:
+    """Measure the design's points (each gets what `measure` returns, "value" at least) and fit."""
+    points = design(len(workloads), counts)
+    for p in points:
+        p.update(measure(np.array(p["levels"])))
+    return fit(workloads, resource, l_max, points, min(len(counts), len(workloads)))
+
+
+def fit(workloads: Sequence[str], resource: str, l_max: float, points: list[dict], max_order: int) -> Model:
+    """The model from measured points: first-order polynomials, then the corrections order by order."""
+    model = Model(list(workloads), resource, l_max, [], points)
+    for i in range(model.m):
+        pts = [p for p in points if p["order"] == 1 and p["subset"] == [i]]
+        xs = np.array([p["levels"][i] for p in pts])
+        model.first.append(np.polynomial.polynomial.polyfit(xs, [p["value"] for p in pts],
+                                                            min(FIRST_DEGREE, len(xs) - 1)))
+    model.max_order = 1
+    for k in range(2, max_order + 1):
+        for subset in itertools.combinations(range(model.m), k):
+            pts = [p for p in points if p["order"] == k and tuple(p["subset"]) == subset]
+            if pts:
+                xs = np.array([[p["levels"][s] for s in subset] for p in pts])
+                fit_correction(model, subset, xs, np.array([p["value"] for p in pts]), len(pts))
         model.max_order = k
     return model
-
-
-def _measure(model: Model, measure: Measure, order: int, subset: Subset, levels: np.ndarray) -> float:
-    point = measure(levels)
-    model.points.append({"order": order, "subset": list(subset), "levels": levels.tolist(), **point})
-    return float(point["value"])
 
 
 def fit_correction(model: Model, subset: Subset, xs: np.ndarray, ys: np.ndarray, n: int) -> None:
@@ -284,25 +296,6 @@ def fit_correction(model: Model, subset: Subset, xs: np.ndarray, ys: np.ndarray,
     anchors = lower - model.approximate(subset, faces)
     errors = ys - model.approximate(subset, xs)
     model.corrections[subset] = Correction(np.vstack([xs, faces]), np.concatenate([errors, anchors]))
-
-
-def refit(model: Model) -> Model:
-    """Fit again from the measured points a model file holds (same design, same arithmetic)."""
-    fresh = Model(model.workloads, model.resource, model.l_max, [], list(model.points))
-    for i in range(model.m):
-        pts = [p for p in model.points if p["order"] == 1 and p["subset"] == [i]]
-        xs = np.array([p["levels"][i] for p in pts])
-        fresh.first.append(np.polynomial.polynomial.polyfit(xs, [p["value"] for p in pts],
-                                                            min(FIRST_DEGREE, len(xs) - 1)))
-    fresh.max_order = 1
-    for k in range(2, model.max_order + 1):
-        for subset in itertools.combinations(range(model.m), k):
-            pts = [p for p in model.points if p["order"] == k and tuple(p["subset"]) == subset]
-            if pts:
-                xs = np.array([[p["levels"][s] for s in subset] for p in pts])
-                fit_correction(fresh, subset, xs, np.array([p["value"] for p in pts]), len(pts))
-        fresh.max_order = k
-    return fresh
 
 
 # -- the conventional direct fit -----------------------------------------------------------------
