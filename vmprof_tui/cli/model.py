@@ -100,12 +100,9 @@ def _levels(workloads: list[str], levels: np.ndarray) -> str:
 
 
 def _start(bench) -> None:  # noqa: ANN001
-    from vmprof_tui.collect.bpf import CollectError
-    from vmprof_tui.collect.session import SessionError
-
     try:
         bench.__enter__()
-    except (CollectError, SessionError, PermissionError) as e:
+    except (RuntimeError, OSError) as e:  # the collect stage's errors (privileges, BTF, BPF) are RuntimeErrors
         raise Failure(f"{e} (or use --accounting schedstat, which needs no BPF)") from None
 
 

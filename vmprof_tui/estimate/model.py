@@ -60,33 +60,38 @@ def first_levels(count: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, max(count, 2))
 
 
-def inner_points(k: int, count: int) -> np.ndarray:
-    """`count` points with all k workloads running: spread over the grid {1/q .. 1}^k, q as small as fits."""
-    q = 1
+def _side(k: int, count: int, least: int = 1) -> int:
+    """Levels per axis of the smallest k-dimensional grid that holds `count` points."""
+    q = least
     while q ** k < count:
         q += 1
-    levels = np.arange(1, q + 1) / q
-    grid = np.array(list(itertools.product(levels, repeat=k)))
+    return q
+
+
+def _grid(levels: np.ndarray, k: int) -> np.ndarray:
+    return np.array(list(itertools.product(levels, repeat=k)))
+
+
+def _spread(grid: np.ndarray, count: int) -> np.ndarray:
     return grid[np.round(np.linspace(0, len(grid) - 1, count)).astype(int)]
+
+
+def inner_points(k: int, count: int) -> np.ndarray:
+    """`count` points with all k workloads running: spread over the grid {1/q .. 1}^k, q as small as fits."""
+    q = _side(k, count)
+    return _spread(_grid(np.arange(1, q + 1) / q, k), count)
 
 
 def face_points(k: int, count: int) -> np.ndarray:
     """Points of the grid {0, 1/q .. 1}^k with some workload absent (x_i = 0): where the order below holds."""
-    q = 1
-    while q ** k < count:
-        q += 1
-    levels = np.arange(0, q + 1) / q
-    grid = np.array(list(itertools.product(levels, repeat=k)))
+    q = _side(k, count)
+    grid = _grid(np.arange(0, q + 1) / q, k)
     return grid[(grid == 0).any(axis=1)]
 
 
 def direct_points(m: int, count: int) -> np.ndarray:
     """The conventional design: `count` points spread over the full grid {0 .. 1}^m."""
-    q = 2
-    while q ** m < count:
-        q += 1
-    grid = np.array(list(itertools.product(np.linspace(0, 1, q), repeat=m)))
-    return grid[np.round(np.linspace(0, len(grid) - 1, count)).astype(int)]
+    return _spread(_grid(np.linspace(0, 1, _side(m, count, least=2)), m), count)
 
 
 def full(m: int, subset: Subset, x: np.ndarray) -> np.ndarray:
@@ -339,7 +344,7 @@ def compare(model: Model, direct_levels: np.ndarray, direct_values: np.ndarray, 
 
 def evaluation_grid(m: int, n: int) -> np.ndarray:
     """Every combination of n levels per workload (the paper: n = 11, m = 3, 1331 points)."""
-    return np.array(list(itertools.product(np.linspace(0, 1, n), repeat=m)))
+    return _grid(np.linspace(0, 1, n), m)
 
 
 def error_summary(errors: np.ndarray) -> dict:
