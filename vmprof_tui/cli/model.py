@@ -16,13 +16,13 @@ import numpy as np
 
 from vmprof_tui.cli.common import Failure, Usage
 
-HELP = "a VM's resource-usage model from few measurements, and VMs added to a loaded host"
+HELP = "a VM's resource-usage model under concurrent workloads (paper 003)"
 
 EPILOGS = {
     "model": """examples:
   vmprof model build -o vm.model.json
   vmprof model predict vm.model.json --load cpu=0.5,net-send=0.3
-  vmprof model add vm.model.json --running cpu=1 cpu=0.4,net-recv=0.2 --new cpu=0.8
+  vmprof model add vm.model.json --running cpu=1 cpu=0.4 --new cpu=0.8
   vmprof model evaluate vm.model.json --grid 7 -o errors.png""",
     "build": """examples:
   vmprof model build -o vm.model.json
