@@ -74,9 +74,10 @@ def main() -> int:
     with Bench(workloads, accounting=args.accounting, window_s=args.window) as bench:
         for p in build_order:
             p.update(measure(p["levels"]))
-        grid_values = np.empty(len(grid))
+        grid_pts: list[dict] = [{} for _ in grid]
         for i in grid_order:
-            grid_values[i] = measure(grid[i].tolist())["value"]
+            grid_pts[i] = measure(grid[i].tolist())
+    grid_values = np.array([p["value"] for p in grid_pts])
     elapsed = time.monotonic() - start
     load_after = os.getloadavg()
 
@@ -92,14 +93,20 @@ def main() -> int:
           f"{load_after[1]:.2f} {load_after[2]:.2f}; measured usage on the grid: median "
           f"{np.median(grid_values):.3f}, max {grid_values.max():.3f} cores")
     print(model_histogram.text(errors, summary))
+    if args.accounting == "sched":  # every point carries both accountings: how far apart they are
+        diff = np.abs([p["cores"]["sched"][RESOURCE] - p["cores"]["schedstat"][RESOURCE]
+                       for p in [*build_order, *grid_pts]])
+        print(f"sched events vs schedstat over all {len(diff)} points: |difference| median {np.median(diff):.4f}, "
+              f"max {diff.max():.4f} cores")
     pd, dd = summary["proposed (30+15+10)"], summary["direct fit (55)"]
     print(f"proposed / direct: median {pd['median'] / dd['median']:.2f}, 90th percentile {pd['p90'] / dd['p90']:.2f} "
           f"({'proposed better' if pd['median'] < dd['median'] and pd['p90'] < dd['p90'] else 'proposed NOT better'})")
     if args.png:
         model_histogram.png(errors, Path(args.png), f"{RESOURCE}, {len(grid)} grid points, 55 measurements each")
     if args.save:
+        grid_saved = [dict(p, levels=x.tolist()) for p, x in zip(grid_pts, grid, strict=True)]
         Path(args.save).write_text(json.dumps({"proposed": proposed_pts, "variant": variant_pts, "direct": direct_pts,
-                                               "grid": {"levels": grid.tolist(), "values": grid_values.tolist()}}))
+                                               "grid": grid_saved}))
     return 0
 
 

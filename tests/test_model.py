@@ -44,14 +44,11 @@ def test_first_order_curves_reproduce_their_points(pair_model: M.Model) -> None:
 
 
 def test_sched_events_agree_with_schedstat(pair_model: M.Model) -> None:
-    """Both accountings are kept for every point: vmprof's sched events against the kernel's schedstat.
-
-    Most points agree within a tick of schedstat's lag; on a loaded machine a point now and then
-    reads up to ~10% less from sched events (docs/model.md: known, cause not found yet)."""
-    diffs = np.array([abs(p["cores"]["sched"]["host-cpu"] - p["cores"]["schedstat"]["host-cpu"])
-                      - 0.03 * p["cores"]["schedstat"]["host-cpu"] for p in pair_model.points])
-    assert np.mean(diffs <= 0.02) >= 0.8, diffs
-    assert diffs.max() <= 0.08, diffs
+    """Both accountings are kept for every point: vmprof's sched events against the kernel's schedstat
+    (which lags by up to a scheduler tick at each end of the window)."""
+    for p in pair_model.points:
+        a, b = p["cores"]["sched"]["host-cpu"], p["cores"]["schedstat"]["host-cpu"]
+        assert abs(a - b) <= 0.02 + 0.03 * b, p
 
 
 def test_second_order_correction_lowers_error_on_held_out_points(pair_model: M.Model) -> None:

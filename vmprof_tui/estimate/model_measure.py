@@ -44,7 +44,8 @@ def l_max(resource: str) -> float:
 def on_cpu_ns(sched: np.ndarray, tid: int, t0: int, t1: int, ran_whole: bool) -> int:
     """On-CPU time of thread `tid` in [t0, t1] from sched_switch events (SCHED_DTYPE rows, any order).
 
-    `ran_whole` decides for a thread with no event at all in its history: on the CPU throughout or not."""
+    `sched` must hold every switch of the thread since some time before t0 (its history); `ran_whole`
+    decides for a thread with no event at all in it: on the CPU throughout or not."""
     ev = sched[(sched["prev_tid"] == tid) | (sched["next_tid"] == tid)]
     ev = ev[np.argsort(ev["time_ns"], kind="stable")]
     times = ev["time_ns"].astype(np.int64)
@@ -117,6 +118,7 @@ class Bench:
             if self.session is not None:
                 self.session.poll()  # what came before this VM is of no use
                 self.session.collector.add_vcpu_threads({t: pid for t in tids})
+            registered = time.monotonic_ns()
             end_settle = time.monotonic() + self.settle_s
             while (now := time.monotonic()) < end_settle:
                 time.sleep(min(POLL_S, end_settle - now))
@@ -139,6 +141,9 @@ class Bench:
         point.cores["schedstat"] = split(ran, vcpus, window)
         if self.session is not None:
             sched = np.concatenate(events) if events else np.empty(0)
+            # before registration a thread's switches were recorded only when the other side was
+            # registered (a thread of the last VM): its history starts complete only from here
+            sched = sched[sched["time_ns"] >= registered] if len(sched) else sched
             on = {t: on_cpu_ns(sched, t, t0, t1, ran[t] > (t1 - t0) / 2) if len(sched) else ran[t] for t in tids}
             point.cores["sched"] = split(on, vcpus, window)
         return point
