@@ -13,8 +13,8 @@ import sys
 from vmprof_tui import __version__
 from vmprof_tui.cli.common import Failure, Usage, fail
 
-COMMANDS = ("record", "report", "top", "steal", "blocks", "agent", "analyze", "history", "diff", "predict", "guest",
-            "doctor", "demo")
+COMMANDS = ("record", "report", "top", "steal", "blocks", "agent", "analyze", "history", "diff", "model", "predict",
+            "guest", "doctor", "demo")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

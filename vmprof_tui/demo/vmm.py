@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmprof_tui.demo import kvm
+from vmprof_tui.demo import kvm, nic
 from vmprof_tui.demo.loader import (
     DOORBELL_GPA,
     PAGE,
@@ -278,6 +278,8 @@ class VcpuThread(threading.Thread):
         if not mmio.is_write or not DOORBELL_GPA <= gpa < DOORBELL_GPA + PAGE:
             return False
         port = (gpa - DOORBELL_GPA) // 8
+        if port in nic.PORTS:
+            return self.vm.nic is not None and self.vm.nic.doorbell(proc.space.cr3, port, value)
         if port == PORT_PROGRESS:
             proc.work += value
             return True
@@ -302,6 +304,7 @@ class DemoVm:
         self.lock = threading.Lock()
         self.faults: list[dict] = []
         self.kvm_vm = kvm.Vm(int(spec.get("mem_mb", 64)) << 20)
+        self.nic = nic.Nic(self.kvm_vm.memory, set_thread_name) if spec.get("nic") else None
         kvm.ioctl(self.kvm_vm.fd, kvm.KVM_CREATE_IRQCHIP)  # in-kernel halt needs an in-kernel LAPIC
         alloc = PhysAllocator(self.kvm_vm.memory)
         self.processes: list[GuestProcess] = []
@@ -337,6 +340,8 @@ class DemoVm:
 
     def stop(self) -> None:
         self.stopping = True
+        if self.nic is not None:
+            self.nic.stop()
         for v in self.vcpus:
             v.vcpu.run_page.immediate_exit = 1
             if v.ident is not None and v.is_alive():
@@ -361,7 +366,7 @@ class DemoVm:
                           "exits": v.stats.exits})
         return {"event": "exit", "vm": self.name, "pid": os.getpid(), "wall_ns": wall_ns,
                 "vcpus": vcpus, "processes": [p.truth() for p in self.processes],
-                "faults": self.faults}
+                "nic": self.nic.truth() if self.nic is not None else None, "faults": self.faults}
 
 
 def write_bundle(vm: DemoVm, directory: Path) -> None:
