@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, MAX_NAME, BundleError, Limits, safe_text
 
 
@@ -58,6 +59,13 @@ class KernelSymbols(SymbolTable):
         labels[labels == ""] = image
         return labels
 
+    def module_label_table(self, image: str) -> np.ndarray:
+        """module_labels of every symbol index, -1 (the last entry) included; made once per image."""
+        tables = self.__dict__.setdefault("_label_tables", {})
+        if image not in tables:
+            tables[image] = self.module_labels(np.arange(len(self) + 1), image)
+        return tables[image]
+
 
 # a kernel with no symbols: every address reads [unknown]
 EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, object),
@@ -65,12 +73,31 @@ EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.
 
 
 def parse_kallsyms(data: bytes, limits: Limits = DEFAULT_LIMITS) -> KernelSymbols:
-    """Text symbols (t, T, w, W) of a kallsyms text, sorted; BundleError with one line for a malformed one."""
+    """Text symbols (t, T, w, W) of a kallsyms text, sorted; BundleError with one line for a malformed one.
+    Parsed once per text (resolve/cache.py): later runs load the arrays."""
     if len(data) > limits.max_kallsyms_bytes:
         raise BundleError(f"kallsyms is {len(data)} bytes, over the limit of {limits.max_kallsyms_bytes}")
+    lines = data.count(b"\n") + 1
+    if lines > limits.max_symbols + 1:
+        raise BundleError(f"kallsyms has {lines} lines, over the limit of {limits.max_symbols} symbols")
+    key = cache.content_key("kallsyms", data)
+    cached = cache.load(key)
+    if cached is not None:
+        try:
+            count = len(cached["starts"])
+            return KernelSymbols(starts=cached["starts"], ends=cached["ends"],
+                                 names=cache.unpack_strings(cached["names"], count),
+                                 modules=cache.unpack_strings(cached["modules"], count))
+        except (KeyError, ValueError):
+            pass
+    table = _parse_kallsyms(data)
+    cache.store(key, {"starts": table.starts, "ends": table.ends, "names": cache.pack_strings(table.names.tolist()),
+                      "modules": cache.pack_strings(table.modules.tolist())})
+    return table
+
+
+def _parse_kallsyms(data: bytes) -> KernelSymbols:
     lines = data.split(b"\n")
-    if len(lines) > limits.max_symbols + 1:
-        raise BundleError(f"kallsyms has {len(lines)} lines, over the limit of {limits.max_symbols} symbols")
     addrs: list[int] = []
     names: list[str] = []
     mods: list[str] = []
