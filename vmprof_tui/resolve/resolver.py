@@ -37,11 +37,50 @@ UNKNOWN = "[unknown]"
 
 class NameCodes:
     """Integer codes for (process, pid, function, module) and for (process, pid), kept across analyses: the
-    live screen encodes each new chunk once, and a refresh then groups integers instead of strings."""
+    live screen encodes each new chunk once, and a refresh then groups integers instead of strings.
+
+    (process, pid) pairs are few: a dict.  Names are many (hundreds of thousands on a large host), so their
+    codes live in numpy: each name as one int64 (its process code and the StringTable ids of its function
+    and module, ID_BITS each), `keys` sorted, and looked up with searchsorted."""
+
+    ID_BITS = 21
 
     def __init__(self) -> None:
-        self.names: dict[tuple, int] = {}
         self.procs: dict[tuple, int] = {}
+        self.keys = np.empty(0, np.int64)  # sorted
+        self.codes = np.empty(0, np.int64)  # the code of each key
+        self._fallback: dict[tuple[int, int, int], int] = {}  # past 2**ID_BITS names or processes
+
+    def encode(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
+        """The code of each sample's name (its proc code, function and module string ids); names not seen
+        before are numbered in the order of their first sample, as a walk over the samples would."""
+        limit = 1 << self.ID_BITS
+        if self._fallback or max(len(self.procs), int(func.max(initial=0)) + 1, int(module.max(initial=0)) + 1) > limit:
+            return self._encode_slowly(proc_code, func, module)
+        packed = (proc_code << 2 * self.ID_BITS) | (func.astype(np.int64) << self.ID_BITS) | module
+        uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+        pos = np.searchsorted(self.keys, uniq).clip(0, max(len(self.keys) - 1, 0))
+        found = self.keys[pos] == uniq if len(self.keys) else np.zeros(len(uniq), bool)
+        code = np.where(found, self.codes[pos] if len(self.codes) else 0, -1)
+        new = np.nonzero(~found)[0]
+        new = new[np.argsort(first[new], kind="stable")]
+        code[new] = len(self.keys) + np.arange(len(new))
+        keys = np.concatenate([self.keys, uniq[new]])
+        codes = np.concatenate([self.codes, code[new]])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.codes = keys[order], codes[order]
+        return code[inverse.reshape(-1)]
+
+    def _encode_slowly(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
+        """Per sample, through a dict (once the ids outgrow ID_BITS: then every later call comes here)."""
+        if not self._fallback:  # the names coded so far, as the dict's keys
+            bits, mask = self.ID_BITS, (1 << self.ID_BITS) - 1
+            self._fallback = {(k >> 2 * bits, (k >> bits) & mask, k & mask): c
+                              for k, c in zip(self.keys.tolist(), self.codes.tolist(), strict=True)}
+        names = self._fallback
+        return np.fromiter((names.setdefault(k, len(names)) for k in zip(proc_code.tolist(), func.tolist(),
+                                                                          module.tolist(), strict=True)),
+                           np.int64, len(proc_code))
 
 
 class StringTable:
@@ -153,7 +192,7 @@ class Resolver:
         for pid, idx in group_by(pids, np.nonzero(~guest)[0]):
             snap = processes.get(pid)
             name = "swapper" if pid == 0 else (snap["comm"] if snap else str(pid))
-            groups.add(idx, st.intern(name), pid)
+            groups.add(idx, st.intern(name), name, pid)
             user = idx[~kernel[idx]]
             if len(user) and snap:
                 space = self.objects.host_space(name, pid, snap["maps"])
@@ -166,7 +205,7 @@ class Resolver:
             g = self.guests.get(vm_of_pid.get(pid, f"vm-{pid}"))
             unknown = idx[rip_unknown[idx]]
             module[unknown] = st.intern("(guest RIP unknown)")
-            groups.add(unknown, st.intern(""), -1)
+            groups.add(unknown, 0, "", -1)
             known = idx[~rip_unknown[idx]]
             gk = known[gkernel[known]]
             if len(gk):
@@ -176,12 +215,13 @@ class Resolver:
                 space = g.processes.get(cr3) if g is not None else None
                 user = cidx[~gkernel[cidx]]
                 if space is None:
-                    groups.add(cidx, st.intern(f"[cr3 {cr3:#x}]"), -1)
+                    label = f"[cr3 {cr3:#x}]"
+                    groups.add(cidx, st.intern(label), label, -1)
                     continue
-                groups.add(cidx, st.intern(space.name), space.pid if space.pid is not None else -1)
+                groups.add(cidx, st.intern(space.name), space.name, space.pid if space.pid is not None else -1)
                 if len(user):
                     self._space_ids(space, s["guest_ip"], user, func, module)
-        name_code, proc_code = groups.codes(self.codes, st, func, module)
+        name_code, proc_code = groups.codes(self.codes, func, module)
         names = st.array()
         return Resolved(names[func], names[module], names[groups.process], groups.pid, name_code, proc_code)
 
@@ -223,40 +263,25 @@ class _Groups:
         self.process = np.zeros(n, np.int32)  # string ids; 0 is "" (StringTable)
         self.pid = np.full(n, -1, np.int64)
         self.slot = np.zeros(n, np.int64)  # which distinct (process, pid)
-        self.slots: dict[tuple[int, int], int] = {}
+        self.slots: dict[tuple[str, int], int] = {}
         self.first: list[int] = []  # first sample of each slot
 
-    def add(self, idx: np.ndarray, process: int, pid: int) -> None:
-        """Samples idx (ascending) are of `process` with pid `pid`."""
+    def add(self, idx: np.ndarray, process: int, name: str, pid: int) -> None:
+        """Samples idx (ascending) are of process `name` (string id `process`) with pid `pid`."""
         if len(idx):
             self.process[idx] = process
             self.pid[idx] = pid
-            slot = self.slots.setdefault((process, pid), len(self.slots))
+            slot = self.slots.setdefault((name, pid), len(self.slots))
             if slot == len(self.first):
                 self.first.append(int(idx[0]))
             self.first[slot] = min(self.first[slot], int(idx[0]))
             self.slot[idx] = slot
 
-    def codes(self, codes: NameCodes, st: StringTable, func: np.ndarray,
-              module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """NameCodes of every sample, new names numbered in the order of their first sample (as a walk over
-        the samples would number them): one np.unique over the samples, one dict operation per distinct name."""
-        width = len(st)
-        if len(self.slots) * width * width < 1 << 62:
-            key = (self.slot * width + func) * width + module
-            uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-            slot, func_of, module_of = uniq // (width * width), uniq // width % width, uniq % width
-        else:  # more names than one int64 key holds
-            rows = np.stack([self.slot, func.astype(np.int64), module.astype(np.int64)], axis=1)
-            uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-            slot, func_of, module_of = uniq.T
-        slot_key = [(st.strings[p], pid) for p, pid in self.slots]
-        code = np.zeros(len(uniq), np.int64)
-        for i in np.argsort(first, kind="stable").tolist():
-            proc, pid = slot_key[int(slot[i])]
-            code[i] = codes.names.setdefault((proc, pid, st.strings[int(func_of[i])], st.strings[int(module_of[i])]),
-                                             len(codes.names))
-        slot_code = np.zeros(len(slot_key), np.int64)
-        for i in np.argsort(np.array(self.first, np.int64), kind="stable").tolist():
-            slot_code[i] = codes.procs.setdefault(slot_key[i], len(codes.procs))
-        return code[inverse.reshape(-1)], slot_code[self.slot]
+    def codes(self, codes: NameCodes, func: np.ndarray, module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(name code, process code) of every sample; new (process, pid) pairs are numbered in the order of
+        their first sample."""
+        slot_code = np.zeros(len(self.slots), np.int64)
+        for slot, key in sorted(((s, k) for k, s in self.slots.items()), key=lambda x: self.first[x[0]]):
+            slot_code[slot] = codes.procs.setdefault(key, len(codes.procs))
+        proc_code = slot_code[self.slot]
+        return codes.encode(proc_code, func, module), proc_code
