@@ -40,9 +40,17 @@ from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 from vmprof_tui.resolve.spaces import group_by
 
 
+def _member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """keys that are in `wanted` (few): a binary search each, where np.isin would sort both."""
+    if not len(wanted):
+        return np.zeros(len(keys), bool)
+    wanted = np.sort(wanted)
+    return wanted[np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)] == keys
+
+
 def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarray]:
     """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one sort."""
-    return dict(group_by(keys, np.nonzero(np.isin(keys, wanted))[0]))
+    return dict(group_by(keys, np.nonzero(_member(keys, wanted))[0]))
 
 
 @dataclass
@@ -242,7 +250,7 @@ class Analysis:
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        self.in_vm = guest | np.isin(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
+        self.in_vm = guest | _member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
 
     def _encode_keys(self) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
@@ -440,30 +448,40 @@ class Analysis:
                    RowKind.UNKNOWN if self.unresolved[i] else RowKind.FUNCTION)
 
     def aggregate(self, sel: np.ndarray) -> list[Row]:
-        """One Row per distinct (vm, process, pid, function, module) among the selected samples."""
+        """One Row per distinct (vm, process, pid, function, module) among the selected samples (as row()
+        makes them, from the names of each group's first sample)."""
         idx = np.nonzero(sel)[0]
         _, first, counts = np.unique(self.key[idx], return_index=True, return_counts=True)
-        return [self.row(int(idx[f]), float(c)) for f, c in zip(first.tolist(), counts.tolist(), strict=True)]
+        at = idx[first]
+        pids = self.proc_pid[at]
+        kinds = np.where(self.unresolved[at], 1, 0)
+        kind_of = (RowKind.FUNCTION, RowKind.UNKNOWN)
+        return [Row(c, str(f), str(m), str(p) or None, pid if pid >= 0 else None, vm or None, kind_of[k])
+                for c, f, m, p, pid, vm, k in zip(counts.astype(float).tolist(), self.func[at].tolist(),
+                                                   self.module[at].tolist(), self.process[at].tolist(),
+                                                   pids.tolist(), self.vm_of[at].tolist(), kinds.tolist(),
+                                                   strict=True)]
 
     def cpu_idle_ns(self) -> dict[int, int]:
         """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
         ev = self.sched
         idle: dict[int, int] = {}
         w0, w1 = self.window()
-        for cpu in np.unique(ev["cpu"]).tolist():
-            e = ev[ev["cpu"] == cpu]
-            to_idle = np.nonzero(e["next_tid"] == 0)[0]
-            from_idle = np.nonzero(e["prev_tid"] == 0)[0]
+        times, next_tid, prev_tid = ev["time_ns"], ev["next_tid"], ev["prev_tid"]
+        for cpu, at in group_by(ev["cpu"], np.arange(len(ev))):
+            t = times[at]
+            to_idle = np.nonzero(next_tid[at] == 0)[0]
+            from_idle = np.nonzero(prev_tid[at] == 0)[0]
             if not len(to_idle) and not len(from_idle):
                 continue
             ends = np.searchsorted(from_idle, to_idle)  # first switch away from idle after each entry
             ok = ends < len(from_idle)
-            start = e["time_ns"][to_idle[ok]].astype(np.int64)
-            end = e["time_ns"][from_idle[ends[ok]]].astype(np.int64)
+            start = t[to_idle[ok]].astype(np.int64)
+            end = t[from_idle[ends[ok]]].astype(np.int64)
             if len(from_idle) and (not len(to_idle) or from_idle[0] < to_idle[0]):
-                start, end = np.append(w0, start), np.append(e["time_ns"][from_idle[0]], end)  # idle from the start
+                start, end = np.append(w0, start), np.append(t[from_idle[0]], end)  # idle from the start
             if len(to_idle) and not ok[-1]:
-                start, end = np.append(start, e["time_ns"][to_idle[-1]]), np.append(end, w1)  # idle to the end
+                start, end = np.append(start, t[to_idle[-1]]), np.append(end, w1)  # idle to the end
             if self.range_ns is not None:
                 start, end = start.clip(*self.range_ns), end.clip(*self.range_ns)
             idle[int(cpu)] = int((end - start).sum())

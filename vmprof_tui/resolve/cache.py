@@ -16,10 +16,13 @@ import hashlib
 import os
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 MAX_ENTRIES = 256
 VERSION = 1  # of the stored layout: bump when a parser's output changes
 
@@ -31,6 +34,31 @@ def cache_dir() -> Path:
 
 def content_key(kind: str, data: bytes | memoryview) -> str:
     return f"{kind}-v{VERSION}-{hashlib.blake2b(data, digest_size=16).hexdigest()}"
+
+
+def parsed(key: str, parse: Callable[[], T], to_arrays: Callable[[T], dict[str, np.ndarray]],
+           from_arrays: Callable[[dict[str, np.ndarray]], T]) -> T:
+    """parse() once per key: made once in this process (20 guest bundles with one libc share one table),
+    else read from the cache folder, else parsed and stored there."""
+    if key in _made:
+        return _made[key]
+    arrays = load(key)
+    made = None
+    if arrays is not None:
+        try:
+            made = from_arrays(arrays)
+        except (KeyError, ValueError, IndexError):
+            made = None
+    if made is None:
+        made = parse()
+        store(key, to_arrays(made))
+    if len(_made) >= 64:
+        del _made[next(iter(_made))]
+    _made[key] = made
+    return made
+
+
+_made: dict[str, Any] = {}
 
 
 def load(key: str) -> dict[str, np.ndarray] | None:

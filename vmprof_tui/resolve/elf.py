@@ -159,15 +159,8 @@ def read_elf_symbols(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
         else:
             key = cache.content_key("elf-file", f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
                                                 f"{st.st_mtime_ns}".encode())
-        cached = cache.load(key)
-        if cached is not None:
-            try:
-                return _from_arrays(cached)
-            except (KeyError, ValueError, IndexError):
-                pass
-        syms = _parse_elf_guarded(source, st.st_size if source is f else len(data), limits, what)
-    cache.store(key, _to_arrays(syms))
-    return syms
+        size = st.st_size if source is f else len(data)
+        return cache.parsed(key, lambda: _parse_elf_guarded(source, size, limits, what), _to_arrays, _from_arrays)
 
 
 def _to_arrays(e: ElfSymbols) -> dict[str, np.ndarray]:

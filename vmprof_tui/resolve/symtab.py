@@ -80,20 +80,18 @@ def parse_kallsyms(data: bytes, limits: Limits = DEFAULT_LIMITS) -> KernelSymbol
     lines = data.count(b"\n") + 1
     if lines > limits.max_symbols + 1:
         raise BundleError(f"kallsyms has {lines} lines, over the limit of {limits.max_symbols} symbols")
-    key = cache.content_key("kallsyms", data)
-    cached = cache.load(key)
-    if cached is not None:
-        try:
-            count = len(cached["starts"])
-            return KernelSymbols(starts=cached["starts"], ends=cached["ends"],
-                                 names=cache.unpack_strings(cached["names"], count),
-                                 modules=cache.unpack_strings(cached["modules"], count))
-        except (KeyError, ValueError):
-            pass
-    table = _parse_kallsyms(data)
-    cache.store(key, {"starts": table.starts, "ends": table.ends, "names": cache.pack_strings(table.names.tolist()),
-                      "modules": cache.pack_strings(table.modules.tolist())})
-    return table
+    return cache.parsed(cache.content_key("kallsyms", data), lambda: _parse_kallsyms(data), _to_arrays, _from_arrays)
+
+
+def _to_arrays(t: KernelSymbols) -> dict[str, np.ndarray]:
+    return {"starts": t.starts, "ends": t.ends, "names": cache.pack_strings(t.names.tolist()),
+            "modules": cache.pack_strings(t.modules.tolist())}
+
+
+def _from_arrays(a: dict[str, np.ndarray]) -> KernelSymbols:
+    count = len(a["starts"])
+    return KernelSymbols(starts=a["starts"], ends=a["ends"], names=cache.unpack_strings(a["names"], count),
+                         modules=cache.unpack_strings(a["modules"], count))
 
 
 def _parse_kallsyms(data: bytes) -> KernelSymbols:
