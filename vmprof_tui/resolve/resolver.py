@@ -132,7 +132,7 @@ class Resolver:
             proc_pid[sel] = pid
             user = sel & ~kernel
             if user.any() and snap:
-                space = self.objects.host_space(name, pid, snap["maps"])
+                space = self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids"))
                 func[user], module[user] = space.resolve(s["host_ip"][user], self.objects)
         cr3s = normalise_cr3_array(s["guest_cr3"])
         for pid in np.unique(pids[guest]).tolist():
@@ -161,5 +161,8 @@ class Resolver:
                 usel = csel & guser
                 if usel.any():
                     func[usel], module[usel] = space.resolve(s["guest_ip"][usel], self.objects)
+        if notes is not None:  # stored symbol tables unusable, local files of another build
+            notes += self.objects.notes
+        self.objects.notes.clear()
         name_code, proc_code = self.codes.encode(process, proc_pid, func, module)
         return Resolved(func, module, process, proc_pid, name_code, proc_code)
