@@ -19,6 +19,7 @@ then
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,15 +33,24 @@ from vmprof_tui.record.records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
     SAMPLE_HOST_KERNEL,
-    SCHED_DTYPE,
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
 )
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
+from vmprof_tui.resolve.spaces import group_by
 
-# positions of sched-event fields in a record converted with .tolist()
-FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU = (SCHED_DTYPE.names.index(n) for n in (
-    "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu"))
+
+def _member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """keys that are in `wanted` (few): a binary search each, where np.isin would sort both."""
+    if not len(wanted):
+        return np.zeros(len(keys), bool)
+    wanted = np.sort(wanted)
+    return wanted[np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)] == keys
+
+
+def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarray]:
+    """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one sort."""
+    return dict(group_by(keys, np.nonzero(_member(keys, wanted))[0]))
 
 
 @dataclass
@@ -174,7 +184,6 @@ class Analysis:
         self.range_ns: tuple[int, int] | None = None
         self._profiles: dict[tuple, Profile] = {}
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
-        self._thread_masks: dict[int, np.ndarray] = {}  # vCPU tid -> its samples
         if time_range is not None:
             w0, _ = self.window()
             lo, hi = w0 + int(time_range[0] * 1e9), w0 + int(time_range[1] * 1e9)
@@ -193,7 +202,11 @@ class Analysis:
         self.notes += self.resolver.load_guests(self.vm_by_pid.values(), guest_bundles or {}, rec.bundles)
         self._resolve()
         self._encode_keys()
-        self.timelines = self._build_timelines()
+
+    @functools.cached_property
+    def timelines(self) -> dict[int, VcpuTimeline]:
+        """Per vCPU thread id: its timeline (built when first asked for: the host level needs none)."""
+        return self._build_timelines()
 
     # -- VMs, vCPU threads ---------------------------------------------------------
     def _learn_vms(self) -> None:
@@ -221,12 +234,12 @@ class Analysis:
     # -- resolution --------------------------------------------------------------------
     def _resolve(self) -> None:
         s = self.samples
-        self.vm_of = np.full(len(s), "", dtype=object)
-        self.vm_code = np.zeros(len(s), np.int64)  # vm_index of vm_of, 0 for none
-        for pid, name in self.vm_by_pid.items():
-            sel = s["pid"] == pid
-            self.vm_of[sel] = name
-            self.vm_code[sel] = self.vm_index[name]
+        vmm_pids = np.array(sorted(self.vm_by_pid), np.int64)
+        at = np.searchsorted(vmm_pids, s["pid"]).clip(0, max(len(vmm_pids) - 1, 0))
+        is_vmm = vmm_pids[at] == s["pid"] if len(vmm_pids) else np.zeros(len(s), bool)
+        names = [self.vm_by_pid[p] for p in vmm_pids.tolist()]
+        self.vm_code = np.where(is_vmm, np.array([self.vm_index[n] for n in names] + [0], np.int64)[at], 0)
+        self.vm_of = np.where(is_vmm, np.array([*names, ""], dtype=object)[at], "")  # "" for none
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
         self.is_guest = guest
@@ -238,16 +251,20 @@ class Analysis:
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        thread_keys = np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
-                                  len(self.vcpu_of_tid))
-        self.in_vm = guest | np.isin(s["pid"].astype(np.int64) << 32 | s["tid"], thread_keys)
+        self.in_vm = guest | _member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
 
     def _encode_keys(self) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
         grouping without Python loops."""
         def dense(code: np.ndarray) -> np.ndarray:
+            """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""
             key = self.vm_code * (int(code.max()) + 1 if len(code) else 1) + code
-            return np.unique(key, return_inverse=True)[1]
+            size = int(key.max()) + 1 if len(key) else 0
+            if size > 4 * len(key) + 4096:
+                return np.unique(key, return_inverse=True)[1].reshape(-1)
+            present = np.zeros(size, bool)
+            present[key] = True
+            return (np.cumsum(present) - 1)[key]
         self.proc_key = dense(self.proc_code)
         self.key = dense(self.name_code)
 
@@ -266,6 +283,18 @@ class Analysis:
             return 0, 0
         return int(min(t[0] for t in times)), int(max(t[-1] for t in times))
 
+    def _thread_keys(self) -> np.ndarray:
+        """pid << 32 | tid of every vCPU thread."""
+        return np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
+                           len(self.vcpu_of_tid))
+
+    @functools.cached_property
+    def _thread_samples(self) -> dict[int, np.ndarray]:
+        """pid << 32 | tid of a vCPU thread -> the indices of its samples (ascending): one sort for all threads,
+        8 bytes per sample of a vCPU thread (a mask per thread would be 1 byte per sample per thread)."""
+        s = self.samples
+        return _positions_by_key(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
+
     def _build_timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events."""
         _w0, w1 = self.window()
@@ -273,16 +302,21 @@ class Analysis:
         on_intervals: dict[int, np.ndarray] = {}
         ev = self.sched
         s = self.samples
+        wanted = self._thread_keys()
+        # every recorded switch of a thread counts, also those before it was known as a vCPU thread; the pid
+        # keeps out an earlier thread that had the same id
+        outs_of = _positions_by_key(ev["prev_pid"].astype(np.int64) << 32 | ev["prev_tid"], wanted)
+        ins_of = _positions_by_key(ev["next_pid"].astype(np.int64) << 32 | ev["next_tid"], wanted)
+        ev_time = ev["time_ns"].astype(np.int64)
+        ev_cpu = ev["cpu"].astype(np.int64)
+        none = np.empty(0, np.int64)
         for tid, (pid, vcpu) in sorted(self.vcpu_of_tid.items()):
             vm = self.vm_by_pid.get(pid, f"vm-{pid}")
-            # every recorded switch of the thread counts, also those before it was known as a vCPU thread;
-            # the pid check keeps out an earlier thread that had the same id
-            outs = ev[(ev["prev_tid"] == tid) & (ev["prev_pid"] == pid)]
-            ins = ev[(ev["next_tid"] == tid) & (ev["next_pid"] == pid)]
-            mine = self._thread_masks[tid] = (s["tid"] == tid) & (s["pid"] == pid)
-            own = s["time_ns"][mine]
-            firsts = [int(a[0]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
-            lasts = [int(a[-1]) for a in (outs["time_ns"], ins["time_ns"], own) if len(a)]
+            key = pid << 32 | tid
+            outs, ins = outs_of.get(key, none), ins_of.get(key, none)
+            own = s["time_ns"][self._thread_samples.get(key, none)]
+            firsts = [int(a[0]) for a in (ev_time[outs], ev_time[ins], own) if len(a)]
+            lasts = [int(a[-1]) for a in (ev_time[outs], ev_time[ins], own) if len(a)]
             if not firsts:
                 continue
             # The vCPU's life starts at its first record: a thread first seen leaving a CPU ran since its
@@ -290,37 +324,35 @@ class Analysis:
             # was already running then).
             start = min(firsts)
             tl = VcpuTimeline(vm, pid, tid, vcpu, start, max(lasts))
-            # switches in time order (a switch-out before a switch-in at the same time), as plain Python values
+            # switches in time order (a switch-out before a switch-in at the same time)
             both = np.concatenate([outs, ins])
-            is_in_all = np.concatenate([np.zeros(len(outs), np.int8), np.ones(len(ins), np.int8)])
-            order = np.lexsort((is_in_all, both["time_ns"]))
-            both, is_in_all = both[order], is_in_all[order]
-            merged = zip(both["time_ns"].tolist(), is_in_all.tolist(), both["cpu"].tolist(), both.tolist(),
-                         strict=True)
-            on_since: int | None = start
-            on_cpu = int(ins["cpu"][0]) if len(ins) else int(outs["cpu"][0]) if len(outs) else -1
-            blank: tuple[int, tuple] | None = None
-            intervals = []
-            for t, is_in, cpu, e in merged:
-                if is_in:
-                    if blank is not None:
-                        tl.blanks.append(self._blank(blank[0], t, blank[1]))
-                        blank = None
-                    on_since, on_cpu = t, cpu
-                else:
-                    if on_since is not None:
-                        tl.on_cpu_ns += t - on_since
-                        intervals.append((on_since, t, on_cpu))
-                    on_since = None
-                    blank = (t, e)
+            is_in = np.concatenate([np.zeros(len(outs), bool), np.ones(len(ins), bool)])
+            order = np.lexsort((is_in, ev_time[both]))
+            both, is_in = both[order], is_in[order]
+            t = ev_time[both]
+            # before the first switch the thread is on a CPU since `start` (as after a switch-in)
+            n = len(both)
+            after_in = np.concatenate([[True], is_in[:-1]])[:n]
+            since = np.concatenate([[start], t[:-1]])[:n]
+            first_cpu = int(ev_cpu[ins[0]]) if len(ins) else int(ev_cpu[outs[0]]) if len(outs) else -1
+            cpu_before = np.concatenate([[first_cpu], ev_cpu[both[:-1]]])[:n]
+            closes_run = ~is_in & after_in  # a switch-out after a switch-in ends an on-CPU interval
+            closes_blank = is_in & ~after_in  # a switch-in after a switch-out ends a blank
+            intervals = np.stack([since[closes_run], t[closes_run], cpu_before[closes_run]], axis=1)
+            blank_ev = both[np.nonzero(closes_blank)[0] - 1]
+            tl.blanks = self._blanks(ev_time[blank_ev], t[closes_blank], blank_ev)
+            tl.on_cpu_ns = int((intervals[:, 1] - intervals[:, 0]).sum())
             # an open interval runs to the end of the window
-            if blank is not None and blank[1][FLAGS] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
-                tl.blanks.append(self._blank(blank[0], w1, blank[1]))
-                tl.end_ns = w1
-            elif on_since is not None:
+            if len(both) and not is_in[-1]:
+                if ev["flags"][both[-1]] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
+                    tl.blanks += self._blanks(ev_time[both[-1:]], np.array([w1]), both[-1:])
+                    tl.end_ns = w1
+            else:
+                on_since = int(t[-1]) if len(both) else start
+                on_cpu = int(ev_cpu[both[-1]]) if len(both) else first_cpu
                 tl.on_cpu_ns += tl.end_ns - on_since
-                intervals.append((on_since, tl.end_ns, on_cpu))
-            on_intervals[tid] = np.array(intervals, np.int64).reshape(-1, 3)
+                intervals = np.concatenate([intervals, [[on_since, tl.end_ns, on_cpu]]])
+            on_intervals[tid] = intervals.reshape(-1, 3)
             timelines[tid] = tl
         self._split_preemptions(timelines, on_intervals)
         if self.range_ns is not None:
@@ -328,10 +360,23 @@ class Analysis:
         return timelines
 
     def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
-        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU.
+        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU
+        on the same CPU.
 
         A thread's on-CPU intervals do not overlap, so the time it ran before t is a step function F(t)
         (cumulative durations); its overlap with [a, b) is F(b) - F(a), for all waits at once."""
+        on_cpu: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}  # CPU -> (tid, intervals there, F)
+        for other, iv in on_intervals.items():
+            for cpu in np.unique(iv[:, 2]).tolist():
+                part = iv[iv[:, 2] == cpu]
+                cum = np.concatenate([[0], np.cumsum(part[:, 1] - part[:, 0])])
+                on_cpu.setdefault(cpu, []).append((other, part, cum))
+
+        def ran_before(t: np.ndarray, part: np.ndarray, cum: np.ndarray) -> np.ndarray:
+            i = np.searchsorted(part[:, 0], t, side="right") - 1  # last interval started by t
+            k = i.clip(0)
+            return np.where(i >= 0, cum[k] + np.minimum(t, part[k, 1]) - part[k, 0], 0)
+
         for tid, tl in timelines.items():
             waits = [b for b in tl.blanks if b.kind == BlankKind.PREEMPTED]
             if not waits:
@@ -339,31 +384,19 @@ class Analysis:
             w_start = np.array([b.start_ns for b in waits], np.int64)
             w_end = np.array([b.end_ns for b in waits], np.int64)
             w_cpu = np.array([b.cpu for b in waits], np.int64)
-            for other, iv in on_intervals.items():
-                if other == tid or not len(iv):
-                    continue
-                o = timelines[other]
-                ns = np.zeros(len(waits), np.int64)
-                for cpu in np.unique(w_cpu).tolist():
-                    part = iv[iv[:, 2] == cpu]
-                    if not len(part):
+            for cpu in np.unique(w_cpu).tolist():
+                at = np.nonzero(w_cpu == cpu)[0]
+                for other, part, cum in on_cpu.get(cpu, ()):
+                    if other == tid:
                         continue
-                    cum = np.concatenate([[0], np.cumsum(part[:, 1] - part[:, 0])])
-
-                    def ran_before(t: np.ndarray, part: np.ndarray = part, cum: np.ndarray = cum) -> np.ndarray:
-                        i = np.searchsorted(part[:, 0], t, side="right") - 1  # last interval started by t
-                        k = i.clip(0)
-                        return np.where(i >= 0, cum[k] + np.minimum(t, part[k, 1]) - part[k, 0], 0)
-
-                    sel = w_cpu == cpu
-                    ns[sel] = ran_before(w_end[sel]) - ran_before(w_start[sel])
-                for b, n in zip(waits, ns.tolist(), strict=True):
-                    if n <= 0:
-                        continue
-                    if o.pid == tl.pid:
-                        b.same_vm_ns[o.vcpu] = b.same_vm_ns.get(o.vcpu, 0) + n
-                    else:
-                        b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
+                    o = timelines[other]
+                    ns = ran_before(w_end[at], part, cum) - ran_before(w_start[at], part, cum)
+                    for i, n in zip(at[ns > 0].tolist(), ns[ns > 0].tolist(), strict=True):
+                        b = waits[i]
+                        if o.pid == tl.pid:
+                            b.same_vm_ns[o.vcpu] = b.same_vm_ns.get(o.vcpu, 0) + n
+                        else:
+                            b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
 
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""
@@ -383,27 +416,29 @@ class Analysis:
         tl.on_cpu_ns = tl.wall_ns - sum(b.duration_ns for b in blanks)
         return True
 
-    def _blank(self, start: int, end: int, e: tuple) -> Blank:
-        """A blank that began with sched event `e` (a record of SCHED_DTYPE as a tuple)."""
-        flags = e[FLAGS]
-        if flags & SCHED_PREV_HALTED:
-            kind = BlankKind.IDLE
-        elif flags & SCHED_PREV_RUNNABLE:
-            kind = BlankKind.PREEMPTED
-        else:
-            kind = BlankKind.BLOCKED
-        who = (e[NEXT_PID], e[NEXT_COMM])
-        holder = self._holders.get(who)
+    def _blanks(self, starts: np.ndarray, ends: np.ndarray, events: np.ndarray) -> list[Blank]:
+        """The blanks [starts, ends) that began with the sched events at indices `events`."""
+        e = self.sched[events]
+        flags = e["flags"]
+        kinds = np.where(flags & SCHED_PREV_HALTED, 0, np.where(flags & SCHED_PREV_RUNNABLE, 1, 2))
+        holders = [self._holder(p, c) for p, c in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
+        kind_of = (BlankKind.IDLE, BlankKind.PREEMPTED, BlankKind.BLOCKED)
+        return [Blank(a, z, kind_of[k], r, c, h) for a, z, k, r, c, h in zip(
+            starts.tolist(), ends.tolist(), kinds.tolist(), e["prev_exit_reason"].tolist(), e["cpu"].tolist(),
+            holders, strict=True)]
+
+    def _holder(self, pid: int, comm: bytes) -> str:
+        """Who took the pCPU in a switch (the next task's pid and comm)."""
+        holder = self._holders.get((pid, comm))
         if holder is None:
-            holder_pid = who[0]
-            if holder_pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
-                holder = f"{self.vm_by_pid[holder_pid]} (VMM)"
-            elif holder_pid == 0:
+            if pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
+                holder = f"{self.vm_by_pid[pid]} (VMM)"
+            elif pid == 0:
                 holder = "idle"
             else:
-                holder = who[1].decode(errors="replace") or str(holder_pid)
-            self._holders[who] = holder
-        return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
+                holder = comm.decode(errors="replace") or str(pid)
+            self._holders[(pid, comm)] = holder
+        return holder
 
     # -- profiles --------------------------------------------------------------------
     def row(self, i: int, samples: float) -> Row:
@@ -414,30 +449,40 @@ class Analysis:
                    RowKind.UNKNOWN if self.unresolved[i] else RowKind.FUNCTION)
 
     def aggregate(self, sel: np.ndarray) -> list[Row]:
-        """One Row per distinct (vm, process, pid, function, module) among the selected samples."""
+        """One Row per distinct (vm, process, pid, function, module) among the selected samples (as row()
+        makes them, from the names of each group's first sample)."""
         idx = np.nonzero(sel)[0]
         _, first, counts = np.unique(self.key[idx], return_index=True, return_counts=True)
-        return [self.row(int(idx[f]), float(c)) for f, c in zip(first.tolist(), counts.tolist(), strict=True)]
+        at = idx[first]
+        pids = self.proc_pid[at]
+        kinds = np.where(self.unresolved[at], 1, 0)
+        kind_of = (RowKind.FUNCTION, RowKind.UNKNOWN)
+        return [Row(c, str(f), str(m), str(p) or None, pid if pid >= 0 else None, vm or None, kind_of[k])
+                for c, f, m, p, pid, vm, k in zip(counts.astype(float).tolist(), self.func[at].tolist(),
+                                                   self.module[at].tolist(), self.process[at].tolist(),
+                                                   pids.tolist(), self.vm_of[at].tolist(), kinds.tolist(),
+                                                   strict=True)]
 
     def cpu_idle_ns(self) -> dict[int, int]:
         """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
         ev = self.sched
         idle: dict[int, int] = {}
         w0, w1 = self.window()
-        for cpu in np.unique(ev["cpu"]).tolist():
-            e = ev[ev["cpu"] == cpu]
-            to_idle = np.nonzero(e["next_tid"] == 0)[0]
-            from_idle = np.nonzero(e["prev_tid"] == 0)[0]
+        times, next_tid, prev_tid = ev["time_ns"], ev["next_tid"], ev["prev_tid"]
+        for cpu, at in group_by(ev["cpu"], np.arange(len(ev))):
+            t = times[at]
+            to_idle = np.nonzero(next_tid[at] == 0)[0]
+            from_idle = np.nonzero(prev_tid[at] == 0)[0]
             if not len(to_idle) and not len(from_idle):
                 continue
             ends = np.searchsorted(from_idle, to_idle)  # first switch away from idle after each entry
             ok = ends < len(from_idle)
-            start = e["time_ns"][to_idle[ok]].astype(np.int64)
-            end = e["time_ns"][from_idle[ends[ok]]].astype(np.int64)
+            start = t[to_idle[ok]].astype(np.int64)
+            end = t[from_idle[ends[ok]]].astype(np.int64)
             if len(from_idle) and (not len(to_idle) or from_idle[0] < to_idle[0]):
-                start, end = np.append(w0, start), np.append(e["time_ns"][from_idle[0]], end)  # idle from the start
+                start, end = np.append(w0, start), np.append(t[from_idle[0]], end)  # idle from the start
             if len(to_idle) and not ok[-1]:
-                start, end = np.append(start, e["time_ns"][to_idle[-1]]), np.append(end, w1)  # idle to the end
+                start, end = np.append(start, t[to_idle[-1]]), np.append(end, w1)  # idle to the end
             if self.range_ns is not None:
                 start, end = start.clip(*self.range_ns), end.clip(*self.range_ns)
             idle[int(cpu)] = int((end - start).sum())
@@ -487,11 +532,15 @@ class Analysis:
         return Profile("host", None, None, total, self.duration_s, self.rec.lost_samples, ratios, rows,
                        int(np.count_nonzero(sel & self.unresolved)), notes)
 
+    def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
+        """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
+        return self._thread_samples.get(tl.pid << 32 | tl.tid, np.empty(0, np.int64))
+
     def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
-        """The samples of one vCPU thread (computed once per thread; callers do not change it)."""
-        mask = self._thread_masks.get(tl.tid)
-        if mask is None:
-            mask = self._thread_masks[tl.tid] = (self.samples["tid"] == tl.tid) & (self.samples["pid"] == tl.pid)
+        """The samples of one vCPU thread as a mask (made on each call: masks of many threads would take
+        a byte per sample each)."""
+        mask = np.zeros(len(self.samples), bool)
+        mask[self.thread_samples(tl)] = True
         return mask
 
     def vm_names(self) -> list[str]:
@@ -507,7 +556,7 @@ class Analysis:
         s = self.samples
         sel = np.zeros(len(s), bool)
         for tl in tls:
-            sel |= self.thread_mask(tl)
+            sel[self.thread_samples(tl)] = True
         real_guest = sel & self.is_guest
         rows = self.aggregate(real_guest)
         for row in rows:
@@ -542,7 +591,8 @@ class Analysis:
         s = self.samples
         out: list[Attribution] = []
         for tl in sorted(self.vm_timelines(vm), key=lambda t: t.vcpu):
-            sel = np.nonzero(self.thread_mask(tl) & self.is_guest)[0]
+            mine = self.thread_samples(tl)
+            sel = mine[self.is_guest[mine]]
             if not len(sel):
                 continue
             keys = (self.key if per_function else self.proc_key)[sel]
@@ -563,7 +613,7 @@ class Analysis:
                 np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
             # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
             # sampling interrupt that never came does not shorten anybody's time.
-            ns_per_sample = tl.on_cpu_ns / max(int(np.count_nonzero(self.thread_mask(tl))), 1)
+            ns_per_sample = tl.on_cpu_ns / max(len(mine), 1)
             uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
             for k, f, c in zip(uniq.tolist(), first.tolist(), counts.tolist(), strict=True):
                 row = self.row(int(sel[f]), c)

@@ -22,6 +22,7 @@ import struct
 import tarfile
 import zlib
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -96,7 +97,7 @@ def _pack_rows(header: dict, body: bytes) -> bytes:
 def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str) -> tuple[dict, bytes]:
     """(header, body) of a row chunk; the body inflated to exactly rows * itemsize bytes, never more."""
     (hlen,) = struct.unpack_from("<I", payload)
-    header = json.loads(payload[4:4 + hlen])
+    header = json.loads(bytes(payload[4:4 + hlen]))
     size = int(header["rows"]) * itemsize_of(header)
     raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
     if len(raw) != size:
@@ -313,6 +314,9 @@ def load(path: Path) -> Recording:
     tables: dict[int, list[np.ndarray]] = {SAMPLES: [], SCHED: []}
     rec = Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
     lbr_parts: list[np.ndarray] = []
+    decoding: list[tuple[int, int, Future]] = []  # (kind, problems before it, the decoded table)
+    pool: ThreadPoolExecutor | None = None
+    view = memoryview(data)
     chunks = 0
     while pos < len(data):
         if pos + CHUNK_HEADER.size > len(data):
@@ -328,7 +332,7 @@ def load(path: Path) -> Recording:
             rec.problems.append(f"recording cut inside a {KIND_NAMES.get(kind, kind)} chunk after {chunks} chunks "
                                 f"({len(data) - pos} bytes at the end ignored)")
             break
-        payload = data[body_start:body_start + length]
+        payload = view[body_start:body_start + length]  # no copy: table chunks are most of the file
         pos = body_start + length
         if zlib.crc32(payload) != crc:
             rec.problems.append(f"checksum mismatch in a {KIND_NAMES.get(kind, kind)} chunk; it was skipped")
@@ -336,20 +340,31 @@ def load(path: Path) -> Recording:
         chunks += 1
         try:
             if kind == META:
-                meta = json.loads(payload)
+                meta = json.loads(bytes(payload))
             elif kind in tables:
-                tables[kind].append(_decode_table(payload, TABLE_DTYPES[kind]))
+                # inflating is most of a load and zlib lets other threads run meanwhile: one thread per CPU
+                pool = pool or ThreadPoolExecutor(os.cpu_count() or 1)
+                decoding.append((kind, len(rec.problems), pool.submit(_decode_table, payload, TABLE_DTYPES[kind])))
             elif kind == SNAPSHOT:
                 rec.snapshot.update(json.loads(zlib.decompressobj().decompress(payload, MAX_INFLATED)))
             elif kind == BUNDLE:
                 (n,) = struct.unpack_from("<H", payload)
-                rec.bundles[payload[2:2 + n].decode(errors="replace")] = payload[2 + n:]
+                rec.bundles[bytes(payload[2:2 + n]).decode(errors="replace")] = bytes(payload[2 + n:])
             elif kind == END:
-                rec.end = json.loads(payload)
+                rec.end = json.loads(bytes(payload))
             elif kind == LBR:
                 lbr_parts.append(_decode_lbr(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
             rec.problems.append(f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
+    skipped = 0
+    for kind, at, job in decoding:  # in file order; a problem goes where a decode in the loop would have put it
+        try:
+            tables[kind].append(job.result())
+        except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
+            rec.problems.insert(at + skipped, f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
+            skipped += 1
+    if pool is not None:
+        pool.shutdown()
     if meta is None:
         raise RecordingError(f"{path} has no readable metadata chunk: it is not a usable recording")
     rec.meta = meta

@@ -19,6 +19,7 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
+from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.symtab import SymbolTable
 from vmprof_tui.resolve.untrusted import (
     DEFAULT_LIMITS,
@@ -32,6 +33,7 @@ from vmprof_tui.resolve.untrusted import (
 
 ET_EXEC, ET_DYN = 2, 3
 NO_ADDR = np.uint64(U64_MAX)  # "no address" in uint64 arrays
+HASHED_BYTES = 16 << 20  # files up to this size are cached by content (read_elf_symbols)
 
 
 class ElfError(BundleError):
@@ -141,10 +143,37 @@ def check_elf_header(head: bytes, size: int, limits: Limits, what: str) -> tuple
 
 
 def read_elf_symbols(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
-    """Function symbols (.symtab, else also .dynsym) and PT_LOAD segments of an untrusted ELF file."""
+    """Function symbols (.symtab, else also .dynsym) and PT_LOAD segments of an untrusted ELF file; parsed
+    once per file (resolve/cache.py), later runs load the arrays.  A file up to HASHED_BYTES is known by
+    its content (guest objects extracted anew for every run hit the cache too); a larger one, by its
+    identity on this machine (path, device, inode, size, mtime): hashing a 100 MB library would cost more
+    than the cache saves."""
     what = Path(path).name
     with open_regular(Path(path), limits.max_object_bytes, what) as f:
-        return _parse_elf_guarded(f, os.fstat(f.fileno()).st_size, limits, what)
+        st = os.fstat(f.fileno())
+        source: BinaryIO = f
+        if st.st_size <= HASHED_BYTES:
+            data = f.read(HASHED_BYTES + 1)
+            key = cache.content_key("elf", data)
+            source = io.BytesIO(data)
+        else:
+            key = cache.content_key("elf-file", f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
+                                                f"{st.st_mtime_ns}".encode())
+        size = st.st_size if source is f else len(data)
+        return cache.parsed(key, lambda: _parse_elf_guarded(source, size, limits, what), _to_arrays, _from_arrays)
+
+
+def _to_arrays(e: ElfSymbols) -> dict[str, np.ndarray]:
+    segs = np.array([(g.vaddr, g.offset, g.filesz, g.memsz, g.flags) for g in e.segments], np.uint64).reshape(-1, 5)
+    return {"starts": e.starts, "ends": e.ends, "names": cache.pack_strings(e.names.tolist()),
+            "count": np.array([len(e.names)]), "segments": segs, "elf_type": np.array([e.elf_type]),
+            "build_id": np.array([e.build_id or ""])}
+
+
+def _from_arrays(a: dict[str, np.ndarray]) -> ElfSymbols:
+    segments = [Segment(*(int(v) for v in row)) for row in a["segments"].tolist()]
+    return ElfSymbols(starts=a["starts"], ends=a["ends"], names=cache.unpack_strings(a["names"], int(a["count"][0])),
+                      segments=segments, elf_type=int(a["elf_type"][0]), build_id=str(a["build_id"][0]) or None)
 
 
 def elf_symbols_from_bytes(data: bytes, limits: Limits = DEFAULT_LIMITS, what: str = "object") -> ElfSymbols:

@@ -26,7 +26,8 @@ import numpy as np
 
 from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
-from vmprof_tui.resolve.spaces import GuestSymbols, ObjectCache, guest_symbols
+from vmprof_tui.resolve.elf import ElfSymbols
+from vmprof_tui.resolve.spaces import AddressSpace, GuestSymbols, ObjectCache, group_by, guest_symbols
 from vmprof_tui.resolve.symtab import EMPTY_KERNEL, KernelSymbols, kallsyms_table
 
 KERNEL_MODULE = "[kernel.kallsyms]"
@@ -36,20 +37,81 @@ UNKNOWN = "[unknown]"
 
 class NameCodes:
     """Integer codes for (process, pid, function, module) and for (process, pid), kept across analyses: the
-    live screen encodes each new chunk once, and a refresh then groups integers instead of strings."""
+    live screen encodes each new chunk once, and a refresh then groups integers instead of strings.
+
+    (process, pid) pairs are few: a dict.  Names are many (hundreds of thousands on a large host), so their
+    codes live in numpy: each name as one int64 (its process code and the StringTable ids of its function
+    and module, ID_BITS each), `keys` sorted, and looked up with searchsorted."""
+
+    ID_BITS = 21
 
     def __init__(self) -> None:
-        self.names: dict[tuple, int] = {}
         self.procs: dict[tuple, int] = {}
+        self.keys = np.empty(0, np.int64)  # sorted
+        self.codes = np.empty(0, np.int64)  # the code of each key
+        self._fallback: dict[tuple[int, int, int], int] = {}  # past 2**ID_BITS names or processes
 
-    def encode(self, process: np.ndarray, pid: np.ndarray, func: np.ndarray,
-               module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n, names, procs = len(process), self.names, self.procs
-        p, q = process.tolist(), pid.tolist()
-        name_code = np.fromiter((names.setdefault(k, len(names)) for k in zip(p, q, func.tolist(), module.tolist(),
-                                                                             strict=True)), np.int64, n)
-        proc_code = np.fromiter((procs.setdefault(k, len(procs)) for k in zip(p, q, strict=True)), np.int64, n)
-        return name_code, proc_code
+    def encode(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
+        """The code of each sample's name (its proc code, function and module string ids); names not seen
+        before are numbered in the order of their first sample, as a walk over the samples would."""
+        limit = 1 << self.ID_BITS
+        if self._fallback or max(len(self.procs), int(func.max(initial=0)) + 1, int(module.max(initial=0)) + 1) > limit:
+            return self._encode_slowly(proc_code, func, module)
+        packed = (proc_code << 2 * self.ID_BITS) | (func.astype(np.int64) << self.ID_BITS) | module
+        uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+        pos = np.searchsorted(self.keys, uniq).clip(0, max(len(self.keys) - 1, 0))
+        found = self.keys[pos] == uniq if len(self.keys) else np.zeros(len(uniq), bool)
+        code = np.where(found, self.codes[pos] if len(self.codes) else 0, -1)
+        new = np.nonzero(~found)[0]
+        new = new[np.argsort(first[new], kind="stable")]
+        code[new] = len(self.keys) + np.arange(len(new))
+        keys = np.concatenate([self.keys, uniq[new]])
+        codes = np.concatenate([self.codes, code[new]])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.codes = keys[order], codes[order]
+        return code[inverse.reshape(-1)]
+
+    def _encode_slowly(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
+        """Per sample, through a dict (once the ids outgrow ID_BITS: then every later call comes here)."""
+        if not self._fallback:  # the names coded so far, as the dict's keys
+            bits, mask = self.ID_BITS, (1 << self.ID_BITS) - 1
+            self._fallback = {(k >> 2 * bits, (k >> bits) & mask, k & mask): c
+                              for k, c in zip(self.keys.tolist(), self.codes.tolist(), strict=True)}
+        names = self._fallback
+        return np.fromiter((names.setdefault(k, len(names)) for k in zip(proc_code.tolist(), func.tolist(),
+                                                                          module.tolist(), strict=True)),
+                           np.int64, len(proc_code))
+
+
+class StringTable:
+    """Names as small integers while resolving (id 0 is ""), kept across calls; strings are made per sample
+    only at the end, by one fancy index into `array()`."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = [""]
+        self._ids: dict[str, int] = {"": 0}
+        self._array: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+    def intern(self, name: str) -> int:
+        i = self._ids.get(name)
+        if i is None:
+            i = self._ids[name] = len(self.strings)
+            self.strings.append(name)
+        return i
+
+    def ids(self, names: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """The ids of names[index], interning only the distinct names the index hits."""
+        uniq, inverse = np.unique(index, return_inverse=True)
+        return np.array([self.intern(x) for x in names[uniq].tolist()], np.int32)[inverse.reshape(-1)]
+
+    def array(self) -> np.ndarray:
+        """All strings as an object array, index = id."""
+        if self._array is None or len(self._array) != len(self.strings):
+            self._array = np.array(self.strings + [None], dtype=object)[:-1]  # the None keeps it 1-d of str
+        return self._array
 
 
 @dataclass
@@ -78,6 +140,8 @@ class Resolver:
     guests: dict[str, GuestSymbols] = field(default_factory=dict)
     kallsyms: KernelSymbols | None = None
     codes: NameCodes = field(default_factory=NameCodes)
+    strings: StringTable = field(default_factory=StringTable)
+    _object_ids: dict[int, tuple[ElfSymbols, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def load_guests(self, vms: Iterable[str], explicit: Mapping[str, Path],
                     stored: Mapping[str, bytes]) -> list[str]:
@@ -105,64 +169,122 @@ class Resolver:
                 kallsyms: str | None = None, notes: list[str] | None = None) -> Resolved:
         """Names of `samples`.  processes: host pid → its snapshot (comm, maps); vm_of_pid: VMM pid → VM
         name (guests are looked up by name among those load_guests loaded); kallsyms: the host's kallsyms
-        text, None to keep the one already parsed (an unreadable one is noted in `notes`)."""
+        text, None to keep the one already parsed (an unreadable one is noted in `notes`).
+
+        Samples are grouped by process (host pid; guest VMM pid and CR3) with one sort; each group's
+        addresses are looked up with one searchsorted per symbol table, and names are string ids
+        (`StringTable`) until the end: Python work per group and per distinct name, never per sample."""
         s = samples
         n = len(s)
-        func = np.full(n, UNKNOWN, dtype=object)
-        module = np.full(n, UNKNOWN, dtype=object)
-        process = np.full(n, "", dtype=object)
-        proc_pid = np.full(n, -1, dtype=np.int64)
+        st = self.strings
+        unknown_id = st.intern(UNKNOWN)
+        func = np.full(n, unknown_id, np.int32)
+        module = np.full(n, unknown_id, np.int32)
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
-        host = ~guest
-        kernel = host & ((flags & SAMPLE_HOST_KERNEL) != 0)
+        kernel = ~guest & ((flags & SAMPLE_HOST_KERNEL) != 0)
         if self.kallsyms is None or kallsyms is not None:
             self.kallsyms = kallsyms_table(kallsyms or "", notes)
-        ks = self.kallsyms
         if kernel.any():
-            idx = ks.lookup(s["host_ip"][kernel])
-            func[kernel] = ks.names_or_unknown[idx]
-            module[kernel] = ks.module_labels(idx, KERNEL_MODULE)
+            self._kernel_ids(self.kallsyms, s["host_ip"], np.nonzero(kernel)[0], KERNEL_MODULE, func, module)
+        groups = _Groups(n)  # (process, pid) of every sample, group by group
         pids = s["pid"]
-        for pid in np.unique(pids[host]).tolist():
-            sel = host & (pids == pid)
+        for pid, idx in group_by(pids, np.nonzero(~guest)[0]):
             snap = processes.get(pid)
             name = "swapper" if pid == 0 else (snap["comm"] if snap else str(pid))
-            process[sel] = name
-            proc_pid[sel] = pid
-            user = sel & ~kernel
-            if user.any() and snap:
+            groups.add(idx, st.intern(name), name, pid)
+            user = idx[~kernel[idx]]
+            if len(user) and snap:
                 space = self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids"))
-                func[user], module[user] = space.resolve(s["host_ip"][user], self.objects)
+                self._space_ids(space, s["host_ip"], user, func, module)
         cr3s = normalise_cr3_array(s["guest_cr3"])
-        for pid in np.unique(pids[guest]).tolist():
+        rip_unknown = (flags & SAMPLE_GUEST_UNKNOWN) != 0
+        gkernel = (flags & SAMPLE_GUEST_KERNEL) != 0
+        for pid, idx in group_by(pids, np.nonzero(guest)[0]):
             # a VMM that is not in the VM list (it started between two discoveries) has no bundle yet
             g = self.guests.get(vm_of_pid.get(pid, f"vm-{pid}"))
-            sel = guest & (pids == pid)
-            unknown = sel & ((flags & SAMPLE_GUEST_UNKNOWN) != 0)
-            module[unknown] = "(guest RIP unknown)"
-            known = sel & ~unknown
-            gkernel = known & ((flags & SAMPLE_GUEST_KERNEL) != 0)
-            if gkernel.any():
-                gks = g.kernel if g is not None else EMPTY_KERNEL
-                idx = gks.lookup(s["guest_ip"][gkernel])
-                func[gkernel] = gks.names_or_unknown[idx]
-                module[gkernel] = gks.module_labels(idx, GUEST_KERNEL_MODULE)
-            guser = known & ~gkernel
-            for cr3 in np.unique(cr3s[known]).tolist():
-                csel = known & (cr3s == cr3)
+            unknown = idx[rip_unknown[idx]]
+            module[unknown] = st.intern("(guest RIP unknown)")
+            groups.add(unknown, 0, "", -1)
+            known = idx[~rip_unknown[idx]]
+            gk = known[gkernel[known]]
+            if len(gk):
+                self._kernel_ids(g.kernel if g is not None else EMPTY_KERNEL, s["guest_ip"], gk, GUEST_KERNEL_MODULE,
+                                 func, module)
+            for cr3, cidx in group_by(cr3s, known):
                 space = g.processes.get(cr3) if g is not None else None
+                user = cidx[~gkernel[cidx]]
                 if space is None:
-                    process[csel] = f"[cr3 {cr3:#x}]"
-                    module[csel & guser] = UNKNOWN
+                    label = f"[cr3 {cr3:#x}]"
+                    groups.add(cidx, st.intern(label), label, -1)
                     continue
-                process[csel] = space.name
-                proc_pid[csel] = space.pid if space.pid is not None else -1
-                usel = csel & guser
-                if usel.any():
-                    func[usel], module[usel] = space.resolve(s["guest_ip"][usel], self.objects)
+                groups.add(cidx, st.intern(space.name), space.name, space.pid if space.pid is not None else -1)
+                if len(user):
+                    self._space_ids(space, s["guest_ip"], user, func, module)
         if notes is not None:  # stored symbol tables unusable, local files of another build
             notes += self.objects.notes
         self.objects.notes.clear()
-        name_code, proc_code = self.codes.encode(process, proc_pid, func, module)
-        return Resolved(func, module, process, proc_pid, name_code, proc_code)
+        name_code, proc_code = groups.codes(self.codes, func, module)
+        names = st.array()
+        return Resolved(names[func], names[module], names[groups.process], groups.pid, name_code, proc_code)
+
+    def _kernel_ids(self, ks: KernelSymbols, ips: np.ndarray, idx: np.ndarray, image: str, func: np.ndarray,
+                    module: np.ndarray) -> None:
+        """Function and module ids of the samples `idx` whose address (in `ips`) is kernel text of `ks`."""
+        sym = ks.lookup(ips[idx])
+        func[idx] = self.strings.ids(ks.names_or_unknown, sym)
+        module[idx] = self.strings.ids(ks.module_label_table(image), sym)
+
+    def _space_ids(self, space: AddressSpace, ips: np.ndarray, idx: np.ndarray, func: np.ndarray,
+                   module: np.ndarray) -> None:
+        """Function and module ids of the samples `idx` of one process, from its mappings' ELF symbols."""
+        for pos, mapping, obj, sym in space.hits(ips[idx], self.objects):
+            at = idx[pos]
+            module[at] = self.strings.intern(mapping.module_name)
+            if obj is not None:
+                func[at] = self._name_ids(obj, sym)
+
+    def _name_ids(self, obj: ElfSymbols, sym: np.ndarray) -> np.ndarray:
+        """String ids of obj's symbols `sym` (-1: [unknown]); each name is interned the first time it is hit."""
+        key = id(obj)
+        if key not in self._object_ids or self._object_ids[key][0] is not obj:
+            self._object_ids[key] = (obj, np.full(len(obj) + 1, -1, np.int32))
+        table = self._object_ids[key][1]
+        ids = table[sym]
+        missing = ids < 0
+        if missing.any():
+            new = np.unique(sym[missing])
+            table[new] = [self.strings.intern(x) for x in obj.names_or_unknown[new].tolist()]
+            ids = table[sym]
+        return ids
+
+
+class _Groups:
+    """The (process, pid) of each sample, set group by group, and the NameCodes of the samples."""
+
+    def __init__(self, n: int) -> None:
+        self.process = np.zeros(n, np.int32)  # string ids; 0 is "" (StringTable)
+        self.pid = np.full(n, -1, np.int64)
+        self.slot = np.zeros(n, np.int64)  # which distinct (process, pid)
+        self.slots: dict[tuple[str, int], int] = {}
+        self.first: list[int] = []  # first sample of each slot
+
+    def add(self, idx: np.ndarray, process: int, name: str, pid: int) -> None:
+        """Samples idx (ascending) are of process `name` (string id `process`) with pid `pid`."""
+        if len(idx):
+            self.process[idx] = process
+            self.pid[idx] = pid
+            slot = self.slots.setdefault((name, pid), len(self.slots))
+            if slot == len(self.first):
+                self.first.append(int(idx[0]))
+            self.first[slot] = min(self.first[slot], int(idx[0]))
+            self.slot[idx] = slot
+
+    def codes(self, codes: NameCodes, func: np.ndarray, module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(name code, process code) of every sample; new (process, pid) pairs are numbered in the order of
+        their first sample."""
+        slot_code = np.zeros(len(self.slots), np.int64)
+        for slot, key in sorted(((s, k) for k, s in self.slots.items()), key=lambda x: self.first[x[0]]):
+            slot_code[slot] = codes.procs.setdefault(key, len(codes.procs))
+        proc_code = slot_code[self.slot]
+        return codes.encode(proc_code, func, module), proc_code

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from collections.abc import Mapping as MappingOf
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,6 +35,11 @@ class Mapping:
     path: str
     object_path: Path | None  # the file to read symbols from (None: none available)
     build_id: str | None = None  # of the file the host process mapped, from its snapshot
+
+    @property
+    def module_name(self) -> str:
+        """What profiles show as the module: the file name."""
+        return os.path.basename(self.path) or self.path
 
 
 class ObjectCache:
@@ -110,26 +116,42 @@ class AddressSpace:
         maps = sorted(self.maps, key=lambda m: m.start)
         return maps, np.array([m.start for m in maps], np.uint64), np.array([m.end for m in maps], np.uint64)
 
+    def hits(self, ips: np.ndarray, objects: ObjectCache) -> Iterator[tuple[np.ndarray, Mapping,
+                                                                         ElfSymbols | None, np.ndarray | None]]:
+        """For each mapping some of `ips` fall in: (their positions in ips, the mapping, its file's symbols or
+        None, the symbol index of each, -1 where none)."""
+        maps, starts, ends = self._sorted_maps
+        if not maps or not len(ips):
+            return
+        which = np.searchsorted(starts, ips, side="right").astype(np.int64) - 1
+        inside = which >= 0
+        inside[inside] = ips[inside] < ends[which[inside]]
+        for mi, at in group_by(which, np.nonzero(inside)[0]):  # only the mappings that were hit
+            m = maps[mi]
+            obj = objects.symbols(m)
+            yield at, m, obj, (obj.lookup(obj.link_addrs(m, ips[at])) if obj is not None else None)
+
     def resolve(self, ips: np.ndarray, objects: ObjectCache) -> tuple[list[str], list[str]]:
         """(function, module) for each ip; '[unknown]' where unresolved."""
         functions = np.full(len(ips), "[unknown]", dtype=object)
         modules = np.full(len(ips), "[unknown]", dtype=object)
-        maps, starts, ends = self._sorted_maps
-        if not maps or not len(ips):
-            return functions.tolist(), modules.tolist()
-        which = np.searchsorted(starts, ips, side="right").astype(np.int64) - 1
-        inside = which >= 0
-        inside[inside] = ips[inside] < ends[which[inside]]
-        which[~inside] = -1
-        for mi in np.unique(which[inside]).tolist():  # only the mappings that were hit
-            m = maps[mi]
-            sel = which == mi
-            modules[sel] = os.path.basename(m.path) or m.path
-            obj = objects.symbols(m)
-            if obj is None:
-                continue
-            functions[sel] = obj.names_or_unknown[obj.lookup(obj.link_addrs(m, ips[sel]))]
+        for at, m, obj, sym in self.hits(ips, objects):
+            modules[at] = m.module_name
+            if obj is not None:
+                functions[at] = obj.names_or_unknown[sym]
         return functions.tolist(), modules.tolist()
+
+
+def group_by(keys: np.ndarray, pos: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(key, the positions `pos` with that key, in their order) for each distinct keys[pos], with one sort."""
+    if not len(pos):
+        return
+    k = keys[pos]
+    order = np.argsort(k, kind="stable")
+    k, pos = k[order], pos[order]
+    cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
+    for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(k)].tolist(), strict=True):
+        yield int(k[lo]), pos[lo:hi]
 
 
 def parse_proc_maps(text: str) -> list[Mapping]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, MAX_NAME, BundleError, Limits, safe_text
 
 
@@ -58,6 +59,13 @@ class KernelSymbols(SymbolTable):
         labels[labels == ""] = image
         return labels
 
+    def module_label_table(self, image: str) -> np.ndarray:
+        """module_labels of every symbol index, -1 (the last entry) included; made once per image."""
+        tables = self.__dict__.setdefault("_label_tables", {})
+        if image not in tables:
+            tables[image] = self.module_labels(np.arange(len(self) + 1), image)
+        return tables[image]
+
 
 # a kernel with no symbols: every address reads [unknown]
 EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, object),
@@ -65,12 +73,29 @@ EMPTY_KERNEL = KernelSymbols(np.empty(0, np.uint64), np.empty(0, np.uint64), np.
 
 
 def parse_kallsyms(data: bytes, limits: Limits = DEFAULT_LIMITS) -> KernelSymbols:
-    """Text symbols (t, T, w, W) of a kallsyms text, sorted; BundleError with one line for a malformed one."""
+    """Text symbols (t, T, w, W) of a kallsyms text, sorted; BundleError with one line for a malformed one.
+    Parsed once per text (resolve/cache.py): later runs load the arrays."""
     if len(data) > limits.max_kallsyms_bytes:
         raise BundleError(f"kallsyms is {len(data)} bytes, over the limit of {limits.max_kallsyms_bytes}")
+    lines = data.count(b"\n") + 1
+    if lines > limits.max_symbols + 1:
+        raise BundleError(f"kallsyms has {lines} lines, over the limit of {limits.max_symbols} symbols")
+    return cache.parsed(cache.content_key("kallsyms", data), lambda: _parse_kallsyms(data), _to_arrays, _from_arrays)
+
+
+def _to_arrays(t: KernelSymbols) -> dict[str, np.ndarray]:
+    return {"starts": t.starts, "ends": t.ends, "names": cache.pack_strings(t.names.tolist()),
+            "modules": cache.pack_strings(t.modules.tolist())}
+
+
+def _from_arrays(a: dict[str, np.ndarray]) -> KernelSymbols:
+    count = len(a["starts"])
+    return KernelSymbols(starts=a["starts"], ends=a["ends"], names=cache.unpack_strings(a["names"], count),
+                         modules=cache.unpack_strings(a["modules"], count))
+
+
+def _parse_kallsyms(data: bytes) -> KernelSymbols:
     lines = data.split(b"\n")
-    if len(lines) > limits.max_symbols + 1:
-        raise BundleError(f"kallsyms has {len(lines)} lines, over the limit of {limits.max_symbols} symbols")
     addrs: list[int] = []
     names: list[str] = []
     mods: list[str] = []

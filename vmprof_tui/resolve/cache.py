@@ -1,0 +1,98 @@
+"""Parsed symbol tables kept across runs, under ``$VMPROF_CACHE`` or ``~/.cache/vmprof/symbols``.
+
+A report reads the same kallsyms text and the same ELF files again and again (every recording of a host
+carries its kallsyms; every guest bundle of a fleet the same libc); parsing them is most of what a report
+costs.  Each parse result is stored once as an ``.npz`` of plain arrays (loaded with
+``allow_pickle=False``) named by a BLAKE2b hash of the parsed bytes themselves: guest files are hostile,
+and a key they declare (a build id, a path) could make one guest's names show up in another's profile
+or the host's; a content hash cannot.  Only successful parses are stored, so an unreadable file fails
+every time with the same line.  The folder is bounded (the oldest entries beyond `MAX_ENTRIES` go), and
+a cache that cannot be read or written is no error: the table is parsed as if there were none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+MAX_ENTRIES = 256
+VERSION = 1  # of the stored layout: bump when a parser's output changes
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("VMPROF_CACHE") or Path.home() / ".cache" / "vmprof"
+    return Path(root) / "symbols"
+
+
+def content_key(kind: str, data: bytes | memoryview) -> str:
+    return f"{kind}-v{VERSION}-{hashlib.blake2b(data, digest_size=16).hexdigest()}"
+
+
+def parsed(key: str, parse: Callable[[], T], to_arrays: Callable[[T], dict[str, np.ndarray]],
+           from_arrays: Callable[[dict[str, np.ndarray]], T]) -> T:
+    """parse() once per key: made once in this process (20 guest bundles with one libc share one table),
+    else read from the cache folder, else parsed and stored there."""
+    if key in _made:
+        return _made[key]
+    arrays = load(key)
+    made = None
+    if arrays is not None:
+        try:
+            made = from_arrays(arrays)
+        except (KeyError, ValueError, IndexError):
+            made = None
+    if made is None:
+        made = parse()
+        store(key, to_arrays(made))
+    if len(_made) >= 64:
+        del _made[next(iter(_made))]
+    _made[key] = made
+    return made
+
+
+_made: dict[str, Any] = {}
+
+
+def load(key: str) -> dict[str, np.ndarray] | None:
+    try:
+        with np.load(cache_dir() / f"{key}.npz", allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+
+
+def store(key: str, arrays: dict[str, np.ndarray]) -> None:
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, folder / f"{key}.npz")  # readers never see half a file
+        entries = sorted(folder.glob("*.npz"), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-MAX_ENTRIES]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def pack_strings(names: list[str]) -> np.ndarray:
+    """Strings as one uint8 array (NUL-separated; names never hold NUL: they pass safe_text)."""
+    return np.frombuffer("\0".join(names).encode("utf-8", "surrogatepass"), np.uint8)
+
+
+def unpack_strings(packed: np.ndarray, count: int) -> np.ndarray:
+    if count == 0:
+        return np.empty(0, object)
+    names = packed.tobytes().decode("utf-8", "surrogatepass").split("\0")
+    if len(names) != count:
+        raise ValueError("cached names do not match their table")
+    return np.array(names + [None], dtype=object)[:-1]
