@@ -5,7 +5,7 @@ costs the analysis node, side by side with reading the ELF file itself.
 
 Per executable mapping with a build id: symbols, the agent's CPU to read and encode the table
 (`read_object_table` and gzip, on the writer thread once per build id), the gzipped bytes in the spool, and the
-analysis node's CPU to decode it vs to read the ELF file (ratio).
+analysis node's CPU to decode it vs to parse the ELF file (ratio; without resolve/cache.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from vmprof_tui.collect.session import build_id, read_object_table
-from vmprof_tui.resolve.elf import read_elf_symbols
+from vmprof_tui.resolve.elf import read_elf_symbols_uncached
 from vmprof_tui.resolve.object_table import decode_object_table
 
 
@@ -46,7 +46,7 @@ def main() -> None:
         gz, gzip_s = cpu(gzip.compress, table, 6)  # as Spool.store_object writes it
         agent_s, stored = agent_s + gzip_s, len(gz)
         sym, decode_s = cpu(decode_object_table, table, bid)
-        _, elf_s = cpu(read_elf_symbols, Path(path))
+        _, elf_s = cpu(read_elf_symbols_uncached, Path(path))
         print(f"{Path(path).name[:36]:<36} {len(sym):>8} {agent_s * 1e3:>9.1f} {stored / 1024:>9.1f} "
               f"{decode_s * 1e3:>9.1f} {elf_s * 1e3:>7.1f} {decode_s / max(elf_s, 1e-9):>6.2f}")
         for i, v in enumerate((len(sym), agent_s, stored, decode_s, elf_s)):
