@@ -12,14 +12,16 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import require_root, start_sampling
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.record import recording
-from vmprof_tui.record.recording import MAX_OBJECT_TABLE, OBJECTS_REF_KEY, object_ref
+from vmprof_tui.record.recording import MAX_OBJECT_TABLE, OBJECTS_REF_KEY, Writer, object_ref
 from vmprof_tui.record.spool import Spool
-from vmprof_tui.resolve.elf import read_build_id
+from vmprof_tui.resolve.elf import read_build_id, read_elf_symbols_uncached
+from vmprof_tui.resolve.object_table import decode_object_table, encode_object_table
 
 PROGRAM = """#include <stdint.h>
 volatile uint64_t sink;
@@ -144,10 +146,24 @@ def test_a_bad_stored_table_costs_only_its_names(run: Run, damage: str, tmp_path
 
 
 def test_a_reference_outside_the_static_folder_is_refused(run: Run, tmp_path: Path) -> None:
-    rec = recording.load(run.windows[0])
-    rec.snapshot[OBJECTS_REF_KEY] = {run.build_id: "../../../../etc/passwd", "../x": object_ref("../x")}
-    rec.object_tables.clear()
-    rec.problems.clear()
-    recording._load_static(rec)
-    assert not rec.object_tables and len([p for p in rec.problems if "not its spool static file" in p]) == 1
-    assert any("not a spool static file" in p for p in rec.problems), rec.problems
+    """A window's references are checked: a table is found by its build id in static/, nowhere else."""
+    window = tmp_path / "h1" / "windows" / "W00000001-0.vmprof"
+    window.parent.mkdir(parents=True)
+    w = Writer(window, {})
+    w.add_snapshot({OBJECTS_REF_KEY: {run.build_id: "../../../../etc/passwd", "../x": object_ref("../x")}})
+    w.close({})
+    rec = recording.load(window)
+    assert not rec.object_tables
+    assert len([p for p in rec.problems if "not its spool static file" in p]) == 1, rec.problems
+    assert len([p for p in rec.problems if "not a spool static file" in p]) == 1, rec.problems
+
+
+def test_a_stored_table_is_the_elf_files_table() -> None:
+    """encode/decode keep every symbol, its range, the segments and the ELF type (this process's libc)."""
+    libc = next(line.split()[5] for line in Path("/proc/self/maps").read_text().splitlines()
+                if line.split()[-1].endswith("/libc.so.6"))
+    sym = read_elf_symbols_uncached(Path(libc))
+    back = decode_object_table(encode_object_table(sym), sym.build_id)
+    assert np.array_equal(back.starts, sym.starts) and np.array_equal(back.ends, sym.ends)
+    assert back.names.tolist() == sym.names.tolist() and len(sym) > 1000
+    assert back.segments == sym.segments and back.elf_type == sym.elf_type and back.build_id == sym.build_id
