@@ -14,6 +14,8 @@ SHARED = {"vmprof_tui", "vmprof_tui.libc", "vmprof_tui.record.records"}  # versi
 ALLOWED = {
     ("vmprof_tui.collect.session", "vmprof_tui.resolve.elf"): "build ids of host objects are read while sampling",
     ("vmprof_tui.collect.session", "vmprof_tui.resolve.bundle"): "build ids of host objects are read while sampling",
+    ("vmprof_tui.collect.session", "vmprof_tui.resolve.object_table"): "the agent stores host objects' symbols",
+    ("vmprof_tui.collect.session", "vmprof_tui.resolve.untrusted"): "host object files are read with limits",
     ("vmprof_tui.collect.guest_fetch", "vmprof_tui.resolve.bundle"): "a fetched guest bundle is validated at once",
     ("vmprof_tui.collect.lbr", "vmprof_tui.record"): "the LBR ring buffer holds the recorded LBR layout",
     ("vmprof_tui.collect.lbr_capability", "vmprof_tui.record.lbr_model"): "branch filter types",

@@ -218,6 +218,7 @@ class Analysis:
         self.vcpu_of_tid: dict[int, tuple[int, int]] = {}  # tid -> (vmm pid, vcpu id)
         self._learn_vms()
         self.resolver = resolver or Resolver()
+        self.resolver.objects.add_tables(rec.object_tables)
         self.notes += self.resolver.load_guests(self.vm_by_pid.values(), guest_bundles or {}, rec.bundles)
         self._resolve()
         self._encode_keys()

@@ -49,6 +49,9 @@ def _status(spool_dir: Path, limit: int = 20) -> int:
     uncovered = sum(w["uncovered_s"] for w in log)
     print(f"{len(log)} windows, {sum(1 for w in log if not w['stored'])} not stored, uncovered "
           f"{100 * uncovered / max(covered + uncovered, 1e-9):.2f}% of {covered + uncovered:.0f} s")
+    print(f"host objects' symbol tables stored: {sum(w.get('objects_stored', 0) for w in log)}, "
+          f"{sum(w.get('objects_bytes', 0) for w in log) / 1024:.0f} KiB, "
+          f"{sum(w.get('objects_cpu_s', 0.0) for w in log):.2f} s of the writer thread's CPU")
     return 0
 
 

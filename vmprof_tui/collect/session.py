@@ -28,7 +28,9 @@ from vmprof_tui.collect.bpf import Collector, check_privileges
 from vmprof_tui.collect.lbr import LbrCollector, LbrConfig, LbrUnsupported
 from vmprof_tui.collect.lbr_capability import detect
 from vmprof_tui.record.records import SAMPLE_DTYPE
-from vmprof_tui.resolve.elf import read_build_id
+from vmprof_tui.resolve.elf import read_build_id, read_elf_symbols_uncached
+from vmprof_tui.resolve.object_table import encode_object_table
+from vmprof_tui.resolve.untrusted import BundleError
 
 DISCOVER_S = 1.0  # new VMs and vCPU threads are rare; a /proc scan is not free
 
@@ -78,6 +80,16 @@ def read_kallsyms() -> str:
         return Path("/proc/kallsyms").read_text()
     except OSError:
         return ""
+
+
+def read_object_table(path: str, build_id: str) -> bytes | None:
+    """The symbol table of a host object file as `vmprof agent` stores it (resolve/object_table.py); None when
+    the file cannot be read or is no longer the build a process mapped (it was replaced since)."""
+    try:
+        sym = read_elf_symbols_uncached(Path(path))
+    except (BundleError, OSError):
+        return None
+    return encode_object_table(sym) if sym.build_id == build_id else None
 
 
 class CollectionSession:

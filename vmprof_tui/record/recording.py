@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import stat
 import struct
 import tarfile
 import zlib
@@ -36,6 +37,8 @@ CHUNK_MAGIC = b"CHNK"
 CHUNK_HEADER = struct.Struct("<4sHHII")  # magic, kind, reserved, payload length, crc32
 MAX_CHUNK = 256 << 20
 MAX_INFLATED = 1 << 30
+MAX_OBJECT_TABLE = 128 << 20  # one host object's symbol table in a spool, inflated (4M symbols fit)
+MAX_OBJECT_TABLES = 4096  # tables one window references
 
 META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR = 1, 2, 3, 4, 5, 6, 7
 KIND_NAMES = {META: "meta", SAMPLES: "samples", SCHED: "sched", SNAPSHOT: "snapshot", BUNDLE: "bundle", END: "end",
@@ -54,6 +57,12 @@ class RecordingError(RuntimeError):
 VMS_KEY = "vms"  # discovered VMs (also a key of the end chunk: the VMs as they were at the end)
 KALLSYMS_KEY = "kallsyms"  # the host's /proc/kallsyms text
 _PROCESS_PREFIX = "process:"  # process:PID, a host process as first sampled
+OBJECTS_REF_KEY = "object_refs"  # vmprof agent: build id -> the symbol table of that host object in the spool
+
+
+def object_ref(build_id: str) -> str:
+    """Where a window finds the spool's symbol table of host object `build_id` (relative to the window)."""
+    return f"../static/elf-{build_id}.txt.gz"
 
 
 def process_key(pid: int) -> str:
@@ -206,6 +215,7 @@ class Recording:
     sched: np.ndarray
     snapshot: dict = field(default_factory=dict)
     bundles: dict[str, bytes] = field(default_factory=dict)  # vm name -> tar bytes
+    object_tables: dict[str, bytes] = field(default_factory=dict)  # build id -> host object's symbols (agent)
     end: dict | None = None  # None when the recorder did not finish (killed, cut)
     lbr: np.ndarray | None = None  # raw LBR records (vmprof record --lbr)
     problems: list[str] = field(default_factory=list)  # what was cut or skipped
@@ -239,20 +249,30 @@ class Recording:
         return 0.0
 
 
-STATIC_REF = re.compile(r"^\.\./static/(kallsyms|bundle)-[0-9a-f]{16}\.(txt|tar)\.gz$")
+STATIC_REF = re.compile(r"^\.\./static/((kallsyms|bundle)-[0-9a-f]{16}\.(txt|tar)|elf-[0-9a-f]{2,128}\.txt)\.gz$")
 
 
-def _read_static(rec: Recording, ref: object, what: str) -> bytes | None:
-    """The bytes of a spool static file a window references; None (and a problem noted) if unusable."""
+def _read_static(rec: Recording, ref: object, what: str, limit: int = MAX_INFLATED) -> bytes | None:
+    """The bytes of a spool static file a window references; None (and a problem noted) if unusable.  A spool
+    may be on a shared file system: the reference must name a static file, the file must be a regular one
+    (no link followed) and inflate to at most `limit` bytes."""
     if not isinstance(ref, str) or not STATIC_REF.match(ref):
         rec.problems.append(f"{what} reference {str(ref)[:80]!r} is not a spool static file: ignored")
         return None
     try:
-        with gzip.open(rec.path.parent / ref) as f:
-            return f.read(MAX_INFLATED)
+        fd = os.open(rec.path.parent / ref, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open(fd, "rb") as raw:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError("not a regular file")
+            with gzip.GzipFile(fileobj=raw) as f:
+                data = f.read(limit + 1)
     except (OSError, EOFError, zlib.error) as e:
         rec.problems.append(f"the {what} this window references ({ref}) cannot be read: {e}")
         return None
+    if len(data) > limit:
+        rec.problems.append(f"the {what} this window references ({ref}) is over the limit of {limit} bytes: ignored")
+        return None
+    return data
 
 
 def _load_static(rec: Recording) -> None:
@@ -265,6 +285,17 @@ def _load_static(rec: Recording) -> None:
     for vm, ref in refs.items() if isinstance(refs, dict) else ():
         if vm not in rec.bundles and (data := _read_static(rec, ref, f"bundle of VM {str(vm)[:80]}")):
             rec.bundles[str(vm)] = data
+    refs = rec.snapshot.get(OBJECTS_REF_KEY) or {}
+    for n, (build_id, ref) in enumerate(refs.items() if isinstance(refs, dict) else ()):
+        if n == MAX_OBJECT_TABLES:
+            rec.problems.append(f"the window references over {MAX_OBJECT_TABLES} object symbol tables: the rest "
+                                "are ignored")
+            break
+        what = f"symbol table of build id {str(build_id)[:130]}"
+        if ref != object_ref(str(build_id)):  # a table is found by its build id, nothing else
+            rec.problems.append(f"{what}: reference {str(ref)[:80]!r} is not its spool static file: ignored")
+        elif (data := _read_static(rec, ref, what, MAX_OBJECT_TABLE)) is not None:
+            rec.object_tables[build_id] = data
 
 
 def load(path: Path) -> Recording:

@@ -5,12 +5,14 @@ Layout (thesis ch. 4: per-window data apart from static data)::
     SPOOL/HOST/windows/W<seq>-<start unix s>.vmprof   complete windows (written as .tmp, then renamed)
     SPOOL/HOST/static/kallsyms-<sha256>.txt.gz         static data (kallsyms, guest bundles as tars),
     SPOOL/HOST/static/bundle-<sha256>.tar.gz           stored once per change, referenced by each window
+    SPOOL/HOST/static/elf-<build id>.txt.gz            symbols of a sampled host object, once per build id
     SPOOL/HOST/agent.jsonl                             one line per window: t0, t1, uncovered, lost, ...
 
 Windows are cut by time on the samples' own clock, so consecutive windows touch: the uncovered
 time between them is 0 by construction, and what the agent reports is what it measured.  Writing
 runs on a thread of its own behind a queue, so storing a window never stops draining (the thesis
-brought its uncovered rate from 35% to 2.7% this way).
+brought its uncovered rate from 35% to 2.7% this way).  Reading host objects' symbol tables also runs
+there, once per build id per agent (and not at all when the spool already holds that build's table).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
-from vmprof_tui.record.recording import Writer, bundle_tar, snapshot
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms, read_object_table
+from vmprof_tui.record.recording import OBJECTS_REF_KEY, Writer, bundle_tar, object_ref, snapshot
+from vmprof_tui.record.records import SAMPLE_DTYPE, SAMPLE_GUEST, SAMPLE_HOST_KERNEL, SCHED_DTYPE
 
 WINDOW_RE = re.compile(r"^W(\d{8})-(\d+)\.vmprof$")
 KALLSYMS_CHECK_S = 60.0  # kallsyms is read again (stored only if it changed) at most this often
@@ -54,6 +56,9 @@ class WindowStats:
     samples: int = 0
     sched_events: int = 0
     lost_samples: int = 0
+    objects_stored: int = 0  # host objects' symbol tables read and stored for this window (new build ids)
+    objects_cpu_s: float = 0.0  # the writer thread's CPU time spent on them
+    objects_bytes: int = 0  # their size in the spool
     stored: bool = True
     error: str | None = None
 
@@ -112,7 +117,16 @@ class Spool:
 
     def store_static(self, kind: str, data: bytes, ext: str) -> str:
         """Static data is stored once per content (gzipped); windows reference it by this relative path."""
-        name = f"{kind}-{hashlib.sha256(data).hexdigest()[:16]}.{ext}.gz"
+        return self._store(f"{kind}-{hashlib.sha256(data).hexdigest()[:16]}.{ext}.gz", data)
+
+    def has_object(self, build_id: str) -> bool:
+        return (self.windows / object_ref(build_id)).exists()
+
+    def store_object(self, build_id: str, table: bytes) -> str:
+        """A host object's symbol table, stored once per build id."""
+        return self._store(object_ref(build_id).removeprefix("../static/"), table)
+
+    def _store(self, name: str, data: bytes) -> str:
         path = self.static / name
         if not path.exists():
             tmp = path.with_suffix(".tmp")
@@ -181,6 +195,7 @@ class Agent:
         self._prev_end_ns: int | None = None
         self.bundle_refs: dict[str, str] = {}  # VM name -> its guest bundle in the spool's static data
         self.kallsyms_ref = ""
+        self.object_refs: dict[str, str | None] = {}  # build id -> its table in the spool (None: cannot be read)
         self._kallsyms_read = -KALLSYMS_CHECK_S
         self._pending_samples: list[np.ndarray] = []  # drained, not yet in a closed window
         self._pending_sched: list[np.ndarray] = []
@@ -274,6 +289,7 @@ class Agent:
                 self._kallsyms_read = time.monotonic()
             for vm_name, tar in win.bundles.items():
                 self.bundle_refs[vm_name] = self.spool.store_static("bundle", tar, "tar")
+            object_refs = self._store_objects(win, stats)
             meta = self.session.meta()
             meta.update(start_monotonic_ns=win.start_ns, start_unix_s=win.start_unix_s,
                         window={"seq": win.seq, "start_ns": win.start_ns, "end_ns": win.end_ns})
@@ -282,7 +298,7 @@ class Agent:
                 w.add(samples, sched)
                 vms = [vm.to_json() for vm in self.session.vms_seen.values()]
                 w.add_snapshot({**snapshot(vms=vms, processes=win.processes), "kallsyms_ref": self.kallsyms_ref,
-                                "bundle_refs": dict(self.bundle_refs)})
+                                "bundle_refs": dict(self.bundle_refs), OBJECTS_REF_KEY: object_refs})
                 w.close({"duration_s": stats.t1_s, "samples": len(samples), "lost": {
                     "samples": [win.lost.get("samples", 0)], "sched": [win.lost.get("sched", 0)]},
                     "end_monotonic_ns": win.end_ns, "vms": vms})
@@ -300,6 +316,26 @@ class Agent:
             stats.t0_s = time.monotonic() - t
         self._record(stats, final if stats.stored else None)
 
+    def _store_objects(self, win: Window, stats: WindowStats) -> dict[str, str]:
+        """The symbol tables of the host objects this window's user samples fell in: stored when their build id
+        is new to the spool (read from the host's file on this thread), referenced in any case."""
+        refs = {}
+        cpu = time.thread_time()
+        for path, build_id in sampled_objects(win.samples, win.processes):
+            if build_id not in self.object_refs:
+                if self.spool.has_object(build_id):  # stored by an earlier run of the agent
+                    self.object_refs[build_id] = object_ref(build_id)
+                elif (table := read_object_table(path, build_id)) is None:
+                    self.object_refs[build_id] = None  # its samples are named from the analysis node's files
+                else:
+                    self.object_refs[build_id] = ref = self.spool.store_object(build_id, table)
+                    stats.objects_stored += 1
+                    stats.objects_bytes += (self.spool.windows / ref).stat().st_size
+            if (ref := self.object_refs[build_id]) is not None:
+                refs[build_id] = ref
+        stats.objects_cpu_s = time.thread_time() - cpu
+        return refs
+
     def _record(self, stats: WindowStats, path: Path | None) -> None:
         if not stats.stored and stats.error == "the writer fell behind":
             self.not_stored += 1
@@ -307,3 +343,31 @@ class Agent:
         self.spool.log(stats)
         if self.on_window is not None:
             self.on_window(stats, path)
+
+
+def sampled_objects(samples: np.ndarray, processes: dict[int, dict]) -> set[tuple[str, str]]:
+    """(path, build id) of the host objects with a build id that host user samples fell in (objects without
+    a build id are not stored: they are named from the analysis node's own files)."""
+    user = (samples["flags"] & (SAMPLE_GUEST | SAMPLE_HOST_KERNEL)) == 0
+    pids, ips = samples["pid"][user], samples["host_ip"][user]
+    out = set()
+    for pid in np.unique(pids).tolist():
+        snap = processes.get(pid)
+        build_ids = (snap or {}).get("build_ids") or {}
+        if not build_ids:
+            continue
+        maps = []
+        for line in snap["maps"].splitlines():
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and "x" in parts[1] and parts[5] in build_ids:
+                lo, hi = parts[0].split("-")
+                maps.append((int(lo, 16), int(hi, 16), parts[5]))
+        if not maps:
+            continue
+        maps.sort()
+        starts, ends = np.array([m[0] for m in maps], np.uint64), np.array([m[1] for m in maps], np.uint64)
+        a = ips[pids == pid]
+        which = np.searchsorted(starts, a, side="right").astype(np.int64) - 1
+        hit = which[(which >= 0) & (a < ends[np.maximum(which, 0)])]
+        out |= {(maps[i][2], build_ids[maps[i][2]]) for i in np.unique(hit).tolist()}
+    return out

@@ -163,6 +163,14 @@ def read_elf_symbols(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
         return cache.parsed(key, lambda: _parse_elf_guarded(source, size, limits, what), _to_arrays, _from_arrays)
 
 
+def read_elf_symbols_uncached(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
+    """The same, without the cache: `vmprof agent` reads each build once and keeps it in its spool, so the
+    measured host is spared hashing and writing cache files."""
+    what = Path(path).name
+    with open_regular(Path(path), limits.max_object_bytes, what) as f:
+        return _parse_elf_guarded(f, os.fstat(f.fileno()).st_size, limits, what)
+
+
 def _to_arrays(e: ElfSymbols) -> dict[str, np.ndarray]:
     segs = np.array([(g.vaddr, g.offset, g.filesz, g.memsz, g.flags) for g in e.segments], np.uint64).reshape(-1, 5)
     return {"starts": e.starts, "ends": e.ends, "names": cache.pack_strings(e.names.tolist()),

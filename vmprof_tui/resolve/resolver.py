@@ -195,7 +195,7 @@ class Resolver:
             groups.add(idx, st.intern(name), name, pid)
             user = idx[~kernel[idx]]
             if len(user) and snap:
-                space = self.objects.host_space(name, pid, snap["maps"])
+                space = self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids"))
                 self._space_ids(space, s["host_ip"], user, func, module)
         cr3s = normalise_cr3_array(s["guest_cr3"])
         rip_unknown = (flags & SAMPLE_GUEST_UNKNOWN) != 0
@@ -221,6 +221,9 @@ class Resolver:
                 groups.add(cidx, st.intern(space.name), space.name, space.pid if space.pid is not None else -1)
                 if len(user):
                     self._space_ids(space, s["guest_ip"], user, func, module)
+        if notes is not None:  # stored symbol tables unusable, local files of another build
+            notes += self.objects.notes
+        self.objects.notes.clear()
         name_code, proc_code = groups.codes(self.codes, func, module)
         names = st.array()
         return Resolved(names[func], names[module], names[groups.process], groups.pid, name_code, proc_code)

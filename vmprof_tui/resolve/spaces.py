@@ -2,7 +2,9 @@
 
 Host processes come from the recording's maps snapshots (`parse_proc_maps`), guest processes from
 guest bundles (`guest_symbols`: normalised CR3 → process → its executable mappings).  Every object
-file is read once through the hardened ELF reader (`ObjectCache`).  Lookups are ``searchsorted``
+file is read once through the hardened ELF reader (`ObjectCache`); a host object whose build id the snapshot
+names is read from the symbol table `vmprof agent` stored for that build id, else from this machine's file
+only if it is the same build.  Lookups are ``searchsorted``
 over sorted address tables: one numpy call per (process, mapping), never a Python loop per sample.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from collections.abc import Mapping as MappingOf
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -19,6 +22,7 @@ import numpy as np
 
 from vmprof_tui.resolve.bundle import GuestBundle, load_bundle
 from vmprof_tui.resolve.elf import ElfSymbols, read_elf_symbols
+from vmprof_tui.resolve.object_table import decode_object_table
 from vmprof_tui.resolve.symtab import EMPTY_KERNEL, KernelSymbols
 from vmprof_tui.resolve.untrusted import BundleError
 
@@ -30,6 +34,7 @@ class Mapping:
     offset: int
     path: str
     object_path: Path | None  # the file to read symbols from (None: none available)
+    build_id: str | None = None  # of the file the host process mapped, from its snapshot
 
     @property
     def module_name(self) -> str:
@@ -43,16 +48,51 @@ class ObjectCache:
 
     def __init__(self) -> None:
         self._cache: dict[str, ElfSymbols | None] = {}
-        self._spaces: dict[tuple[str, int, str], AddressSpace] = {}
+        self._spaces: dict[tuple, AddressSpace] = {}
+        self._tables: dict[str, bytes | ElfSymbols | None] = {}  # build id -> stored table, decoded once used
+        self.notes: list[str] = []  # taken by Resolver.resolve
 
-    def host_space(self, name: str, pid: int, maps_text: str) -> AddressSpace:
+    def add_tables(self, tables: MappingOf[str, bytes]) -> None:
+        """Host objects' symbol tables by build id, as a `vmprof agent` window references them."""
+        for build_id, data in tables.items():
+            self._tables.setdefault(build_id, data)
+
+    def host_space(self, name: str, pid: int, maps_text: str, build_ids: MappingOf[str, str] | None = None
+                   ) -> AddressSpace:
         """The address space of a host process from its maps snapshot, parsed once per snapshot."""
-        key = (name, pid, maps_text)
+        key = (name, pid, maps_text, tuple(sorted((build_ids or {}).items())))
         if key not in self._spaces:
             if len(self._spaces) >= 1024:  # the live screen meets ever new processes: forget the oldest
                 del self._spaces[next(iter(self._spaces))]
-            self._spaces[key] = AddressSpace(name, pid, parse_proc_maps(maps_text))
+            maps = parse_proc_maps(maps_text)
+            for m in maps:
+                m.build_id = (build_ids or {}).get(m.path)
+            self._spaces[key] = AddressSpace(name, pid, maps)
         return self._spaces[key]
+
+    def symbols(self, m: Mapping) -> ElfSymbols | None:
+        """The symbols of what mapping `m` maps: the stored table of its build id, else the file at its path
+        unless that is another build (it would name the wrong functions)."""
+        if m.build_id is not None and m.build_id in self._tables:
+            table = self._tables[m.build_id]
+            if isinstance(table, bytes):
+                try:
+                    table = decode_object_table(table, m.build_id)
+                except BundleError as e:
+                    self._note(f"{e}: samples in {m.path} show [unknown]")
+                    table = None
+                self._tables[m.build_id] = table
+            return table
+        obj = self.get(m.object_path) if m.object_path is not None else None
+        if obj is not None and m.build_id is not None and obj.build_id != m.build_id:
+            self._note(f"{m.path} here is build {obj.build_id}, not the sampled build {m.build_id}, and no stored "
+                       "symbol table has it: its samples show [unknown]")
+            return None
+        return obj
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes and len(self.notes) < 100:
+            self.notes.append(text)
 
     def get(self, path: Path) -> ElfSymbols | None:
         key = str(path)
@@ -88,7 +128,7 @@ class AddressSpace:
         inside[inside] = ips[inside] < ends[which[inside]]
         for mi, at in group_by(which, np.nonzero(inside)[0]):  # only the mappings that were hit
             m = maps[mi]
-            obj = objects.get(m.object_path) if m.object_path is not None else None
+            obj = objects.symbols(m)
             yield at, m, obj, (obj.lookup(obj.link_addrs(m, ips[at])) if obj is not None else None)
 
     def resolve(self, ips: np.ndarray, objects: ObjectCache) -> tuple[list[str], list[str]]:
