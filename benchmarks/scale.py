@@ -236,11 +236,12 @@ def make(out: Path, cpus: int, vms: int, vcpus: int, seconds: float, rate: int, 
         if pid in procs:
             continue
         user = not th_kthread[i]
-        maps = "".join(f"{bases[j] + (vaddr & ~0xFFF):x}-{bases[j] + vaddr + size:x} r-xp {off & ~0xFFF:08x} fe:00 {j + 1}"
-                       f"    {libs[j]}\n" for j, (vaddr, off, size, _f, _x) in enumerate(libinfo)) if user else ""
+        maps = "".join(f"{bases[j] + (vaddr & ~0xFFF):x}-{bases[j] + vaddr + size:x} r-xp {off & ~0xFFF:08x} "
+                       f"fe:00 {j + 1}    {libs[j]}\n"
+                       for j, (vaddr, off, size, _f, _x) in enumerate(libinfo)) if user else ""
         comm = "qemu-system-x86" if is_vcpu[i] else th_comm[i]
-        procs[pid] = {"pid": pid, "comm": comm, "cmdline": [comm] if user else [], "exe": str(libs[1]) if user else None,
-                      "maps": maps, "build_ids": {}}
+        procs[pid] = {"pid": pid, "comm": comm, "cmdline": [comm] if user else [],
+                      "exe": str(libs[1]) if user else None, "maps": maps, "build_ids": {}}
     w.add_snapshot(snapshot(processes=procs))
     for lo in range(0, dur_ns, FLUSH_NS):
         a, b = np.searchsorted(s["time_ns"], [BASE_NS + lo, BASE_NS + lo + FLUSH_NS])

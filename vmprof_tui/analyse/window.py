@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,42 @@ def _time_ordered(samples: np.ndarray) -> np.ndarray:
     return samples if np.all(t[1:] >= t[:-1]) else samples[np.argsort(t, kind="stable")]
 
 
+class ResolvedChunks:
+    """The chunks of a sliding window, each resolved once when it arrives: a refresh then only joins the
+    window's chunks and groups their name codes (the cost of a refresh does not grow with the resolving
+    of what earlier refreshes saw)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[np.ndarray, Resolved]] = deque()
+        self.sched: deque[np.ndarray] = deque()
+
+    def add(self, samples: np.ndarray, sched: np.ndarray, resolve: Callable[[np.ndarray], Resolved]) -> None:
+        if len(samples):
+            samples = _time_ordered(samples)
+            self.samples.append((samples, resolve(samples)))
+        if len(sched):
+            self.sched.append(sched)
+
+    def pids(self) -> set[int]:
+        return {int(pid) for chunk, _names in self.samples for pid in np.unique(chunk["pid"]).tolist()}
+
+    def window(self, horizon: int) -> tuple[np.ndarray, Resolved | None, np.ndarray]:
+        """(samples, their names, sched events) from `horizon` (ns) on; older chunks are forgotten."""
+        while self.samples and self.samples[0][0]["time_ns"][-1] < horizon:
+            self.samples.popleft()
+        while self.sched and self.sched[0]["time_ns"][-1] < horizon:
+            self.sched.popleft()
+        if self.samples:
+            samples = np.concatenate([c[0] for c in self.samples])
+            resolved = Resolved.concatenate([c[1] for c in self.samples])
+            keep = samples["time_ns"] >= horizon
+            samples, resolved = samples[keep], resolved.take(keep)
+        else:
+            samples, resolved = np.empty(0, SAMPLE_DTYPE), None
+        sched = np.concatenate(self.sched) if self.sched else np.empty(0, SCHED_DTYPE)
+        return samples, resolved, sched[sched["time_ns"] >= horizon]
+
+
 class LiveWindow:
     """The last `window_s` seconds of a collection session on this host."""
 
@@ -46,8 +83,7 @@ class LiveWindow:
         self.resolver = Resolver()
         self.processes: dict[int, dict] = {}  # host pid -> its snapshot, while it has samples in the window
         self.vms: list[dict] | None = None  # the running VMs (None until the first discovery)
-        self._samples: deque[tuple[np.ndarray, Resolved]] = deque()  # drained chunks and their names
-        self._sched: deque[np.ndarray] = deque()
+        self.chunks = ResolvedChunks()
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
         self._last_forget = time.monotonic()
 
@@ -70,8 +106,7 @@ class LiveWindow:
         """Drop the snapshots of processes with no sample left in the window: a host that starts many short
         processes would otherwise fill memory, and a reused pid gets a fresh snapshot."""
         self._last_forget = time.monotonic()
-        in_window = {int(pid) for chunk, _names in self._samples for pid in np.unique(chunk["pid"]).tolist()}
-        gone = self.session.pids_seen - in_window
+        gone = self.session.pids_seen - self.chunks.pids()
         for pid in gone:
             self.processes.pop(pid, None)
         self.session.forget_processes(gone)
@@ -91,29 +126,11 @@ class LiveWindow:
         # VMs that went away drop out of the live view as the window moves on
         self.vms = [vm.to_json() for vm in self.session.vms.values()]
         self.processes.update(chunk.processes)
+        vm_of_pid = {int(vm["pid"]): vm["name"] for vm in self.vms}
         if len(chunk.samples):
-            # each chunk is resolved once; every refresh then only groups the window's names
-            samples = _time_ordered(chunk.samples)
-            vm_of_pid = {int(vm["pid"]): vm["name"] for vm in self.vms}
             self.resolver.load_guests(vm_of_pid.values(), self.bundles(), {})
-            self._samples.append((samples, self.resolver.resolve(samples, self.processes, vm_of_pid)))
-        if len(chunk.sched):
-            self._sched.append(chunk.sched)
-        horizon = now_ns - int(self.window_s * 1e9)
-        while self._samples and self._samples[0][0]["time_ns"][-1] < horizon:
-            self._samples.popleft()
-        while self._sched and self._sched[0]["time_ns"][-1] < horizon:
-            self._sched.popleft()
-        if self._samples:
-            samples = np.concatenate([c[0] for c in self._samples])
-            resolved = Resolved.concatenate([c[1] for c in self._samples])
-        else:
-            samples, resolved = np.empty(0, SAMPLE_DTYPE), None
-        sched = np.concatenate(self._sched) if self._sched else np.empty(0, SCHED_DTYPE)
-        keep = samples["time_ns"] >= horizon
-        samples = samples[keep]
-        resolved = resolved.take(keep) if resolved is not None else None
-        sched = sched[sched["time_ns"] >= horizon]
+        self.chunks.add(chunk.samples, chunk.sched, lambda s: self.resolver.resolve(s, self.processes, vm_of_pid))
+        samples, resolved, sched = self.chunks.window(now_ns - int(self.window_s * 1e9))
         seconds = min(self.window_s, chunk.elapsed_s)
         rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                 recording.snapshot(vms=self.vms, processes=self.processes), {}, seconds,
@@ -142,6 +159,11 @@ class ReplayWindow:
         self.meta = self.rec.meta
         # kallsyms is parsed once into the resolver (start); without it in the snapshot no window re-parses it
         self.snapshot = {k: v for k, v in self.rec.snapshot.items() if k != recording.KALLSYMS_KEY}
+        self.chunks = ResolvedChunks()
+        self._loaded_ns = self.t0  # the records up to this time are in self.chunks (or were)
+        self._fresh = True
+        self._processes = self.rec.processes()
+        self._vm_of_pid = {int(vm["pid"]): vm["name"] for vm in self.rec.vms()}
 
     started = True
 
@@ -152,16 +174,28 @@ class ReplayWindow:
     def at_end(self) -> bool:
         return self.now >= self.t_end
 
+    def _between(self, table: np.ndarray, lo: int, hi: int, fresh: bool) -> np.ndarray:
+        """The records of a time-sorted table in (lo, hi], or [lo, hi] for a fresh window."""
+        t = table["time_ns"]
+        return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
+
     def poll(self, step_s: float = 1.0) -> Analysis:
         self.now = min(self.now + int(step_s * 1e9), self.t_end)
         lo = max(self.t0, self.now - int(self.window_s * 1e9))
-        s = self.samples[np.searchsorted(self.samples["time_ns"], lo):np.searchsorted(self.samples["time_ns"],
-                                                                                      self.now, "right")]
-        e = self.sched[np.searchsorted(self.sched["time_ns"], lo):np.searchsorted(self.sched["time_ns"],
-                                                                                  self.now, "right")]
+        fresh = self._fresh or self.now < self._loaded_ns or lo > self._loaded_ns
+        if fresh:  # the first poll, or a jump back or past a whole window: start over
+            self.chunks = ResolvedChunks()
+            self._loaded_ns, self._fresh = lo, False
+            self.resolver.load_guests(self._vm_of_pid.values(), {}, self.rec.bundles)
+        # as on a live host, each new stretch of records is resolved once, when it arrives
+        self.chunks.add(self._between(self.samples, self._loaded_ns, self.now, fresh),
+                        self._between(self.sched, self._loaded_ns, self.now, fresh),
+                        lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid))
+        self._loaded_ns = self.now
+        s, resolved, e = self.chunks.window(lo)
         rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9)
         rec.problems = list(self.rec.problems)
-        return Analysis(rec, resolver=self.resolver)
+        return Analysis(rec, resolver=self.resolver, resolved=resolved)
 
     def close(self) -> None:
         pass

@@ -1,0 +1,86 @@
+"""The scale-minded parts of resolution (issue 14) give what the plain ones gave: name codes kept across
+calls in numpy, symbol tables cached across runs, a replay window resolved stretch by stretch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.window import ReplayWindow, _window_recording
+from vmprof_tui.resolve import cache
+from vmprof_tui.resolve.elf import read_elf_symbols
+from vmprof_tui.resolve.resolver import NameCodes, Resolver
+from vmprof_tui.resolve.symtab import parse_kallsyms
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
+
+
+def test_name_codes_number_names_as_a_walk_over_the_samples_would() -> None:
+    rng = np.random.default_rng(7)
+    codes = NameCodes()
+    codes.procs = {("a", 1): 0, ("b", 2): 1, ("c", 3): 2}
+    walk: dict[tuple, int] = {}
+    for size, names in ((1000, 50), (700, 90), (1, 3), (0, 1)):  # later calls meet old and new names
+        proc, func, module = rng.integers(0, 3, size), rng.integers(0, names, size), rng.integers(0, 4, size)
+        got = codes.encode(proc, func, module)
+        want = [walk.setdefault(k, len(walk)) for k in zip(proc.tolist(), func.tolist(), module.tolist(), strict=True)]
+        assert got.tolist() == want
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VMPROF_CACHE", str(tmp_path))
+    monkeypatch.setattr(cache, "_made", {})
+    return tmp_path / "symbols"
+
+
+def test_kallsyms_parsed_once_and_loaded_alike(fresh_cache: Path) -> None:
+    text = b"ffffffff81000000 T _text\nffffffff81001000 t helper\t[kvm]\nffffffff81000800 W weak_one\n" \
+           b"ffffffff81002000 D data_not_text\n"
+    first = parse_kallsyms(text)
+    assert len(list(fresh_cache.glob("kallsyms-*.npz"))) == 1
+    cache._made.clear()  # as a new run would
+    again = parse_kallsyms(text)
+    assert again is not first
+    for name in ("starts", "ends", "names", "modules"):
+        assert getattr(again, name).tolist() == getattr(first, name).tolist()
+    assert first.names.tolist() == ["_text", "weak_one", "helper"] and first.modules.tolist() == ["", "", "kvm"]
+
+
+def test_elf_symbols_parsed_once_and_loaded_alike(fresh_cache: Path) -> None:
+    path = Path(os.path.realpath(sys.executable))
+    first = read_elf_symbols(path)
+    cache._made.clear()
+    again = read_elf_symbols(path)
+    assert len(list(fresh_cache.glob("elf*.npz"))) == 1
+    assert again.starts.tolist() == first.starts.tolist() and again.ends.tolist() == first.ends.tolist()
+    assert again.names.tolist() == first.names.tolist() and len(first.names)
+    assert again.segments == first.segments and (again.elf_type, again.build_id) == (first.elf_type, first.build_id)
+
+
+def test_unwritable_cache_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("VMPROF_CACHE", str(blocker))
+    monkeypatch.setattr(cache, "_made", {})
+    assert parse_kallsyms(b"ffffffff81000000 T _text\n").names.tolist() == ["_text"]
+
+
+def test_replay_window_resolved_by_stretches_reads_as_the_whole_window() -> None:
+    window = ReplayWindow(GOLDEN, window_s=2.0)
+    window.start()
+    for _ in range(4):  # the window slides: later polls add a stretch and forget the oldest
+        an = window.poll(step_s=0.7)
+        whole = Analysis(_window_recording(an.rec.path, an.rec.meta, an.rec.samples, an.rec.sched,
+                                           window.snapshot, window.rec.bundles, an.rec.duration_s),
+                         resolver=Resolver(kallsyms=window.resolver.kallsyms))
+        for vm in [None, *an.vm_names()]:
+            got = an.host_profile() if vm is None else an.guest_profile(vm)
+            want = whole.host_profile() if vm is None else whole.guest_profile(vm)
+            assert sorted(map(json.dumps, got.to_json()["rows"])) == sorted(map(json.dumps, want.to_json()["rows"]))
