@@ -169,6 +169,7 @@ class ReplayWindow:
 
     def start(self) -> None:
         self.resolver.kallsyms = kallsyms_table(self.rec.kallsyms() or "")
+        self.resolver.objects.add_tables(self.rec.object_tables)  # a window of `vmprof agent` replayed
 
     @property
     def at_end(self) -> bool:

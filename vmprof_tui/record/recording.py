@@ -298,6 +298,18 @@ def _load_static(rec: Recording) -> None:
             rec.object_tables[build_id] = data
 
 
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate that lets each part go once copied: the peak is the result and one part, not two copies."""
+    out = np.empty(sum(len(p) for p in parts), parts[0].dtype)
+    pos = 0
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        out[pos:pos + len(part)] = part
+        pos += len(part)
+    return out
+
+
 def load(path: Path) -> Recording:
     """Read a recording; a cut or corrupt tail is reported in .problems, not raised."""
     try:
@@ -365,13 +377,14 @@ def load(path: Path) -> Recording:
             skipped += 1
     if pool is not None:
         pool.shutdown()
+    payload = view = data = decoding = None  # the file's bytes go before the tables are joined
     if meta is None:
         raise RecordingError(f"{path} has no readable metadata chunk: it is not a usable recording")
     rec.meta = meta
     if tables[SAMPLES]:
-        rec.samples = np.concatenate(tables[SAMPLES])
+        rec.samples = _join(tables[SAMPLES])
     if tables[SCHED]:
-        rec.sched = np.concatenate(tables[SCHED])
+        rec.sched = _join(tables[SCHED])
     if lbr_parts:
         rec.lbr = np.concatenate(lbr_parts)
     _load_static(rec)
