@@ -44,11 +44,12 @@ def test_first_order_curves_reproduce_their_points(pair_model: M.Model) -> None:
 
 
 def test_sched_events_agree_with_schedstat(pair_model: M.Model) -> None:
-    """Both accountings are kept for every point: vmprof's sched events against the kernel's schedstat
-    (which lags by up to a scheduler tick at each end of the window)."""
+    """Both accountings are kept for every point: vmprof's sched events against the kernel's schedstat,
+    which lags by up to a scheduler tick (4 ms here) at each end of the window for each running thread:
+    two busy threads, 16 ms in a 0.3 s window, 0.053 core."""
     for p in pair_model.points:
         a, b = p["cores"]["sched"]["host-cpu"], p["cores"]["schedstat"]["host-cpu"]
-        assert abs(a - b) <= 0.02 + 0.03 * b, p
+        assert abs(a - b) <= 0.06, p
 
 
 def test_second_order_correction_lowers_error_on_held_out_points(pair_model: M.Model) -> None:
