@@ -44,6 +44,13 @@ FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU = (SCHED_DTYPE.names.index(n) 
     "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu"))
 
 
+def task_name(comm: bytes) -> str:
+    """A task's comm from a sched record.  The BPF program copies the comm with bpf_probe_read_kernel_str into a
+    ring-buffer slot that is not cleared, so after the string's NUL the slot keeps bytes of an older record
+    ("ksoftirqd/1\\0-91" after "memfd:sealed-91"), and numpy's S16 strips only trailing NULs: cut at the first."""
+    return comm.split(b"\0", 1)[0].decode(errors="replace")
+
+
 @dataclass
 class Row:
     """One line of a profile.  `kind` says what it counts; function and module are only what users read
@@ -408,7 +415,7 @@ class Analysis:
             elif holder_pid == 0:
                 holder = "idle"
             else:
-                holder = who[1].decode(errors="replace") or str(holder_pid)
+                holder = task_name(who[1]) or str(holder_pid)
             self._holders[who] = holder
         return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
 

@@ -7,7 +7,6 @@ perf puts it: a name longer than its column ends in an ellipsis instead of widen
 from __future__ import annotations
 
 import io
-import shutil
 
 from rich.console import Console
 from rich.table import Table
@@ -17,25 +16,11 @@ from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput, joined
 from vmprof_tui.show.stacks import process_name
+from vmprof_tui.show.text import fill, width
 
 ONE_PROFILE = False
 # samples made from the scheduler events' blank time (not interrupts): `record`'s "samples N" does not count them
 VIRTUAL = {RowKind.CPU_IDLE, RowKind.IDLE, RowKind.STEAL_OUTSIDE, RowKind.STEAL_SIBLING, RowKind.STEAL_VMM_BLOCKED}
-
-
-def width() -> int:
-    return shutil.get_terminal_size((80, 24)).columns
-
-
-def fill(fields: list[str], cols: int, sep: str = "   ") -> list[str]:
-    """Fields packed into lines of at most `cols` characters."""
-    lines: list[str] = []
-    for f in fields:
-        if lines and len(lines[-1]) + len(sep) + len(f) <= cols:
-            lines[-1] += sep + f
-        else:
-            lines.append(f)
-    return lines
 
 
 def header(profile: Profile, cols: int = 80) -> list[str]:
