@@ -19,7 +19,6 @@ import pytest
 
 from vmprof_tui.analyse.analysis import Profile, Row
 from vmprof_tui.analyse.kinds import RowKind
-from vmprof_tui.show.formats import svg
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
@@ -101,6 +100,8 @@ def test_collapsed_guest_level_of_every_vm() -> None:
 
 
 def test_svg_flame_graph_from_the_collapsed_stacks() -> None:
+    from vmprof_tui.show.formats import svg
+
     text = out("report", STEAL3, "--format", "svg")
     root = ET.fromstring(text)  # a well-formed SVG document a browser opens
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
