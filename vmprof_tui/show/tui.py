@@ -127,8 +127,13 @@ class TableScreen(Screen):
         with Vertical():
             yield Static(id="title")
             yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield from self.below_table()
             yield Static(id="status")
         yield Footer()
+
+    def below_table(self) -> ComposeResult:
+        """Widgets between the table and the status line (none but on the overview)."""
+        return iter(())
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -264,14 +269,8 @@ class OverviewScreen(TableScreen):
                "top function", "history (busy %)")
     default_sort = "VM"
 
-    def compose(self) -> ComposeResult:
-        yield Header()
-        with Vertical():
-            yield Static(id="title")
-            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
-            yield PlotextPlot(id="plot")
-            yield Static(id="status")
-        yield Footer()
+    def below_table(self) -> ComposeResult:
+        yield PlotextPlot(id="plot")
 
     def refresh_from(self, an: Analysis | None) -> None:
         super().refresh_from(an)
