@@ -167,7 +167,8 @@ def test_rows_that_round_to_nothing_are_not_shown() -> None:
     rows = [Row(10, "f", "m", "p", 1, "vm"), Row(0.3, "[steal]", "(vmm blocked)", None, None, "vm",
                                                  RowKind.STEAL_VMM_BLOCKED)]
     p = Profile("guest", "vm", None, 10.3, 1.0, 0, {}, rows)
-    assert [r.function for r in p.rows] == ["f"] and p.total_samples == 10.3
+    assert [r.function for r in p.shown_rows] == ["f"] and len(p.rows) == 2, "the data keeps them"
+    assert [r["function"] for r in p.to_json()["rows"]] == ["f"]
 
 
 # -- speedscope and chrome ----------------------------------------------------------------------

@@ -94,9 +94,12 @@ class Profile:
     def __post_init__(self) -> None:
         if self.virtual_samples is None:
             self.virtual_samples = sum(r.samples for r in self.rows if r.kind.is_virtual)
-        # a row that rounds to 0 samples (a few virtual samples of steal) is noise in every output;
-        # the totals and ratios still count it
-        self.rows = [r for r in self.rows if r.samples >= 0.5]
+
+    @property
+    def shown_rows(self) -> list[Row]:
+        """The rows users see: one that rounds to 0 samples (a few virtual samples of steal) is noise on a screen
+        or in a table; `rows` keeps them for whoever adds rows up (the fleet store, pprof's totals)."""
+        return [r for r in self.rows if r.samples >= 0.5]
 
     def to_json(self) -> dict:
         total = self.total_samples
@@ -106,7 +109,7 @@ class Profile:
                 "unresolved_samples": self.unresolved_samples,
                 "unresolved_ratio": round(unresolved, 5), "unresolved_percent": round(100.0 * unresolved, 3),
                 "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
-                "rows": [r.to_json(total) for r in self.rows], "notes": self.notes}
+                "rows": [r.to_json(total) for r in self.shown_rows], "notes": self.notes}
 
 
 @dataclass

@@ -351,7 +351,7 @@ class HostScreen(TableScreen):
         total = p.total_samples or 1.0
         return [(f"{r.function}\0{r.module}\0{r.pid}", (int(round(r.samples)), 100 * r.samples / total,
                                                       process_name(r) or "", r.module, demangle(r.function)))
-                for r in p.rows]
+                for r in p.shown_rows]
 
 
 class VmScreen(VmTableScreen):
@@ -399,7 +399,7 @@ class ProcessScreen(VmTableScreen):
             if r.process and r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN):
                 self.processes.add(r.process)
         return [(name, (name, pid if pid is not None else "", int(round(n)), 100 * n / total))
-                for (name, pid), n in agg.items()]
+                for (name, pid), n in agg.items() if n >= 0.5]
 
     def drill(self, key: str | None) -> None:
         # guest processes have functions below them; steal and idle rows do not
@@ -418,7 +418,7 @@ class FunctionScreen(VmTableScreen):
         return f"VM {self.vm} vcpu{self.vcpu} process {self.process}: functions"
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        mine = [r for r in an.guest_profile(self.vm, self.vcpu).rows if r.process == self.process]
+        mine = [r for r in an.guest_profile(self.vm, self.vcpu).shown_rows if r.process == self.process]
         total = sum(r.samples for r in mine) or 1.0
         return [(r.function, (demangle(r.function), r.module, int(round(r.samples)), 100 * r.samples / total))
                 for r in mine]

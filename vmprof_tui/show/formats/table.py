@@ -57,7 +57,7 @@ def sort_rows(rows: list[Row], sort: str) -> list[Row]:
 
 def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None, cols: int | None = None) -> str:
     cols = cols or width()
-    rows = sort_rows(profile.rows, sort)[:limit]
+    rows = sort_rows(profile.shown_rows, sort)[:limit]
     total = profile.total_samples or 1.0
     cells = [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}", process_name(r) or "", r.module,
               demangle(r.function)) for r in rows]
