@@ -20,6 +20,7 @@ then
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
 )
+from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 from vmprof_tui.resolve.spaces import group_by
 
@@ -53,6 +55,19 @@ def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndar
     return dict(group_by(keys, np.nonzero(_member(keys, wanted))[0]))
 
 
+def in_kernel(samples: np.ndarray) -> np.ndarray:
+    """The samples taken in kernel mode: the guest's kernel for guest samples, the host's for the others."""
+    flags = samples["flags"]
+    return np.where((flags & SAMPLE_GUEST) != 0, (flags & SAMPLE_GUEST_KERNEL) != 0, (flags & SAMPLE_HOST_KERNEL) != 0)
+
+
+def task_name(comm: bytes) -> str:
+    """A task's comm from a sched record.  The BPF program copies the comm with bpf_probe_read_kernel_str into a
+    ring-buffer slot that is not cleared, so after the string's NUL the slot keeps bytes of an older record
+    ("ksoftirqd/1\\0-91" after "memfd:sealed-91"), and numpy's S16 strips only trailing NULs: cut at the first."""
+    return comm.split(b"\0", 1)[0].decode(errors="replace")
+
+
 @dataclass
 class Row:
     """One line of a profile.  `kind` says what it counts; function and module are only what users read
@@ -67,7 +82,8 @@ class Row:
 
     def to_json(self, total: float) -> dict:
         return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
-                "function": self.function, "module": self.module, "process": self.process, "pid": self.pid,
+                "function": demangle(self.function), "symbol": self.function, "module": self.module,
+                "process": self.process, "pid": self.pid,
                 "vm": self.vm}
 
 
@@ -83,15 +99,27 @@ class Profile:
     rows: list[Row]
     unresolved_samples: int = 0
     notes: list[str] = field(default_factory=list)
+    virtual_samples: float | None = None  # of total_samples, made from the scheduler events (idle, steal)
+
+    def __post_init__(self) -> None:
+        if self.virtual_samples is None:
+            self.virtual_samples = sum(r.samples for r in self.rows if r.kind.is_virtual)
+
+    @property
+    def shown_rows(self) -> list[Row]:
+        """The rows users see: one that rounds to 0 samples (a few virtual samples of steal) is noise on a screen
+        or in a table; `rows` keeps them for whoever adds rows up (the fleet store, pprof's totals)."""
+        return [r for r in self.rows if r.samples >= 0.5]
 
     def to_json(self) -> dict:
         total = self.total_samples
+        unresolved = self.unresolved_samples / total if total else 0.0
         return {"level": self.level, "vm": self.vm, "vcpu": self.vcpu, "total_samples": int(round(total)),
                 "duration_s": round(self.duration_s, 6), "lost_samples": self.lost_samples,
                 "unresolved_samples": self.unresolved_samples,
-                "unresolved_ratio": round(100.0 * self.unresolved_samples / total, 3) if total else 0.0,
+                "unresolved_ratio": round(unresolved, 5), "unresolved_percent": round(100.0 * unresolved, 3),
                 "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
-                "rows": [r.to_json(total) for r in self.rows], "notes": self.notes}
+                "rows": [r.to_json(total) for r in self.shown_rows], "notes": self.notes}
 
 
 @dataclass
@@ -181,10 +209,11 @@ class Analysis:
 
     def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
                  resolver: Resolver | None = None, time_range: tuple[float, float] | None = None,
-                 resolved: Resolved | None = None) -> None:
+                 resolved: Resolved | None = None, keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """resolver: symbol sources kept across analyses (the live screen's windows share one);
         time_range: (from, to) in seconds after the first record; the analysis covers only that span.
-        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once)."""
+        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
+        keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged."""
         self.rec = rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
@@ -212,6 +241,10 @@ class Analysis:
             inside = (t >= lo) & ((t < hi) | (hi >= w1))
             self.samples = self.samples[inside]
             self._given = self._given.take(inside) if self._given is not None else None
+        if keep is not None:
+            kept = keep(self.samples)
+            self.samples = self.samples[kept]
+            self._given = self._given.take(kept) if self._given is not None else None
         self.notes: list[str] = list(rec.problems)
         self.vm_by_pid: dict[int, str] = {}
         self.vm_index: dict[str, int] = {}
@@ -482,7 +515,7 @@ class Analysis:
             elif pid == 0:
                 holder = "idle"
             else:
-                holder = comm.decode(errors="replace") or str(pid)
+                holder = task_name(comm) or str(pid)
             self._holders[(pid, comm)] = holder
         return holder
 
@@ -561,11 +594,12 @@ class Analysis:
         idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
         if idle_virtual:
             rows.append(Row(idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
+        vmm_comm = {pid: p.get("comm") or None for pid, p in self.rec.processes().items()}
         for pid in np.unique(s["pid"][guest]).tolist():
             name = self.vm_by_pid.get(pid, f"vm-{pid}")
             n = int(np.count_nonzero(guest & (s["pid"] == pid)))
-            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), None, pid, name,
-                            RowKind.VM))
+            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), vmm_comm.get(pid),
+                            pid, name, RowKind.VM))
         total = float(np.count_nonzero(host | guest)) + idle_virtual
         idle = idle_virtual + np.count_nonzero(host & (s["pid"] == 0))
         kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
