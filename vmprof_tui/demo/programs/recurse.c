@@ -1,0 +1,33 @@
+/* recurse: a recursive function with a known depth distribution (frame pointers on).
+ *
+ * Per round, descend(d) for d = 1..4 recurses d deep (d frames of descend) and
+ * the innermost one runs d units: depth d takes d/10 of the time
+ * (10% / 20% / 30% / 40%).
+ * Parameters: a = units (0: 50), b = rounds (0: forever).
+ */
+#include "stack_rt.h"
+
+static unsigned long sink;
+
+NOINLINE unsigned long descend(unsigned long x, unsigned long depth, unsigned long units)
+{
+	if (depth > 1)
+		return descend(x, depth - 1, units) + 1;
+	WORK(x, units);
+	return x;
+}
+
+int main(unsigned long units, unsigned long rounds, unsigned long c, unsigned long d)
+{
+	(void)c; (void)d;
+	if (units == 0)
+		units = 50;
+	unsigned long x = 12345;
+	for (unsigned long r = 0; rounds == 0 || r < rounds; r++) {
+		for (unsigned long depth = 1; depth <= 4; depth++)
+			x = descend(x, depth, depth * units);
+		port_out(PORT_PROGRESS, 1);
+	}
+	sink = x;
+	return 0;
+}
