@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import Recorded, record_scenario
+from conftest import ROOT, Recorded, record_scenario, vmprof
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
@@ -17,6 +17,7 @@ from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, stack_ro
 CHAINS = {("_start", "main", "solve", "sweep", "kernel_a"): 0.6,
           ("_start", "main", "solve", "copy"): 0.3,
           ("_start", "main", "report"): 0.1}
+GOLDEN = ROOT / "tests/data/golden/steal3.vmprof"
 DEPTHS = {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}  # recurse.c: depth d runs d units of every 10
 
 
@@ -91,3 +92,22 @@ def test_clobbered_frame_pointer_is_partial_without_invented_frames(graph: CallG
     ws = graph.weighted("guest", "stacks")
     assert ws.partial["clobber"] == sum(clobbered.values())
     assert any("partial guest stack" in note and "clobber" in note for note in ws.notes())
+
+
+def test_report_children_and_callers(stacks: Recorded) -> None:
+    path = str(stacks.rec.path)
+    res = vmprof("report", path, "--vm", "stacks", "--children")
+    assert res.returncode == 0, res.stderr
+    rows = {line.split()[-1]: line.split() for line in res.stdout.splitlines()[4:]}
+    # sweep is on every kernel_a stack and is never the leaf; kernel_a is always the leaf
+    assert rows["sweep"][0] == rows["kernel_a"][0] == rows["kernel_a"][1] and rows["sweep"][1] == "0"
+    res = vmprof("report", path, "--vm", "stacks", "--callers", "copy")
+    assert res.returncode == 0, res.stderr
+    chains = [line for line in res.stdout.splitlines() if "→" in line]
+    assert chains[0].endswith("stacks → chain → _start → main → solve → copy")
+
+
+def test_children_of_a_recording_without_stacks_is_one_clear_line() -> None:
+    res = vmprof("report", str(GOLDEN), "--children")
+    assert res.returncode == 1 and "recorded without call stacks" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

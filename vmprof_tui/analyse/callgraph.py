@@ -25,7 +25,9 @@ PARTIAL, TRUNCATED = "[partial]", "[truncated]"
 
 
 def frame_label(f: Frame) -> str:
-    return f.function if f.function != UNKNOWN else f"[{f.module}]"
+    if f.function != UNKNOWN:
+        return f.function
+    return f.module if f.module.startswith("[") else f"[{f.module}]"
 
 
 @dataclass
@@ -102,7 +104,7 @@ class CallGraph:
             context = self._context(i, level)
             if stack is None:
                 out.without_stack += n
-                labels = (an.func[i],) if an.func[i] != UNKNOWN else (f"[{an.module[i]}]",)
+                labels = (frame_label(Frame(str(an.func[i]), str(an.module[i]), 0)),)
             else:
                 labels = tuple(frame_label(f) for f in stack.frames)
                 if stack.partial:

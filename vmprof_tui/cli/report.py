@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
 from vmprof_tui.show.formats import FORMATS
+
+if TYPE_CHECKING:
+    from vmprof_tui.analyse.analysis import Analysis
 
 HELP = "profile tables of a recording, at host or guest level"
 EXAMPLES = """examples:
@@ -19,7 +23,9 @@ EXAMPLES = """examples:
   vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/web1.tar
   vmprof report run.vmprof --vm web1 --format pprof -o web1.pb.gz
   vmprof report run.vmprof --format chrome -o run.json   (ui.perfetto.dev)
-  vmprof report run.vmprof --time-range 10:20   seconds 10 to 20 only"""
+  vmprof report run.vmprof --time-range 10:20   seconds 10 to 20 only
+  vmprof report stacks.vmprof --vm web1 --children   (recorded with -g)
+  vmprof report stacks.vmprof --vm web1 --callers compute_a"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sort", choices=("samples", "name"), default="samples", help="row order")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (docs/formats.md)")
     p.add_argument("--stdio", action="store_true", help="accepted for perf's habit: the table is text already")
+    views = p.add_mutually_exclusive_group()
+    views.add_argument("--children", action="store_true",
+                       help="call graph (recordings made with -g): per function, samples with it on the stack "
+                            "(Children) and as the leaf (Self), as perf report --children")
+    views.add_argument("--callers", metavar="FUNCTION", default=None,
+                       help="call graph (recordings made with -g): every chain that leads to FUNCTION")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("--cpu applies to the host level (a guest's vCPUs: --vcpu N)")
     if args.format == "pprof" and not args.output and sys.stdout.isatty():
         raise Usage("pprof output is binary (gzipped protobuf): write it with -o FILE.pb.gz, or pipe it")
+    if (args.children or args.callers) and args.format != "table":
+        raise Usage("--children and --callers are tables: leave out --format (flame graphs: --format collapsed)")
     an = load_analysis(args)
+    if args.children or args.callers:
+        return _call_graph(args, an, level)
     fmt = formats.module(args.format)
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
@@ -57,4 +73,26 @@ def run(args: argparse.Namespace) -> int:
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
                               limit=args.limit)
     write_output(args, fmt.render(inp))
+    return 0
+
+
+def _call_graph(args: argparse.Namespace, an: Analysis, level: str) -> int:
+    from vmprof_tui.analyse.callgraph import CallGraph
+    from vmprof_tui.show.callgraph_table import render_callers, render_children
+
+    graph = CallGraph(an)
+    if not graph.recorded:
+        raise Failure(f"{args.recording} was recorded without call stacks: record with vmprof record -g")
+    vms = [args.vm] if level == "guest" else [None]
+    if level == "guest" and not args.vm:
+        vms = an.vm_names()
+        if not vms:
+            raise Failure(f"{args.recording} has no VM: use --level host")
+    parts = []
+    for vm in vms:
+        profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)
+        ws = graph.weighted(level, vm, args.vcpu, args.cpu)
+        parts.append(render_callers(profile, ws, args.callers, args.limit) if args.callers
+                     else render_children(profile, ws, args.limit))
+    write_output(args, "\n".join(parts))
     return 0
