@@ -3,14 +3,19 @@ compared with the call structure the demo programs have by construction (vmprof_
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, Recorded, record_scenario, vmprof
+from conftest import ROOT, Recorded, record_scenario, require_root, start_recording, vmprof
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
+from vmprof_tui.demo import programs
+from vmprof_tui.record import recording
 from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, stack_rows
 
 # chain.c: per round 6 units under kernel_a, 3 under copy, 1 under report
@@ -111,3 +116,70 @@ def test_children_of_a_recording_without_stacks_is_one_clear_line() -> None:
     res = vmprof("report", str(GOLDEN), "--children")
     assert res.returncode == 1 and "recorded without call stacks" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+PROGRAM = ("solve", "sweep", "kernel_a", "copy", "report")
+
+
+def _chain_class(frames_outermost_first: list[str]) -> tuple[str, ...] | None:
+    """The program's part of a host chain of chain.c run natively: the frames after guest_main."""
+    if "guest_main" not in frames_outermost_first:
+        return None
+    rest = frames_outermost_first[frames_outermost_first.index("guest_main") + 1:]
+    out = []
+    for f in rest:
+        if f not in PROGRAM:
+            break
+        out.append(f)
+    return tuple(out)
+
+
+def _shares(classes: Counter) -> dict[tuple[str, ...], float]:
+    total = sum(classes.values())
+    return {c: classes[c] / total for c in (("solve", "sweep", "kernel_a"), ("solve", "copy"), ("report",))}
+
+
+def test_host_chains_match_perf_on_the_same_run(tmp_path: Path) -> None:
+    """chain.c built natively with frame pointers, sampled by vmprof record -g and perf record -g at once."""
+    require_root()
+    src = Path(str(programs._source_dir()))
+    native = tmp_path / "chain-native"
+    flags = ["-O2", *programs.FRAME_POINTER_FLAGS]
+    subprocess.run(["gcc", *flags, "-c", "-DVMPROF_NATIVE", "-Dmain=guest_main", f"-I{src}", "-o",
+                    str(tmp_path / "chain.o"), str(src / "chain.c")], check=True)
+    subprocess.run(["gcc", *flags, "-o", str(native), str(tmp_path / "chain.o"), str(ROOT / "tests/native/harness.c")],
+                   check=True)
+    out, perf_data = tmp_path / "host.vmprof", tmp_path / "perf.data"
+    rec = start_recording(out, "-g")  # returns once it samples
+    try:
+        subprocess.run(["perf", "record", "-q", "-g", "-e", "cpu-clock", "-F", "1000", "-o", str(perf_data), "--",
+                        str(native), "300"], check=True, capture_output=True, timeout=120)
+    finally:
+        rec.send_signal(signal.SIGINT)
+        assert rec.wait(timeout=60) == 0
+    script = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "comm,pid,ip,sym"], check=True,
+                            capture_output=True, text=True).stdout
+    perf_classes: Counter = Counter()
+    pid = None
+    for block in script.strip().split("\n\n"):
+        head, *frames = block.strip().splitlines()
+        if head.split()[0] != "chain-native":
+            continue
+        pid = int(head.split()[1])
+        names = [f.split()[1].split("+")[0] for f in frames if len(f.split()) > 1]
+        if (c := _chain_class(names[::-1])) is not None:
+            perf_classes[c] += 1
+    graph = CallGraph(Analysis(recording.load(out)))
+    ws = graph.weighted("host")
+    ours: Counter = Counter()
+    for path, ctx, n, stack in zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks, strict=True):
+        if path[0] == "chain-native" and stack is not None and (c := _chain_class(list(path[ctx:]))) is not None:
+            ours[c] += n
+    print(f"perf {perf_classes.most_common(4)}; vmprof {ours.most_common(4)}")
+    assert pid is not None and sum(perf_classes.values()) > 1500 and sum(ours.values()) > 1500
+    theirs, mine = _shares(perf_classes), _shares(ours)
+    for c in theirs:
+        print(f"  {' → '.join(c)}: vmprof {100 * mine[c]:.2f}%, perf {100 * theirs[c]:.2f}%")
+        assert abs(mine[c] - theirs[c]) <= 0.02, c
+    for counts in (perf_classes, ours):  # the three chains are (nearly) everything, in both
+        assert sum(counts[c] for c in theirs) >= 0.98 * sum(counts.values())

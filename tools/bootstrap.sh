@@ -10,7 +10,7 @@ say() { printf 'bootstrap: %s\n' "$*"; }
 die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
 
 kver=$(uname -r)
-pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus)
+pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus linux-perf)
 [ -e "/lib/modules/$kver/build/Makefile" ] || pkgs+=(linux-headers-amd64)
 missing=()
 for p in "${pkgs[@]}"; do
