@@ -45,9 +45,12 @@ def main() -> int:
     conditions = {
         "none": None,
         "floor": lambda f: [sys.executable, "-c", FLOOR, str(f)],
-        "vmprof": lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-q", *g, "-F", str(f), "-o",
-                             str(tmp / "r.vmprof")],
+        "vmprof": lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-q", "-F", str(f), "-o",
+                             str(tmp / "plain.vmprof")],
     }
+    if args.stacks:  # beside plain vmprof, so that the cost of the stacks themselves shows
+        conditions["vmprof -g"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-q", "-g", "-F", str(f),
+                                             "-o", str(tmp / "r.vmprof")]
     if perf:
         conditions["perf"] = lambda f: [perf, "kvm", "--host", "--guest", "record", "-a", *g, "-F", str(f),
                                         "-o", str(tmp / "perf.data")]
@@ -61,8 +64,11 @@ def main() -> int:
         line = f"{freq} Hz: guest work-rate drop vs no profiler (median of {args.rounds} interleaved rounds): " + \
             ", ".join(f"{k} {c:+.2f}%" for k, c in cost.items() if k != "none")
         line += f"; vmprof above the floor {cost['vmprof'] - cost['floor']:+.2f}%"
+        if args.stacks:
+            line += f"; vmprof -g above the floor {cost['vmprof -g'] - cost['floor']:+.2f}%"
         if "perf" in cost:
-            line += f"; vmprof/perf cost ratio {cost['vmprof'] / cost['perf']:.2f}" if cost["perf"] else ""
+            ours = "vmprof -g" if args.stacks else "vmprof"
+            line += f"; {ours}/perf cost ratio {cost[ours] / cost['perf']:.2f}" if cost["perf"] else ""
         print(line, flush=True)
         if args.stacks:
             print(f"{freq} Hz: {bytes_per_sample(tmp / 'r.vmprof')}", flush=True)

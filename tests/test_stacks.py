@@ -203,3 +203,40 @@ def test_stacks_round_trip_through_the_recording_format(tmp_path: Path) -> None:
     assert all(np.array_equal(rec.host_stacks[k], v) for k, v in chains.items())
     assert stack_rows(rec.samples, rec.stacks).tolist() == [1, 0, -1]
     assert recording.load(GOLDEN).stacks is None
+
+
+def test_live_screen_flame_and_callers_views(stacks: Recorded) -> None:
+    """vmprof top on the -g recording: f draws the VM's icicle, c lists the callers of a function."""
+    import asyncio
+
+    from test_tui import cells, select, until
+    from textual.widgets import Static
+
+    from vmprof_tui.analyse.window import ReplayWindow
+    from vmprof_tui.show.tui import CallersScreen, FlameScreen, VmprofTop
+
+    async def drive() -> None:
+        app = VmprofTop(ReplayWindow(stacks.rec.path), refresh_s=0.5)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await until(pilot, lambda: any(r[0] == "stacks" and r[1] not in ("0", "-") for r in cells(app)),
+                        timeout=15)
+            await select(pilot, app, "stacks")
+            await pilot.press("f")
+            await until(pilot, lambda: isinstance(app.screen, FlameScreen)
+                        and "kernel_a" in str(app.screen.query_one("#flame", Static).render()))
+            text = str(app.screen.query_one("#flame", Static).render())
+            assert "sweep" in text and "[partial]" in text
+            await pilot.press("escape")
+            await pilot.press("enter")  # VM -> vCPUs
+            await until(pilot, lambda: cells(app) and cells(app)[0][0] == "vcpu0")
+            await pilot.press("enter")  # vCPU -> processes
+            await until(pilot, lambda: any(r[0] == "chain" for r in cells(app)))
+            await select(pilot, app, "chain")
+            await pilot.press("enter")  # process -> functions
+            await until(pilot, lambda: "kernel_a" in [r[0] for r in cells(app)])
+            await select(pilot, app, "kernel_a")
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(app.screen, CallersScreen) and bool(cells(app)))
+            assert cells(app)[0][2] == "stacks → chain → _start → main → solve → sweep → kernel_a"
+
+    asyncio.run(drive())

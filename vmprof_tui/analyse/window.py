@@ -16,14 +16,16 @@ import numpy as np
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 from vmprof_tui.resolve.symtab import kallsyms_table
 
 
 def _window_recording(path: Path, meta: dict, samples: np.ndarray, sched: np.ndarray, snapshot: dict,
-                      bundles: dict[str, bytes], seconds: float, lost: dict | None = None) -> recording.Recording:
-    rec = recording.Recording(path, meta, samples, sched, snapshot, bundles)
+                      bundles: dict[str, bytes], seconds: float, lost: dict | None = None,
+                      stacks: np.ndarray | None = None, host_stacks: dict | None = None) -> recording.Recording:
+    rec = recording.Recording(path, meta, samples, sched, snapshot, bundles, stacks=stacks,
+                              host_stacks=host_stacks or {})
     # rec.end is still None here, so vms() reads the window's snapshot
     rec.end = {"duration_s": seconds, "lost": lost or {"samples": [], "sched": []}, recording.VMS_KEY: rec.vms()}
     return rec
@@ -48,6 +50,8 @@ class LiveWindow:
         self.vms: list[dict] | None = None  # the running VMs (None until the first discovery)
         self._samples: deque[tuple[np.ndarray, Resolved]] = deque()  # drained chunks and their names
         self._sched: deque[np.ndarray] = deque()
+        self._stacks: deque[np.ndarray] = deque()  # stack records of the window's samples (top -g)
+        self.host_stacks: dict[int, np.ndarray] = {}  # host stack-map id -> addresses, for the session's life
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
         self._last_forget = time.monotonic()
 
@@ -99,7 +103,12 @@ class LiveWindow:
             self._samples.append((samples, self.resolver.resolve(samples, self.processes, vm_of_pid)))
         if len(chunk.sched):
             self._sched.append(chunk.sched)
+        if chunk.stacks is not None and len(chunk.stacks):
+            self._stacks.append(chunk.stacks)
+        self.host_stacks.update(chunk.host_stacks)
         horizon = now_ns - int(self.window_s * 1e9)
+        while self._stacks and self._stacks[0]["time_ns"].max() < horizon:
+            self._stacks.popleft()
         while self._samples and self._samples[0][0]["time_ns"][-1] < horizon:
             self._samples.popleft()
         while self._sched and self._sched[0]["time_ns"][-1] < horizon:
@@ -115,9 +124,12 @@ class LiveWindow:
         resolved = resolved.take(keep) if resolved is not None else None
         sched = sched[sched["time_ns"] >= horizon]
         seconds = min(self.window_s, chunk.elapsed_s)
+        stacks = None
+        if self.session.collector.stacks:
+            stacks = np.concatenate(self._stacks) if self._stacks else np.empty(0, STACK_DTYPE)
         rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                 recording.snapshot(vms=self.vms, processes=self.processes), {}, seconds,
-                                self.session.lost())
+                                self.session.lost(), stacks, self.host_stacks)
         return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved)
 
     def close(self) -> None:
@@ -159,7 +171,11 @@ class ReplayWindow:
                                                                                       self.now, "right")]
         e = self.sched[np.searchsorted(self.sched["time_ns"], lo):np.searchsorted(self.sched["time_ns"],
                                                                                   self.now, "right")]
-        rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9)
+        st = self.rec.stacks
+        if st is not None:
+            st = st[(st["time_ns"] >= lo) & (st["time_ns"] <= self.now)]
+        rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9,
+                                stacks=st, host_stacks=self.rec.host_stacks)
         rec.problems = list(self.rec.problems)
         return Analysis(rec, resolver=self.resolver)
 

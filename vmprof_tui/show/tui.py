@@ -21,9 +21,11 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.callgraph import CallGraph, WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
+from vmprof_tui.show import flame
 
 SPARK = "▁▂▃▄▅▆▇█"
 HOST_KEY = "(host)"
@@ -88,6 +90,8 @@ class HelpScreen(ModalScreen[None]):
             "Esc       back\n"
             "s         steal detail of the selected VM (by exit reason, by who held the pCPU)\n"
             "t         per-vCPU timeline of the selected VM (guest / VMM / steal / idle)\n"
+            "f         flame (icicle) view of the selected VM, guest process or the host (needs -g)\n"
+            "c         callers of the selected function (needs -g)\n"
             "o         sort by the next column        /  filter rows by name\n"
             "space     pause / resume                 +  -  refresh faster / slower\n"
             "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
@@ -237,7 +241,7 @@ class VmTableScreen(TableScreen):
 
 class OverviewScreen(TableScreen):
     BINDINGS = [Binding("enter", "drill", "drill down"), Binding("s", "steal", "steal"),
-                Binding("t", "timeline", "timeline")]
+                Binding("t", "timeline", "timeline"), Binding("f", "flame", "flame")]
     columns = ("VM", "vCPUs", "user %", "kernel %", "steal % (t1/t2)", "idle %", "top process",
                "top function", "history (busy %)")
 
@@ -279,9 +283,22 @@ class OverviewScreen(TableScreen):
         if key and key != HOST_KEY:
             self.app.push_screen(TimelineScreen(key))
 
+    def action_flame(self) -> None:
+        key = self.selected()
+        if key:
+            self.app.push_screen(FlameScreen(None if key == HOST_KEY else key))
+
 
 class HostScreen(TableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
     columns = ("samples", "%", "function", "module", "process")
+
+    def action_callers(self) -> None:
+        if key := self.selected():
+            self.app.push_screen(CallersScreen(None, key))
+
+    def action_flame(self) -> None:
+        self.app.push_screen(FlameScreen(None))
 
     def title_text(self, an: Analysis) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
@@ -323,7 +340,11 @@ class VmScreen(VmTableScreen):
 
 
 class ProcessScreen(VmTableScreen):
-    BINDINGS = [Binding("enter", "drill", "functions")]
+    BINDINGS = [Binding("enter", "drill", "functions"), Binding("f", "flame", "flame")]
+
+    def action_flame(self) -> None:
+        key = self.selected()
+        self.app.push_screen(FlameScreen(self.vm, key if key in self.processes else None))
     columns = ("process", "pid", "samples", "%")
 
     def __init__(self, vm: str, vcpu: int | None) -> None:
@@ -353,7 +374,15 @@ class ProcessScreen(VmTableScreen):
 
 
 class FunctionScreen(VmTableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
     columns = ("function", "module", "samples", "% of process")
+
+    def action_callers(self) -> None:
+        if key := self.selected():
+            self.app.push_screen(CallersScreen(self.vm, key))
+
+    def action_flame(self) -> None:
+        self.app.push_screen(FlameScreen(self.vm, self.process))
 
     def __init__(self, vm: str, vcpu: int | None, process: str) -> None:
         super().__init__(vm)
@@ -385,6 +414,94 @@ class StealScreen(VmTableScreen):
             out.append((f"{v['vcpu']}:idle", (f"vcpu{v['vcpu']}", "idle", "halt", v["idle_s"],
                                               100 * v["idle_s"] / wall)))
         return out
+
+
+_graph_of: dict[int, tuple[Analysis, CallGraph]] = {}
+
+
+def call_graph(an: Analysis) -> CallGraph:
+    """The call graph of the shown analysis, built once per refresh (the latest one only is kept)."""
+    kept = _graph_of.get(0)
+    if kept is None or kept[0] is not an:
+        _graph_of[0] = (an, CallGraph(an))
+    return _graph_of[0][1]
+
+
+def weighted(an: Analysis, vm: str | None) -> WeightedStacks | None:
+    """The VM's (or, for None, the host's) call paths; None when the window has no call stacks."""
+    graph = call_graph(an)
+    if not graph.recorded or (vm is not None and vm not in an.vm_names()):
+        return None
+    return graph.weighted("guest", vm) if vm is not None else graph.weighted("host")
+
+
+NO_STACKS = "no call stacks in this window: start vmprof top with -g (or replay a recording made with -g)"
+
+
+class CallersScreen(TableScreen):
+    """Every chain that leads to one function, outermost first (perf's caller view)."""
+
+    columns = ("samples", "%", "chain")
+
+    def __init__(self, vm: str | None, function: str) -> None:
+        super().__init__()
+        self.vm, self.function = vm, function
+
+    def title_text(self, an: Analysis) -> str:
+        ws = weighted(an, self.vm)
+        where = f"VM {self.vm}" if self.vm else "host"
+        if ws is None:
+            return NO_STACKS
+        return f"{where}: callers of {self.function} (of {ws.samples} samples with a call path)"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        ws = weighted(an, self.vm)
+        if ws is None:
+            return []
+        total = ws.samples or 1
+        return [(" ; ".join(chain), (n, 100 * n / total, " → ".join(chain))) for chain, n in
+                callers(ws, self.function)]
+
+
+class FlameScreen(Screen):
+    """An icicle graph of the window's call paths: a VM, one of its guest processes, or the host."""
+
+    BINDINGS = [Binding("escape", "back", "back")]
+
+    def __init__(self, vm: str | None, process: str | None = None) -> None:
+        super().__init__()
+        self.vm, self.process = vm, process
+        self.ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="flame")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.ready = True
+        self.refresh_from(self.app.analysis)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def refresh_from(self, an: Analysis | None) -> None:
+        if an is None or not self.ready:
+            return
+        ws = weighted(an, self.vm)
+        what = (f"VM {self.vm}" + (f" process {self.process}" if self.process else "")) if self.vm else "host"
+        if ws is None:
+            self.query_one("#flame", Static).update(f"{what}: {NO_STACKS}")
+            return
+        keep = [i for i, p in enumerate(ws.paths) if self.process is None or p[1:2] == (self.process,)]
+        width = max(self.size.width - 2, 20)
+        lines = flame.icicle([ws.paths[i] for i in keep], [int(ws.counts[i]) for i in keep], width,
+                             max(self.size.height - 6, 4))
+        text = Text(f"{what}: {sum(int(ws.counts[i]) for i in keep)} samples, root at the top\n")
+        for note in ws.notes():
+            text.append(f"note: {note}\n", style="dim")
+        text.append_text(flame.render(lines, width))
+        self.query_one("#flame", Static).update(text)
 
 
 class TimelineScreen(Screen):
