@@ -36,6 +36,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
 )
+from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 
 # positions of sched-event fields in a record converted with .tolist()
@@ -57,7 +58,8 @@ class Row:
 
     def to_json(self, total: float) -> dict:
         return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
-                "function": self.function, "module": self.module, "process": self.process, "pid": self.pid,
+                "function": demangle(self.function), "symbol": self.function, "module": self.module,
+                "process": self.process, "pid": self.pid,
                 "vm": self.vm}
 
 
@@ -74,12 +76,18 @@ class Profile:
     unresolved_samples: int = 0
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # a row that rounds to 0 samples (a few virtual samples of steal) is noise in every output;
+        # the totals and ratios still count it
+        self.rows = [r for r in self.rows if r.samples >= 0.5]
+
     def to_json(self) -> dict:
         total = self.total_samples
+        unresolved = self.unresolved_samples / total if total else 0.0
         return {"level": self.level, "vm": self.vm, "vcpu": self.vcpu, "total_samples": int(round(total)),
                 "duration_s": round(self.duration_s, 6), "lost_samples": self.lost_samples,
                 "unresolved_samples": self.unresolved_samples,
-                "unresolved_ratio": round(100.0 * self.unresolved_samples / total, 3) if total else 0.0,
+                "unresolved_ratio": round(unresolved, 5), "unresolved_percent": round(100.0 * unresolved, 3),
                 "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
                 "rows": [r.to_json(total) for r in self.rows], "notes": self.notes}
 
@@ -469,11 +477,12 @@ class Analysis:
         idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
         if idle_virtual:
             rows.append(Row(idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
+        vmm_comm = {pid: p.get("comm") or None for pid, p in self.rec.processes().items()}
         for pid in np.unique(s["pid"][guest]).tolist():
             name = self.vm_by_pid.get(pid, f"vm-{pid}")
             n = int(np.count_nonzero(guest & (s["pid"] == pid)))
-            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), None, pid, name,
-                            RowKind.VM))
+            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), vmm_comm.get(pid),
+                            pid, name, RowKind.VM))
         total = float(np.count_nonzero(host | guest)) + idle_virtual
         idle = idle_virtual if measured_idle else np.count_nonzero(host & (s["pid"] == 0))
         kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
