@@ -38,6 +38,7 @@ class WeightedStacks:
     counts: np.ndarray  # samples per path
     stacks: list[Stack | None]  # the resolved stack behind each path (None: a sample without one)
     contexts: list[int]  # how many leading labels of each path are context (VM, process, marker), not frames
+    first: list[int] = field(default_factory=list)  # a sample of each path (index into Analysis.samples)
     samples: int = 0
     without_stack: int = 0  # samples that have no stack record (lost, or recorded without -g)
     partial: Counter = field(default_factory=Counter)  # object -> samples whose guest chain ended early there
@@ -79,7 +80,8 @@ class CallGraph:
         return self.an.rec.stacks is not None
 
     def weighted(self, level: str, vm: str | None = None, vcpu: int | None = None,
-                 cpu: int | None = None) -> WeightedStacks:
+                 cpu: int | None = None, split: bool = False) -> WeightedStacks:
+        """The call paths of the host level or of one VM; split: one entry per path, CPU and thread."""
         an, s = self.an, self.an.samples
         if level == "guest":
             sel = np.zeros(len(s), bool)
@@ -95,11 +97,14 @@ class CallGraph:
         # one group per (context, stack); context: VM and guest process, or host process
         ctx_code = np.where(an.in_vm[idx], -1 - an.vm_code[idx], an.proc_key[idx])
         proc = an.proc_key[idx]
-        keys = np.column_stack([ctx_code, proc, stack_of, np.where(stack_of < 0, an.key[idx], -1)])
+        keys = [ctx_code, proc, stack_of, np.where(stack_of < 0, an.key[idx], -1)]
+        if split:
+            keys += [s["cpu"][idx].astype(np.int64), s["tid"][idx].astype(np.int64)]
+        keys = np.column_stack(keys)
         distinct, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
         out = WeightedStacks(level, [], counts, [], [], samples=len(idx))
-        for (_c, _p, sid, _k), f, n in zip(distinct.tolist(), first.tolist(), counts.tolist(), strict=True):
-            i = int(idx[f])
+        for key, f, n in zip(distinct.tolist(), first.tolist(), counts.tolist(), strict=True):
+            sid, i = key[2], int(idx[f])
             stack = self.resolved.stacks[sid] if sid >= 0 else None
             context = self._context(i, level)
             if stack is None:
@@ -116,6 +121,7 @@ class CallGraph:
             out.paths.append(context + labels)
             out.stacks.append(stack)
             out.contexts.append(len(context))
+            out.first.append(i)
         return out
 
     def _context(self, i: int, level: str) -> tuple[str, ...]:
