@@ -240,3 +240,45 @@ def test_live_screen_flame_and_callers_views(stacks: Recorded) -> None:
             assert cells(app)[0][2] == "stacks → chain → _start → main → solve → sweep → kernel_a"
 
     asyncio.run(drive())
+
+
+def test_pprof_and_speedscope_carry_the_stacks(stacks: Recorded, tmp_path: Path) -> None:
+    """pprof decoded with protobuf: real Locations (addresses inside their Mapping), Mappings with the
+    program's file name and build id, labels cpu/vcpu/tid; go tool pprof -traces reads it."""
+    import json
+
+    from test_export_formats import Decoded
+
+    from vmprof_tui.resolve.elf import read_build_id
+
+    path = str(stacks.rec.path)
+    out = tmp_path / "stacks.pb.gz"
+    res = vmprof("report", path, "--vm", "stacks", "--format", "pprof", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    d = Decoded(out.read_bytes())
+    ready = stacks.ready["stacks"]
+    elf = {p["name"]: p["elf"] for p in ready["processes"]}
+    expected = ["kernel_a", "sweep", "solve", "main", "_start", "stacks/chain [1]", "[stacks]"]
+    hits = [i for i, st in enumerate(d.stacks) if st == expected]
+    assert hits, d.stacks[:5]
+    for i in hits:
+        assert d.labels[i]["tid"] == ready["vcpus"][0]["tid"] and d.labels[i]["vcpu"] == 0
+        assert "cpu" in d.labels[i]
+    maps = {m.id: m for m in d.p.mapping}
+    chain_maps = [m for m in maps.values() if d.s[m.filename].endswith("/chain")]
+    assert len(chain_maps) == 1 and d.s[chain_maps[0].build_id] == read_build_id(Path(elf["chain"]))
+    sample = d.p.sample[hits[0]]
+    locs = {loc.id: loc for loc in d.p.location}
+    for loc_id in sample.location_id[:5]:  # the call frames, leaf first
+        loc = locs[loc_id]
+        m = maps[loc.mapping_id]
+        assert m.memory_start <= loc.address < m.memory_limit and m is chain_maps[0]
+    traces = subprocess.run(["go", "tool", "pprof", "-traces", str(out)], capture_output=True, text=True, timeout=120)
+    assert traces.returncode == 0 and "kernel_a" in traces.stdout, traces.stderr
+    res = vmprof("report", path, "--vm", "stacks", "--format", "speedscope", "-o", str(tmp_path / "s.json"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "s.json").read_text())
+    names = [f["name"] for f in doc["shared"]["frames"]]
+    sample_names = {tuple(names[i] for i in s) for p in doc["profiles"] for s in p["samples"]}
+    assert ("[stacks]", "stacks/chain [1]", "_start", "main", "solve", "sweep", "kernel_a") in sample_names
+    assert ("[stacks]", "stacks/clobber [3]", "[partial]", "clobbered") in sample_names
