@@ -58,31 +58,28 @@ def test_every_guest_sample_has_a_walked_stack(stacks: Recorded) -> None:
     assert rec.end["lost"].get("stacks") is not None and sum(rec.end["lost"]["stacks"]) == 0
 
 
+def assert_shares(counts: Counter, truth: dict, total: int) -> None:
+    """At least 99% of the samples fall in the known classes, each class's share within 2 points of truth."""
+    print(f"{total} samples, {sum(counts[k] for k in truth)} in the known classes")
+    assert total > 3000 and sum(counts[k] for k in truth) >= 0.99 * total
+    for k, share in truth.items():
+        print(f"  {k}: {100 * counts[k] / total:.2f}% (truth {100 * share:.0f}%)")
+        assert abs(counts[k] / total - share) <= 0.02, k
+
+
 def test_chain_program_yields_the_expected_chains(graph: CallGraph) -> None:
     got = frames_of(graph, "chain")
-    total = sum(got.values())
-    exact = {chain: got[chain] for chain in CHAINS}
-    print(f"chain: {total} samples; exact chains {sum(exact.values())}; others {(got - Counter(exact)).most_common(5)}")
-    assert total > 3000
-    assert sum(exact.values()) >= 0.99 * total
-    for chain, share in CHAINS.items():
-        measured = exact[chain] / total
-        print(f"  {' → '.join(chain)}: {100 * measured:.2f}% (truth {100 * share:.0f}%)")
-        assert abs(measured - share) <= 0.02, chain
+    print(f"chains other than the expected: {(got - Counter({c: got[c] for c in CHAINS})).most_common(5)}")
+    assert_shares(got, CHAINS, sum(got.values()))
 
 
 def test_recursive_depths_match(graph: CallGraph) -> None:
     got = frames_of(graph, "recurse")
-    depth = Counter()
+    depth: Counter = Counter()
     for chain, n in got.items():
         if chain[:2] == ("_start", "main") and all(f == "descend" for f in chain[2:]):
             depth[len(chain) - 2] += n
-    total = sum(got.values())
-    assert sum(depth.values()) >= 0.99 * total
-    for d, share in DEPTHS.items():
-        measured = depth[d] / total
-        print(f"  depth {d}: {100 * measured:.2f}% (truth {100 * share:.0f}%)")
-        assert abs(measured - share) <= 0.02, d
+    assert_shares(depth, DEPTHS, sum(got.values()))
 
 
 def test_clobbered_frame_pointer_is_partial_without_invented_frames(graph: CallGraph) -> None:

@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vcpu", type=int, default=None, metavar="N", help="guest level: one vCPU")
     p.add_argument("--cpu", type=int, default=None, metavar="N", help="host level: one pCPU")
     p.add_argument("--sort", choices=("samples", "name"), default="samples", help="row order")
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format (docs/formats.md)")
+    p.add_argument("--format", choices=FORMATS, default="table", metavar="FORMAT",
+                   help=f"output format: {', '.join(FORMATS)} (docs/formats.md)")
     p.add_argument("--stdio", action="store_true", help="accepted for perf's habit: the table is text already")
     views = p.add_mutually_exclusive_group()
     views.add_argument("--children", action="store_true",

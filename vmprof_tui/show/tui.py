@@ -21,11 +21,12 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from vmprof_tui.analyse.analysis import Analysis, Row
-from vmprof_tui.analyse.callgraph import CallGraph, WeightedStacks, callers
+from vmprof_tui.analyse.callgraph import WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
 from vmprof_tui.show import flame
+from vmprof_tui.show.stacks import call_graph
 
 SPARK = "▁▂▃▄▅▆▇█"
 HOST_KEY = "(host)"
@@ -416,17 +417,6 @@ class StealScreen(VmTableScreen):
         return out
 
 
-_graph_of: dict[int, tuple[Analysis, CallGraph]] = {}
-
-
-def call_graph(an: Analysis) -> CallGraph:
-    """The call graph of the shown analysis, built once per refresh (the latest one only is kept)."""
-    kept = _graph_of.get(0)
-    if kept is None or kept[0] is not an:
-        _graph_of[0] = (an, CallGraph(an))
-    return _graph_of[0][1]
-
-
 def weighted(an: Analysis, vm: str | None) -> WeightedStacks | None:
     """The VM's (or, for None, the host's) call paths; None when the window has no call stacks."""
     graph = call_graph(an)
@@ -463,19 +453,20 @@ class CallersScreen(TableScreen):
                 callers(ws, self.function)]
 
 
-class FlameScreen(Screen):
-    """An icicle graph of the window's call paths: a VM, one of its guest processes, or the host."""
+class DrawingScreen(Screen):
+    """A screen that is one drawing (Static `#<drawing_id>`), redrawn from each new Analysis."""
 
     BINDINGS = [Binding("escape", "back", "back")]
+    drawing_id = ""
 
-    def __init__(self, vm: str | None, process: str | None = None) -> None:
+    def __init__(self, vm: str | None) -> None:
         super().__init__()
-        self.vm, self.process = vm, process
+        self.vm = vm
         self.ready = False
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static(id="flame")
+        yield Static(id=self.drawing_id)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -486,13 +477,27 @@ class FlameScreen(Screen):
         self.app.pop_screen()
 
     def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.ready:
-            return
+        if an is not None and self.ready:
+            self.query_one(f"#{self.drawing_id}", Static).update(self.draw(an))
+
+    def draw(self, an: Analysis) -> Text | str:
+        raise NotImplementedError
+
+
+class FlameScreen(DrawingScreen):
+    """An icicle graph of the window's call paths: a VM, one of its guest processes, or the host."""
+
+    drawing_id = "flame"
+
+    def __init__(self, vm: str | None, process: str | None = None) -> None:
+        super().__init__(vm)
+        self.process = process
+
+    def draw(self, an: Analysis) -> Text | str:
         ws = weighted(an, self.vm)
         what = (f"VM {self.vm}" + (f" process {self.process}" if self.process else "")) if self.vm else "host"
         if ws is None:
-            self.query_one("#flame", Static).update(f"{what}: {NO_STACKS}")
-            return
+            return f"{what}: {NO_STACKS}"
         keep = [i for i, p in enumerate(ws.paths) if self.process is None or p[1:2] == (self.process,)]
         width = max(self.size.width - 2, 20)
         lines = flame.icicle([ws.paths[i] for i in keep], [int(ws.counts[i]) for i in keep], width,
@@ -501,38 +506,19 @@ class FlameScreen(Screen):
         for note in ws.notes():
             text.append(f"note: {note}\n", style="dim")
         text.append_text(flame.render(lines, width))
-        self.query_one("#flame", Static).update(text)
+        return text
 
 
-class TimelineScreen(Screen):
+class TimelineScreen(DrawingScreen):
     """Per-vCPU strips of the window: guest running, VMM, steal, idle (analyse.timeline.vcpu_segments)."""
 
-    BINDINGS = [Binding("escape", "back", "back")]
+    drawing_id = "timeline"
     STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue")}
     BLANK_STATES = {BlankKind.IDLE: 4, BlankKind.PREEMPTED: 3, BlankKind.BLOCKED: 2}  # VMM-blocked: VMM's colour
     # what a column shows when several segments share it: samples over blanks, guest code over the VMM
     PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
 
-    def __init__(self, vm: str) -> None:
-        super().__init__()
-        self.vm = vm
-        self.ready = False
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static(id="timeline")
-        yield Footer()
-
-    def on_mount(self) -> None:
-        self.ready = True
-        self.refresh_from(self.app.analysis)
-
-    def action_back(self) -> None:
-        self.app.pop_screen()
-
-    def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.ready:
-            return
+    def draw(self, an: Analysis) -> Text | str:
         width = max(self.size.width - 12, 20)
         text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
                     f"{an.rec.duration_s / width:.2f}s   ")
@@ -559,7 +545,7 @@ class TimelineScreen(Screen):
                 ch, style = self.STATES[code]
                 text.append(ch, style=style)
             text.append("\n")
-        self.query_one("#timeline", Static).update(text)
+        return text
 
 
 class VmprofTop(App):

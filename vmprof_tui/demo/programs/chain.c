@@ -8,8 +8,6 @@
  */
 #include "stack_rt.h"
 
-static unsigned long sink;
-
 NOINLINE unsigned long kernel_a(unsigned long x, unsigned long units)
 {
 	WORK(x, units);
@@ -36,20 +34,12 @@ NOINLINE unsigned long solve(unsigned long x, unsigned long units)
 NOINLINE unsigned long report(unsigned long x, unsigned long units)
 {
 	WORK(x, units);
-	port_out(PORT_PROGRESS, 1);
 	return x;
 }
 
-int main(unsigned long units, unsigned long rounds, unsigned long c, unsigned long d)
+INLINE unsigned long chain_round(unsigned long x, unsigned long units)
 {
-	(void)c; (void)d;
-	if (units == 0)
-		units = 50;
-	unsigned long x = 12345;
-	for (unsigned long r = 0; rounds == 0 || r < rounds; r++) {
-		x = solve(x, units);
-		x = report(x, units);
-	}
-	sink = x;
-	return 0;
+	return report(solve(x, units), units);
 }
+
+STACK_PROGRAM_MAIN(chain_round)

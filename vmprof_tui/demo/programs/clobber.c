@@ -8,8 +8,6 @@
  */
 #include "stack_rt.h"
 
-static unsigned long sink;
-
 NOINLINE unsigned long intact(unsigned long x, unsigned long units)
 {
 	WORK(x, units);
@@ -50,17 +48,9 @@ __asm__(".text\n"
 	"  ret\n"
 	".size clobbered, . - clobbered\n");
 
-int main(unsigned long units, unsigned long rounds, unsigned long c, unsigned long d)
+INLINE unsigned long clobber_round(unsigned long x, unsigned long units)
 {
-	(void)c; (void)d;
-	if (units == 0)
-		units = 50;
-	unsigned long x = 12345;
-	for (unsigned long r = 0; rounds == 0 || r < rounds; r++) {
-		x = intact(x, units);
-		x = clobbered(x, units);
-		port_out(PORT_PROGRESS, 1);
-	}
-	sink = x;
-	return 0;
+	return clobbered(intact(x, units), units);
 }
+
+STACK_PROGRAM_MAIN(clobber_round)

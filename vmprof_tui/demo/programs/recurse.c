@@ -7,8 +7,6 @@
  */
 #include "stack_rt.h"
 
-static unsigned long sink;
-
 NOINLINE unsigned long descend(unsigned long x, unsigned long depth, unsigned long units)
 {
 	if (depth > 1)
@@ -17,17 +15,11 @@ NOINLINE unsigned long descend(unsigned long x, unsigned long depth, unsigned lo
 	return x;
 }
 
-int main(unsigned long units, unsigned long rounds, unsigned long c, unsigned long d)
+INLINE unsigned long recurse_round(unsigned long x, unsigned long units)
 {
-	(void)c; (void)d;
-	if (units == 0)
-		units = 50;
-	unsigned long x = 12345;
-	for (unsigned long r = 0; rounds == 0 || r < rounds; r++) {
-		for (unsigned long depth = 1; depth <= 4; depth++)
-			x = descend(x, depth, depth * units);
-		port_out(PORT_PROGRESS, 1);
-	}
-	sink = x;
-	return 0;
+	for (unsigned long depth = 1; depth <= 4; depth++)
+		x = descend(x, depth, depth * units);
+	return x;
 }
+
+STACK_PROGRAM_MAIN(recurse_round)

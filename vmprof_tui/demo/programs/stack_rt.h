@@ -21,5 +21,24 @@
 	} while (0)
 
 #define NOINLINE __attribute__((noinline))
+#define INLINE static inline __attribute__((always_inline))
+
+static unsigned long sink;
+
+/* main(units, rounds): runs ROUND(x, units) `rounds` times (0: forever), units defaulting to 50, and
+ * reports one unit of progress per round.  ROUND must be inlined (INLINE), so that main calls the
+ * program's functions itself and the chains start _start → main. */
+#define STACK_PROGRAM_MAIN(ROUND)                                                          \
+	int main(unsigned long units, unsigned long rounds, unsigned long c, unsigned long d) \
+	{                                                                                  \
+		(void)c; (void)d;                                                          \
+		unsigned long x = 12345;                                                   \
+		for (unsigned long r = 0; rounds == 0 || r < rounds; r++) {                \
+			x = ROUND(x, units ? units : 50);                                  \
+			port_out(PORT_PROGRESS, 1);                                        \
+		}                                                                          \
+		sink = x;                                                                  \
+		return 0;                                                                  \
+	}
 
 #endif
