@@ -45,11 +45,11 @@ def main() -> int:
     conditions = {
         "none": None,
         "floor": lambda f: [sys.executable, "-c", FLOOR, str(f)],
-        "vmprof": lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-q", "-F", str(f), "-o",
+        "vmprof": lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-F", str(f), "-o",
                              str(tmp / "plain.vmprof")],
     }
     if args.stacks:  # beside plain vmprof, so that the cost of the stacks themselves shows
-        conditions["vmprof -g"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-q", "-g", "-F", str(f),
+        conditions["vmprof -g"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-g", "-F", str(f),
                                              "-o", str(tmp / "r.vmprof")]
     if perf:
         conditions["perf"] = lambda f: [perf, "kvm", "--host", "--guest", "record", "-a", *g, "-F", str(f),
