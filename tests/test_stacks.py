@@ -151,7 +151,7 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path) -> None:
     rec = start_recording(out, "-g")  # returns once it samples
     try:
         subprocess.run(["perf", "record", "-q", "-g", "-e", "cpu-clock", "-F", "1000", "-o", str(perf_data), "--",
-                        str(native), "300"], check=True, capture_output=True, timeout=120)
+                        str(native), "600"], check=True, capture_output=True, timeout=300)
     finally:
         rec.send_signal(signal.SIGINT)
         assert rec.wait(timeout=60) == 0
@@ -174,7 +174,9 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path) -> None:
         if path[0] == "chain-native" and stack is not None and (c := _chain_class(list(path[ctx:]))) is not None:
             ours[c] += n
     print(f"perf {perf_classes.most_common(4)}; vmprof {ours.most_common(4)}")
-    assert pid is not None and sum(perf_classes.values()) > 1500 and sum(ours.values()) > 1500
+    # both sample the same run independently (perf per task, vmprof per CPU): their shares differ by
+    # sampling noise alone, which 600 rounds (~7000 samples each) keep well under the 2 points
+    assert pid is not None and sum(perf_classes.values()) > 3000 and sum(ours.values()) > 3000
     theirs, mine = _shares(perf_classes), _shares(ours)
     for c in theirs:
         print(f"  {' → '.join(c)}: vmprof {100 * mine[c]:.2f}%, perf {100 * theirs[c]:.2f}%")
