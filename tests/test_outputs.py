@@ -19,7 +19,6 @@ import pytest
 
 from vmprof_tui.analyse.analysis import Profile, Row
 from vmprof_tui.analyse.kinds import RowKind
-from vmprof_tui.show.formats import svg
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
@@ -101,6 +100,8 @@ def test_collapsed_guest_level_of_every_vm() -> None:
 
 
 def test_svg_flame_graph_from_the_collapsed_stacks() -> None:
+    from vmprof_tui.show.formats import svg
+
     text = out("report", STEAL3, "--format", "svg")
     root = ET.fromstring(text)  # a well-formed SVG document a browser opens
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -166,7 +167,8 @@ def test_rows_that_round_to_nothing_are_not_shown() -> None:
     rows = [Row(10, "f", "m", "p", 1, "vm"), Row(0.3, "[steal]", "(vmm blocked)", None, None, "vm",
                                                  RowKind.STEAL_VMM_BLOCKED)]
     p = Profile("guest", "vm", None, 10.3, 1.0, 0, {}, rows)
-    assert [r.function for r in p.rows] == ["f"] and p.total_samples == 10.3
+    assert [r.function for r in p.shown_rows] == ["f"] and len(p.rows) == 2, "the data keeps them"
+    assert [r["function"] for r in p.to_json()["rows"]] == ["f"]
 
 
 # -- speedscope and chrome ----------------------------------------------------------------------
@@ -194,3 +196,40 @@ def test_chrome_args_are_what_the_docs_say() -> None:
     assert guest and all("samples" not in e["args"] for e in guest)
     docs = (ROOT / "docs" / "formats.md").read_text()
     assert "`holder`" in docs and "held_by_ns" not in docs
+
+
+# -- vmprof steal ------------------------------------------------------------------------------
+
+def holder_recording(tmp_path: Path) -> Path:
+    """web's vCPU 0 on CPU 0, preempted 20-30.2 ms: 10 ms by a kernel thread whose comm slot in the sched record
+    holds a stale tail after the NUL (as the ring buffer gives it), then 0.2 ms by rcu_preempt."""
+    from synth import MS, SynthRecording
+
+    b = SynthRecording(frequency=1000, cpus=1)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=0, start_ns=0, end_ns=20 * MS)
+    b.preempt(web, 0, 20 * MS, 30 * MS + 200_000)
+    b.host_task(23, "ksoftirqd/1\0-91", cpu=0, start_ns=20 * MS, end_ns=30 * MS, kernel=True)
+    b.run(b.vm("db", pid=200, vcpus={0: 201}), 0, cpu=0, start_ns=30 * MS, end_ns=30 * MS + 200_000)
+    b.run(web, 0, cpu=0, start_ns=30 * MS + 200_000, end_ns=100 * MS)
+    return b.write(tmp_path / "holders.vmprof")
+
+
+def test_steal_holders_named_and_no_zero_holders(tmp_path: Path) -> None:
+    path = holder_recording(tmp_path)
+    text = out("steal", path)
+    assert "ksoftirqd/1 0.010s" in text and "-91" not in text and "\0" not in text
+    held = text.split("who held the pCPU:")[1].split("steal the host")[0]
+    assert "0.000s" not in held, "holders that round to 0 are not listed"
+    assert "1 more under 1 ms (0.20 ms)" in text
+    doc = json.loads(out("steal", path, "--format", "json"))
+    (web,) = [d for d in doc if d["vm"] == "web"]
+    assert set(web["vcpus"][0]["type1_by_holder_s"]) == {"ksoftirqd/1", "db"}
+    trace = json.loads(out("report", path, "--vm", "web", "--format", "chrome"))
+    assert {e["name"] for e in trace["traceEvents"] if e.get("cat") == "host"} >= {"ksoftirqd/1"}
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_steal_fits_the_terminal(columns: int) -> None:
+    text = out("steal", STEAL3, columns=columns)
+    assert max(len(line) for line in text.splitlines()) <= columns, text

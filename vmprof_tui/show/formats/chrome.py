@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline
+from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline, task_name
 from vmprof_tui.analyse.exits import exit_category
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.timeline import Segment, SegmentKind, vcpu_segments
@@ -138,7 +138,7 @@ def host_events(an: Analysis, t0: int) -> tuple[list[Event], list[int]]:
             events.append(_slice(f"{vm}/vcpu{vcpu}", CAT_VCPU, HOST_PID, tid, a, z,
                                  {"cpu": c, "vm": vm, "vcpu": vcpu, "tid": task}))
         else:
-            comm = ev["next_comm"][i].decode(errors="replace") or str(task)
+            comm = task_name(ev["next_comm"][i]) or str(task)
             name = comm if exact[i] else "[host]"
             events.append(_slice(name, CAT_HOST, HOST_PID, tid, a, z,
                                  {"cpu": c, "first_task": comm, "tid": task, "pid": int(ev["next_pid"][i]),
