@@ -116,10 +116,18 @@ def call_frame(label: str, f: object) -> Frame:
 def path_stacks(an: Analysis, profile: Profile, cpu: int | None) -> list[Stack]:
     """The function (and host-level VM) rows of a profile as call paths, largest first."""
     ws = call_graph(an).weighted(profile.level, profile.vm, profile.vcpu, cpu, split=True)
+    # the profile's rows say which paths it holds (report's --comm/--pid/--dso/-K/-U leave some out)
+    functions = {(r.function, r.module, r.process, r.pid) for r in profile.rows
+                 if r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN)}
+    vmms = {r.pid for r in profile.rows if r.kind is RowKind.VM}
     out = []
     for path, ctx, n, stack, first in zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks, ws.first,
                                           strict=True):
         row = an.row(first, float(n))
+        vm_path = profile.level == "host" and an.in_vm[first]
+        if (int(an.samples["pid"][first]) not in vmms) if vm_path else \
+                ((row.function, row.module, row.process, row.pid) not in functions):
+            continue
         if profile.level == "host" and not an.in_vm[first]:
             row.vm = None  # as the host profile's rows: a VMM's other threads are host rows
         if stack is None:
