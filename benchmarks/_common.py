@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -28,12 +29,27 @@ def perf_binary() -> str | None:
     return None
 
 
+READY = ": sampling every CPU"  # what `vmprof record` (without -q) prints once its BPF programs sample
+
+
 class Background:
-    """A command running in the background for one measurement, stopped with SIGINT."""
+    """A command running in the background for one measurement, stopped with SIGINT.  A `vmprof record`
+    is waited for until it samples (compiling its BPF programs can outlast any fixed warm-up on a loaded
+    machine), then given a short settle; other commands get the fixed warm-up."""
 
     def __init__(self, cmd: list[str], warmup_s: float) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(warmup_s)
+        waits = "vmprof_tui" in cmd and "record" in cmd and "-q" not in cmd
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE if waits else subprocess.DEVNULL, text=True)
+        if not waits:
+            time.sleep(warmup_s)
+            return
+        deadline = time.monotonic() + 300
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            if READY in line or time.monotonic() > deadline:
+                break
+        threading.Thread(target=lambda: self.proc.stderr.read(), daemon=True).start()  # type: ignore[union-attr]
+        time.sleep(0.5)
 
     def stop(self) -> None:
         self.proc.send_signal(2)

@@ -3,7 +3,9 @@
 Runs interleaved rounds of: no profiler; the floor (the same cpu-clock perf event at the
 same frequency with an empty BPF program); `vmprof record`; `perf kvm --host --guest
 record`.  Prints each one's cost as the relative drop of the guest's work rate, and
-vmprof's cost above the floor.  Usage: python benchmarks/overhead.py [--rounds 5] [--seconds 3]
+vmprof's cost above the floor.  With -g, vmprof and perf record call stacks (`vmprof record -g`,
+`perf kvm ... record -g`) and the bytes per sample of vmprof's recording are printed.
+Usage: python benchmarks/overhead.py [--rounds 5] [--seconds 3] [-g]
 """
 
 from __future__ import annotations
@@ -35,18 +37,23 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--frequencies", default="1000,10000")
+    ap.add_argument("-g", dest="stacks", action="store_true", help="record call stacks (vmprof and perf)")
     args = ap.parse_args()
+    g = ["-g"] if args.stacks else []
     perf = perf_binary()
     tmp = Path(tempfile.mkdtemp(prefix="vmprof-bench-"))
     conditions = {
         "none": None,
         "floor": lambda f: [sys.executable, "-c", FLOOR, str(f)],
-        "vmprof": lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-q", "-F", str(f), "-o",
-                             str(tmp / "r.vmprof")],
+        "vmprof": lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-F", str(f), "-o",
+                             str(tmp / "plain.vmprof")],
     }
+    if args.stacks:  # beside plain vmprof, so that the cost of the stacks themselves shows
+        conditions["vmprof -g"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-g", "-F", str(f),
+                                             "-o", str(tmp / "r.vmprof")]
     if perf:
-        conditions["perf"] = lambda f: [perf, "kvm", "--host", "--guest", "record", "-a", "-F", str(f), "-o",
-                                        str(tmp / "perf.data")]
+        conditions["perf"] = lambda f: [perf, "kvm", "--host", "--guest", "record", "-a", *g, "-F", str(f),
+                                        "-o", str(tmp / "perf.data")]
     else:
         print("perf not found (apt-get install linux-perf): perf column skipped")
     for freq in (int(f) for f in args.frequencies.split(",")):
@@ -57,10 +64,33 @@ def main() -> int:
         line = f"{freq} Hz: guest work-rate drop vs no profiler (median of {args.rounds} interleaved rounds): " + \
             ", ".join(f"{k} {c:+.2f}%" for k, c in cost.items() if k != "none")
         line += f"; vmprof above the floor {cost['vmprof'] - cost['floor']:+.2f}%"
+        if args.stacks:
+            line += f"; vmprof -g above the floor {cost['vmprof -g'] - cost['floor']:+.2f}%"
         if "perf" in cost:
-            line += f"; vmprof/perf cost ratio {cost['vmprof'] / cost['perf']:.2f}" if cost["perf"] else ""
+            ours = "vmprof -g" if args.stacks else "vmprof"
+            line += f"; {ours}/perf cost ratio {cost[ours] / cost['perf']:.2f}" if cost["perf"] else ""
         print(line, flush=True)
+        if args.stacks:
+            print(f"{freq} Hz: {bytes_per_sample(tmp / 'r.vmprof')}", flush=True)
     return 0
+
+
+def bytes_per_sample(path: Path) -> str:
+    """On-disk bytes per sample of the last vmprof recording: the sample, stack and stack-map chunks."""
+    from vmprof_tui.record import recording
+
+    data = path.read_bytes()
+    sizes: dict[str, int] = {}
+    pos = len(recording.MAGIC) + 2
+    while pos + recording.CHUNK_HEADER.size <= len(data):
+        _magic, kind, _res, length, _crc = recording.CHUNK_HEADER.unpack_from(data, pos)
+        name = recording.KIND_NAMES.get(kind, str(kind))
+        sizes[name] = sizes.get(name, 0) + length + recording.CHUNK_HEADER.size
+        pos += recording.CHUNK_HEADER.size + length
+    n = len(recording.load(path).samples) or 1
+    parts = {k: sizes.get(k, 0) / n for k in ("samples", "stacks", "host stacks")}
+    return (f"vmprof -g recording: {n} samples, {sum(parts.values()):.1f} bytes per sample on disk ("
+            + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()) + ")")
 
 
 if __name__ == "__main__":

@@ -24,11 +24,30 @@ struct vmprof_sample {
 	__u32 pid;         /* host process (tgid); for vCPU threads, the VMM: the VM's identity */
 	__u32 tid;         /* host thread */
 	__u32 exit_reason; /* last VM-exit reason of the vCPU (backend numbering) */
-	__s32 stack_id;    /* host call chain id, -1 when none */
+	__s32 stack_id;    /* 0: a vmprof_stack record with this cpu and time_ns follows (-g); -1: none */
 	__u16 cpu;
 	__u16 vcpu_id;     /* kvm_vcpu.vcpu_id, when SAMPLE_VCPU */
 	__u16 flags;
 	__u16 pad;
+};
+
+/* vmprof_stack.flags */
+#define STACK_GUEST_WALKED  0x01  /* the guest frame-pointer chain was walked (a guest sample) */
+#define STACK_GUEST_PARTIAL 0x02  /* the walk stopped early: a read failed, a frame was inconsistent, or depth ran out */
+#define STACK_GUEST_MAX 64        /* guest frames per stack, the leaf (guest RIP) included */
+
+/* The call stacks of one sample (vmprof record -g), in a ring buffer of their own so that a
+ * recording without -g stays as small as before.  Host chains are ids in the BPF stack map
+ * (recorded separately, id -> addresses); guest frames are walked from guest memory. */
+struct vmprof_stack {
+	__u64 time_ns;          /* = its sample's time_ns (with cpu: the key that joins the two) */
+	__s32 kernel_stack_id;  /* host kernel chain, -1 when none or not stored */
+	__s32 user_stack_id;    /* host user chain by frame pointers, -1 when none or not stored */
+	__u16 cpu;
+	__u8 guest_depth;       /* frames in guest[]: guest[0] is the guest RIP, then return addresses */
+	__u8 flags;
+	__u32 pad;
+	__u64 guest[STACK_GUEST_MAX];
 };
 
 /* vmprof_sched_event.flags */

@@ -1,7 +1,8 @@
 /* vmprof sampler: one perf_event program on every CPU (cycles NMI on PMU
  * hosts, cpu-clock otherwise).  For every sample it records host context and,
  * when the interrupted task is a vCPU thread interrupted in guest mode, the
- * vCPU, guest RIP, guest CR3, guest privilege and last exit reason. */
+ * vCPU, guest RIP, guest CR3, guest privilege and last exit reason; with -g (WITH_STACKS) also
+ * the host and guest call stacks (stacks.h). */
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 #include "sample.h"
@@ -32,6 +33,9 @@ static __always_inline void remember_comm(u32 pid, u32 tid)
 }
 
 #include "vcpu.h"
+#ifdef WITH_STACKS
+#include "stacks.h"
+#endif
 
 int on_sample(struct bpf_perf_event_data *ctx)
 {
@@ -76,6 +80,9 @@ int on_sample(struct bpf_perf_event_data *ctx)
 			remember_vcpu_thread(s->tid, s->pid);
 		}
 	}
+#ifdef WITH_STACKS
+	s->stack_id = record_stacks(ctx, s, vcpu);
+#endif
 	samples.ringbuf_submit(s, BPF_RB_NO_WAKEUP); /* userspace drains on a timer */
 	return 0;
 }

@@ -69,8 +69,10 @@ class Recorded:
         self.rec, self.truth, self.ready, self.wall_s = rec, truth, ready, wall_s
 
 
-def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequency: int = 1000) -> Recorded:
-    """Record the whole life of a demo scenario: recording starts before the VMs, ends after them."""
+def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequency: int = 1000,
+                    stacks: bool = False) -> Recorded:
+    """Record the whole life of a demo scenario: recording starts before the VMs, ends after them
+    (stacks: as `vmprof record -g`)."""
     require_root()
     # The profiler and the VMMs' main threads stay on CPU 0, away from the pCPU the demo vCPUs are pinned to
     # (scenarios.SHARED_CPU), so that the only load there is the VMs, as in the papers' experiments.
@@ -78,7 +80,7 @@ def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequ
     specs = runner.scenario_specs(scenario) if isinstance(scenario, str) else scenario
     out = tmp / f"{specs[0]['name']}.vmprof"
     stop = threading.Event()
-    recorder = Recorder(out, CollectionSession(frequency))
+    recorder = Recorder(out, CollectionSession(frequency, stacks=stacks))
     errors: list[BaseException] = []
 
     def work() -> None:

@@ -17,14 +17,16 @@ import numpy as np
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 from vmprof_tui.resolve.symtab import kallsyms_table
 
 
 def _window_recording(path: Path, meta: dict, samples: np.ndarray, sched: np.ndarray, snapshot: dict,
-                      bundles: dict[str, bytes], seconds: float, lost: dict | None = None) -> recording.Recording:
-    rec = recording.Recording(path, meta, samples, sched, snapshot, bundles)
+                      bundles: dict[str, bytes], seconds: float, lost: dict | None = None,
+                      stacks: np.ndarray | None = None, host_stacks: dict | None = None) -> recording.Recording:
+    rec = recording.Recording(path, meta, samples, sched, snapshot, bundles, stacks=stacks,
+                              host_stacks=host_stacks or {})
     # rec.end is still None here, so vms() reads the window's snapshot
     rec.end = {"duration_s": seconds, "lost": lost or {"samples": [], "sched": []}, recording.VMS_KEY: rec.vms()}
     return rec
@@ -44,19 +46,25 @@ class ResolvedChunks:
     def __init__(self) -> None:
         self.samples: deque[tuple[np.ndarray, Resolved]] = deque()
         self.sched: deque[np.ndarray] = deque()
+        self.stacks: deque[np.ndarray] = deque()  # stack records of the samples (-g)
 
-    def add(self, samples: np.ndarray, sched: np.ndarray, resolve: Callable[[np.ndarray], Resolved]) -> None:
+    def add(self, samples: np.ndarray, sched: np.ndarray, resolve: Callable[[np.ndarray], Resolved],
+            stacks: np.ndarray | None = None) -> None:
         if len(samples):
             samples = _time_ordered(samples)
             self.samples.append((samples, resolve(samples)))
         if len(sched):
             self.sched.append(sched)
+        if stacks is not None and len(stacks):
+            self.stacks.append(stacks)
 
     def pids(self) -> set[int]:
         return {int(pid) for chunk, _names in self.samples for pid in np.unique(chunk["pid"]).tolist()}
 
-    def window(self, horizon: int) -> tuple[np.ndarray, Resolved | None, np.ndarray]:
-        """(samples, their names, sched events) from `horizon` (ns) on; older chunks are forgotten."""
+    def window(self, horizon: int) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
+        """(samples, their names, sched events, stack records) from `horizon` (ns) on; older chunks are forgotten."""
+        while self.stacks and self.stacks[0]["time_ns"].max() < horizon:
+            self.stacks.popleft()
         while self.samples and self.samples[0][0]["time_ns"][-1] < horizon:
             self.samples.popleft()
         while self.sched and self.sched[0]["time_ns"][-1] < horizon:
@@ -69,7 +77,8 @@ class ResolvedChunks:
         else:
             samples, resolved = np.empty(0, SAMPLE_DTYPE), None
         sched = np.concatenate(self.sched) if self.sched else np.empty(0, SCHED_DTYPE)
-        return samples, resolved, sched[sched["time_ns"] >= horizon]
+        stacks = np.concatenate(self.stacks) if self.stacks else np.empty(0, STACK_DTYPE)
+        return samples, resolved, sched[sched["time_ns"] >= horizon], stacks[stacks["time_ns"] >= horizon]
 
 
 class LiveWindow:
@@ -84,6 +93,7 @@ class LiveWindow:
         self.processes: dict[int, dict] = {}  # host pid -> its snapshot, while it has samples in the window
         self.vms: list[dict] | None = None  # the running VMs (None until the first discovery)
         self.chunks = ResolvedChunks()
+        self.host_stacks: dict[int, np.ndarray] = {}  # host stack-map id -> addresses, for the session's life
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
         self._last_forget = time.monotonic()
 
@@ -129,12 +139,16 @@ class LiveWindow:
         vm_of_pid = {int(vm["pid"]): vm["name"] for vm in self.vms}
         if len(chunk.samples):
             self.resolver.load_guests(vm_of_pid.values(), self.bundles(), {})
-        self.chunks.add(chunk.samples, chunk.sched, lambda s: self.resolver.resolve(s, self.processes, vm_of_pid))
-        samples, resolved, sched = self.chunks.window(now_ns - int(self.window_s * 1e9))
+        self.chunks.add(chunk.samples, chunk.sched, lambda s: self.resolver.resolve(s, self.processes, vm_of_pid),
+                        chunk.stacks)
+        self.host_stacks.update(chunk.host_stacks)
+        samples, resolved, sched, stacks = self.chunks.window(now_ns - int(self.window_s * 1e9))
         seconds = min(self.window_s, chunk.elapsed_s)
+        if not self.session.collector.stacks:
+            stacks = None
         rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                 recording.snapshot(vms=self.vms, processes=self.processes), {}, seconds,
-                                self.session.lost())
+                                self.session.lost(), stacks, self.host_stacks)
         return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved)
 
     def close(self) -> None:
@@ -156,6 +170,7 @@ class ReplayWindow:
         self.now = self.t0
         self.samples = np.sort(self.rec.samples, order="time_ns")
         self.sched = np.sort(self.rec.sched, order="time_ns")
+        self.stacks = None if self.rec.stacks is None else np.sort(self.rec.stacks, order="time_ns")
         self.meta = self.rec.meta
         # kallsyms is parsed once into the resolver (start); without it in the snapshot no window re-parses it
         self.snapshot = {k: v for k, v in self.rec.snapshot.items() if k != recording.KALLSYMS_KEY}
@@ -191,10 +206,12 @@ class ReplayWindow:
         # as on a live host, each new stretch of records is resolved once, when it arrives
         self.chunks.add(self._between(self.samples, self._loaded_ns, self.now, fresh),
                         self._between(self.sched, self._loaded_ns, self.now, fresh),
-                        lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid))
+                        lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid),
+                        None if self.stacks is None else self._between(self.stacks, self._loaded_ns, self.now, fresh))
         self._loaded_ns = self.now
-        s, resolved, e = self.chunks.window(lo)
-        rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9)
+        s, resolved, e, st = self.chunks.window(lo)
+        rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9,
+                                stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
         rec.problems = list(self.rec.problems)
         return Analysis(rec, resolver=self.resolver, resolved=resolved)
 

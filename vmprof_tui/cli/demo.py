@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"scenario": args.scenario, "vms": list(ready.values())}), flush=True)
     elif not args.no_tui and sys.stdout.isatty():
         try:
-            run_top(None, args.frequency, 5.0, 1.0, stopped)
+            run_top(None, args.frequency, 5.0, 1.0, stopped, stacks=args.scenario == "stacks")
         except Failure as e:
             demo.stop()
             return fail(str(e))

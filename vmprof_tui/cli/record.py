@@ -17,7 +17,8 @@ EXAMPLES = """examples:
   vmprof record -o run.vmprof -F 10000          10 kHz until Ctrl-C
   vmprof record -o run.vmprof -- make -j2       while a command runs
   vmprof record -o web.vmprof --vm web1 -d 30   samples of one VM only
-  vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)"""
+  vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)
+  vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vm", action="append", default=[], metavar="NAME",
                    help="keep only samples of this VM (repeatable; scheduler events are always kept)")
     p.add_argument("-p", "--pid", type=int, default=None, help="keep only samples of this host process")
+    p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
+                   help="record call stacks: host kernel and user chains (frame pointers) and guest chains "
+                        "walked through guest memory (docs/stacks.md)")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
                    help="also record last branch records with cycles and instructions (hosts with a PMU and LBR; "
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         lbr = LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0) if args.lbr else None
-        session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr)
+        session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr, stacks=args.stacks)
         for note in session.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
         recorder = Recorder(Path(args.output), session)

@@ -13,7 +13,7 @@ from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
 
 if TYPE_CHECKING:
-    from vmprof_tui.analyse.analysis import Profile, Row
+    from vmprof_tui.analyse.analysis import Analysis, Profile, Row
 
 ORDERED = ("table", "json", "csv")  # the formats whose rows --sort orders
 
@@ -32,7 +32,9 @@ EXAMPLES = """examples:
   vmprof report run.vmprof --format chrome -o run.json   (ui.perfetto.dev)
   vmprof report run.vmprof --format svg -o run.svg       flame graph
   vmprof report run.vmprof --format speedscope -o run.json   (speedscope)
-  vmprof report run.vmprof --time-range 10:20   seconds 10 to 20 only"""
+  vmprof report run.vmprof --time-range 10:20   seconds 10 to 20 only
+  vmprof report stacks.vmprof --vm web1 --children   (recorded with -g)
+  vmprof report stacks.vmprof --vm web1 --callers compute_a"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="table", metavar="FORMAT",
                    help=f"output format: {', '.join(FORMATS)} (docs/formats.md)")
     p.add_argument("--stdio", action="store_true", help="accepted for perf's habit: the table is text already")
+    views = p.add_mutually_exclusive_group()
+    views.add_argument("--children", action="store_true",
+                       help="call graph (recordings made with -g): per function, samples with it on the stack "
+                            "(Children) and as the leaf (Self), as perf report --children")
+    views.add_argument("--callers", metavar="FUNCTION", default=None,
+                       help="call graph (recordings made with -g): every chain that leads to FUNCTION")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("--cpu applies to the host level (a guest's vCPUs: --vcpu N)")
     if args.format == "pprof" and not args.output and sys.stdout.isatty():
         raise Usage("pprof output is binary (gzipped protobuf): write it with -o FILE.pb.gz, or pipe it")
+    if (args.children or args.callers) and args.format != "table":
+        raise Usage("--children and --callers are tables: leave out --format (flame graphs: --format collapsed)")
     if args.sort != "samples" and args.format not in ORDERED:
         raise Usage(f"--sort applies to {', '.join(ORDERED)}: {args.format} output has no row order")
     if args.limit is not None and args.format in ("pprof", "chrome"):
@@ -77,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if filters and args.format == "chrome":
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
     an = load_analysis(args)
+    if args.children or args.callers:
+        return _call_graph(args, an, level)
     fmt = formats.module(args.format)
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
@@ -92,6 +104,28 @@ def run(args: argparse.Namespace) -> int:
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
                               limit=args.limit)
     write_output(args, fmt.render(inp))
+    return 0
+
+
+def _call_graph(args: argparse.Namespace, an: Analysis, level: str) -> int:
+    from vmprof_tui.analyse.callgraph import CallGraph
+    from vmprof_tui.show.callgraph_table import render_callers, render_children
+
+    graph = CallGraph(an)
+    if not graph.recorded:
+        raise Failure(f"{args.recording} was recorded without call stacks: record with vmprof record -g")
+    vms = [args.vm] if level == "guest" else [None]
+    if level == "guest" and not args.vm:
+        vms = an.vm_names()
+        if not vms:
+            raise Failure(f"{args.recording} has no VM: use --level host")
+    parts = []
+    for vm in vms:
+        profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)
+        ws = graph.weighted(level, vm, args.vcpu, args.cpu)
+        parts.append(render_callers(profile, ws, args.callers, args.limit) if args.callers
+                     else render_children(profile, ws, args.limit))
+    write_output(args, "\n".join(parts))
     return 0
 
 

@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   vmprof top                      live: every VM, vCPU, process, function
   vmprof top -F 499 --window 30   lower rate, longer window
   vmprof top --replay run.vmprof  play a recording through the same screens
+  vmprof top -g                   + call stacks: flame view (f), callers (c)
   vmprof top --store /srv/store   step through the windows of a fleet store"""
 
 
@@ -25,10 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per second per CPU")
     p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed")
     p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
+    p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
+                   help="collect call stacks, for the flame view (f) and the callers view (c)")
 
 
 def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
-            should_stop: Callable[[], bool] | None = None) -> None:
+            should_stop: Callable[[], bool] | None = None, stacks: bool = False) -> None:
     from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
     from vmprof_tui.show.tui import VmprofTop
 
@@ -45,7 +48,7 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         from vmprof_tui.collect.session import CollectionSession
 
         try:  # checks privileges, BTF and KVM here; BPF loads in the app
-            window = LiveWindow(CollectionSession(frequency, build_ids=False), window_s)
+            window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks), window_s)
         except (BackendError, CollectError) as e:
             raise Failure(str(e)) from None
     try:
@@ -73,5 +76,5 @@ def run(args: argparse.Namespace) -> int:
         if not discover.discover_vms():
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)
-    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals())
+    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks)
     return 0

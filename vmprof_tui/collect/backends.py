@@ -86,11 +86,12 @@ def _compute_offsets(backend: str) -> dict[str, int]:
     off.update({
         "VCPU_PREEMPT_NOTIFIER": btf.offset("kvm_vcpu.preempt_notifier"),
         "VCPU_VCPU_ID": btf.offset("kvm_vcpu.vcpu_id"),
-        "VCPU_RIP": regs.offset + 16 * 8,  # VCPU_REGS_RIP
+        "VCPU_RIP": regs.offset + btf.enum_value("VCPU_REGS_RIP") * 8,
         "VCPU_CR3": btf.offset("kvm_vcpu.arch.cr3"),
         "VCPU_MP_STATE": btf.offset("kvm_vcpu.arch.mp_state"),
         "VCPU_INTR_FROM_GUEST": btf.offset("kvm_vcpu.arch.handling_intr_from_guest"),
     })
+    off.update(_guest_memory_offsets(btf, regs.offset))
     if backend == PVM:
         off.update({"PVM_VCPU": btf.offset(f"{struct}.vcpu"),
                     "PVM_EXIT_REASON": btf.offset(f"{struct}.exit_reason"),
@@ -105,8 +106,31 @@ def _compute_offsets(backend: str) -> dict[str, int]:
     return off
 
 
+def _guest_memory_offsets(btf: Btf, regs: int) -> dict[str, int]:
+    """What the guest stack walk (bpf/stacks.h) reads: guest RSP/RBP in ``kvm_vcpu.arch.regs`` and the
+    VM's memslots (address space 0: ``kvm->memslots[0]``, a gfn-ordered red-black tree)."""
+    return {
+        "VCPU_RSP": regs + btf.enum_value("VCPU_REGS_RSP") * 8,
+        "VCPU_RBP": regs + btf.enum_value("VCPU_REGS_RBP") * 8,
+        "VCPU_KVM": btf.offset("kvm_vcpu.kvm"),
+        "KVM_MEMSLOTS": btf.offset("kvm.memslots"),
+        "MEMSLOTS_GFN_TREE": btf.offset("kvm_memslots.gfn_tree"),
+        "MEMSLOTS_NODE_IDX": btf.offset("kvm_memslots.node_idx"),
+        "SLOT_GFN_NODE": btf.offset("kvm_memory_slot.gfn_node"),
+        "SLOT_BASE_GFN": btf.offset("kvm_memory_slot.base_gfn"),
+        "SLOT_NPAGES": btf.offset("kvm_memory_slot.npages"),
+        "SLOT_USERSPACE_ADDR": btf.offset("kvm_memory_slot.userspace_addr"),
+        "RB_NODE_SIZE": btf.struct_size("rb_node"),
+        "RB_LEFT": btf.offset("rb_node.rb_left"),
+        "RB_RIGHT": btf.offset("rb_node.rb_right"),
+    }
+
+
+_OFFSETS_VERSION = b"2"  # bump when _compute_offsets gains offsets, so older caches are recomputed
+
+
 def _cache_key(backend: str) -> str:
-    h = hashlib.sha256(os.uname().release.encode() + backend.encode())
+    h = hashlib.sha256(os.uname().release.encode() + backend.encode() + _OFFSETS_VERSION)
     for p in sorted(BTF_DIR.glob("*")) if BTF_DIR.exists() else []:
         if p.name in ("vmlinux", *(m for m, _ in _BACKEND_MODULES.values())):
             st = p.stat()

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.collect.backends import Backend
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 HELPER_DIR = Path(__file__).resolve().parents[2] / "helper_kmod"
@@ -26,13 +26,15 @@ class CollectError(RuntimeError):
 
 
 def bpf_source() -> str:
-    """sampler.bpf.c + sched.bpf.c as one text, with vcpu.h inlined once.
+    """sampler.bpf.c + sched.bpf.c as one text, with vcpu.h and stacks.h inlined.
 
     bcc rewrites its map helpers (``map.lookup()``) only in the main source
     text, not in #included files, so files that use them are pasted in."""
-    vcpu_h = (BPF_DIR / "vcpu.h").read_text()  # has include guards: pasting it twice is harmless
     texts = [(BPF_DIR / name).read_text() for name in ("sampler.bpf.c", "sched.bpf.c")]
-    return "\n".join(t.replace('#include "vcpu.h"', vcpu_h) for t in texts)
+    for header in ("vcpu.h", "stacks.h"):  # include guards: pasting one twice is harmless
+        body = (BPF_DIR / header).read_text()
+        texts = [t.replace(f'#include "{header}"', body) for t in texts]
+    return "\n".join(texts)
 
 
 def kernel_build_dir() -> Path:
@@ -118,6 +120,13 @@ class RingReader:
 class Drained:
     samples: np.ndarray
     sched: np.ndarray
+    stacks: np.ndarray | None = None  # STACK_DTYPE rows (-g)
+    host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # stack-map ids first seen now -> addresses
+
+
+# Host stack-map entries (ids of kernel and user chains); a full map makes get_stackid fail, which is
+# counted as a stack without a host chain (-1), never a wrong one.
+HOST_STACK_ENTRIES = 16384
 
 
 @dataclass
@@ -127,8 +136,10 @@ class Collector:
     frequency: int = 1000
     event: str = ""  # "cycles" or "cpu-clock"; empty: cycles where a hardware PMU exists
     ring_pages: int = 1024  # per ring buffer, a power of two
+    stacks: bool = False  # record -g: host and guest call stacks
     _bpf: object = None
     _rings: list[RingReader] = field(default_factory=list)
+    _known_stacks: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.event = self.event or ("cycles" if pmu_available() else "cpu-clock")
@@ -143,6 +154,10 @@ class Collector:
                   f"-DSCHED_RING_PAGES={max(self.ring_pages // 4, 16)}", "-Wno-macro-redefined",
                   f"-DEXPECTED_HANDLING={2 if self.event == 'cycles' else 1}",
                   *self.backend.cflags()]
+        if self.stacks:
+            # a stack record is 14x a sample: its ring gets 4x the pages (drained on the same timer)
+            cflags += ["-DWITH_STACKS", f"-DSTACK_RING_PAGES={self.ring_pages * 4}",
+                       f"-DHOST_STACK_ENTRIES={HOST_STACK_ENTRIES}"]
         text = bpf_source()
         build = kernel_build_dir()
         if not build.exists():
@@ -154,7 +169,8 @@ class Collector:
             raise CollectError(f"loading the BPF programs failed: {str(e).splitlines()[0]}") from None
         b = self._bpf
         self._rings = [RingReader(b[name].map_fd, b[name].max_entries, dtype)
-                       for name, dtype in (("samples", SAMPLE_DTYPE), ("sched_events", SCHED_DTYPE))]
+                       for name, dtype in (("samples", SAMPLE_DTYPE), ("sched_events", SCHED_DTYPE),
+                                           *((("stacks", STACK_DTYPE),) if self.stacks else ()))]
         if self.event == "cycles":
             ev_type, ev_config = bcc.PerfType.HARDWARE, bcc.PerfHWConfig.CPU_CYCLES
         else:
@@ -186,13 +202,33 @@ class Collector:
     def drain(self) -> Drained:
         """Everything recorded since the last call (records are submitted without
         wake-ups, so the caller drains on its own timer: no feedback from wake-ups)."""
-        samples, sched = (ring.read() for ring in self._rings)
-        return Drained(samples, sched)
+        samples, sched, *stacks = (ring.read() for ring in self._rings)
+        if not stacks:
+            return Drained(samples, sched)
+        return Drained(samples, sched, stacks[0], self._new_host_stacks(stacks[0]))
+
+    def _new_host_stacks(self, stacks: np.ndarray) -> dict[int, np.ndarray]:
+        """Addresses of the stack-map ids these stacks use that earlier drains did not return
+        (an id names one chain for the life of the map: ids are never reused)."""
+        ids = np.unique(np.concatenate([stacks["kernel_stack_id"], stacks["user_stack_id"]]))
+        table = self._bpf["host_stacks"]
+        new = {}
+        for sid in ids[ids >= 0].tolist():
+            if sid in self._known_stacks:
+                continue
+            try:
+                ips = np.ctypeslib.as_array(table[ctypes.c_int(sid)].ip)
+            except KeyError:
+                continue
+            n = int(np.argmax(ips == 0)) if (ips == 0).any() else len(ips)
+            new[sid] = ips[:n].astype(np.uint64)
+            self._known_stacks.add(sid)
+        return new
 
     def lost(self) -> dict[str, list[int]]:
         """Records dropped because a ring buffer was full, per CPU."""
         return {name: [int(v) for v in self._bpf[f"{name}_lost"][ctypes.c_int(0)]]
-                for name in ("samples", "sched")}
+                for name in ("samples", "sched", *(("stacks",) if self.stacks else ()))}
 
     @property
     def started(self) -> bool:

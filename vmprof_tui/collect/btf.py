@@ -95,3 +95,17 @@ class Btf:
 
     def offset(self, path: str) -> int:
         return self.field(path).offset
+
+    def struct_size(self, name: str) -> int:
+        if name not in self.by_name:
+            raise BtfError(f"struct {name} is not in this kernel's BTF")
+        return self.sizeof(self.by_name[name])
+
+    def enum_value(self, name: str) -> int:
+        """The value of an enumerator such as ``VCPU_REGS_RBP``."""
+        for t in self.types.values():
+            if t.get("kind") in ("ENUM", "ENUM64"):
+                for v in t.get("values", []):
+                    if v["name"] == name:
+                        return int(v["val"])
+        raise BtfError(f"enumerator {name} is not in this kernel's BTF")

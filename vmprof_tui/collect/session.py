@@ -27,7 +27,7 @@ from vmprof_tui.collect.backends import Backend, load_backend
 from vmprof_tui.collect.bpf import Collector, check_privileges
 from vmprof_tui.collect.lbr import LbrCollector, LbrConfig, LbrUnsupported
 from vmprof_tui.collect.lbr_capability import detect
-from vmprof_tui.record.records import SAMPLE_DTYPE
+from vmprof_tui.record.records import SAMPLE_DTYPE, stack_rows
 from vmprof_tui.resolve.elf import read_build_id, read_elf_symbols_uncached
 from vmprof_tui.resolve.object_table import encode_object_table
 from vmprof_tui.resolve.untrusted import BundleError
@@ -49,6 +49,8 @@ class Chunk:
     new_vms: list[discover.VmInfo] = field(default_factory=list)  # VMs seen for the first time
     gone_vms: list[discover.VmInfo] = field(default_factory=list)  # VMs that stopped since the last chunk
     elapsed_s: float = 0.0  # from the start of the session to the drain (what the records cover)
+    stacks: np.ndarray | None = None  # STACK_DTYPE rows of the chunk's samples (-g)
+    host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # new stack-map ids -> addresses (-g)
 
 
 @lru_cache(maxsize=4096)
@@ -96,14 +98,15 @@ class CollectionSession:
     """The BPF programs on every CPU, the VMs on this host, and the processes sampled so far."""
 
     def __init__(self, frequency: int = 1000, *, vm_names: Iterable[str] = (), pid: int | None = None,
-                 lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None) -> None:
+                 lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None,
+                 stacks: bool = False) -> None:
         check_privileges()  # before anything else, so the user hears the real reason
         self.backend = backend or load_backend()
         self.frequency = frequency
         self.vm_names = list(vm_names)
         self.pid = pid
         self.build_ids = build_ids
-        self.collector = Collector(self.backend, frequency=frequency)
+        self.collector = Collector(self.backend, frequency=frequency, stacks=stacks)
         self.lbr = LbrCollector(lbr) if lbr is not None else None
         if lbr is not None and not lbr.standin:
             caps = detect(lbr.effective.branch_filter)
@@ -157,7 +160,7 @@ class CollectionSession:
                 "event": self.collector.event, "frequency": self.frequency,
                 "clock": "CLOCK_MONOTONIC (bpf_ktime_get_ns)", "start_monotonic_ns": time.monotonic_ns(),
                 "start_unix_s": time.time(), "offsets": be.offsets, "kvm_sched_in": be.kvm_sched_in,
-                "vmx_helper": be.vmx_helper is not None, "notes": be.notes,
+                "vmx_helper": be.vmx_helper is not None, "notes": be.notes, "stacks": self.collector.stacks,
                 "filters": {"vm": self.vm_names, "pid": self.pid},
                 "lbr": None if self.lbr is None else {"pattern": self.lbr.config.pattern.name,
                                                       "standin": self.lbr.config.standin}}
@@ -203,7 +206,12 @@ class CollectionSession:
             processes = {pid: snap for pid in new_pids
                          if (snap := snapshot_process(pid, names.get(pid), self.build_ids))}
             self.pids_seen |= new_pids
-        chunk = Chunk(samples, drained.sched, lbr, processes, self._pending_new, self._pending_gone, elapsed_s)
+        stacks = drained.stacks
+        if stacks is not None and len(stacks) and (self.pid is not None or self.vm_names):
+            rows = stack_rows(samples, stacks)
+            stacks = stacks[np.unique(rows[rows >= 0])]  # the kept samples' stacks only
+        chunk = Chunk(samples, drained.sched, lbr, processes, self._pending_new, self._pending_gone, elapsed_s,
+                      stacks, drained.host_stacks)
         self._pending_new, self._pending_gone = [], []
         return chunk
 

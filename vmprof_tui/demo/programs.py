@@ -14,10 +14,18 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-NAMES = ("compute", "duty", "jacobi", "load")
+NAMES = ("compute", "duty", "jacobi", "load", "chain", "recurse", "clobber")
 CFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie",
           "-fno-pic", "-fno-stack-protector", "-fcf-protection=none", "-fno-asynchronous-unwind-tables",
           "-g", "-Wl,--build-id"]
+# The call-stack programs keep a frame-pointer chain in every function (leaves too) and real calls
+# (no sibling-call jumps), so each sample's chain is known by construction.
+STACK_PROGRAMS = ("chain", "recurse", "clobber")
+FRAME_POINTER_FLAGS = ("-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-fno-optimize-sibling-calls")
+
+
+def flags_for(name: str) -> list[str]:
+    return CFLAGS + list(FRAME_POINTER_FLAGS if name in STACK_PROGRAMS else ())
 
 
 class BuildError(RuntimeError):
@@ -40,12 +48,13 @@ def program_path(name: str) -> Path:
         raise BuildError(f"unknown demo program {name!r}; choose from {', '.join(NAMES)}")
     src = _source_dir()
     digest = hashlib.sha256()
-    for part in (src / f"{name}.c", src / "guest_rt.h"):
+    for part in (src / f"{name}.c", src / "guest_rt.h", src / "stack_rt.h"):
         digest.update(part.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    flags = flags_for(name)
+    digest.update(" ".join(flags).encode())
     out = cache_dir() / digest.hexdigest()[:16] / name
     if not out.exists():
-        build(src / f"{name}.c", out)
+        build(src / f"{name}.c", out, tuple(flags[len(CFLAGS):]))
     return out
 
 

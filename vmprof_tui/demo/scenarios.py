@@ -57,6 +57,8 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
         return [_vm("measured", _vcpu(cpu, _proc("compute"))),
                 _vm("disturb1", _vcpu(cpu, duty(4, 4))),
                 _vm("disturb2", _vcpu(cpu, _proc("jacobi")))]
+    if name == "stacks":
+        return [_vm("stacks", _vcpu(cpu, _proc("chain"), _proc("recurse"), _proc("clobber")))]
     if name == "custom":
         c = custom or Custom()
         vms = []
@@ -70,7 +72,7 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
     raise KeyError(name)
 
 
-NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "custom")
+NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "custom")
 
 DESCRIPTIONS = {
     "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
@@ -79,5 +81,7 @@ DESCRIPTIONS = {
     "halt": "1 VM busy 10 ms, idle 20 ms (busy 1/3, idle 2/3)",
     "vcpu2-on-1": f"one VM with 2 vCPUs (compute, jacobi) both on CPU {SHARED_CPU}",
     "correction": f"measured VM (compute) + two disturbance VMs, all on CPU {SHARED_CPU}",
+    "stacks": "call stacks: chain (main→solve→sweep→kernel_a 60%, main→solve→copy 30%, main→report 10%), "
+              "recurse (depth 1..4: 10/20/30/40%), clobber (a broken frame-pointer chain), on one vCPU",
     "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms",
 }

@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
 MAGIC = b"VMPROFREC\0"
 VERSION = 1
@@ -40,10 +40,11 @@ MAX_INFLATED = 1 << 30
 MAX_OBJECT_TABLE = 128 << 20  # one host object's symbol table in a spool, inflated (4M symbols fit)
 MAX_OBJECT_TABLES = 4096  # tables one window references
 
-META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR = 1, 2, 3, 4, 5, 6, 7
+META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR, STACKS, HOST_STACKS = 1, 2, 3, 4, 5, 6, 7, 8, 9
 KIND_NAMES = {META: "meta", SAMPLES: "samples", SCHED: "sched", SNAPSHOT: "snapshot", BUNDLE: "bundle", END: "end",
-              LBR: "lbr"}
-TABLE_DTYPES = {SAMPLES: SAMPLE_DTYPE, SCHED: SCHED_DTYPE}
+              LBR: "lbr", STACKS: "stacks", HOST_STACKS: "host stacks"}
+TABLE_DTYPES = {SAMPLES: SAMPLE_DTYPE, SCHED: SCHED_DTYPE, STACKS: STACK_DTYPE}
+MAX_HOST_STACK_DEPTH = 127  # the kernel's PERF_MAX_STACK_DEPTH
 
 
 class RecordingError(RuntimeError):
@@ -94,11 +95,12 @@ def _pack_rows(header: dict, body: bytes) -> bytes:
     return struct.pack("<I", len(h)) + h + zlib.compress(body, 6)
 
 
-def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str) -> tuple[dict, bytes]:
-    """(header, body) of a row chunk; the body inflated to exactly rows * itemsize bytes, never more."""
+def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
+                 extra_of: Callable[[dict], int] = lambda h: 0) -> tuple[dict, bytes]:
+    """(header, body) of a row chunk; the body inflated to exactly rows * itemsize (+ extra) bytes, never more."""
     (hlen,) = struct.unpack_from("<I", payload)
     header = json.loads(bytes(payload[4:4 + hlen]))
-    size = int(header["rows"]) * itemsize_of(header)
+    size = int(header["rows"]) * itemsize_of(header) + extra_of(header)
     raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
     if len(raw) != size:
         raise RecordingError(f"{what} is shorter than its header says")
@@ -143,6 +145,26 @@ def _decode_lbr(payload: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=record_dtype(int(header["nr"]), int(header["fields"]))).copy()
 
 
+def _encode_host_stacks(chains: dict[int, np.ndarray]) -> bytes:
+    """Stack-map entries: ids (i4), their depths (u4), then every chain's addresses (u8) one after another."""
+    ids = np.fromiter(chains, dtype="<i4", count=len(chains))
+    depths = np.array([len(chains[i]) for i in ids.tolist()], dtype="<u4")
+    addresses = np.concatenate([np.asarray(chains[i], "<u8") for i in ids.tolist()]) if len(ids) else np.empty(0, "<u8")
+    return _pack_rows({"rows": len(ids), "addresses": len(addresses)},
+                      ids.tobytes() + depths.tobytes() + addresses.tobytes())
+
+
+def _decode_host_stacks(payload: bytes) -> dict[int, np.ndarray]:
+    header, raw = _unpack_rows(payload, lambda h: 8, "a host stacks chunk", lambda h: 8 * int(h["addresses"]))
+    n = int(header["rows"])
+    ids = np.frombuffer(raw, "<i4", n)
+    depths = np.frombuffer(raw, "<u4", n, 4 * n).astype(np.int64)
+    if depths.sum() != int(header["addresses"]) or (depths > MAX_HOST_STACK_DEPTH).any():
+        raise RecordingError("a host stacks chunk's depths do not add up")
+    addresses = np.frombuffer(raw, "<u8", offset=8 * n)
+    return dict(zip(ids.tolist(), np.split(addresses, np.cumsum(depths)[:-1]), strict=True)) if n else {}
+
+
 def bundle_tar(folder: Path) -> bytes:
     """A guest bundle folder as the tar a recording stores."""
     buf = io.BytesIO()
@@ -162,6 +184,8 @@ class Writer:
         self.file.write(MAGIC + struct.pack("<H", VERSION))
         self._pending_samples: list[np.ndarray] = []
         self._pending_sched: list[np.ndarray] = []
+        self._pending_stacks: list[np.ndarray] = []
+        self._pending_host_stacks: dict[int, np.ndarray] = {}
         self.chunk(META, json.dumps(meta).encode())
         self.sync()
 
@@ -171,14 +195,24 @@ class Writer:
         self.file.write(CHUNK_HEADER.pack(CHUNK_MAGIC, kind, 0, len(payload), zlib.crc32(payload)))
         self.file.write(payload)
 
-    def add(self, samples: np.ndarray, sched: np.ndarray) -> None:
+    def add(self, samples: np.ndarray, sched: np.ndarray, stacks: np.ndarray | None = None,
+            host_stacks: dict[int, np.ndarray] | None = None) -> None:
+        """Rows to write at the next flush; stacks (-g) are STACK_DTYPE rows and the stack-map entries
+        (id -> addresses) their ids use that were not added before."""
         if len(samples):
             self._pending_samples.append(samples)
         if len(sched):
             self._pending_sched.append(sched)
+        if stacks is not None and len(stacks):
+            self._pending_stacks.append(stacks)
+        self._pending_host_stacks.update(host_stacks or {})
 
     def flush(self) -> None:
-        for kind, pending in ((SAMPLES, self._pending_samples), (SCHED, self._pending_sched)):
+        if self._pending_host_stacks:  # before the stacks that use them
+            self.chunk(HOST_STACKS, _encode_host_stacks(self._pending_host_stacks))
+            self._pending_host_stacks = {}
+        for kind, pending in ((SAMPLES, self._pending_samples), (SCHED, self._pending_sched),
+                              (STACKS, self._pending_stacks)):
             if pending:
                 self.chunk(kind, _encode_table(np.concatenate(pending)))
                 pending.clear()
@@ -218,6 +252,8 @@ class Recording:
     object_tables: dict[str, bytes] = field(default_factory=dict)  # build id -> host object's symbols (agent)
     end: dict | None = None  # None when the recorder did not finish (killed, cut)
     lbr: np.ndarray | None = None  # raw LBR records (vmprof record --lbr)
+    stacks: np.ndarray | None = None  # STACK_DTYPE rows (vmprof record -g); None: recorded without stacks
+    host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # host stack-map id -> addresses (-g)
     problems: list[str] = field(default_factory=list)  # what was cut or skipped
 
     @property
@@ -323,7 +359,7 @@ def load(path: Path) -> Recording:
         raise RecordingError(f"{path} is recording format version {version}; this vmprof reads version {VERSION}")
     pos = len(MAGIC) + 2
     meta: dict | None = None
-    tables: dict[int, list[np.ndarray]] = {SAMPLES: [], SCHED: []}
+    tables: dict[int, list[np.ndarray]] = {SAMPLES: [], SCHED: [], STACKS: []}
     rec = Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
     lbr_parts: list[np.ndarray] = []
     decoding: list[tuple[int, int, Future]] = []  # (kind, problems before it, the decoded table)
@@ -366,6 +402,8 @@ def load(path: Path) -> Recording:
                 rec.end = json.loads(bytes(payload))
             elif kind == LBR:
                 lbr_parts.append(_decode_lbr(payload))
+            elif kind == HOST_STACKS:
+                rec.host_stacks.update(_decode_host_stacks(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
             rec.problems.append(f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
     skipped = 0
@@ -387,6 +425,8 @@ def load(path: Path) -> Recording:
         rec.sched = _join(tables[SCHED])
     if lbr_parts:
         rec.lbr = np.concatenate(lbr_parts)
+    if tables[STACKS] or meta.get("stacks"):
+        rec.stacks = np.concatenate(tables[STACKS]) if tables[STACKS] else np.empty(0, STACK_DTYPE)
     _load_static(rec)
     if rec.end is None and not rec.problems:
         rec.problems.append("the recorder did not finish (no end chunk): this is the part flushed before it stopped")

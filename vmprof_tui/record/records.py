@@ -14,6 +14,12 @@ SAMPLE_DTYPE = np.dtype([
     ("cpu", "<u2"), ("vcpu_id", "<u2"), ("flags", "<u2"), ("pad", "<u2"),
 ])
 
+STACK_GUEST_MAX = 64
+STACK_DTYPE = np.dtype([
+    ("time_ns", "<u8"), ("kernel_stack_id", "<i4"), ("user_stack_id", "<i4"), ("cpu", "<u2"),
+    ("guest_depth", "u1"), ("flags", "u1"), ("pad", "<u4"), ("guest", "<u8", STACK_GUEST_MAX),
+])
+
 SCHED_DTYPE = np.dtype([
     ("time_ns", "<u8"), ("prev_pid", "<u4"), ("prev_tid", "<u4"), ("next_pid", "<u4"), ("next_tid", "<u4"),
     ("prev_exit_reason", "<u4"), ("cpu", "<u2"), ("prev_vcpu_id", "<u2"), ("flags", "u1"), ("pad", "u1", 7),
@@ -28,6 +34,10 @@ SAMPLE_GUEST_KERNEL = 0x0008
 SAMPLE_GUEST_UNKNOWN = 0x0010
 SAMPLE_HALTED = 0x0020
 
+# vmprof_stack.flags
+STACK_GUEST_WALKED = 0x01
+STACK_GUEST_PARTIAL = 0x02
+
 # vmprof_sched_event.flags
 SCHED_PREV_VCPU = 0x01
 SCHED_NEXT_VCPU = 0x02
@@ -35,4 +45,26 @@ SCHED_PREV_LOADED = 0x04
 SCHED_PREV_HALTED = 0x08
 SCHED_PREV_RUNNABLE = 0x10
 
-C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE}
+C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE, "vmprof_stack": STACK_DTYPE}
+
+
+def stack_rows(samples: np.ndarray, stacks: np.ndarray) -> np.ndarray:
+    """For each sample, the row of its vmprof_stack record in `stacks` (same cpu and time_ns), or -1.
+
+    A sample with stack_id -1 has none; one whose record was lost (its ring buffer was full) or
+    filtered away has none either."""
+    out = np.full(len(samples), -1, np.int64)
+    if not len(stacks) or not len(samples):
+        return out
+    for cpu in np.unique(samples["cpu"][samples["stack_id"] >= 0]).tolist():
+        rows = np.nonzero(stacks["cpu"] == cpu)[0]
+        if not len(rows):
+            continue
+        times = stacks["time_ns"][rows]
+        order = np.argsort(times, kind="stable")
+        times, rows = times[order], rows[order]
+        mine = np.nonzero((samples["cpu"] == cpu) & (samples["stack_id"] >= 0))[0]
+        at = np.minimum(np.searchsorted(times, samples["time_ns"][mine]), len(times) - 1)
+        hit = times[at] == samples["time_ns"][mine]
+        out[mine[hit]] = rows[at[hit]]
+    return out

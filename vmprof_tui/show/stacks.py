@@ -7,20 +7,25 @@
 A guest process frame carries its VM's name because pprof and speedscope merge frames by name: `compute [1]`
 of three VMs would otherwise be one node.  Names are demangled (the mangled symbol is kept as
 ``Frame.system_name``); an unresolved function is named by its module, ``[libcrypto.so.3]``, as perf does.
-Call-stack frames, once recorded, go between the process frame and the function frame in ``row_frames``.
+With call stacks (a recording made with -g) the function rows are replaced by their call paths
+(`analyse.callgraph`): the process frame, a ``[partial]``/``[truncated]`` marker when the chain ended
+early, then the frames from the outermost call to the sampled function; each path is split by CPU and
+thread, which its Stack carries as labels (cpu, vcpu, tid), and its frames carry addresses and mappings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.analyse.callgraph import CallGraph
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
+from vmprof_tui.resolve.stacks import MappingInfo
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,10 @@ class Frame:
     name: str  # what users read
     module: str = ""
     system_name: str = ""  # the mangled symbol, when name is its demangled form
+    # where a call-stack frame is (0 / None for the frames of rows); not part of its identity, so that
+    # formats that merge frames by name see one frame per function
+    address: int = field(default=0, compare=False)
+    mapping: MappingInfo | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class Stack:
     frames: tuple[Frame, ...]  # root first
     samples: float
     row: Row
+    labels: tuple[tuple[str, int], ...] = ()  # call-stack paths: cpu, vcpu, tid
 
 
 def function_name(row: Row) -> str:
@@ -84,10 +94,65 @@ def _vm_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
     return an.aggregate(sel)
 
 
+_graph: dict[int, tuple[Analysis, CallGraph]] = {}
+
+
+def call_graph(an: Analysis) -> CallGraph:
+    """The call graph of an analysis, built once (several profiles and formats ask for it)."""
+    kept = _graph.get(0)
+    if kept is None or kept[0] is not an:
+        _graph[0] = (an, CallGraph(an))
+    return _graph[0][1]
+
+
+def call_frame(label: str, f: object) -> Frame:
+    """A frame of a call path (`resolve.stacks.Frame` behind it, or a marker)."""
+    function = getattr(f, "function", label)
+    name = demangle(function) if function != UNKNOWN else label
+    return Frame(name, getattr(f, "module", ""), function if name != function else "", getattr(f, "address", 0),
+                 getattr(f, "mapping", None))
+
+
+def path_stacks(an: Analysis, profile: Profile, cpu: int | None) -> list[Stack]:
+    """The function (and host-level VM) rows of a profile as call paths, largest first."""
+    ws = call_graph(an).weighted(profile.level, profile.vm, profile.vcpu, cpu, split=True)
+    # the profile's rows say which paths it holds (report's --comm/--pid/--dso/-K/-U leave some out)
+    functions = {(r.function, r.module, r.process, r.pid) for r in profile.rows
+                 if r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN)}
+    vmms = {r.pid for r in profile.rows if r.kind is RowKind.VM}
+    out = []
+    for path, ctx, n, stack, first in zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks, ws.first,
+                                          strict=True):
+        row = an.row(first, float(n))
+        vm_path = profile.level == "host" and an.in_vm[first]
+        if (int(an.samples["pid"][first]) not in vmms) if vm_path else \
+                ((row.function, row.module, row.process, row.pid) not in functions):
+            continue
+        if profile.level == "host" and not an.in_vm[first]:
+            row.vm = None  # as the host profile's rows: a VMM's other threads are host rows
+        if stack is None:
+            frames = row_frames(row)
+        else:
+            base = 2 if profile.level == "guest" or an.in_vm[first] else 1  # VM and process, or process
+            markers = tuple(Frame(label) for label in path[base:ctx])
+            calls = tuple(call_frame(label, f) for label, f in zip(path[ctx:], stack.frames, strict=True))
+            frames = row_frames(row)[:-1] + markers + calls
+        tid = int(an.samples["tid"][first])
+        vcpu = an.vcpu_of_tid.get(tid, (0, None))[1]
+        labels = (("cpu", int(an.samples["cpu"][first])), ("tid", tid)) + ((("vcpu", vcpu),) if vcpu is not None
+                                                                           else ())
+        out.append(Stack(frames, float(n), row, labels))
+    return sorted(out, key=lambda st: -st.samples)
+
+
 def profile_stacks(an: Analysis | None, profile: Profile, cpu: int | None = None,
                    limit: int | None = None) -> list[Stack]:
     """The stacks of one profile, largest row first (at most `limit` rows); VM rows of the host level are
-    split when an Analysis is given."""
+    split when an Analysis is given; with call stacks recorded, function and VM rows are call paths."""
+    if an is not None and call_graph(an).recorded:
+        kept = [r for r in profile.rows if r.kind not in (RowKind.FUNCTION, RowKind.UNKNOWN, RowKind.VM)]
+        rows = [Stack(row_frames(r), r.samples, r) for r in kept if r.samples > 0]
+        return sorted(path_stacks(an, profile, cpu) + rows, key=lambda st: -st.samples)[:limit]
     rows = sorted(profile.rows, key=lambda r: -r.samples)[:limit]
     if an is not None and profile.level == "host":
         rows = [g for r in rows for g in _vm_rows(an, r, cpu)]

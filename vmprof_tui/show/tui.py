@@ -22,11 +22,13 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual_plotext import PlotextPlot
 
 from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.callgraph import WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
 from vmprof_tui.resolve.demangle import demangle
-from vmprof_tui.show.stacks import process_name
+from vmprof_tui.show import flame
+from vmprof_tui.show.stacks import call_graph, process_name
 
 SPARK = "▁▂▃▄▅▆▇█"
 HOST_KEY = "(host)"
@@ -92,6 +94,8 @@ class HelpScreen(ModalScreen[None]):
             "s         steal detail of the VM (by exit reason, by who held the pCPU)\n"
             "t         per-vCPU timeline of the VM (guest / VMM / steal / idle)\n"
             "          (s and t work on every screen of a VM, and on the overview's VM row)\n"
+            "f         flame (icicle) view of the selected VM, guest process or the host (needs -g)\n"
+            "c         callers of the selected function (needs -g)\n"
             "o         sort by the next column        /  filter rows by name\n"
             "space     pause / resume                 +  -  refresh faster / slower\n"
             "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
@@ -264,7 +268,7 @@ class VmTableScreen(VmKeys, TableScreen):
 
 class OverviewScreen(TableScreen):
     BINDINGS = [Binding("enter", "drill", "drill down"), Binding("s", "steal", "steal"),
-                Binding("t", "timeline", "timeline")]
+                Binding("t", "timeline", "timeline"), Binding("f", "flame", "flame")]
     columns = ("VM", "vCPUs", "user %", "kernel %", "steal % (t1/t2)", "idle %", "top process",
                "top function", "history (busy %)")
     default_sort = "VM"
@@ -339,9 +343,22 @@ class OverviewScreen(TableScreen):
         if key and key != HOST_KEY:
             self.app.push_screen(TimelineScreen(key))
 
+    def action_flame(self) -> None:
+        key = self.selected()
+        if key:
+            self.app.push_screen(FlameScreen(None if key == HOST_KEY else key))
+
 
 class HostScreen(TableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
     columns = ("samples", "%", "process", "module", "function")
+
+    def action_callers(self) -> None:
+        if key := self.selected():
+            self.app.push_screen(CallersScreen(None, key))
+
+    def action_flame(self) -> None:
+        self.app.push_screen(FlameScreen(None))
 
     def title_text(self, an: Analysis) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
@@ -378,7 +395,11 @@ class VmScreen(VmTableScreen):
 
 
 class ProcessScreen(VmTableScreen):
-    BINDINGS = [Binding("enter", "drill", "functions")]
+    BINDINGS = [Binding("enter", "drill", "functions"), Binding("f", "flame", "flame")]
+
+    def action_flame(self) -> None:
+        key = self.selected()
+        self.app.push_screen(FlameScreen(self.vm, key if key in self.processes else None))
     columns = ("process", "pid", "samples", "%")
 
     def __init__(self, vm: str, vcpu: int | None) -> None:
@@ -408,7 +429,15 @@ class ProcessScreen(VmTableScreen):
 
 
 class FunctionScreen(VmTableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
     columns = ("function", "module", "samples", "% of process")
+
+    def action_callers(self) -> None:
+        if key := self.selected():
+            self.app.push_screen(CallersScreen(self.vm, key))
+
+    def action_flame(self) -> None:
+        self.app.push_screen(FlameScreen(self.vm, self.process))
 
     def __init__(self, vm: str, vcpu: int | None, process: str) -> None:
         super().__init__(vm)
@@ -444,23 +473,56 @@ class StealScreen(VmTableScreen):
         return out
 
 
-class TimelineScreen(VmKeys, Screen):
-    """Per-vCPU strips of the window: guest running, VMM, steal, idle (analyse.timeline.vcpu_segments)."""
+def weighted(an: Analysis, vm: str | None) -> WeightedStacks | None:
+    """The VM's (or, for None, the host's) call paths; None when the window has no call stacks."""
+    graph = call_graph(an)
+    if not graph.recorded or (vm is not None and vm not in an.vm_names()):
+        return None
+    return graph.weighted("guest", vm) if vm is not None else graph.weighted("host")
 
-    BINDINGS = [Binding("escape", "back", "back"), *VmKeys.BINDINGS]
-    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue")}
-    BLANK_STATES = {BlankKind.IDLE: 4, BlankKind.PREEMPTED: 3, BlankKind.BLOCKED: 2}  # VMM-blocked: VMM's colour
-    # what a column shows when several segments share it: samples over blanks, guest code over the VMM
-    PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
 
-    def __init__(self, vm: str) -> None:
+NO_STACKS = "no call stacks in this window: start vmprof top with -g (or replay a recording made with -g)"
+
+
+class CallersScreen(TableScreen):
+    """Every chain that leads to one function, outermost first (perf's caller view)."""
+
+    columns = ("samples", "%", "chain")
+
+    def __init__(self, vm: str | None, function: str) -> None:
+        super().__init__()
+        self.vm, self.function = vm, function
+
+    def title_text(self, an: Analysis) -> str:
+        ws = weighted(an, self.vm)
+        where = f"VM {self.vm}" if self.vm else "host"
+        if ws is None:
+            return NO_STACKS
+        return f"{where}: callers of {self.function} (of {ws.samples} samples with a call path)"
+
+    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+        ws = weighted(an, self.vm)
+        if ws is None:
+            return []
+        total = ws.samples or 1
+        return [(" ; ".join(chain), (n, 100 * n / total, " → ".join(chain))) for chain, n in
+                callers(ws, self.function)]
+
+
+class DrawingScreen(Screen):
+    """A screen that is one drawing (Static `#<drawing_id>`), redrawn from each new Analysis."""
+
+    BINDINGS = [Binding("escape", "back", "back")]
+    drawing_id = ""
+
+    def __init__(self, vm: str | None) -> None:
         super().__init__()
         self.vm = vm
         self.ready = False
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static(id="timeline")
+        yield Static(id=self.drawing_id)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -471,8 +533,49 @@ class TimelineScreen(VmKeys, Screen):
         self.app.pop_screen()
 
     def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.ready:
-            return
+        if an is not None and self.ready:
+            self.query_one(f"#{self.drawing_id}", Static).update(self.draw(an))
+
+    def draw(self, an: Analysis) -> Text | str:
+        raise NotImplementedError
+
+
+class FlameScreen(DrawingScreen):
+    """An icicle graph of the window's call paths: a VM, one of its guest processes, or the host."""
+
+    drawing_id = "flame"
+
+    def __init__(self, vm: str | None, process: str | None = None) -> None:
+        super().__init__(vm)
+        self.process = process
+
+    def draw(self, an: Analysis) -> Text | str:
+        ws = weighted(an, self.vm)
+        what = (f"VM {self.vm}" + (f" process {self.process}" if self.process else "")) if self.vm else "host"
+        if ws is None:
+            return f"{what}: {NO_STACKS}"
+        keep = [i for i, p in enumerate(ws.paths) if self.process is None or p[1:2] == (self.process,)]
+        width = max(self.size.width - 2, 20)
+        lines = flame.icicle([ws.paths[i] for i in keep], [int(ws.counts[i]) for i in keep], width,
+                             max(self.size.height - 6, 4))
+        text = Text(f"{what}: {sum(int(ws.counts[i]) for i in keep)} samples, root at the top\n")
+        for note in ws.notes():
+            text.append(f"note: {note}\n", style="dim")
+        text.append_text(flame.render(lines, width))
+        return text
+
+
+class TimelineScreen(VmKeys, DrawingScreen):
+    """Per-vCPU strips of the window: guest running, VMM, steal, idle (analyse.timeline.vcpu_segments)."""
+
+    BINDINGS = [*DrawingScreen.BINDINGS, *VmKeys.BINDINGS]
+    drawing_id = "timeline"
+    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue")}
+    BLANK_STATES = {BlankKind.IDLE: 4, BlankKind.PREEMPTED: 3, BlankKind.BLOCKED: 2}  # VMM-blocked: VMM's colour
+    # what a column shows when several segments share it: samples over blanks, guest code over the VMM
+    PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
+
+    def draw(self, an: Analysis) -> Text | str:
         width = max(self.size.width - 12, 20)
         text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
                     f"{an.rec.duration_s / width:.2f}s   ")
@@ -499,7 +602,7 @@ class TimelineScreen(VmKeys, Screen):
                 ch, style = self.STATES[code]
                 text.append(ch, style=style)
             text.append("\n")
-        self.query_one("#timeline", Static).update(text)
+        return text
 
 
 class VmprofTop(App):

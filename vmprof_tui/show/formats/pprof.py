@@ -17,6 +17,11 @@ Demangled functions keep the mangled symbol in ``Function.system_name``.
 Samples also carry labels ``vm``, ``process``, ``pid`` and ``module`` for
 ``-tagfocus``/``-tagshow``.
 
+With call stacks (a recording made with -g) each sample's stack is its call path (``show.stacks``):
+every call frame is a Location with its address and the Mapping of its file (file name, build id,
+start, limit, offset; symbolized already, so ``has_functions``), and samples are split by CPU and
+thread with labels ``cpu``, ``vcpu`` and ``tid``.
+
 Why the protobuf is encoded by hand: the ``protobuf`` runtime cannot encode a
 message without classes generated from ``profile.proto`` by ``protoc`` (or a
 descriptor built at run time), which would add a dependency and a build step
@@ -32,9 +37,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.analyse.analysis import Analysis, Profile
+from vmprof_tui.resolve.stacks import MappingInfo
 from vmprof_tui.show.formats import ReportInput
-from vmprof_tui.show.stacks import profile_stacks
+from vmprof_tui.show.stacks import Frame, Stack, profile_stacks
 
 # Field numbers of profile.proto.
 # Profile
@@ -47,7 +53,7 @@ S_LOCATION_ID, S_VALUE, S_LABEL = 1, 2, 3
 # Label
 L_KEY, L_STR, L_NUM, L_NUM_UNIT = 1, 2, 3, 4
 # Mapping
-M_ID, M_FILENAME, M_HAS_FUNCTIONS = 1, 5, 7
+M_ID, M_START, M_LIMIT, M_OFFSET, M_FILENAME, M_BUILD_ID, M_HAS_FUNCTIONS = 1, 2, 3, 4, 5, 6, 7
 # Location
 LOC_ID, LOC_MAPPING_ID, LOC_ADDRESS, LOC_LINE = 1, 2, 3, 4
 # Line
@@ -124,7 +130,47 @@ class ProfileBuilder:
         self.functions: list[bytes] = []
         self.locations: list[bytes] = []
         self.samples: list[bytes] = []
-        self._location_of: dict[tuple[str, str], int] = {}
+        self.mappings: list[bytes] = []
+        self._location_of: dict[tuple, int] = {}
+        self._function_of: dict[tuple[str, str, str], int] = {}
+        self._mapping_of: dict[MappingInfo, int] = {}
+
+    def mapping(self, m: MappingInfo | None) -> int:
+        """The id of a file mapping (MAPPING_ID, the one pseudo mapping, for frames without one)."""
+        if m is None:
+            return MAPPING_ID
+        mid = self._mapping_of.get(m)
+        if mid is None:
+            mid = self._mapping_of[m] = len(self.mappings) + MAPPING_ID + 1
+            self.mappings.append(field_varint(M_ID, mid) + field_varint(M_START, m.start) +
+                                 field_varint(M_LIMIT, m.end) + field_varint(M_OFFSET, m.offset) +
+                                 field_varint(M_FILENAME, self.strings(m.path)) +
+                                 field_varint(M_BUILD_ID, self.strings(m.build_id or "")) +
+                                 field_varint(M_HAS_FUNCTIONS, 1))
+        return mid
+
+    def function(self, name: str, filename: str, system_name: str) -> int:
+        k = (name, filename, system_name)
+        fid = self._function_of.get(k)
+        if fid is None:
+            fid = self._function_of[k] = len(self.functions) + 1
+            self.functions.append(field_varint(F_ID, fid) + field_varint(F_NAME, self.strings(name)) +
+                                  field_varint(F_SYSTEM_NAME, self.strings(system_name)) +
+                                  field_varint(F_FILENAME, self.strings(filename)))
+        return fid
+
+    def frame_location(self, f: Frame) -> int:
+        """A call frame at its address in its mapping; frames without an address as location()."""
+        if not f.address:
+            return self.location(f.name, f.module, f.system_name)
+        k = (f.name, f.module, f.address, f.mapping)
+        loc = self._location_of.get(k)
+        if loc is None:
+            line = field_varint(LINE_FUNCTION_ID, self.function(f.name, f.module, f.system_name))
+            loc = self._location_of[k] = len(self.locations) + 1
+            self.locations.append(field_varint(LOC_ID, loc) + field_varint(LOC_MAPPING_ID, self.mapping(f.mapping)) +
+                                  field_varint(LOC_ADDRESS, f.address) + field_bytes(LOC_LINE, line))
+        return loc
 
     def location(self, name: str, filename: str = "", system_name: str = "") -> int:
         """The location id of a frame; a frame is one Location with one Line of one Function.
@@ -136,11 +182,7 @@ class ProfileBuilder:
         k = (name, filename)
         loc = self._location_of.get(k)
         if loc is None:
-            fid = len(self.functions) + 1
-            n = self.strings(name)
-            self.functions.append(field_varint(F_ID, fid) + field_varint(F_NAME, n) +
-                                  field_varint(F_SYSTEM_NAME, self.strings(system_name)) +
-                                  field_varint(F_FILENAME, self.strings(filename)))
+            fid = self.function(name, filename, system_name)
             loc = self._location_of[k] = len(self.locations) + 1
             line = field_varint(LINE_FUNCTION_ID, fid)
             self.locations.append(field_varint(LOC_ID, loc) + field_varint(LOC_MAPPING_ID, MAPPING_ID) +
@@ -173,6 +215,7 @@ class ProfileBuilder:
         parts = [head]
         parts += [field_bytes(P_SAMPLE, s) for s in self.samples]
         parts.append(field_bytes(P_MAPPING, mapping))
+        parts += [field_bytes(P_MAPPING, m) for m in self.mappings]
         parts += [field_bytes(P_LOCATION, loc) for loc in self.locations]
         parts += [field_bytes(P_FUNCTION, f) for f in self.functions]
         parts += [field_bytes(P_STRING_TABLE, s.encode()) for s in self.strings.strings]
@@ -182,8 +225,9 @@ class ProfileBuilder:
         return b"".join(parts)
 
 
-def _labels(b: ProfileBuilder, row: Row) -> list[bytes]:
-    labels = [b.label("module", row.module)]
+def _labels(b: ProfileBuilder, st: Stack) -> list[bytes]:
+    row = st.row
+    labels = [b.label("module", row.module)] + [b.label(k, num=v) for k, v in st.labels]
     if row.vm:
         labels.append(b.label("vm", row.vm))
     if row.process:
@@ -221,8 +265,8 @@ def render_profile(profile: Profile, period_ns: float, time_nanos: int = 0, an: 
     b = ProfileBuilder()
     for st, n in zip(sts, counts.tolist(), strict=True):
         if n > 0:  # cpu is the count times the period: the two values never disagree
-            stack = [b.location(f.name, f.module, f.system_name) for f in reversed(st.frames)]
-            b.sample(stack, (n, int(round(n * period_ns))), _labels(b, st.row))
+            stack = [b.frame_location(f) for f in reversed(st.frames)]
+            b.sample(stack, (n, int(round(n * period_ns))), _labels(b, st))
     data = b.encode(period_ns=int(round(period_ns)), time_nanos=time_nanos,
                     duration_nanos=int(round(profile.duration_s * 1e9)), comments=comments(an, profile))
     return gzip.compress(data, compresslevel=6, mtime=0)

@@ -1,0 +1,174 @@
+/* Call stacks of a sample (vmprof record -g, DESIGN.md "Guest stacks from the host").
+ *
+ * Host: kernel and user chains as ids in a BPF stack map (the kernel's own frame-pointer
+ * unwinder; user chains stop where a binary has no frame pointers, which resolving marks).
+ * Guest: the vCPU thread's mm is the VMM's, which maps guest RAM, so the guest's own
+ * frame-pointer chain is walked here, at sample time:
+ *   guest virtual -> guest physical  through the 4-level guest page tables at the sampled CR3,
+ *   guest physical -> host virtual   through the VM's KVM memslots (kvm->memslots[0], a
+ *                                    gfn-ordered red-black tree of kvm_memory_slot),
+ *   read                             with bpf_probe_read_user (no faults: a page that is not
+ *                                    resident fails the read).
+ * Every read can fail and guest memory can change while it is read: a failed read or a frame
+ * that does not climb the stack ends the walk with STACK_GUEST_PARTIAL, never a made-up frame.
+ * Return addresses are checked against the guest process's code when resolving.
+ * All offsets are -D macros from the running kernel's BTF (collect/backends.py). */
+#ifndef VMPROF_STACKS_H
+#define VMPROF_STACKS_H
+
+#define GUEST_PHYS_MASK 0x000ffffffffff000ULL
+#define PTE_PRESENT 0x1ULL
+#define PTE_LARGE 0x80ULL
+#define MEMSLOT_TREE_DEPTH 16  /* a red-black tree of up to 255 slots is at most 16 deep */
+#define GUEST_STACK_PAGES 8    /* the window of guest stack the walk follows frames in, from RSP up */
+
+BPF_STACK_TRACE(host_stacks, HOST_STACK_ENTRIES);
+BPF_RINGBUF_OUTPUT(stacks, STACK_RING_PAGES);
+BPF_PERCPU_ARRAY(stacks_lost, u64, 1);
+
+/* One walk's view of guest memory, with the last memslot it used. */
+struct guest_mem {
+	void *memslots;
+	u64 node_idx;
+	u64 cr3;
+	u64 slot_base_gfn, slot_npages, slot_hva;
+};
+
+/* Host virtual address of guest physical `gpa`, or 0. */
+static __always_inline u64 gpa_to_hva(struct guest_mem *m, u64 gpa)
+{
+	u64 gfn = gpa >> 12;
+	if (gfn - m->slot_base_gfn >= m->slot_npages) {
+		void *node = (void *)read_u64(m->memslots + MEMSLOTS_GFN_TREE);
+		int found = 0;
+		for (int i = 0; i < MEMSLOT_TREE_DEPTH && node && !found; i++) {
+			void *slot = node - SLOT_GFN_NODE - m->node_idx * RB_NODE_SIZE;
+			u64 base = read_u64(slot + SLOT_BASE_GFN);
+			u64 npages = read_u64(slot + SLOT_NPAGES);
+			if (gfn < base) {
+				node = (void *)read_u64(node + RB_LEFT);
+			} else if (gfn - base >= npages) {
+				node = (void *)read_u64(node + RB_RIGHT);
+			} else {
+				m->slot_base_gfn = base;
+				m->slot_npages = npages;
+				m->slot_hva = read_u64(slot + SLOT_USERSPACE_ADDR);
+				found = 1;
+			}
+		}
+		if (!found)
+			return 0;
+	}
+	return m->slot_hva + ((gfn - m->slot_base_gfn) << 12) + (gpa & 0xfff);
+}
+
+static __always_inline int read_guest_phys(struct guest_mem *m, u64 gpa, u64 *out)
+{
+	u64 hva = gpa_to_hva(m, gpa);
+	return hva ? bpf_probe_read_user(out, sizeof(*out), (void *)hva) : -1;
+}
+
+/* Host virtual address of guest virtual `gva` under the walk's CR3 (4-level paging), or 0. */
+static __always_inline u64 gva_to_hva(struct guest_mem *m, u64 gva)
+{
+	u64 table = m->cr3 & GUEST_PHYS_MASK, gpa = 0;
+	int done = 0;
+#pragma unroll
+	for (int level = 3; level >= 0; level--) {
+		if (done)
+			break;
+		u64 entry = 0;
+		if (read_guest_phys(m, table + ((gva >> (12 + 9 * level)) & 511) * 8, &entry) || !(entry & PTE_PRESENT))
+			return 0;
+		if (level == 0) {
+			gpa = (entry & GUEST_PHYS_MASK) | (gva & 0xfff);
+			done = 1;
+		} else if (level < 3 && (entry & PTE_LARGE)) {  /* a 1 GiB or 2 MiB page */
+			u64 within = (1ULL << (12 + 9 * level)) - 1;
+			gpa = (entry & GUEST_PHYS_MASK & ~within) | (gva & within);
+			done = 1;
+		} else {
+			table = entry & GUEST_PHYS_MASK;
+		}
+	}
+	return gpa_to_hva(m, gpa);
+}
+
+/* Walk the guest frame-pointer chain into st->guest[]: guest[0] = RIP, then each frame's
+ * return address, from the frame at RBP up, until a frame's saved RBP is 0 (the outermost).
+ *
+ * The verifier cannot follow a page-table walk per frame for 64 frames (measured on 6.18: "the
+ * sequence of 8193 jumps is too complex"), and bcc 0.26 cannot load bpf_loop callbacks.  So the
+ * stack pages from RSP up (GUEST_STACK_PAGES, 32 KiB) are translated first, each once, and the
+ * chain is followed inside that window: a frame outside it ends the walk as partial. */
+static __always_inline void walk_guest_stack(void *vcpu, u64 rip, u64 cr3, struct vmprof_stack *st)
+{
+	struct guest_mem m = {.cr3 = cr3};
+	void *kvm = (void *)read_u64(vcpu + VCPU_KVM);
+	m.memslots = kvm ? (void *)read_u64(kvm + KVM_MEMSLOTS) : 0;
+	st->flags |= STACK_GUEST_WALKED;
+	st->guest[0] = rip;
+	st->guest_depth = 1;
+	u64 fp = read_u64(vcpu + VCPU_RBP);
+	if (fp == 0)
+		return;  /* no frame at all: a leaf-only chain, complete */
+	st->flags |= STACK_GUEST_PARTIAL;  /* cleared when the chain ends where it should */
+	if (!m.memslots)
+		return;
+	m.node_idx = read_u32(m.memslots + MEMSLOTS_NODE_IDX) & 1;
+	u64 base = read_u64(vcpu + VCPU_RSP) & ~0xfffULL;
+	u64 pages[GUEST_STACK_PAGES] = {};
+	for (int k = 0; k < GUEST_STACK_PAGES; k++) {
+		pages[k] = gva_to_hva(&m, base + ((u64)k << 12));
+		if (!pages[k])
+			break;
+	}
+	for (int i = 1; i < STACK_GUEST_MAX; i++) {
+		u64 off = fp - base, ret = 0, next = 0;
+		if ((fp & 7) || off > (GUEST_STACK_PAGES << 12) - 16)
+			return;  /* misaligned, below RSP or outside the window */
+		u64 at = pages[(off >> 12) & (GUEST_STACK_PAGES - 1)];
+		u64 ret_at = pages[((off + 8) >> 12) & (GUEST_STACK_PAGES - 1)];
+		if (!at || !ret_at || bpf_probe_read_user(&next, 8, (void *)(at + (off & 0xfff))) ||
+		    bpf_probe_read_user(&ret, 8, (void *)(ret_at + ((off + 8) & 0xfff))) || ret == 0)
+			return;
+		st->guest[i & (STACK_GUEST_MAX - 1)] = ret;
+		st->guest_depth = i + 1;
+		if (next == 0) {
+			st->flags &= ~STACK_GUEST_PARTIAL;  /* the outermost frame: complete */
+			return;
+		}
+		if (next <= fp)
+			return;  /* a caller's frame lies below its callee's: this chain is torn */
+		fp = next;
+	}
+}
+
+/* Emit the stacks of the sample `s`; returns the sample's stack_id (0: a record follows, -1: none). */
+static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct vmprof_sample *s, void *vcpu)
+{
+	struct vmprof_stack *st = stacks.ringbuf_reserve(sizeof(struct vmprof_stack));
+	if (!st) {
+		int zero = 0;
+		stacks_lost.increment(zero);
+		return -1;
+	}
+	st->time_ns = s->time_ns;
+	st->cpu = s->cpu;
+	st->flags = 0;
+	st->guest_depth = 0;
+	st->pad = 0;
+	__builtin_memset(st->guest, 0, sizeof(st->guest));
+	st->kernel_stack_id = (s->flags & SAMPLE_HOST_KERNEL) ? host_stacks.get_stackid(ctx, 0) : -1;
+	st->user_stack_id = s->pid ? host_stacks.get_stackid(ctx, BPF_F_USER_STACK) : -1;
+	if (st->kernel_stack_id < 0)
+		st->kernel_stack_id = -1;
+	if (st->user_stack_id < 0)
+		st->user_stack_id = -1;
+	if ((s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu)
+		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);
+	stacks.ringbuf_submit(st, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+#endif

@@ -1,0 +1,41 @@
+"""`vmprof report --children` and `--callers FUNCTION`: perf's callee and caller views as tables.
+
+The header is the profile table's (level, totals, ratios, notes), followed by the notes of the stacks
+themselves (how many were partial or truncated, and in which objects).
+"""
+
+from __future__ import annotations
+
+from vmprof_tui.analyse.analysis import Profile
+from vmprof_tui.analyse.callgraph import WeightedStacks, callers, children
+from vmprof_tui.show.formats.table import header
+
+
+def _head(profile: Profile, ws: WeightedStacks) -> list[str]:
+    return header(profile) + [f"note: {n}" for n in ws.notes()] + [
+        f"Call graph: {ws.samples} samples with a call path (percentages below are of these)"]
+
+
+def render_children(profile: Profile, ws: WeightedStacks, limit: int | None = None) -> str:
+    """Per function: Children (samples with it on the stack) and Self (samples with it as the leaf)."""
+    total = ws.samples or 1
+    rows = children(ws)[:limit]
+    lines = _head(profile, ws)
+    lines.append(f"{'Children':>9} {'Self':>9} {'%Children':>10} {'%Self':>8}  Function")
+    for r in rows:
+        lines.append(f"{r.total:>9} {r.self_samples:>9} {100.0 * r.total / total:>10.3f} "
+                     f"{100.0 * r.self_samples / total:>8.3f}  {r.function}")
+    return "\n".join(lines) + "\n"
+
+
+def render_callers(profile: Profile, ws: WeightedStacks, function: str, limit: int | None = None) -> str:
+    """Every distinct chain that leads to `function`, outermost first, with its samples."""
+    chains = callers(ws, function)
+    total = ws.samples or 1
+    reached = sum(n for _c, n in chains)
+    lines = _head(profile, ws)
+    lines.append(f"Callers of {function}: {reached} samples ({100.0 * reached / total:.3f}%)")
+    lines.append(f"{'Samples':>9} {'%Ratio':>8}  Chain (outermost first)")
+    for chain, n in chains[:limit]:
+        lines.append(f"{n:>9} {100.0 * n / total:>8.3f}  {' → '.join(chain)}")
+    return "\n".join(lines) + "\n"
