@@ -1,12 +1,141 @@
 /* vmprof scheduler events: every context switch in which a vCPU thread (or the
- * idle task) leaves or takes a CPU, with whether the one leaving was preempted or blocked, and
- * whether its vCPU was halted.  These give exact run/blank intervals. */
+ * idle task) leaves or takes a CPU, with whether the one leaving was preempted, throttled or
+ * blocked, and whether its vCPU was halted.  These give exact run/blank intervals.  Also the
+ * wake-ups of vCPU threads (where a halt's idle time ends and its wake-up wait begins), KVM's
+ * end-of-halt event (halt polling), and each CPU's running total of IRQ time. */
 #include "sample.h"
 
 BPF_RINGBUF_OUTPUT(sched_events, SCHED_RING_PAGES);
 BPF_PERCPU_ARRAY(sched_lost, u64, 1);
 
+/* Per CPU: IRQ time so far; the outermost handler's start and the nesting depth (a hard IRQ
+ * inside a soft IRQ is counted once, as part of the soft IRQ). */
+struct irq_clock {
+	u64 total_ns;
+	u64 start_ns;
+	u32 depth;
+};
+BPF_PERCPU_ARRAY(irq_clocks, struct irq_clock, 1);
+
 #include "vcpu.h"
+
+static __always_inline u32 cpu_irq_ns(void)
+{
+	int zero = 0;
+	struct irq_clock *c = irq_clocks.lookup(&zero);
+	return c ? (u32)c->total_ns : 0;
+}
+
+static __always_inline int irq_enter(void)
+{
+	int zero = 0;
+	struct irq_clock *c = irq_clocks.lookup(&zero);
+	if (c && c->depth++ == 0)
+		c->start_ns = bpf_ktime_get_ns();
+	return 0;
+}
+
+static __always_inline int irq_exit(void)
+{
+	int zero = 0;
+	struct irq_clock *c = irq_clocks.lookup(&zero);
+	if (!c || c->depth == 0) /* attached inside a handler: its start is unknown */
+		return 0;
+	if (--c->depth == 0)
+		c->total_ns += bpf_ktime_get_ns() - c->start_ns;
+	return 0;
+}
+
+/* hard IRQs (device handlers and the APIC vectors that do the host's own work) and soft IRQs */
+RAW_TRACEPOINT_PROBE(irq_handler_entry) { return irq_enter(); }
+RAW_TRACEPOINT_PROBE(irq_handler_exit) { return irq_exit(); }
+RAW_TRACEPOINT_PROBE(softirq_entry) { return irq_enter(); }
+RAW_TRACEPOINT_PROBE(softirq_exit) { return irq_exit(); }
+RAW_TRACEPOINT_PROBE(local_timer_entry) { return irq_enter(); }
+RAW_TRACEPOINT_PROBE(local_timer_exit) { return irq_exit(); }
+RAW_TRACEPOINT_PROBE(reschedule_entry) { return irq_enter(); }
+RAW_TRACEPOINT_PROBE(reschedule_exit) { return irq_exit(); }
+RAW_TRACEPOINT_PROBE(call_function_entry) { return irq_enter(); }
+RAW_TRACEPOINT_PROBE(call_function_exit) { return irq_exit(); }
+RAW_TRACEPOINT_PROBE(call_function_single_entry) { return irq_enter(); }
+RAW_TRACEPOINT_PROBE(call_function_single_exit) { return irq_exit(); }
+RAW_TRACEPOINT_PROBE(irq_work_entry) { return irq_enter(); }
+RAW_TRACEPOINT_PROBE(irq_work_exit) { return irq_exit(); }
+
+static __always_inline struct vmprof_sched_event *new_event(void)
+{
+	struct vmprof_sched_event *e = sched_events.ringbuf_reserve(sizeof(struct vmprof_sched_event));
+	if (!e) {
+		int zero = 0;
+		sched_lost.increment(zero);
+		return 0;
+	}
+	e->time_ns = bpf_ktime_get_ns();
+	e->prev_exit_reason = 0;
+	e->cpu = bpf_get_smp_processor_id();
+	e->prev_vcpu_id = 0;
+	__builtin_memset(e->pad, 0, sizeof(e->pad));
+	e->cpu_irq_ns = cpu_irq_ns();
+	return e;
+}
+
+/* A runnable task whose CFS group (or an ancestor) is throttled: it waits for the next quota period. */
+static __always_inline bool throttled(const void *task)
+{
+#ifndef TASK_SE_CFS_RQ
+	return false; /* no CONFIG_CFS_BANDWIDTH */
+#else
+	void *cfs_rq = (void *)read_u64(task + TASK_SE_CFS_RQ);
+	return cfs_rq && (read_u32(cfs_rq + CFS_RQ_THROTTLED) || read_u32(cfs_rq + CFS_RQ_THROTTLE_COUNT));
+#endif
+}
+
+RAW_TRACEPOINT_PROBE(sched_wakeup)
+{
+	/* TP_PROTO(struct task_struct *p) */
+	void *p = (void *)ctx->args[0];
+	u32 tid = read_u32(p + TASK_PID);
+	void *vcpu = loaded_vcpu(p);
+	if (!vcpu && !vcpu_tids.lookup(&tid))
+		return 0;
+	struct vmprof_sched_event *e = new_event();
+	if (!e)
+		return 0;
+	u64 id = bpf_get_current_pid_tgid();
+	e->prev_pid = read_u32(p + TASK_TGID);
+	e->prev_tid = tid;
+	e->next_pid = id >> 32;
+	e->next_tid = (u32)id;
+	if (vcpu)
+		e->prev_vcpu_id = read_u32(vcpu + VCPU_VCPU_ID);
+	e->flags = SCHED_WAKEUP | SCHED_PREV_VCPU;
+	bpf_get_current_comm(e->next_comm, sizeof(e->next_comm));
+	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(kvm_vcpu_wakeup)
+{
+	/* TP_PROTO(ktime_t ns, bool waited, bool valid); runs on the vCPU thread as its halt ends */
+	u64 ns = ctx->args[0];
+	bool waited = (bool)ctx->args[1];
+	struct vmprof_sched_event *e = new_event();
+	if (!e)
+		return 0;
+	u64 id = bpf_get_current_pid_tgid();
+	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
+	e->prev_pid = id >> 32;
+	e->prev_tid = (u32)id;
+	e->next_pid = 0;
+	e->next_tid = 0;
+	e->prev_exit_reason = ns > 0xffffffffULL ? 0xffffffffU : (u32)ns;
+	if (vcpu)
+		e->prev_vcpu_id = read_u32(vcpu + VCPU_VCPU_ID);
+	e->flags = SCHED_HALT_END | SCHED_PREV_VCPU | (waited ? 0 : SCHED_PREV_RUNNABLE);
+	__builtin_memset(e->next_comm, 0, sizeof(e->next_comm));
+	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
 
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
@@ -30,23 +159,18 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	if (!flags && prev_tid != 0 && next_tid != 0)
 		return 0;
 
-	struct vmprof_sched_event *e = sched_events.ringbuf_reserve(sizeof(struct vmprof_sched_event));
-	if (!e) {
-		int zero = 0;
-		sched_lost.increment(zero);
+	struct vmprof_sched_event *e = new_event();
+	if (!e)
 		return 0;
-	}
-	e->time_ns = bpf_ktime_get_ns();
 	e->prev_pid = read_u32(prev + TASK_TGID);
 	e->prev_tid = prev_tid;
 	e->next_pid = read_u32(next + TASK_TGID);
 	e->next_tid = next_tid;
-	e->prev_exit_reason = 0;
-	e->cpu = bpf_get_smp_processor_id();
-	e->prev_vcpu_id = 0;
-	__builtin_memset(e->pad, 0, sizeof(e->pad));
-	if (preempt || prev_state == 0)
+	if (preempt || prev_state == 0) {
 		flags |= SCHED_PREV_RUNNABLE;
+		if ((flags & SCHED_PREV_VCPU) && throttled(prev))
+			flags |= SCHED_PREV_THROTTLED;
+	}
 	if (prev_vcpu) {
 		flags |= SCHED_PREV_LOADED;
 		e->prev_vcpu_id = read_u32(prev_vcpu + VCPU_VCPU_ID);

@@ -316,7 +316,7 @@ class SynthRecording:
                     continue  # host task to host task: not recorded
                 loaded = flags & SCHED_PREV_LOADED
                 rows.append((BASE_NS + prev.end, prev.pid, prev.tid, nxt.pid, nxt.tid, reason, cpu,
-                             prev.vcpu if loaded else 0, flags, (0,) * 7, nxt.comm.encode()[:15]))
+                             prev.vcpu if loaded else 0, flags, (0,) * 3, 0, nxt.comm.encode()[:15]))
         table = np.array(rows, dtype=SCHED_DTYPE)
         return table[np.argsort(table["time_ns"], kind="stable")]
 

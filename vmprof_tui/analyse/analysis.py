@@ -31,16 +31,28 @@ from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
+    SAMPLE_HALTED,
     SAMPLE_HOST_KERNEL,
+    SAMPLE_VCPU,
     SCHED_DTYPE,
+    SCHED_HALT_END,
+    SCHED_NOT_SWITCH,
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
+    SCHED_PREV_THROTTLED,
+    SCHED_WAKEUP,
 )
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 
 # positions of sched-event fields in a record converted with .tolist()
-FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU = (SCHED_DTYPE.names.index(n) for n in (
-    "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu"))
+FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU, CPU_IRQ = (SCHED_DTYPE.names.index(n) for n in (
+    "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu", "cpu_irq_ns"))
+HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END: a halt too long for the record's 32 bits
+
+
+def irq_between(a: int, b: int) -> int:
+    """IRQ time of one CPU between two of its events (cpu_irq_ns runs modulo 2^32)."""
+    return (b - a) & 0xFFFFFFFF
 
 
 @dataclass
@@ -95,6 +107,14 @@ class Blank:
     first_holder: str  # the task that took the pCPU when the vCPU left it
     same_vm_ns: dict[int, int] = field(default_factory=dict)  # vCPU id of the same VM -> ns it held the pCPU
     other_vm_ns: dict[str, int] = field(default_factory=dict)  # another VM -> ns its vCPUs held the pCPU
+    # IDLE: when a wake-up made the thread runnable again (sched_wakeup); from then to the end it waited
+    # for its pCPU (steal), not for work.  None: no wake-up recorded (then the whole blank is idle).
+    wakeup_ns: int | None = None
+    irq_ns: int = 0  # PREEMPTED: IRQ time on its pCPU while it waited (known when it came back on that CPU)
+
+    @property
+    def wakeup_wait_ns(self) -> int:
+        return self.end_ns - self.wakeup_ns if self.wakeup_ns is not None else 0
 
     @property
     def duration_ns(self) -> int:
@@ -112,6 +132,7 @@ class Blank:
     def scale(self, factor: float) -> None:
         self.same_vm_ns = {k: int(v * factor) for k, v in self.same_vm_ns.items()}
         self.other_vm_ns = {k: int(v * factor) for k, v in self.other_vm_ns.items()}
+        self.irq_ns = int(self.irq_ns * factor)
 
 
 @dataclass
@@ -124,6 +145,11 @@ class VcpuTimeline:
     end_ns: int
     on_cpu_ns: int = 0
     blanks: list[Blank] = field(default_factory=list)
+    irq_running_ns: int = 0  # IRQ time on its pCPU while it ran (inside its on-CPU time)
+    skew_ns: int = 0  # co-stop: time it waited for a pCPU (preempted, throttled, woken) while a sibling vCPU ran
+    halt_poll_ns: int = 0  # KVM polled its halts this long before blocking (or instead of blocking)
+    halt_polls_ok: int = 0  # halts that polling ended: the wake-up came while KVM polled
+    halts: int = 0  # halts KVM reported ending (kvm_vcpu_wakeup)
 
     @property
     def wall_ns(self) -> int:
@@ -170,7 +196,11 @@ class Analysis:
             self._given = resolved.take(order) if resolved is not None else None
         ts = rec.sched["time_ns"]
         # strictly increasing: a full-record sort would not move anything (the window usually is)
-        self.sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
+        sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
+        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
+        # context switches; and apart, the wake-ups of vCPU threads and the ends of their halts
+        self.sched, self.wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (
+            sched, sched[:0])
         self.range_ns: tuple[int, int] | None = None
         self._profiles: dict[tuple, Profile] = {}
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
@@ -298,18 +328,24 @@ class Analysis:
                          strict=True)
             on_since: int | None = start
             on_cpu = int(ins["cpu"][0]) if len(ins) else int(outs["cpu"][0]) if len(outs) else -1
+            on_irq: int | None = None  # the CPU's IRQ clock when the thread took it (unknown at the start)
             blank: tuple[int, tuple] | None = None
             intervals = []
             for t, is_in, cpu, e in merged:
                 if is_in:
                     if blank is not None:
-                        tl.blanks.append(self._blank(blank[0], t, blank[1]))
+                        b = self._blank(blank[0], t, blank[1])
+                        if b.kind == BlankKind.PREEMPTED and blank[1][CPU] == cpu:
+                            b.irq_ns = min(irq_between(blank[1][CPU_IRQ], e[CPU_IRQ]), b.duration_ns)
+                        tl.blanks.append(b)
                         blank = None
-                    on_since, on_cpu = t, cpu
+                    on_since, on_cpu, on_irq = t, cpu, e[CPU_IRQ]
                 else:
                     if on_since is not None:
                         tl.on_cpu_ns += t - on_since
                         intervals.append((on_since, t, on_cpu))
+                        if on_irq is not None and cpu == on_cpu:
+                            tl.irq_running_ns += min(irq_between(on_irq, e[CPU_IRQ]), t - on_since)
                     on_since = None
                     blank = (t, e)
             # an open interval runs to the end of the window
@@ -320,8 +356,10 @@ class Analysis:
                 tl.on_cpu_ns += tl.end_ns - on_since
                 intervals.append((on_since, tl.end_ns, on_cpu))
             on_intervals[tid] = np.array(intervals, np.int64).reshape(-1, 3)
+            self._wakeups(tl)
             timelines[tid] = tl
         self._split_preemptions(timelines, on_intervals)
+        self._skew(timelines, on_intervals)
         if self.range_ns is not None:
             timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
         return timelines
@@ -364,6 +402,65 @@ class Analysis:
                     else:
                         b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
 
+    def _wakeups(self, tl: VcpuTimeline) -> None:
+        """Where each halt's idle time ended (the first wake-up of the thread inside the blank), and how
+        long KVM polled its halts (kvm_vcpu_wakeup: the halt's length; it blocked or polling ended it)."""
+        ev = self.wake_events
+        mine = ev[(ev["prev_tid"] == tl.tid) & (ev["prev_pid"] == tl.pid)]
+        if not len(mine):
+            return
+        idle = [b for b in tl.blanks if b.kind == BlankKind.IDLE]
+        wake_t = mine["time_ns"][(mine["flags"] & SCHED_WAKEUP) != 0].astype(np.int64)
+        if idle and len(wake_t):
+            starts = np.array([b.start_ns for b in idle], np.int64)
+            i = np.searchsorted(wake_t, starts)
+            for b, k in zip(idle, i.tolist(), strict=True):
+                if k < len(wake_t) and wake_t[k] <= b.end_ns:
+                    b.wakeup_ns = int(wake_t[k])
+        ends = mine[(mine["flags"] & SCHED_HALT_END) != 0]
+        known = ends["prev_exit_reason"] != HALT_NS_UNKNOWN
+        t = ends["time_ns"].astype(np.int64)
+        halt_ns = ends["prev_exit_reason"].astype(np.int64)
+        ok = (ends["flags"] & SCHED_PREV_RUNNABLE) != 0
+        tl.halts = len(ends)
+        tl.halt_polls_ok = int(np.count_nonzero(ok))
+        poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
+        if idle:  # one that blocked polled from its start until it left the CPU (the blank before it ended)
+            starts = np.array([b.start_ns for b in idle], np.int64)
+            k = np.searchsorted(starts, t, side="right") - 1
+            halt_start = t - halt_ns
+            blocked = ~ok & (k >= 0)
+            poll = np.where(blocked, np.clip(starts[k.clip(0)] - halt_start, 0, halt_ns), poll)
+        tl.halt_poll_ns = int(poll[known].sum())
+
+    def _skew(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
+        """Co-stop: how long each vCPU waited for a pCPU (preempted, throttled, or woken up) while at least
+        one sibling vCPU of its VM ran, on any pCPU: the union of the siblings' on-CPU intervals."""
+        for tid, tl in timelines.items():
+            waits = [(b.wakeup_ns if b.kind == BlankKind.IDLE else b.start_ns, b.end_ns) for b in tl.blanks
+                     if b.kind in (BlankKind.PREEMPTED, BlankKind.THROTTLED) or b.wakeup_ns is not None]
+            sib = [on_intervals[o][:, :2] for o, other in timelines.items()
+                   if o != tid and other.pid == tl.pid and len(on_intervals.get(o, ()))]
+            if not waits or not sib:
+                continue
+            iv = np.concatenate(sib)
+            iv = iv[np.argsort(iv[:, 0])]
+            # merge overlapping intervals: a new run starts where an interval begins after all before ended
+            reach = np.maximum.accumulate(iv[:, 1])
+            new = np.ones(len(iv), bool)
+            new[1:] = iv[1:, 0] > reach[:-1]
+            lo = iv[new, 0]
+            hi = np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
+            cum = np.concatenate([[0], np.cumsum(hi - lo)])
+
+            def ran_before(t: np.ndarray) -> np.ndarray:
+                i = np.searchsorted(lo, t, side="right") - 1
+                k = i.clip(0)
+                return np.where(i >= 0, cum[k] + np.minimum(t, hi[k]) - lo[k], 0)
+
+            w = np.array(waits, np.int64)
+            tl.skew_ns = int((ran_before(w[:, 1]) - ran_before(w[:, 0])).sum())
+
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""
         lo, hi = self.range_ns
@@ -374,6 +471,8 @@ class Analysis:
         for b in tl.blanks:
             full = b.duration_ns
             b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
+            if b.wakeup_ns is not None:
+                b.wakeup_ns = None if b.wakeup_ns >= b.end_ns else max(b.wakeup_ns, b.start_ns)
             if b.end_ns > b.start_ns:
                 if b.duration_ns < full:
                     b.scale(b.duration_ns / full)
@@ -387,6 +486,8 @@ class Analysis:
         flags = e[FLAGS]
         if flags & SCHED_PREV_HALTED:
             kind = BlankKind.IDLE
+        elif flags & SCHED_PREV_THROTTLED:
+            kind = BlankKind.THROTTLED
         elif flags & SCHED_PREV_RUNNABLE:
             kind = BlankKind.PREEMPTED
         else:
@@ -512,13 +613,17 @@ class Analysis:
         for row in rows:
             row.vm = vm
         period = self.period_ns
-        # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal)
+        # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal), except
+        # KVM polling a halted vCPU (neither guest work nor idle)
         vmm = sel & ~self.is_guest
-        vmm_samples = float(np.count_nonzero(vmm))
+        polling = vmm & ((s["flags"] & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+        vmm_samples = float(np.count_nonzero(vmm & ~polling))
         # virtual samples of the blanks, by cause (in the order the blanks show them)
         virtual = steal_split((b for tl in tls for b in tl.blanks), period)
         if vmm_samples:
             virtual[(RowKind.STEAL_VMM, None)] += vmm_samples
+        if polling.any():
+            virtual[(RowKind.HALT_POLL, None)] += float(np.count_nonzero(polling))
         for (kind, v), n in virtual.items():
             rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
         total = float(np.count_nonzero(real_guest)) + sum(virtual.values())
@@ -526,8 +631,10 @@ class Analysis:
         gu = np.count_nonzero(real_guest) - gk
         idle = virtual.get(IDLE_CAUSE, 0.0)
         steal = sum(v for (kind, _v), v in virtual.items() if kind.is_steal)
-        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
-                  (("os", gk), ("user", gu), ("idle", idle), ("steal", steal))}
+        parts = [("os", gk), ("user", gu), ("idle", idle), ("steal", steal)]
+        if (RowKind.HALT_POLL, None) in virtual:
+            parts.append(("halt_poll", virtual[(RowKind.HALT_POLL, None)]))
+        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in parts}
         notes = list(self.notes)
         if not len(self.sched):
             notes.append("no scheduler events in this recording: idle and steal are unknown")
