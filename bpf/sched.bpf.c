@@ -8,59 +8,88 @@
 BPF_RINGBUF_OUTPUT(sched_events, SCHED_RING_PAGES);
 BPF_PERCPU_ARRAY(sched_lost, u64, 1);
 
-/* Per CPU: IRQ time so far; the outermost handler's start and the nesting depth (a hard IRQ
- * inside a soft IRQ is counted once, as part of the soft IRQ). */
+/* Per CPU: IRQ time so far, and the start of the hard and the soft IRQ running now (0: none).  A hard
+ * IRQ inside a soft IRQ counts once (nested_ns is taken off the soft one); a missed exit loses one
+ * interval, never the clock. */
 struct irq_clock {
 	u64 total_ns;
-	u64 start_ns;
-	u32 depth;
+	u64 hard_start_ns;
+	u64 soft_start_ns;
+	u64 nested_ns;
 };
 BPF_PERCPU_ARRAY(irq_clocks, struct irq_clock, 1);
 
 #include "vcpu.h"
 
-static __always_inline u32 cpu_irq_ns(void)
+static __always_inline struct irq_clock *irq_clock(void)
 {
 	int zero = 0;
-	struct irq_clock *c = irq_clocks.lookup(&zero);
+	return irq_clocks.lookup(&zero);
+}
+
+static __always_inline u32 cpu_irq_ns(void)
+{
+	struct irq_clock *c = irq_clock();
 	return c ? (u32)c->total_ns : 0;
 }
 
-static __always_inline int irq_enter(void)
+static __always_inline int hard_enter(void)
 {
-	int zero = 0;
-	struct irq_clock *c = irq_clocks.lookup(&zero);
-	if (c && c->depth++ == 0)
-		c->start_ns = bpf_ktime_get_ns();
+	struct irq_clock *c = irq_clock();
+	if (c)
+		c->hard_start_ns = bpf_ktime_get_ns();
 	return 0;
 }
 
-static __always_inline int irq_exit(void)
+static __always_inline int hard_exit(void)
 {
-	int zero = 0;
-	struct irq_clock *c = irq_clocks.lookup(&zero);
-	if (!c || c->depth == 0) /* attached inside a handler: its start is unknown */
+	struct irq_clock *c = irq_clock();
+	if (!c || !c->hard_start_ns)
 		return 0;
-	if (--c->depth == 0)
-		c->total_ns += bpf_ktime_get_ns() - c->start_ns;
+	u64 d = bpf_ktime_get_ns() - c->hard_start_ns;
+	c->total_ns += d;
+	if (c->soft_start_ns)
+		c->nested_ns += d;
+	c->hard_start_ns = 0;
+	return 0;
+}
+
+static __always_inline int soft_enter(void)
+{
+	struct irq_clock *c = irq_clock();
+	if (c) {
+		c->soft_start_ns = bpf_ktime_get_ns();
+		c->nested_ns = 0;
+	}
+	return 0;
+}
+
+static __always_inline int soft_exit(void)
+{
+	struct irq_clock *c = irq_clock();
+	if (!c || !c->soft_start_ns)
+		return 0;
+	u64 d = bpf_ktime_get_ns() - c->soft_start_ns;
+	c->total_ns += d > c->nested_ns ? d - c->nested_ns : 0;
+	c->soft_start_ns = 0;
 	return 0;
 }
 
 /* hard IRQs (device handlers and the APIC vectors that do the host's own work) and soft IRQs */
-RAW_TRACEPOINT_PROBE(irq_handler_entry) { return irq_enter(); }
-RAW_TRACEPOINT_PROBE(irq_handler_exit) { return irq_exit(); }
-RAW_TRACEPOINT_PROBE(softirq_entry) { return irq_enter(); }
-RAW_TRACEPOINT_PROBE(softirq_exit) { return irq_exit(); }
-RAW_TRACEPOINT_PROBE(local_timer_entry) { return irq_enter(); }
-RAW_TRACEPOINT_PROBE(local_timer_exit) { return irq_exit(); }
-RAW_TRACEPOINT_PROBE(reschedule_entry) { return irq_enter(); }
-RAW_TRACEPOINT_PROBE(reschedule_exit) { return irq_exit(); }
-RAW_TRACEPOINT_PROBE(call_function_entry) { return irq_enter(); }
-RAW_TRACEPOINT_PROBE(call_function_exit) { return irq_exit(); }
-RAW_TRACEPOINT_PROBE(call_function_single_entry) { return irq_enter(); }
-RAW_TRACEPOINT_PROBE(call_function_single_exit) { return irq_exit(); }
-RAW_TRACEPOINT_PROBE(irq_work_entry) { return irq_enter(); }
-RAW_TRACEPOINT_PROBE(irq_work_exit) { return irq_exit(); }
+RAW_TRACEPOINT_PROBE(irq_handler_entry) { return hard_enter(); }
+RAW_TRACEPOINT_PROBE(irq_handler_exit) { return hard_exit(); }
+RAW_TRACEPOINT_PROBE(softirq_entry) { return soft_enter(); }
+RAW_TRACEPOINT_PROBE(softirq_exit) { return soft_exit(); }
+RAW_TRACEPOINT_PROBE(local_timer_entry) { return hard_enter(); }
+RAW_TRACEPOINT_PROBE(local_timer_exit) { return hard_exit(); }
+RAW_TRACEPOINT_PROBE(reschedule_entry) { return hard_enter(); }
+RAW_TRACEPOINT_PROBE(reschedule_exit) { return hard_exit(); }
+RAW_TRACEPOINT_PROBE(call_function_entry) { return hard_enter(); }
+RAW_TRACEPOINT_PROBE(call_function_exit) { return hard_exit(); }
+RAW_TRACEPOINT_PROBE(call_function_single_entry) { return hard_enter(); }
+RAW_TRACEPOINT_PROBE(call_function_single_exit) { return hard_exit(); }
+RAW_TRACEPOINT_PROBE(irq_work_entry) { return hard_enter(); }
+RAW_TRACEPOINT_PROBE(irq_work_exit) { return hard_exit(); }
 
 static __always_inline struct vmprof_sched_event *new_event(void)
 {

@@ -50,6 +50,23 @@ FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU, CPU_IRQ = (SCHED_DTYPE.names.
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END: a halt too long for the record's 32 bits
 
 
+def overlap(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How much of each [a, b) the intervals [lo, hi) cover (sorted, not overlapping each other).
+
+    The time they cover before t is a step function F(t) (cumulative durations); the overlap with [a, b)
+    is F(b) - F(a), for all of them at once."""
+    if not len(lo):
+        return np.zeros(len(a), np.int64)
+    cum = np.concatenate([[0], np.cumsum(hi - lo)])
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(lo, t, side="right") - 1  # last interval started by t
+        k = i.clip(0)
+        return np.where(i >= 0, cum[k] + np.minimum(t, hi[k]) - lo[k], 0)
+
+    return covered_before(b) - covered_before(a)
+
+
 def irq_between(a: int, b: int) -> int:
     """IRQ time of one CPU between two of its events (cpu_irq_ns runs modulo 2^32)."""
     return (b - a) & 0xFFFFFFFF
@@ -365,10 +382,7 @@ class Analysis:
         return timelines
 
     def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
-        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU.
-
-        A thread's on-CPU intervals do not overlap, so the time it ran before t is a step function F(t)
-        (cumulative durations); its overlap with [a, b) is F(b) - F(a), for all waits at once."""
+        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU."""
         for tid, tl in timelines.items():
             waits = [b for b in tl.blanks if b.kind == BlankKind.PREEMPTED]
             if not waits:
@@ -383,17 +397,8 @@ class Analysis:
                 ns = np.zeros(len(waits), np.int64)
                 for cpu in np.unique(w_cpu).tolist():
                     part = iv[iv[:, 2] == cpu]
-                    if not len(part):
-                        continue
-                    cum = np.concatenate([[0], np.cumsum(part[:, 1] - part[:, 0])])
-
-                    def ran_before(t: np.ndarray, part: np.ndarray = part, cum: np.ndarray = cum) -> np.ndarray:
-                        i = np.searchsorted(part[:, 0], t, side="right") - 1  # last interval started by t
-                        k = i.clip(0)
-                        return np.where(i >= 0, cum[k] + np.minimum(t, part[k, 1]) - part[k, 0], 0)
-
                     sel = w_cpu == cpu
-                    ns[sel] = ran_before(w_end[sel]) - ran_before(w_start[sel])
+                    ns[sel] = overlap(part[:, 0], part[:, 1], w_start[sel], w_end[sel])
                 for b, n in zip(waits, ns.tolist(), strict=True):
                     if n <= 0:
                         continue
@@ -451,15 +456,8 @@ class Analysis:
             new[1:] = iv[1:, 0] > reach[:-1]
             lo = iv[new, 0]
             hi = np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
-            cum = np.concatenate([[0], np.cumsum(hi - lo)])
-
-            def ran_before(t: np.ndarray) -> np.ndarray:
-                i = np.searchsorted(lo, t, side="right") - 1
-                k = i.clip(0)
-                return np.where(i >= 0, cum[k] + np.minimum(t, hi[k]) - lo[k], 0)
-
             w = np.array(waits, np.int64)
-            tl.skew_ns = int((ran_before(w[:, 1]) - ran_before(w[:, 0])).sum())
+            tl.skew_ns = int(overlap(lo, hi, w[:, 0], w[:, 1]).sum())
 
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""

@@ -1,5 +1,6 @@
-"""`vmprof steal`: steal and idle per VM and vCPU, type 1 vs type 2, exit-reason
-breakdown, who stole, and corrected execution times beside apparent ones.
+"""`vmprof steal`: steal and idle per VM and vCPU, type 1 (by cause: preempted, wake-up wait,
+throttled, IRQ) vs type 2 (by exit reason), who stole, co-stop, halt polling, the host's own
+run-queue wait beside vmprof's, and corrected execution times beside apparent ones.
 
 The split of blank time by cause is analyse.timeline.steal_split (the guest
 profile uses the same); this module adds the breakdowns by exit reason and by
@@ -12,24 +13,45 @@ from collections import defaultdict
 import numpy as np
 
 from vmprof_tui.analyse import exits
-from vmprof_tui.analyse.analysis import Analysis, Attribution
+from vmprof_tui.analyse.analysis import Analysis, Attribution, VcpuTimeline
 from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.timeline import BLOCKED_CAUSE, IDLE_CAUSE, steal_of_type, steal_split
-from vmprof_tui.record.records import SAMPLE_VCPU
+from vmprof_tui.analyse.timeline import (
+    BLOCKED_CAUSE,
+    IDLE_CAUSE,
+    IRQ_CAUSE,
+    THROTTLED_CAUSE,
+    WAKEUP_CAUSE,
+    steal_of_type,
+    steal_split,
+)
+from vmprof_tui.record.records import SAMPLE_HALTED, SAMPLE_VCPU
+
+
+def host_run_delay_ns(an: Analysis, tl: VcpuTimeline) -> int | None:
+    """The run-queue wait the host's own scheduler counted for the vCPU thread over the recording
+    (/proc schedstat, read by the session when it first saw the thread and at each discovery), or None."""
+    for vm in an.rec.vms():
+        if int(vm.get("pid", -1)) == tl.pid:
+            reading = (vm.get("run_delay_ns") or {}).get(str(tl.tid))
+            if reading and len(reading) == 2:
+                return int(reading[1]) - int(reading[0])
+    return None
 
 
 def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
-    """Per vCPU of `vm`: guest, idle and steal time, type 1 by who held the pCPU, type 2 by exit reason."""
+    """Per vCPU of `vm`: guest, idle and steal time, type 1 by cause and by who held the pCPU, type 2 by
+    exit reason, co-stop, halt polling, and the host's own run-queue wait beside vmprof's."""
     s = an.samples
     period = an.period_ns
     in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
+    polling = in_kvm & ((s["flags"] & SAMPLE_HALTED) != 0)  # KVM with the vCPU halted: halt polling
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
         thread = an.thread_mask(tl)
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)
-        for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm], return_counts=True), strict=True):
+        for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm & ~polling], return_counts=True), strict=True):
             by_exit[exits.exit_category(an.backend, int(reason))] += float(n) * period
         vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
         if vmm_user:
@@ -47,17 +69,33 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         type1 = steal_of_type(split, 1)
         type2 = float(sum(by_exit.values()))
         wall = float(tl.wall_ns) or 1.0
+        causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
+                  "irq": split.get(IRQ_CAUSE, 0.0)}
+        causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
+        poll_samples = float(np.count_nonzero(thread & polling)) * period
+        host = host_run_delay_ns(an, tl)
         vcpus.append({
             "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
             "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
             "steal_type2_s": type2 / 1e9,
             "ratios": {"guest": 100 * guest_ns / wall, "idle": 100 * idle / wall,
                        "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall,
-                       "steal_type2": 100 * type2 / wall},
+                       "steal_type2": 100 * type2 / wall,
+                       **{f"steal_{k}": 100 * v / wall for k, v in causes.items()},
+                       "skew": 100 * tl.skew_ns / wall, "halt_poll": 100 * poll_samples / wall},
+            "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
+            # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
+            "skew_s": tl.skew_ns / 1e9,
+            # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same
+            "irq_while_running_s": tl.irq_running_ns / 1e9,
+            # KVM polling halts (sched events: exact; samples: KVM with the vCPU halted)
+            "halt_poll_s": tl.halt_poll_ns / 1e9, "halts": tl.halts, "halts_ended_by_polling": tl.halt_polls_ok,
             # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
             "host_reported_steal_s": type1 / 1e9,
+            # the host's own count of that delay (schedstat), when the recording has it
+            "host_run_delay_s": None if host is None else host / 1e9,
         })
     return vcpus
 

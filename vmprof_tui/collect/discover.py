@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vmprof_tui.libc import schedstat
+
 PROC = Path("/proc")
 _VCPU_THREAD = re.compile(r"^(?:vcpu ?|CPU |fc_vcpu ?)(\d+)(?:/KVM)?$")
 
@@ -28,11 +30,21 @@ class VmInfo:
     vcpu_threads: dict[int, int | None] = field(default_factory=dict)  # tid -> vcpu id (None: unknown)
     vcpu_fds: int = 0
     bundle: str | None = None  # demo VMs: the folder of their guest bundle
+    # tid -> [first, last] run-queue wait the host's scheduler counted for the vCPU thread
+    # (/proc/PID/task/TID/schedstat), read when the session first saw it and at each discovery since
+    run_delay_ns: dict[int, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["vcpu_threads"] = {str(k): v for k, v in self.vcpu_threads.items()}
+        d["run_delay_ns"] = {str(k): v for k, v in self.run_delay_ns.items()}
         return d
+
+    def read_run_delay(self) -> None:
+        for tid in self.vcpu_threads:
+            run, wait = schedstat(self.pid, tid)
+            if run:  # (0, 0): the thread is gone; its last reading stays
+                self.run_delay_ns.setdefault(tid, [wait, wait])[1] = wait
 
 
 def _read(path: Path) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 # The pCPU that pinned scenarios share.  CPU 0 is left to the host, the
 # profiler and the VMMs' main threads.
 SHARED_CPU = 1
+THROTTLE_QUOTA_US = (30_000, 100_000)  # the throttled scenario's cpu.max: 30 ms of CPU every 100 ms
 
 
 @dataclass
@@ -57,6 +58,13 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
         return [_vm("measured", _vcpu(cpu, _proc("compute"))),
                 _vm("disturb1", _vcpu(cpu, duty(4, 4))),
                 _vm("disturb2", _vcpu(cpu, _proc("jacobi")))]
+    if name == "wakeup":  # the halting VM's wake-ups wait for the busy VM to give up the pCPU
+        return [_vm("halting", _vcpu(cpu, duty(2, 8))), _vm("busy", _vcpu(cpu, _proc("compute")))]
+    if name == "throttled":
+        return [{**_vm("throttled", _vcpu(cpu, _proc("compute"))), "cpu_max": list(THROTTLE_QUOTA_US)}]
+    if name == "skew":
+        return [_vm("skew", _vcpu(cpu, _proc("compute")), _vcpu(cpu, _proc("jacobi"))),
+                _vm("busy", _vcpu(cpu, _proc("compute")))]
     if name == "custom":
         c = custom or Custom()
         vms = []
@@ -70,7 +78,7 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
     raise KeyError(name)
 
 
-NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "custom")
+NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "wakeup", "throttled", "skew", "custom")
 
 DESCRIPTIONS = {
     "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
@@ -79,5 +87,8 @@ DESCRIPTIONS = {
     "halt": "1 VM busy 10 ms, idle 20 ms (busy 1/3, idle 2/3)",
     "vcpu2-on-1": f"one VM with 2 vCPUs (compute, jacobi) both on CPU {SHARED_CPU}",
     "correction": f"measured VM (compute) + two disturbance VMs, all on CPU {SHARED_CPU}",
+    "wakeup": f"a VM halting 8 ms in 10 beside a busy VM, both on CPU {SHARED_CPU} (wake-up wait)",
+    "throttled": "a busy VM whose vCPU thread has a cpu.max quota of 30 ms per 100 ms (throttling)",
+    "skew": f"a 2-vCPU VM (compute, jacobi) and a busy VM, all on CPU {SHARED_CPU} (co-stop)",
     "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms",
 }
