@@ -10,6 +10,18 @@ def render(report: dict, limit: int | None = 20) -> str:
         lines.append(f"  vcpu{v['vcpu']} (tid {v['tid']}): wall {v['wall_s']:.3f}s  guest {r['guest']:.1f}%  "
                      f"idle {r['idle']:.1f}%  steal {r['steal']:.1f}% (type 1 {r['steal_type1']:.1f}%, "
                      f"type 2 {r['steal_type2']:.1f}%)")
+        c = v["type1_by_cause_s"]
+        if any(c.values()) or v["skew_s"]:
+            lines.append("    type 1 by cause: " + ", ".join(f"{k} {s:.3f}s" for k, s in c.items() if s)
+                         + f"; co-stop (waiting while a sibling vCPU ran) {v['skew_s']:.3f}s")
+        extra = []
+        if v["halts"]:
+            extra.append(f"halt polling {v['halt_poll_s']:.3f}s ({v['halts_ended_by_polling']} of {v['halts']} "
+                         "halts ended while KVM polled)")
+        if v["irq_while_running_s"]:
+            extra.append(f"pCPU IRQ time while it ran {v['irq_while_running_s']:.3f}s (inside its guest time)")
+        if extra:
+            lines.append("    " + "; ".join(extra))
         if v["type1_by_holder_s"]:
             lines.append("    type 1, who held the pCPU: " + ", ".join(
                 f"{k} {s:.3f}s" for k, s in v["type1_by_holder_s"].items()))
@@ -18,6 +30,12 @@ def render(report: dict, limit: int | None = 20) -> str:
                 f"{k} {s:.3f}s" for k, s in v["type2_by_exit_s"].items()))
         lines.append(f"    steal the host reports to the guest (run-queue delay): {v['host_reported_steal_s']:.3f}s"
                      f" — misses type 2 ({v['steal_type2_s']:.3f}s)")
+        if v["host_run_delay_s"] is not None:
+            host, mine = v["host_run_delay_s"], v["host_reported_steal_s"]
+            lines.append(f"    the host's own run-queue delay (schedstat, while recorded): {host:.3f}s; "
+                         f"vmprof's type 1 {mine:.3f}s = " + " + ".join(f"{k} {s:.3f}s" for k, s in c.items())
+                         + f"; difference {host - mine:+.3f}s (schedstat is read once a second, so it may miss up "
+                         "to a second at either end)")
     lines.append("  corrected execution times: apparent = own run time + steal between two of its samples; "
                  "corrected = apparent - that steal;")
     lines.append("  host-steal corrected = apparent - the run-queue wait the host reports (what a guest can do)")

@@ -22,6 +22,9 @@ recording's first timestamp) on a vCPU track:
   (shorter than the sampling period, or its samples were lost);
 * ``steal``: ``[steal] HOLDER`` while the vCPU was runnable but another task held
   its pCPU, ``[steal] vmm blocked`` while the VMM thread blocked on its behalf;
+* ``steal``: ``[steal] wakeup`` from the wake-up of a halted vCPU until it ran (the first part
+  of that blank is ``[idle] halt``), ``[steal] throttled`` while its cgroup's cpu.max quota was
+  used up;
 * ``idle``: ``[idle] halt`` while the guest had halted the vCPU.
 
 The slices of a vCPU track are its segments (analyse.timeline.vcpu_segments, the
@@ -67,6 +70,8 @@ def blank_name(seg: Segment) -> tuple[str, str]:
         return "[idle] halt", CAT_IDLE
     if seg.blank.kind == BlankKind.BLOCKED:
         return "[steal] vmm blocked", CAT_STEAL
+    if seg.blank.kind == BlankKind.THROTTLED:
+        return "[steal] throttled", CAT_STEAL
     return f"[steal] {seg.holder}", CAT_STEAL
 
 
@@ -96,7 +101,13 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
             b = g.blank
             name, cat = blank_name(g)
             args = {"kind": b.kind, "held_by_ns": b.holders(), "exit_reason": b.exit_reason, "vcpu": tl.vcpu}
-            events.append(_slice(name, cat, pid, tid, a, z, args))
+            if b.irq_ns:
+                args["irq_ns"] = b.irq_ns
+            w = int(_us(b.wakeup_ns, t0)) if b.wakeup_ns is not None else z
+            if a < w:
+                events.append(_slice(name, cat, pid, tid, a, w, args))
+            if w < z:  # woken from its halt, waiting for its pCPU
+                events.append(_slice("[steal] wakeup", CAT_STEAL, pid, tid, w, z, {**args, "woken": True}))
     return events
 
 
