@@ -51,8 +51,10 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)
+        by_name: dict[str, float] = defaultdict(float)
         for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm & ~polling], return_counts=True), strict=True):
             by_exit[exits.exit_category(an.backend, int(reason))] += float(n) * period
+            by_name[exits.exit_name(an.backend, int(reason))] += float(n) * period
         vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
         if vmm_user:
             by_exit["vmm user space"] += float(vmm_user) * period
@@ -86,6 +88,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
             "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
+            "type2_in_kvm_by_exit_name_s": {k: v / 1e9 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])},
             # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
             "skew_s": tl.skew_ns / 1e9,
             # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same

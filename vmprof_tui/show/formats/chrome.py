@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from vmprof_tui.analyse import exits
 from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.timeline import Segment, SegmentKind, vcpu_segments
@@ -100,7 +101,8 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
         else:
             b = g.blank
             name, cat = blank_name(g)
-            args = {"kind": b.kind, "held_by_ns": b.holders(), "exit_reason": b.exit_reason, "vcpu": tl.vcpu}
+            args = {"kind": b.kind, "held_by_ns": b.holders(), "exit_reason": b.exit_reason,
+                    "exit_name": exits.exit_name(an.backend, b.exit_reason), "vcpu": tl.vcpu}
             if b.irq_ns:
                 args["irq_ns"] = b.irq_ns
             w = int(_us(b.wakeup_ns, t0)) if b.wakeup_ns is not None else z
