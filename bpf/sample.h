@@ -46,6 +46,10 @@ struct vmprof_sample {
 #define SCHED_WAKEUP       0x40
 #define SCHED_HALT_END     0x80
 #define SCHED_NOT_SWITCH   (SCHED_WAKEUP | SCHED_HALT_END)
+/* both bits: SCHED_THROTTLE_END, a vCPU thread prev_* that left its CPU throttled takes one again;
+ * prev_exit_reason is how long its group was throttled meanwhile, in ns (capped at 2^32-1), from the
+ * kernel's own count (cfs_rq.throttled_clock_self_time, what cpu.stat.local reports) */
+#define SCHED_THROTTLE_END SCHED_NOT_SWITCH
 
 /* A context switch on a CPU where the thread leaving or arriving is a vCPU thread or the idle task
  * (or one of the two other kinds above). */

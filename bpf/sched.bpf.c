@@ -108,14 +108,47 @@ static __always_inline struct vmprof_sched_event *new_event(void)
 	return e;
 }
 
-/* A runnable task whose CFS group (or an ancestor) is throttled: it waits for the next quota period. */
-static __always_inline bool throttled(const void *task)
+/* vCPU threads that left their CPU throttled -> their group's throttled time then */
+BPF_HASH(throttled_at, u32, u64, 4096);
+
+/* A runnable task whose CFS group (or an ancestor) is throttled: it waits for the next quota period.
+ * Remembers the group's throttled time so far, for the SCHED_THROTTLE_END record when it runs again. */
+static __always_inline bool throttled(const void *task, u32 tid)
 {
 #ifndef TASK_SE_CFS_RQ
 	return false; /* no CONFIG_CFS_BANDWIDTH */
 #else
 	void *cfs_rq = (void *)read_u64(task + TASK_SE_CFS_RQ);
-	return cfs_rq && (read_u32(cfs_rq + CFS_RQ_THROTTLED) || read_u32(cfs_rq + CFS_RQ_THROTTLE_COUNT));
+	if (!cfs_rq || !(read_u32(cfs_rq + CFS_RQ_THROTTLED) || read_u32(cfs_rq + CFS_RQ_THROTTLE_COUNT)))
+		return false;
+	u64 so_far = read_u64(cfs_rq + CFS_RQ_THROTTLED_TIME);
+	throttled_at.update(&tid, &so_far);
+	return true;
+#endif
+}
+
+/* A vCPU thread that left its CPU throttled takes one: how long its group stayed throttled. */
+static __always_inline void throttle_end(const void *task, u32 tid)
+{
+#ifdef TASK_SE_CFS_RQ
+	u64 *before = throttled_at.lookup(&tid);
+	if (!before)
+		return;
+	u64 was = *before;
+	throttled_at.delete(&tid);
+	void *cfs_rq = (void *)read_u64(task + TASK_SE_CFS_RQ);
+	u64 ns = cfs_rq ? read_u64(cfs_rq + CFS_RQ_THROTTLED_TIME) - was : 0;
+	struct vmprof_sched_event *e = new_event();
+	if (!e)
+		return;
+	e->prev_pid = read_u32(task + TASK_TGID);
+	e->prev_tid = tid;
+	e->next_pid = 0;
+	e->next_tid = 0;
+	e->prev_exit_reason = ns > 0xffffffffULL ? 0xffffffffU : (u32)ns;
+	e->flags = SCHED_THROTTLE_END | SCHED_PREV_VCPU;
+	__builtin_memset(e->next_comm, 0, sizeof(e->next_comm));
+	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 #endif
 }
 
@@ -197,7 +230,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	e->next_tid = next_tid;
 	if (preempt || prev_state == 0) {
 		flags |= SCHED_PREV_RUNNABLE;
-		if ((flags & SCHED_PREV_VCPU) && throttled(prev))
+		if ((flags & SCHED_PREV_VCPU) && throttled(prev, prev_tid))
 			flags |= SCHED_PREV_THROTTLED;
 	}
 	if (prev_vcpu) {
@@ -210,5 +243,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	e->flags = flags;
 	bpf_probe_read_kernel_str(e->next_comm, sizeof(e->next_comm), next + TASK_COMM);
 	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	if (flags & SCHED_NEXT_VCPU)
+		throttle_end(next, next_tid);
 	return 0;
 }

@@ -47,7 +47,8 @@ What it mirrors (bpf/sampler.bpf.c, bpf/sched.bpf.c, bpf/vcpu.h, bpf/sample.h):
   processes or guest kernel symbols; the end chunk with duration, counts, lost records, end time and VMs.
 
 Issue 15's records: ``halt(wakeup_ns=)`` adds the sched_wakeup of the halted thread, ``halt_end`` KVM's
-end-of-halt event (halt polling), ``preempt(throttled=True)`` ``SCHED_PREV_THROTTLED``, and ``irq`` intervals
+end-of-halt event (halt polling), ``preempt(throttled=True)`` ``SCHED_PREV_THROTTLED`` (and with ``throttled_ns`` the
+``SCHED_THROTTLE_END`` record when it runs again), and ``irq`` intervals
 of a CPU set ``cpu_irq_ns`` of its events (the CPU's IRQ clock).
 
 Not modelled: halt polling samples (``SAMPLE_HALTED``), VMX without helper_kmod (``SAMPLE_GUEST_UNKNOWN``),
@@ -85,6 +86,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_RUNNABLE,
     SCHED_PREV_THROTTLED,
     SCHED_PREV_VCPU,
+    SCHED_THROTTLE_END,
     SCHED_WAKEUP,
 )
 
@@ -218,10 +220,13 @@ class SynthRecording:
         """The CPU handled interrupts over [start_ns, end_ns) (inside whatever ran there)."""
         self._irqs.setdefault(cpu, []).append((start_ns, end_ns))
 
-    def preempt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int, throttled: bool = False) -> None:
+    def preempt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int, throttled: bool = False,
+                throttled_ns: int | None = None) -> None:
         """The vCPU thread was preempted: runnable, off its CPU, from start_ns to end_ns (throttled: because its
-        CPU cgroup used up its cpu.max quota)."""
+        CPU cgroup used up its cpu.max quota; throttled_ns: how long the kernel kept the group throttled)."""
         self._off(vm, vcpu, _Off(start_ns, end_ns, PREEMPT, throttled))
+        if throttled_ns is not None:
+            self._event(end_ns, vm, vcpu, 0, 0, throttled_ns, SCHED_THROTTLE_END | SCHED_PREV_VCPU, "")
 
     def block(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int) -> None:
         """The vCPU thread blocked (not runnable, not halted): the VMM waits on I/O or a lock."""

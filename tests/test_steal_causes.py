@@ -40,7 +40,7 @@ def test_throttled(tmp_path: Path) -> None:
     want = 100 * truth["throttled_ns"] / truth["vcpus"][0]["wall_ns"]
     got = share(an, "throttled", RowKind.STEAL_THROTTLED)
     print(f"throttled: [steal] (throttled) {got:.2f}% (the cgroup's cpu.stat throttled time: {want:.2f}%)")
-    assert want > 20
+    assert want > 1  # (30 ms a period when alone on its pCPU: about 70%; less when other tasks share it)
     assert abs(got - want) <= 1
 
 

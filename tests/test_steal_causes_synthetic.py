@@ -72,6 +72,19 @@ def test_throttled(tmp_path: Path) -> None:
     assert v["type1_by_cause_s"] == pytest.approx({"wakeup": 0.0, "throttled": 0.020, "irq": 0.0, "preempted": 0.005})
 
 
+def test_throttled_then_waiting_for_the_pcpu(tmp_path: Path) -> None:
+    """The kernel kept the group throttled 12 ms of the 20 ms wait: the other 8 ms another task held the pCPU."""
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.preempt(web, 0, start_ns=10 * MS, end_ns=30 * MS, throttled=True, throttled_ns=12 * MS)
+    b.host_task(500, "other", cpu=1, start_ns=22 * MS, end_ns=30 * MS)
+    b.run(web, 0, cpu=1, start_ns=30 * MS, end_ns=40 * MS)
+    r = rows(analyse(b, tmp_path), "web")
+    assert r[RowKind.STEAL_THROTTLED] == pytest.approx(12)
+    assert r[RowKind.STEAL_OUTSIDE] == pytest.approx(8)
+
+
 def test_irq_time_while_waiting_and_running(tmp_path: Path) -> None:
     b = SynthRecording(frequency=1000, cpus=2)
     web = b.vm("web", pid=100, vcpus={0: 101})

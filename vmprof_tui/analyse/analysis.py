@@ -40,6 +40,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
     SCHED_PREV_THROTTLED,
+    SCHED_THROTTLE_END,
     SCHED_WAKEUP,
 )
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
@@ -47,7 +48,7 @@ from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 # positions of sched-event fields in a record converted with .tolist()
 FLAGS, NEXT_PID, NEXT_COMM, PREV_EXIT_REASON, CPU, CPU_IRQ = (SCHED_DTYPE.names.index(n) for n in (
     "flags", "next_pid", "next_comm", "prev_exit_reason", "cpu", "cpu_irq_ns"))
-HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END: a halt too long for the record's 32 bits
+HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
 
 
 def overlap(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -128,6 +129,13 @@ class Blank:
     # for its pCPU (steal), not for work.  None: no wake-up recorded (then the whole blank is idle).
     wakeup_ns: int | None = None
     irq_ns: int = 0  # PREEMPTED: IRQ time on its pCPU while it waited (known when it came back on that CPU)
+    # THROTTLED: how long its group stayed throttled (the kernel's count, SCHED_THROTTLE_END); the rest of the
+    # blank it waited for its pCPU after the group's quota came back.  None: not recorded (all throttled).
+    throttled_ns: int | None = None
+
+    @property
+    def throttled_part_ns(self) -> int:
+        return self.duration_ns if self.throttled_ns is None else min(self.throttled_ns, self.duration_ns)
 
     @property
     def wakeup_wait_ns(self) -> int:
@@ -408,21 +416,31 @@ class Analysis:
                         b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
 
     def _wakeups(self, tl: VcpuTimeline) -> None:
-        """Where each halt's idle time ended (the first wake-up of the thread inside the blank), and how
-        long KVM polled its halts (kvm_vcpu_wakeup: the halt's length; it blocked or polling ended it)."""
+        """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
+        KVM polled its halts (kvm_vcpu_wakeup: the halt's length; it blocked or polling ended it), and how
+        long each throttled blank was really throttled (the kernel's count, when the thread ran again)."""
         ev = self.wake_events
         mine = ev[(ev["prev_tid"] == tl.tid) & (ev["prev_pid"] == tl.pid)]
         if not len(mine):
             return
+        kind = mine["flags"] & SCHED_NOT_SWITCH
+        thr = [b for b in tl.blanks if b.kind == BlankKind.THROTTLED]
+        ends = mine[kind == SCHED_THROTTLE_END]
+        if thr and len(ends):
+            b_end = np.array([b.end_ns for b in thr], np.int64)
+            k = np.searchsorted(b_end, ends["time_ns"].astype(np.int64), side="right") - 1  # the blank it ends
+            for i, ns in zip(k.tolist(), ends["prev_exit_reason"].tolist(), strict=True):
+                if i >= 0 and ns != HALT_NS_UNKNOWN:
+                    thr[i].throttled_ns = int(ns)
         idle = [b for b in tl.blanks if b.kind == BlankKind.IDLE]
-        wake_t = mine["time_ns"][(mine["flags"] & SCHED_WAKEUP) != 0].astype(np.int64)
+        wake_t = mine["time_ns"][kind == SCHED_WAKEUP].astype(np.int64)
         if idle and len(wake_t):
             starts = np.array([b.start_ns for b in idle], np.int64)
             i = np.searchsorted(wake_t, starts)
             for b, k in zip(idle, i.tolist(), strict=True):
                 if k < len(wake_t) and wake_t[k] <= b.end_ns:
                     b.wakeup_ns = int(wake_t[k])
-        ends = mine[(mine["flags"] & SCHED_HALT_END) != 0]
+        ends = mine[kind == SCHED_HALT_END]
         known = ends["prev_exit_reason"] != HALT_NS_UNKNOWN
         t = ends["time_ns"].astype(np.int64)
         halt_ns = ends["prev_exit_reason"].astype(np.int64)

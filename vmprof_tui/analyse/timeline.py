@@ -45,8 +45,9 @@ def steal_split(blanks: Iterable[Blank], unit_ns: float = 1.0) -> dict[Cause, fl
 
     A halt is idle until its wake-up, then ``wakeup`` steal until the vCPU ran.  A preemption counts
     the IRQ time of its pCPU meanwhile as ``irq``, for each vCPU of the same VM the time it held the
-    pCPU, and the rest as ``outside`` (other VMs, host tasks); throttled and VMM-blocked blanks count
-    whole.  Causes appear in the order blanks first show them: that is the order of the guest
+    pCPU, and the rest as ``outside`` (other VMs, host tasks).  A throttled blank is ``throttled`` for as
+    long as the kernel kept its group throttled, ``outside`` for the wait after that; VMM-blocked blanks
+    count whole.  Causes appear in the order blanks first show them: that is the order of the guest
     profile's rows.
     """
     out: dict[Cause, float] = defaultdict(float)
@@ -64,8 +65,11 @@ def steal_split(blanks: Iterable[Blank], unit_ns: float = 1.0) -> dict[Cause, fl
             if irq > 0:
                 out[IRQ_CAUSE] += irq
             out[OUTSIDE_CAUSE] += n - sum(b.same_vm_ns.values()) / unit_ns - max(irq, 0.0)
-        elif b.kind == BlankKind.THROTTLED:
-            out[THROTTLED_CAUSE] += n
+        elif b.kind == BlankKind.THROTTLED:  # throttled, then (quota back) waiting for its pCPU
+            part = b.throttled_part_ns / unit_ns
+            out[THROTTLED_CAUSE] += part
+            if n > part:
+                out[OUTSIDE_CAUSE] += n - part
         else:
             out[BLOCKED_CAUSE] += n
     return out

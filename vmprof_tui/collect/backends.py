@@ -82,7 +82,8 @@ def _compute_offsets(backend: str) -> dict[str, int]:
     with contextlib.suppress(BtfError):
         off.update({"TASK_SE_CFS_RQ": vmlinux.offset("task_struct.se.cfs_rq"),
                     "CFS_RQ_THROTTLED": vmlinux.offset("cfs_rq.throttled"),
-                    "CFS_RQ_THROTTLE_COUNT": vmlinux.offset("cfs_rq.throttle_count")})
+                    "CFS_RQ_THROTTLE_COUNT": vmlinux.offset("cfs_rq.throttle_count"),
+                    "CFS_RQ_THROTTLED_TIME": vmlinux.offset("cfs_rq.throttled_clock_self_time")})
     if backend == NONE:
         return off
     module, struct = _BACKEND_MODULES[backend]

@@ -48,5 +48,6 @@ SCHED_PREV_THROTTLED = 0x20
 SCHED_WAKEUP = 0x40  # not a switch: a vCPU thread woke up
 SCHED_HALT_END = 0x80  # not a switch: a vCPU's halt ended (kvm_vcpu_wakeup)
 SCHED_NOT_SWITCH = SCHED_WAKEUP | SCHED_HALT_END
+SCHED_THROTTLE_END = SCHED_NOT_SWITCH  # both bits: the throttled time of a vCPU thread that takes a CPU again
 
 C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE}
