@@ -29,19 +29,23 @@ def test_wakeup_wait(tmp_path: Path) -> None:
     assert want_wait > 5  # the busy VM makes the halting one wait for its pCPU after each wake-up
     assert abs(idle - want_idle) <= 1
     assert abs(wait - want_wait) <= 1
-    v = steal_report(an, "halting")["vcpus"][0]
-    assert abs(v["ratios"]["steal_wakeup"] - wait) < 0.01
+    v = steal_report(an, "halting")["vcpus"][0]  # vmprof steal: seconds over the vCPU's life
+    assert abs(v["ratios"]["steal_wakeup"] - want_wait) <= 1 and abs(v["ratios"]["idle"] - want_idle) <= 1
 
 
 def test_throttled(tmp_path: Path) -> None:
     r = record_scenario(tmp_path, "throttled", 3.0)
     an = Analysis(r.rec)
     truth = r.truth["throttled"]
-    want = 100 * truth["throttled_ns"] / truth["vcpus"][0]["wall_ns"]
+    wall = truth["vcpus"][0]["wall_ns"]
+    want = 100 * truth["throttled_ns"] / wall
     got = share(an, "throttled", RowKind.STEAL_THROTTLED)
-    print(f"throttled: [steal] (throttled) {got:.2f}% (the cgroup's cpu.stat throttled time: {want:.2f}%)")
+    seconds = steal_report(an, "throttled")["vcpus"][0]["type1_by_cause_s"]["throttled"]
+    print(f"throttled: [steal] (throttled) {got:.2f}%, vmprof steal {seconds:.4f}s = {100 * seconds * 1e9 / wall:.2f}% "
+          f"(the cgroup's cpu.stat throttled time: {truth['throttled_ns'] / 1e9:.4f}s = {want:.2f}%)")
     assert want > 1  # (30 ms a period when alone on its pCPU: about 70%; less when other tasks share it)
     assert abs(got - want) <= 1
+    assert abs(100 * seconds * 1e9 / wall - want) <= 1
 
 
 def test_skew(tmp_path: Path) -> None:
@@ -50,7 +54,8 @@ def test_skew(tmp_path: Path) -> None:
     vcpus = {v["vcpu"]: v for v in steal_report(an, "skew")["vcpus"]}
     truth = {v["vcpu"]: v for v in r.truth["skew"]["vcpus"]}
     for vcpu, other in ((0, 1), (1, 0)):
-        # both vCPUs always runnable on one pCPU: while one waits, the other's every on-CPU moment is co-stop
+        # both vCPUs always runnable on one pCPU (or blocked on the VMM, whose Python threads share one lock):
+        # while one waits, the other's every on-CPU moment is co-stop
         want = 100 * truth[other]["thread_cpu_ns"] / truth[vcpu]["wall_ns"]
         got = vcpus[vcpu]["ratios"]["skew"]
         print(f"skew vcpu{vcpu}: co-stop {got:.2f}% (vcpu{other}'s on-CPU time: {want:.2f}%)")

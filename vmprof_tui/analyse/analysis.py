@@ -171,7 +171,7 @@ class VcpuTimeline:
     on_cpu_ns: int = 0
     blanks: list[Blank] = field(default_factory=list)
     irq_running_ns: int = 0  # IRQ time on its pCPU while it ran (inside its on-CPU time)
-    skew_ns: int = 0  # co-stop: time it waited for a pCPU (preempted, throttled, woken) while a sibling vCPU ran
+    skew_ns: int = 0  # co-stop: time it could not run (any blank but a halt) while a sibling vCPU ran
     halt_poll_ns: int = 0  # KVM polled its halts this long before blocking (or instead of blocking)
     halt_polls_ok: int = 0  # halts that polling ended: the wake-up came while KVM polled
     halts: int = 0  # halts KVM reported ending (kvm_vcpu_wakeup)
@@ -457,11 +457,12 @@ class Analysis:
         tl.halt_poll_ns = int(poll[known].sum())
 
     def _skew(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
-        """Co-stop: how long each vCPU waited for a pCPU (preempted, throttled, or woken up) while at least
-        one sibling vCPU of its VM ran, on any pCPU: the union of the siblings' on-CPU intervals."""
+        """Co-stop: how long each vCPU could not run though its guest had work (preempted, throttled, woken
+        up, or its thread blocked in the VMM) while at least one sibling vCPU of its VM ran, on any pCPU:
+        the union of the siblings' on-CPU intervals."""
         for tid, tl in timelines.items():
             waits = [(b.wakeup_ns if b.kind == BlankKind.IDLE else b.start_ns, b.end_ns) for b in tl.blanks
-                     if b.kind in (BlankKind.PREEMPTED, BlankKind.THROTTLED) or b.wakeup_ns is not None]
+                     if b.kind != BlankKind.IDLE or b.wakeup_ns is not None]
             sib = [on_intervals[o][:, :2] for o, other in timelines.items()
                    if o != tid and other.pid == tl.pid and len(on_intervals.get(o, ()))]
             if not waits or not sib:
