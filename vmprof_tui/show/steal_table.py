@@ -11,9 +11,10 @@ def render(report: dict, limit: int | None = 20) -> str:
                      f"idle {r['idle']:.1f}%  steal {r['steal']:.1f}% (type 1 {r['steal_type1']:.1f}%, "
                      f"type 2 {r['steal_type2']:.1f}%)")
         c = v["type1_by_cause_s"]
-        if any(c.values()) or v["skew_s"]:
-            lines.append("    type 1 by cause: " + ", ".join(f"{k} {s:.3f}s" for k, s in c.items() if s)
-                         + f"; co-stop (waiting while a sibling vCPU ran) {v['skew_s']:.3f}s")
+        if any(s for k, s in c.items() if k != "preempted"):  # more than plain preemption
+            lines.append("    type 1 by cause: " + ", ".join(f"{k} {s:.3f}s" for k, s in c.items() if s))
+        if v["skew_s"]:
+            lines.append(f"    co-stop (it could not run while a sibling vCPU ran): {v['skew_s']:.3f}s")
         extra = []
         if v["halts"]:
             extra.append(f"halt polling {v['halt_poll_s']:.3f}s ({v['halts_ended_by_polling']} of {v['halts']} "
