@@ -75,6 +75,9 @@ static __always_inline int soft_exit(void)
 	return 0;
 }
 
+/* VMPROF_STEAL_CAUSES=0 (-DNO_STEAL_CAUSES) leaves the IRQ clock, the wake-ups and the halt ends out:
+ * benchmarks/overhead.py measures what they cost.  cpu_irq_ns then stays 0. */
+#ifndef NO_STEAL_CAUSES
 /* hard IRQs (device handlers and the APIC vectors that do the host's own work) and soft IRQs */
 RAW_TRACEPOINT_PROBE(irq_handler_entry) { return hard_enter(); }
 RAW_TRACEPOINT_PROBE(irq_handler_exit) { return hard_exit(); }
@@ -90,6 +93,7 @@ RAW_TRACEPOINT_PROBE(call_function_single_entry) { return hard_enter(); }
 RAW_TRACEPOINT_PROBE(call_function_single_exit) { return hard_exit(); }
 RAW_TRACEPOINT_PROBE(irq_work_entry) { return hard_enter(); }
 RAW_TRACEPOINT_PROBE(irq_work_exit) { return hard_exit(); }
+#endif
 
 static __always_inline struct vmprof_sched_event *new_event(void)
 {
@@ -152,6 +156,7 @@ static __always_inline void throttle_end(const void *task, u32 tid)
 #endif
 }
 
+#ifndef NO_STEAL_CAUSES
 RAW_TRACEPOINT_PROBE(sched_wakeup)
 {
 	/* TP_PROTO(struct task_struct *p) */
@@ -198,6 +203,8 @@ RAW_TRACEPOINT_PROBE(kvm_vcpu_wakeup)
 	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
+
+#endif
 
 RAW_TRACEPOINT_PROBE(sched_switch)
 {

@@ -143,6 +143,8 @@ class Collector:
                   f"-DSCHED_RING_PAGES={max(self.ring_pages // 4, 16)}", "-Wno-macro-redefined",
                   f"-DEXPECTED_HANDLING={2 if self.event == 'cycles' else 1}",
                   *self.backend.cflags()]
+        if os.environ.get("VMPROF_STEAL_CAUSES") == "0":  # benchmarks/overhead.py: the cost of these programs
+            cflags.append("-DNO_STEAL_CAUSES")
         text = bpf_source()
         build = kernel_build_dir()
         if not build.exists():
