@@ -112,6 +112,23 @@ static __always_inline struct vmprof_sched_event *new_event(void)
 	return e;
 }
 
+/* A record about vCPU thread `tid` that is not a switch: `value` in prev_exit_reason, capped at 32 bits. */
+static __always_inline void vcpu_record(u32 pid, u32 tid, u16 vcpu_id, u64 value, u8 flags)
+{
+	struct vmprof_sched_event *e = new_event();
+	if (!e)
+		return;
+	e->prev_pid = pid;
+	e->prev_tid = tid;
+	e->next_pid = 0;
+	e->next_tid = 0;
+	e->prev_exit_reason = value > 0xffffffffULL ? 0xffffffffU : (u32)value;
+	e->prev_vcpu_id = vcpu_id;
+	e->flags = flags | SCHED_PREV_VCPU;
+	__builtin_memset(e->next_comm, 0, sizeof(e->next_comm));
+	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
 /* vCPU threads that left their CPU throttled -> their group's throttled time then */
 BPF_HASH(throttled_at, u32, u64, 4096);
 
@@ -142,17 +159,7 @@ static __always_inline void throttle_end(const void *task, u32 tid)
 	throttled_at.delete(&tid);
 	void *cfs_rq = (void *)read_u64(task + TASK_SE_CFS_RQ);
 	u64 ns = cfs_rq ? read_u64(cfs_rq + CFS_RQ_THROTTLED_TIME) - was : 0;
-	struct vmprof_sched_event *e = new_event();
-	if (!e)
-		return;
-	e->prev_pid = read_u32(task + TASK_TGID);
-	e->prev_tid = tid;
-	e->next_pid = 0;
-	e->next_tid = 0;
-	e->prev_exit_reason = ns > 0xffffffffULL ? 0xffffffffU : (u32)ns;
-	e->flags = SCHED_THROTTLE_END | SCHED_PREV_VCPU;
-	__builtin_memset(e->next_comm, 0, sizeof(e->next_comm));
-	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	vcpu_record(read_u32(task + TASK_TGID), tid, 0, ns, SCHED_THROTTLE_END);
 #endif
 }
 
@@ -184,23 +191,11 @@ RAW_TRACEPOINT_PROBE(sched_wakeup)
 RAW_TRACEPOINT_PROBE(kvm_vcpu_wakeup)
 {
 	/* TP_PROTO(ktime_t ns, bool waited, bool valid); runs on the vCPU thread as its halt ends */
-	u64 ns = ctx->args[0];
 	bool waited = (bool)ctx->args[1];
-	struct vmprof_sched_event *e = new_event();
-	if (!e)
-		return 0;
 	u64 id = bpf_get_current_pid_tgid();
 	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
-	e->prev_pid = id >> 32;
-	e->prev_tid = (u32)id;
-	e->next_pid = 0;
-	e->next_tid = 0;
-	e->prev_exit_reason = ns > 0xffffffffULL ? 0xffffffffU : (u32)ns;
-	if (vcpu)
-		e->prev_vcpu_id = read_u32(vcpu + VCPU_VCPU_ID);
-	e->flags = SCHED_HALT_END | SCHED_PREV_VCPU | (waited ? 0 : SCHED_PREV_RUNNABLE);
-	__builtin_memset(e->next_comm, 0, sizeof(e->next_comm));
-	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	vcpu_record(id >> 32, (u32)id, vcpu ? read_u32(vcpu + VCPU_VCPU_ID) : 0, ctx->args[0],
+		    SCHED_HALT_END | (waited ? 0 : SCHED_PREV_RUNNABLE));
 	return 0;
 }
 
