@@ -58,7 +58,7 @@ def test_alone_report_cli(alone: tuple[Recorded, Analysis], tmp_path: Path) -> N
     for fmt in ("csv", "collapsed"):
         res = vmprof("report", path, "--vm", "alone", "--format", fmt)
         assert res.returncode == 0 and "compute_a" in res.stdout, res.stderr
-    assert "alone;compute;compute;compute_a " in vmprof("report", path, "--vm", "alone", "--format",
+    assert "[alone];alone/compute [1];compute_a " in vmprof("report", path, "--vm", "alone", "--format",
                                                         "collapsed").stdout
 
 

@@ -134,11 +134,12 @@ def test_pprof_hand_made_profile() -> None:
     assert d.total(0) == round(profile.total_samples) == 687  # cumulative rounding keeps the total
     assert d.total(1) == pytest.approx(687 * 1e6, abs=1e6)
     assert d.p.period == 1_000_000 and d.p.duration_nanos == 750_000_000 and d.p.time_nanos == 1_700_000_000 * 10**9
-    assert d.stacks[0] == ["compute_a", "compute(1) [1]", "[vm1]"] and d.files[0] == "compute"
+    assert d.stacks[0] == ["compute_a", "vm1/compute(1) [1]", "[vm1]"] and d.files[0] == "compute"
     assert d.values[0] == (500, 500_000_000)
     assert d.labels[0] == {"module": "compute", "vm": "vm1", "process": "compute(1)", "pid": 1}
-    assert d.stacks[2] == ["[steal]", "[vm1]"] and {d.files[2], d.files[3]} == {"(outside)", "(vmm)"}
-    assert len(d.stacks) == 5, "rows without samples are left out"
+    assert {tuple(d.stacks[2]), tuple(d.stacks[3])} == {("[steal] (outside)", "[vm1]"), ("[steal] (vmm)", "[vm1]")}
+    assert len(d.stacks) == 4, "rows without samples (and the 0.2-sample idle row) are left out"
+    assert all(cpu == n * 1_000_000 for n, cpu in d.values), "cpu is the count times the period"
     comments = [d.s[c] for c in d.p.comment]
     assert any("guest vm1" in c for c in comments) and "note: a note" in comments
 
@@ -150,7 +151,7 @@ def test_pprof_host_rows_without_process() -> None:
     profile = Profile("host", None, None, 35, 1.0, 0, {}, rows)
     d = Decoded(pprof.render_profile(profile, 1e6))
     check_wellformed(d)
-    assert d.stacks == [["schedule", "kworker [7]"], ["[idle]"], ["[vm1]"]]
+    assert sorted(d.stacks) == [["[idle] (cpu idle)"], ["[vm1]"], ["schedule", "kworker [7]"]]
 
 
 def test_sample_runs_tile_on_cpu_segments() -> None:
@@ -190,8 +191,8 @@ def test_pprof_guest_level(twoprocs: tuple[Recorded, Analysis]) -> None:
     for st in d.stacks:  # leaf first: function, process, VM
         assert st[-1] == f"[{VM}]"
         if st[0] in ("compute_a", "compute_b"):
-            assert st[1] in ("compute(1) [1]", "compute(2) [2]") and len(st) == 3
-    assert any(st[:1] == ["[steal]"] for st in d.stacks)
+            assert st[1] in (f"{VM}/compute(1) [1]", f"{VM}/compute(2) [2]") and len(st) == 3
+    assert any(st[0].startswith("[steal] (") for st in d.stacks)
 
 
 def test_pprof_host_level_splits_vms(twoprocs: tuple[Recorded, Analysis]) -> None:
@@ -221,7 +222,17 @@ def test_chrome_trace(twoprocs: tuple[Recorded, Analysis]) -> None:
     guest = [e for e in slices if e["cat"] == "guest" and e["pid"] == vm_pid]
     assert any(e["args"]["function"] == "compute_a" and "compute_a" in e["name"] for e in guest)
     assert {e["args"]["process"] for e in guest} >= {"compute(1)", "compute(2)"}
-    assert len(guest) < sum(e["args"]["samples"] for e in guest), "consecutive samples are merged"
+    vm_guest_samples = int(np.count_nonzero(an.is_guest & (an.vm_of == VM)))
+    assert len(guest) < vm_guest_samples, "consecutive samples are merged"
+    # speedscope keys a frame by name and args: one args per name on a track, or it cannot add slices up
+    args_of: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for e in slices:
+        if e["pid"] == vm_pid and e["cat"] in ("guest", "steal", "idle") and e["name"] != "[steal] vmm blocked":
+            args_of[(e["tid"], e["name"])].add(json.dumps(e["args"], sort_keys=True))
+    assert args_of and all(len(v) == 1 for v in args_of.values())
+    steal = [e for e in slices if e["cat"] == "steal" and e["pid"] == vm_pid]
+    assert steal and all("holder" in e["args"] and "held_by_ns" not in e["args"] for e in steal)
+    assert all(isinstance(e["args"]["exit_reason"], str) for e in steal if "exit_reason" in e["args"])
     by_track: dict[int, list[dict]] = defaultdict(list)
     for e in slices:
         if e["pid"] == vm_pid:

@@ -10,7 +10,8 @@ say() { printf 'bootstrap: %s\n' "$*"; }
 die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
 
 kver=$(uname -r)
-pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus)
+# golang-go and npm: the consumers the output tests load vmprof's files with (go tool pprof, speedscope's schema)
+pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus golang-go npm)
 [ -e "/lib/modules/$kver/build/Makefile" ] || pkgs+=(linux-headers-amd64)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -50,4 +51,9 @@ say "installing vmprof and its test dependencies into .venv"
   || die "pip install failed (is PyPI reachable?)"
 .venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual, distributed, pyarrow, duckdb, prometheus_client' \
   || die "the venv cannot import its dependencies"
+# speedscope's file-format schema (the npm package ships it), for tests/test_outputs.py; project-local, git-ignored
+if [ ! -e .cache/npm/node_modules/speedscope/dist/release/file-format-schema.json ]; then
+  say "installing npm speedscope into .cache/npm"
+  npm install -q --no-audit --no-fund --prefix .cache/npm speedscope >/dev/null || die "npm install speedscope failed"
+fi
 say "ready: .venv/bin/vmprof (and .venv/bin/vmprof-guest, the guest agent)"

@@ -43,6 +43,7 @@ from vmprof_tui.record.records import (
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
 )
+from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 
 # positions of sched-event fields in a record converted with .tolist()
@@ -73,6 +74,13 @@ def irq_between(a: int, b: int) -> int:
     return (b - a) & 0xFFFFFFFF
 
 
+def task_name(comm: bytes) -> str:
+    """A task's comm from a sched record.  The BPF program copies the comm with bpf_probe_read_kernel_str into a
+    ring-buffer slot that is not cleared, so after the string's NUL the slot keeps bytes of an older record
+    ("ksoftirqd/1\\0-91" after "memfd:sealed-91"), and numpy's S16 strips only trailing NULs: cut at the first."""
+    return comm.split(b"\0", 1)[0].decode(errors="replace")
+
+
 @dataclass
 class Row:
     """One line of a profile.  `kind` says what it counts; function and module are only what users read
@@ -87,7 +95,8 @@ class Row:
 
     def to_json(self, total: float) -> dict:
         return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
-                "function": self.function, "module": self.module, "process": self.process, "pid": self.pid,
+                "function": demangle(self.function), "symbol": self.function, "module": self.module,
+                "process": self.process, "pid": self.pid,
                 "vm": self.vm}
 
 
@@ -104,12 +113,18 @@ class Profile:
     unresolved_samples: int = 0
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # a row that rounds to 0 samples (a few virtual samples of steal) is noise in every output;
+        # the totals and ratios still count it
+        self.rows = [r for r in self.rows if r.samples >= 0.5]
+
     def to_json(self) -> dict:
         total = self.total_samples
+        unresolved = self.unresolved_samples / total if total else 0.0
         return {"level": self.level, "vm": self.vm, "vcpu": self.vcpu, "total_samples": int(round(total)),
                 "duration_s": round(self.duration_s, 6), "lost_samples": self.lost_samples,
                 "unresolved_samples": self.unresolved_samples,
-                "unresolved_ratio": round(100.0 * self.unresolved_samples / total, 3) if total else 0.0,
+                "unresolved_ratio": round(unresolved, 5), "unresolved_percent": round(100.0 * unresolved, 3),
                 "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
                 "rows": [r.to_json(total) for r in self.rows], "notes": self.notes}
 
@@ -518,7 +533,7 @@ class Analysis:
             elif holder_pid == 0:
                 holder = "idle"
             else:
-                holder = who[1].decode(errors="replace") or str(holder_pid)
+                holder = task_name(who[1]) or str(holder_pid)
             self._holders[who] = holder
         return Blank(start, end, kind, e[PREV_EXIT_REASON], e[CPU], holder)
 
@@ -587,11 +602,12 @@ class Analysis:
         idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
         if idle_virtual:
             rows.append(Row(idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
+        vmm_comm = {pid: p.get("comm") or None for pid, p in self.rec.processes().items()}
         for pid in np.unique(s["pid"][guest]).tolist():
             name = self.vm_by_pid.get(pid, f"vm-{pid}")
             n = int(np.count_nonzero(guest & (s["pid"] == pid)))
-            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), None, pid, name,
-                            RowKind.VM))
+            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), vmm_comm.get(pid),
+                            pid, name, RowKind.VM))
         total = float(np.count_nonzero(host | guest)) + idle_virtual
         idle = idle_virtual if measured_idle else np.count_nonzero(host & (s["pid"] == 0))
         kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))

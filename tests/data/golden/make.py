@@ -31,6 +31,9 @@ COMMANDS = {
         ("report-host-cpu1.txt", ["report", "REC", "--cpu", "1"]),
         ("report-guest.txt", ["report", "REC", "--level", "guest"]),
         ("report-guest.csv", ["report", "REC", "--level", "guest", "--format", "csv"]),
+        ("report-guest.folded", ["report", "REC", "--level", "guest", "--format", "collapsed"]),
+        ("report-host.speedscope.json", ["report", "REC", "--format", "speedscope"]),
+        ("report-host.svg", ["report", "REC", "--format", "svg"]),
         ("report-vm1.json", ["report", "REC", "--vm", "steal1", "--format", "json"]),
         ("report-vm1.folded", ["report", "REC", "--vm", "steal1", "--format", "collapsed"]),
         ("report-vm1.pb.gz", ["report", "REC", "--vm", "steal1", "--format", "pprof"]),
@@ -42,6 +45,7 @@ COMMANDS = {
     ],
     "lbr": [
         ("report-host.txt", ["report", "REC"]),
+        ("report-host.folded", ["report", "REC", "--format", "collapsed"]),
         ("blocks.txt", ["blocks", "REC", "--function", "main"]),
     ],
 }

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # format name -> module in this package
 MODULES = {"table": "table", "json": "jsonfmt", "csv": "csvfmt", "collapsed": "collapsed", "pprof": "pprof",
-           "chrome": "chrome"}
+           "chrome": "chrome", "speedscope": "speedscope", "svg": "svg"}
 FORMATS = tuple(MODULES)
 
 

@@ -30,7 +30,9 @@ recording's first timestamp) on a vCPU track:
 The slices of a vCPU track are its segments (analyse.timeline.vcpu_segments, the
 same the live screen's timeline draws): guest + vmm + unsampled + steal + idle
 cover the vCPU's life with no hole.  Slices never overlap on a track (the trace
-viewers need strictly nested slices).
+viewers need strictly nested slices).  A slice's ``args`` are the same for every slice of its name on its
+track (no per-slice counts or durations): speedscope keys a frame by name and args, and so adds up all the
+``compute_a`` or ``[steal] steal2`` slices of a vCPU.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from vmprof_tui.analyse import exits
-from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline
+from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline, task_name
+from vmprof_tui.analyse.exits import exit_category, exit_name
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.timeline import Segment, SegmentKind, vcpu_segments
+from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
 
 HOST_PID = 1 << 22  # PID_MAX_LIMIT: no Linux process has this id
@@ -88,12 +91,13 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
             continue
         if g.kind is SegmentKind.GUEST:
             r = an.row(g.sample, g.samples)
-            name = f"{r.process}/{r.function}" if r.process else r.function
-            args = {"process": r.process, "pid": r.pid, "function": r.function, "module": r.module,
-                    "samples": g.samples, "vcpu": tl.vcpu}
+            function = demangle(r.function)
+            name = f"{r.process}/{function}" if r.process else function
+            args = {"process": r.process, "pid": r.pid, "function": function, "module": r.module,
+                    "vcpu": tl.vcpu}
             events.append(_slice(name, CAT_GUEST, pid, tid, a, z, args))
         elif g.kind is SegmentKind.VMM:
-            args = {"samples": g.samples, "vcpu": tl.vcpu, "host_function": str(an.func[g.sample]),
+            args = {"vcpu": tl.vcpu, "host_function": demangle(str(an.func[g.sample])),
                     "module": str(an.module[g.sample])}
             events.append(_slice("[vmm]", CAT_VMM, pid, tid, a, z, args))
         elif g.kind is SegmentKind.UNSAMPLED:
@@ -101,8 +105,10 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
         else:
             b = g.blank
             name, cat = blank_name(g)
-            args = {"kind": b.kind, "held_by_ns": b.holders(), "exit_reason": b.exit_reason,
-                    "exit_name": exits.exit_name(an.backend, b.exit_reason), "vcpu": tl.vcpu}
+            args = {"kind": b.kind, "holder": g.holder, "vcpu": tl.vcpu}
+            if b.kind == BlankKind.BLOCKED:  # the exit the VMM is handling; for the other kinds it is history
+                args["exit_reason"] = exit_category(an.backend, b.exit_reason)
+                args["exit_name"] = exit_name(an.backend, b.exit_reason)
             if b.irq_ns:
                 args["irq_ns"] = b.irq_ns
             w = int(_us(b.wakeup_ns, t0)) if b.wakeup_ns is not None else z
@@ -144,7 +150,7 @@ def host_events(an: Analysis, t0: int) -> tuple[list[Event], list[int]]:
             events.append(_slice(f"{vm}/vcpu{vcpu}", CAT_VCPU, HOST_PID, tid, a, z,
                                  {"cpu": c, "vm": vm, "vcpu": vcpu, "tid": task}))
         else:
-            comm = ev["next_comm"][i].decode(errors="replace") or str(task)
+            comm = task_name(ev["next_comm"][i]) or str(task)
             name = comm if exact[i] else "[host]"
             events.append(_slice(name, CAT_HOST, HOST_PID, tid, a, z,
                                  {"cpu": c, "first_task": comm, "tid": task, "pid": int(ev["next_pid"][i]),

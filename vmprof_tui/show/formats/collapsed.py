@@ -1,36 +1,31 @@
-"""Collapsed stacks ("frame;frame;frame count"), the input of FlameGraph and speedscope.
-
-Frames run from the outermost context inwards: VM, guest process, module, function at
-the guest level; host process (or VM), module, function at the host level.
+"""Collapsed stacks ("frame;frame;frame count"), the input of FlameGraph's flamegraph.pl, inferno and
+speedscope.  The frames are those of `show.stacks` (root first); equal stacks are one line.  At the guest
+level without --vm every VM's stacks are in the one file, each under its `[VM]` frame.
 """
 
 from __future__ import annotations
 
-from vmprof_tui.analyse.analysis import Profile
-from vmprof_tui.analyse.kinds import RowKind
-from vmprof_tui.show.formats import ReportInput, joined
+from collections import Counter
 
-ONE_PROFILE = True
+from vmprof_tui.show.formats import ReportInput
+from vmprof_tui.show.stacks import Stack, stacks
 
-def _frame(text: str) -> str:
+ONE_PROFILE = False
+
+
+def frame_text(text: str) -> str:
     return text.replace(";", ":").replace("\n", " ").strip() or "?"
 
 
-def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None) -> str:
-    lines = []
-    for r in sorted(profile.rows, key=lambda r: -r.samples)[:limit]:
-        n = int(round(r.samples))
-        if n <= 0:
-            continue
-        if profile.level == "guest":
-            frames = [r.vm or profile.vm or "vm", r.process or r.function, r.module, r.function]
-        elif r.kind is RowKind.VM:  # a host-level VM row: the VM is the whole stack
-            frames = [r.function]
-        else:
-            frames = [r.process or "?", r.module, r.function]
-        lines.append(";".join(_frame(f) for f in frames) + f" {n}")
-    return "\n".join(lines) + "\n"
+def folded(all_stacks: list[Stack]) -> Counter[str]:
+    """Whole sample counts per folded stack (stacks that round to 0 samples are left out)."""
+    out: Counter[str] = Counter()
+    for st in all_stacks:
+        out[";".join(frame_text(f.name) for f in st.frames)] += st.samples
+    return Counter({k: int(round(v)) for k, v in out.items() if round(v) > 0})
 
 
 def render(inp: ReportInput) -> str:
-    return joined(inp, render_profile)
+    counts = folded([st for _p, sts in stacks(inp.analysis, inp.profiles, inp.cpu, inp.limit) for st in sts])
+    lines = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "".join(f"{k} {n}\n" for k, n in lines)

@@ -3,11 +3,13 @@
 ``go tool pprof -http=: FILE``, speedscope, Grafana Pyroscope and most other
 profile viewers read it.  Each row of the profile becomes one pprof Sample with
 two values, ``samples/count`` and ``cpu/nanoseconds`` (samples × sampling
-period), and a stack of up to three frames, leaf first::
+period, from the same whole count), and the frames of ``show.stacks``, leaf first::
 
-    function (Function.filename = module)   e.g. compute_a / compute
-    process  "name [pid]"                   e.g. compute(1) [1]
+    function (Function.filename = module)   e.g. compute_a / compute, [libcrypto.so.3]
+    process  "VM/name [pid]"                e.g. twoprocs/compute [1]
     VM       "[name]"                       e.g. [twoprocs]
+
+Demangled functions keep the mangled symbol in ``Function.system_name``.
 
 so that flame views group the whole machine by VM → process → function.  At
 the host level the one row per VM is split into that VM's guest processes and
@@ -32,8 +34,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis, Profile, Row
-from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.show.formats import ReportInput
+from vmprof_tui.show.stacks import profile_stacks
 
 # Field numbers of profile.proto.
 # Profile
@@ -125,11 +127,12 @@ class ProfileBuilder:
         self.samples: list[bytes] = []
         self._location_of: dict[tuple[str, str], int] = {}
 
-    def location(self, name: str, filename: str = "") -> int:
+    def location(self, name: str, filename: str = "", system_name: str = "") -> int:
         """The location id of a frame; a frame is one Location with one Line of one Function.
 
-        Function.system_name stays unset: pprof "demangles" system names that look like
-        C++ and would cut "compute(1) [1]" down to "compute [1]".
+        Function.system_name is set only to a mangled symbol whose demangled form is the name: pprof
+        demangles a system name that looks like C++ unless the name already differs from it, and would cut
+        "compute(1) [1]" down to "compute [1]".
         """
         k = (name, filename)
         loc = self._location_of.get(k)
@@ -137,6 +140,7 @@ class ProfileBuilder:
             fid = len(self.functions) + 1
             n = self.strings(name)
             self.functions.append(field_varint(F_ID, fid) + field_varint(F_NAME, n) +
+                                  field_varint(F_SYSTEM_NAME, self.strings(system_name)) +
                                   field_varint(F_FILENAME, self.strings(filename)))
             loc = self._location_of[k] = len(self.locations) + 1
             line = field_varint(LINE_FUNCTION_ID, fid)
@@ -179,22 +183,6 @@ class ProfileBuilder:
         return b"".join(parts)
 
 
-def _process_frame(process: str | None, pid: int | None) -> str | None:
-    if not process:
-        return None
-    return f"{process} [{pid}]" if pid is not None else process
-
-
-def _stack(b: ProfileBuilder, row: Row) -> list[int]:
-    stack = [b.location(row.function, row.module)]
-    proc = _process_frame(row.process, row.pid)
-    if proc is not None:
-        stack.append(b.location(proc))
-    if row.vm and row.kind is not RowKind.VM:  # a host-level VM row is its own VM frame
-        stack.append(b.location(f"[{row.vm}]"))
-    return stack
-
-
 def _labels(b: ProfileBuilder, row: Row) -> list[bytes]:
     labels = [b.label("module", row.module)]
     if row.vm:
@@ -204,19 +192,6 @@ def _labels(b: ProfileBuilder, row: Row) -> list[bytes]:
     if row.pid is not None:
         labels.append(b.label("pid", num=row.pid))
     return labels
-
-
-def _guest_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
-    """A host-level VM row split into its guest (process, function) rows; [row] if they do not add up."""
-    if row.kind is not RowKind.VM or row.pid is None:
-        return [row]
-    s = an.samples
-    sel = an.in_vm & (s["pid"] == row.pid)
-    if cpu is not None:
-        sel &= s["cpu"] == cpu
-    if int(np.count_nonzero(sel)) != int(round(row.samples)):
-        return [row]
-    return an.aggregate(sel)
 
 
 def rounded_counts(samples: Sequence[float]) -> np.ndarray:
@@ -242,14 +217,13 @@ def comments(an: Analysis | None, profile: Profile) -> list[str]:
 def render_profile(profile: Profile, period_ns: float, time_nanos: int = 0, an: Analysis | None = None,
                    cpu: int | None = None) -> bytes:
     """The gzipped profile.proto of one Profile (with an Analysis, VM rows of the host level are split)."""
-    rows = [r for r in profile.rows if r.samples > 0]
-    if an is not None and profile.level == "host":
-        rows = [g for r in rows for g in _guest_rows(an, r, cpu)]
-    counts = rounded_counts([r.samples for r in rows])
-    cpu_ns = rounded_counts([r.samples * period_ns for r in rows])
+    sts = profile_stacks(an, profile, cpu)
+    counts = rounded_counts([st.samples for st in sts])
     b = ProfileBuilder()
-    for row, n, ns in zip(rows, counts.tolist(), cpu_ns.tolist(), strict=True):
-        b.sample(_stack(b, row), (n, ns), _labels(b, row))
+    for st, n in zip(sts, counts.tolist(), strict=True):
+        if n > 0:  # cpu is the count times the period: the two values never disagree
+            stack = [b.location(f.name, f.module, f.system_name) for f in reversed(st.frames)]
+            b.sample(stack, (n, int(round(n * period_ns))), _labels(b, st.row))
     data = b.encode(period_ns=int(round(period_ns)), time_nanos=time_nanos,
                     duration_nanos=int(round(profile.duration_s * 1e9)), comments=comments(an, profile))
     return gzip.compress(data, compresslevel=6, mtime=0)

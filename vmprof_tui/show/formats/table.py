@@ -1,23 +1,43 @@
-"""The papers' table: a header with totals and ratios, then `Samples %Ratio Function Module` rows."""
+"""The papers' table: a header with totals and ratios, then `Samples %Ratio Process Module Function` rows.
+
+A `rich` table at the terminal's width (COLUMNS, else the terminal, else 80 columns), the long column last as
+perf puts it: a name longer than its column ends in an ellipsis instead of widening every line.
+"""
 
 from __future__ import annotations
 
+import io
+
+from rich.console import Console
+from rich.table import Table
+
 from vmprof_tui.analyse.analysis import Profile, Row
+from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput, joined
+from vmprof_tui.show.stacks import process_name
+from vmprof_tui.show.text import fill, width
 
 ONE_PROFILE = False
+# samples made from the scheduler events' blank time (not interrupts): `record`'s "samples N" does not count them
+VIRTUAL = {RowKind.CPU_IDLE, RowKind.IDLE, RowKind.STEAL_OUTSIDE, RowKind.STEAL_SIBLING, RowKind.STEAL_VMM_BLOCKED}
 
-def header(profile: Profile) -> list[str]:
+
+def header(profile: Profile, cols: int = 80) -> list[str]:
     where = "host" if profile.level == "host" else f"guest {profile.vm}" + (
         f" vcpu{profile.vcpu}" if profile.vcpu is not None else "")
     total = profile.total_samples
     unresolved = 100.0 * profile.unresolved_samples / total if total else 0.0
+    virtual = sum(r.samples for r in profile.rows if r.kind in VIRTUAL)
+    what = "idle" if profile.level == "host" else "steal and idle"
     keys = list(profile.ratios)
     names = ":".join(k.upper() if k != "steal" else "steal" for k in keys)
     values = ":".join(f"{profile.ratios[k]:.1f}" for k in keys)
-    lines = [f"Level: {where}   Total samples: {int(round(total))}   Duration: {profile.duration_s:.2f} s   "
-             f"Lost samples: {profile.lost_samples}   Unresolved: {unresolved:.1f}%",
-             f"{names} = {values}"]
+    fields = [f"Level: {where}", f"Total samples: {int(round(total))}",
+              f"({int(round(virtual))} of them {what} from sched events)",
+              f"Duration: {profile.duration_s:.2f} s", f"Lost samples: {profile.lost_samples}",
+              f"Unresolved: {unresolved:.1f}%"]
+    lines = fill(fields, cols) + [f"{names} = {values}"]
     lines += [f"note: {n}" for n in profile.notes]
     return lines
 
@@ -28,18 +48,28 @@ def sort_rows(rows: list[Row], sort: str) -> list[Row]:
     return sorted(rows, key=lambda r: (-r.samples, r.function))
 
 
-def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None) -> str:
+def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None, cols: int | None = None) -> str:
+    cols = cols or width()
     rows = sort_rows(profile.rows, sort)[:limit]
     total = profile.total_samples or 1.0
-    fw = max([len("Function")] + [len(r.function) for r in rows])
-    mw = max([len("Module")] + [len(r.module) for r in rows])
-    lines = header(profile)
-    lines.append(f"{'Samples':>9} {'%Ratio':>8}  {'Function':<{fw}}  {'Module':<{mw}}  Process")
-    for r in rows:
-        proc = "" if r.process is None else (f"{r.process}" + (f" [{r.pid}]" if r.pid is not None else ""))
-        lines.append(f"{int(round(r.samples)):>9} {100.0 * r.samples / total:>8.3f}  {r.function:<{fw}}  "
-                     f"{r.module:<{mw}}  {proc}")
-    return "\n".join(lines) + "\n"
+    cells = [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}", process_name(r) or "", r.module,
+              demangle(r.function)) for r in rows]
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="", padding=(0, 2, 0, 0))
+    # every column as wide as its longest cell (process and module capped); the function takes what is left
+    used = 0
+    for i, (name, cap) in enumerate((("Samples", 9), ("%Ratio", 8), ("Process", 24), ("Module", 28))):
+        w = min(cap, max([len(name)] + [len(c[i]) for c in cells]))
+        used += w + 2
+        table.add_column(name, justify="right" if i < 2 else "left", no_wrap=True, overflow="ellipsis",
+                         min_width=w, max_width=w)
+    table.add_column("Function", no_wrap=True, overflow="ellipsis", max_width=max(16, cols - used - 2))
+    for c in cells:
+        table.add_row(*c)
+    out = io.StringIO()
+    Console(file=out, width=cols, color_system=None, highlight=False, markup=False, emoji=False,
+            legacy_windows=False).print(table)
+    body = [line.rstrip() for line in out.getvalue().splitlines()]
+    return "\n".join(header(profile, cols) + body) + "\n"
 
 
 def render(inp: ReportInput) -> str:
