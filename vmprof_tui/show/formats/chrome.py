@@ -109,13 +109,13 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
             if b.kind == BlankKind.BLOCKED:  # the exit the VMM is handling; for the other kinds it is history
                 args["exit_reason"] = exit_category(an.backend, b.exit_reason)
                 args["exit_name"] = exit_name(an.backend, b.exit_reason)
-            if b.irq_ns:
-                args["irq_ns"] = b.irq_ns
+            # (args are the same for every slice of one name: speedscope keys frames by name and args)
             w = int(_us(b.wakeup_ns, t0)) if b.wakeup_ns is not None else z
             if a < w:
                 events.append(_slice(name, cat, pid, tid, a, w, args))
             if w < z:  # woken from its halt, waiting for its pCPU
-                events.append(_slice("[steal] wakeup", CAT_STEAL, pid, tid, w, z, {**args, "woken": True}))
+                events.append(_slice("[steal] wakeup", CAT_STEAL, pid, tid, w, z,
+                                     {"kind": "wakeup", "holder": "unknown", "vcpu": tl.vcpu}))
     return events
 
 
