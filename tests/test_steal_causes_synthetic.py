@@ -44,6 +44,24 @@ def test_wakeup_wait_is_steal_not_idle(tmp_path: Path) -> None:
     assert an.guest_profile("web").ratios["idle"] == pytest.approx(40)
 
 
+def test_chrome_trace_draws_the_wakeup_wait(tmp_path: Path) -> None:
+    import json
+
+    from vmprof_tui.show.formats import ReportInput, chrome
+
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.halt(web, 0, start_ns=10 * MS, end_ns=40 * MS, wakeup_ns=30 * MS)
+    b.host_task(500, "busy", cpu=1, start_ns=25 * MS, end_ns=40 * MS)
+    b.run(web, 0, cpu=1, start_ns=40 * MS, end_ns=50 * MS)
+    an = analyse(b, tmp_path)
+    events = json.loads(chrome.render(ReportInput(an, [an.guest_profile("web")], vm="web")))["traceEvents"]
+    on_vcpu = [e for e in events if e.get("ph") == "X" and e["tid"] == 101]
+    assert [(e["name"], e["dur"]) for e in on_vcpu if e["cat"] in ("idle", "steal")] == [
+        ("[idle] halt", 20_000), ("[steal] wakeup", 10_000)]
+
+
 def test_halt_without_wakeup_event_stays_idle(tmp_path: Path) -> None:
     """A recording made before issue 15 (no wake-up records) gives the same idle as before."""
     b = SynthRecording(frequency=1000, cpus=2)
