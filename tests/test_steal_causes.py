@@ -31,6 +31,11 @@ def test_wakeup_wait(tmp_path: Path) -> None:
     assert abs(wait - want_wait) <= 1
     v = steal_report(an, "halting")["vcpus"][0]  # vmprof steal: seconds over the vCPU's life
     assert abs(v["ratios"]["steal_wakeup"] - want_wait) <= 1 and abs(v["ratios"]["idle"] - want_idle) <= 1
+    # beside the host's own run-queue delay (schedstat) over the span between the session's readings of it
+    h = v["host_run_delay"]
+    print(f"halting: host run-queue delay {h['host_s']:.3f}s, vmprof's type 1 "
+          f"{sum(h['vmprof_type1_by_cause_s'].values()):.3f}s over {h['span_s']:.3f}s")
+    assert abs(h["difference_s"]) <= 0.01 * h["span_s"]
 
 
 def test_throttled(tmp_path: Path) -> None:

@@ -27,15 +27,37 @@ from vmprof_tui.analyse.timeline import (
 from vmprof_tui.record.records import SAMPLE_HALTED, SAMPLE_VCPU
 
 
-def host_run_delay_ns(an: Analysis, tl: VcpuTimeline) -> int | None:
-    """The run-queue wait the host's own scheduler counted for the vCPU thread over the recording
-    (/proc schedstat, read by the session when it first saw the thread and at each discovery), or None."""
+def host_run_delay(an: Analysis, tl: VcpuTimeline) -> tuple[int, int, int] | None:
+    """(from, to, ns): the run-queue wait the host's own scheduler counted for the vCPU thread between two
+    readings of /proc schedstat (the session's first and last), or None when the recording has none."""
     for vm in an.rec.vms():
         if int(vm.get("pid", -1)) == tl.pid:
-            reading = (vm.get("run_delay_ns") or {}).get(str(tl.tid))
-            if reading and len(reading) == 2:
-                return int(reading[1]) - int(reading[0])
+            r = (vm.get("run_delay_ns") or {}).get(str(tl.tid))
+            if r and len(r) == 4 and r[2] > r[0]:
+                return int(r[0]), int(r[2]), int(r[3]) - int(r[1])
     return None
+
+
+def type1_by_cause_between(tl: VcpuTimeline, lo: int, hi: int) -> dict[str, float]:
+    """vmprof's steal of type 1 by cause, in ns, over [lo, hi) only (to set beside the host's readings)."""
+    out = {"wakeup": 0.0, "throttled": 0.0, "irq": 0.0, "preempted": 0.0}
+
+    def inside(a: int, b: int) -> int:
+        return max(0, min(b, hi) - max(a, lo))
+
+    for b in tl.blanks:
+        if b.kind == BlankKind.IDLE and b.wakeup_ns is not None:
+            out["wakeup"] += inside(b.wakeup_ns, b.end_ns)
+        elif b.kind == BlankKind.THROTTLED:
+            cut = b.start_ns + b.throttled_part_ns
+            out["throttled"] += inside(b.start_ns, cut)
+            out["preempted"] += inside(cut, b.end_ns)
+        elif b.kind == BlankKind.PREEMPTED and b.duration_ns:
+            part = inside(b.start_ns, b.end_ns)
+            irq = b.irq_ns * part / b.duration_ns  # IRQ time spread evenly over the wait
+            out["irq"] += irq
+            out["preempted"] += part - irq
+    return out
 
 
 def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
@@ -75,7 +97,8 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
                   "irq": split.get(IRQ_CAUSE, 0.0)}
         causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
         poll_samples = float(np.count_nonzero(thread & polling)) * period
-        host = host_run_delay_ns(an, tl)
+        host = host_run_delay(an, tl)
+        mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
         vcpus.append({
             "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
             "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
@@ -97,8 +120,12 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
             "halt_poll_s": tl.halt_poll_ns / 1e9, "halts": tl.halts, "halts_ended_by_polling": tl.halt_polls_ok,
             # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
             "host_reported_steal_s": type1 / 1e9,
-            # the host's own count of that delay (schedstat), when the recording has it
-            "host_run_delay_s": None if host is None else host / 1e9,
+            # the host's own count of that delay (schedstat) between the session's first and last reading of
+            # it, and vmprof's type 1 by cause over the same span; None when the recording has no readings
+            "host_run_delay": None if host is None else {
+                "span_s": (host[1] - host[0]) / 1e9, "host_s": host[2] / 1e9,
+                "vmprof_type1_by_cause_s": {k: v / 1e9 for k, v in mine_then.items()},
+                "difference_s": (host[2] - sum(mine_then.values())) / 1e9},
         })
     return vcpus
 

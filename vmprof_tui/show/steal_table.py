@@ -55,12 +55,13 @@ def render(report: dict, limit: int | None = 20, cols: int | None = None) -> str
             lines += seconds_list("type 2, the VMM/KVM on its behalf, by exit", v["type2_by_exit_s"], cols)
         lines += fill(["steal the host reports to the guest (run-queue delay):", f"{v['host_reported_steal_s']:.3f}s,",
                        f"which misses type 2 ({v['steal_type2_s']:.3f}s)"], cols, "    ", "      ", " ")
-        if v["host_run_delay_s"] is not None:
-            host, mine = v["host_run_delay_s"], v["host_reported_steal_s"]
-            lines += fill(["the host's own run-queue delay (schedstat, while recorded):", f"{host:.3f}s;",
-                           f"vmprof's type 1 {mine:.3f}s =", " + ".join(f"{k} {s:.3f}s" for k, s in causes.items())
-                           + ";", f"difference {host - mine:+.3f}s", "(schedstat is read once a second:",
-                           "up to a second at either end)"], cols, "    ", "      ", " ")
+        h = v["host_run_delay"]
+        if h is not None:
+            mine = h["vmprof_type1_by_cause_s"]
+            lines += fill([f"over the {h['span_s']:.3f}s between the first and the last schedstat reading:",
+                           f"the host's own run-queue delay {h['host_s']:.3f}s;", f"vmprof's type 1 "
+                           f"{sum(mine.values()):.3f}s =", " + ".join(f"{k} {s:.3f}s" for k, s in mine.items()) + ";",
+                           f"difference {h['difference_s']:+.3f}s"], cols, "    ", "      ", " ")
     lines += fill(["corrected execution times:", "apparent = own run time + steal between two of its samples;",
                    "corrected = apparent - that steal;", "host-steal corrected = apparent - the run-queue wait",
                    "the host reports (what a guest can do)"], cols, "  ", "    ", " ")
