@@ -114,3 +114,53 @@ def test_doctor_explains_headers_of_another_kernel() -> None:
     line = next(x for x in out.stdout.splitlines() if "kernel headers" in x)
     if os.uname().release not in os.path.realpath(f"/lib/modules/{os.uname().release}/build"):
         assert "headers of another kernel" in line and "BTF" in line, line
+
+
+def csv_rows(*args: str) -> list[dict]:
+    import csv
+    import io
+    res = vmprof("report", *args, "--format", "csv")
+    assert res.returncode == 0, res.stderr
+    return list(csv.DictReader(io.StringIO(res.stdout)))
+
+
+def test_report_sorts_by_perfs_keys() -> None:
+    for key, column in (("process", "process"), ("module", "module"), ("function", "function")):
+        rows = csv_rows(GOLDEN, "--sort", key)
+        values = [r[column] for r in rows]
+        assert values == sorted(values), key
+    pids = [int(r["pid"]) for r in csv_rows(GOLDEN, "-s", "pid") if r["pid"]]
+    assert pids == sorted(pids)
+
+
+def test_report_filters_by_process_pid_and_module() -> None:
+    rows = csv_rows(GOLDEN, "--comm", "kdamond.0,kworker/1:1")
+    assert rows and {r["process"] for r in rows} == {"kdamond.0", "kworker/1:1"}
+    rows = csv_rows(GOLDEN, "--pid", "2877", "--dso", "libc.so.6")
+    assert rows and all(r["pid"] == "2877" and r["module"] == "libc.so.6" for r in rows)
+    assert all(r["process"] == "compute" for r in csv_rows(GOLDEN, "--vm", "steal1", "--comm", "compute"))
+    table = vmprof("report", GOLDEN, "--comm", "kdamond.0").stdout
+    assert "note: rows only of process kdamond.0" in table and "Total samples: 5317" in table
+    one_line(vmprof("report", GOLDEN, "--pid", "web"), 2, "--pid takes numbers")
+
+
+def test_report_kernel_or_user_only() -> None:
+    lbr = "tests/data/golden/lbr.vmprof"
+    user = csv_rows(lbr, "-K")
+    assert user and not any(r["module"].startswith("[kernel") for r in user)
+    assert not any(r["function"] == "[idle]" for r in user), "idle is neither mode's code"
+    kernel = csv_rows(lbr, "-U")
+    assert kernel and all(r["module"] == "[kernel.kallsyms]" for r in kernel)
+    guest_user = csv_rows(GOLDEN, "--vm", "steal1", "-K")
+    assert {r["function"] for r in guest_user} >= {"compute_a", "compute_b"}
+    assert not any(r["module"] in ("(outside)", "(vmm blocked)") for r in guest_user), "blank time is no mode's"
+    guest_kernel = csv_rows(GOLDEN, "--vm", "steal1", "-U")  # the demo guests run in user mode only:
+    assert guest_kernel and all(r["module"] == "(vmm)" for r in guest_kernel)  # KVM's work for the vCPU is left
+    assert vmprof("report", GOLDEN, "-K", "-U").returncode == 2
+
+
+def test_options_a_format_ignores_are_errors() -> None:
+    one_line(vmprof("report", GOLDEN, "--format", "collapsed", "--sort", "module"), 2, "--sort applies to")
+    one_line(vmprof("report", GOLDEN, "--format", "pprof", "--limit", "3", "-o", "/dev/null"), 2,
+             "--limit does not apply to pprof")
+    one_line(vmprof("report", GOLDEN, "--format", "chrome", "--comm", "python"), 2, "chrome output is the whole")

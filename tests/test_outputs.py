@@ -19,7 +19,6 @@ import pytest
 
 from vmprof_tui.analyse.analysis import Profile, Row
 from vmprof_tui.analyse.kinds import RowKind
-from vmprof_tui.show.formats import svg
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
@@ -101,6 +100,8 @@ def test_collapsed_guest_level_of_every_vm() -> None:
 
 
 def test_svg_flame_graph_from_the_collapsed_stacks() -> None:
+    from vmprof_tui.show.formats import svg
+
     text = out("report", STEAL3, "--format", "svg")
     root = ET.fromstring(text)  # a well-formed SVG document a browser opens
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -166,7 +167,8 @@ def test_rows_that_round_to_nothing_are_not_shown() -> None:
     rows = [Row(10, "f", "m", "p", 1, "vm"), Row(0.3, "[steal]", "(vmm blocked)", None, None, "vm",
                                                  RowKind.STEAL_VMM_BLOCKED)]
     p = Profile("guest", "vm", None, 10.3, 1.0, 0, {}, rows)
-    assert [r.function for r in p.rows] == ["f"] and p.total_samples == 10.3
+    assert [r.function for r in p.shown_rows] == ["f"] and len(p.rows) == 2, "the data keeps them"
+    assert [r["function"] for r in p.to_json()["rows"]] == ["f"]
 
 
 # -- speedscope and chrome ----------------------------------------------------------------------

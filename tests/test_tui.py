@@ -162,3 +162,59 @@ def test_svg_screenshot(replay_path: Path, artifacts: Path) -> None:
     asyncio.run(shot())
     svg = (artifacts / "vmprof-top.svg").read_text()
     assert "twoprocs" in svg.replace("&#160;", " ")
+
+
+def test_screens_of_a_new_user() -> None:
+    """Issue 16 on the stored recording of three VMs: the host view tells its [unknown] rows apart, drill-down
+    screens sort by samples, s and t work from every screen of a VM, rows of 0 samples are not listed, and the
+    overview plots the selected VM's user, steal and idle."""
+    from vmprof_tui.show.tui import OverviewScreen, ProcessScreen, StealScreen
+
+    app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
+
+    async def go() -> None:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(pilot, lambda: len(app.usage.get("steal1", ())) >= 3, timeout=15)
+            await pilot.press("space")
+            await select(pilot, app, "steal2")
+            await pilot.pause(0.3)
+            shot = app.export_screenshot().replace("&#160;", " ")
+            Path(ROOT / "test-artifacts").mkdir(exist_ok=True)
+            (ROOT / "test-artifacts" / "top-plot.svg").write_text(app.export_screenshot())
+            assert "VM steal2: the last" in shot and "steal %" in shot, "the plot of the selected VM"
+            # host view: process and module columns tell the [unknown] rows apart
+            await select(pilot, app, "(host)")
+            await pilot.press("enter")
+            await until(pilot, lambda: app.screen.columns[:3] == ("samples", "%", "process"))
+            rows = cells(app)
+            unknown = [(r[2], r[3]) for r in rows if r[4] == "[unknown]"]
+            assert len(unknown) >= 3 and len(set(unknown)) == len(unknown), unknown
+            samples = [int(r[0]) for r in rows]
+            assert samples == sorted(samples, reverse=True) and min(samples) > 0
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, OverviewScreen))
+            # a VM's screens: processes sorted by samples, no 0-sample rows, s and t everywhere
+            await select(pilot, app, "steal1")
+            await pilot.press("enter")
+            await until(pilot, lambda: cells(app) and cells(app)[0][0] == "vcpu0")
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ProcessScreen) and cells(app))
+            counts = [int(r[2]) for r in cells(app)]
+            assert counts == sorted(counts, reverse=True) and min(counts) > 0, cells(app)
+            for key, screen in (("s", StealScreen), ("t", TimelineScreen)):
+                await pilot.press(key)
+                await until(pilot, lambda screen=screen: isinstance(app.screen, screen))
+                await pilot.press("escape")
+                await until(pilot, lambda: isinstance(app.screen, ProcessScreen))
+            await select(pilot, app, "compute")
+            await pilot.press("enter")
+            await until(pilot, lambda: "compute_a" in [r[0] for r in cells(app)])
+            await pilot.press("t")
+            await until(pilot, lambda: isinstance(app.screen, TimelineScreen))
+            await pilot.press("s")  # from the timeline too
+            await until(pilot, lambda: isinstance(app.screen, StealScreen))
+            seconds = [float(r[3]) for r in cells(app)]
+            assert seconds == sorted(seconds, reverse=True)
+            await pilot.press("q")
+
+    asyncio.run(go())

@@ -19,6 +19,7 @@ then
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +75,12 @@ def irq_between(a: int, b: int) -> int:
     return (b - a) & 0xFFFFFFFF
 
 
+def in_kernel(samples: np.ndarray) -> np.ndarray:
+    """The samples taken in kernel mode: the guest's kernel for guest samples, the host's for the others."""
+    flags = samples["flags"]
+    return np.where((flags & SAMPLE_GUEST) != 0, (flags & SAMPLE_GUEST_KERNEL) != 0, (flags & SAMPLE_HOST_KERNEL) != 0)
+
+
 def task_name(comm: bytes) -> str:
     """A task's comm from a sched record.  The BPF program copies the comm with bpf_probe_read_kernel_str into a
     ring-buffer slot that is not cleared, so after the string's NUL the slot keeps bytes of an older record
@@ -112,11 +119,17 @@ class Profile:
     rows: list[Row]
     unresolved_samples: int = 0
     notes: list[str] = field(default_factory=list)
+    virtual_samples: float | None = None  # of total_samples, made from the scheduler events (idle, steal)
 
     def __post_init__(self) -> None:
-        # a row that rounds to 0 samples (a few virtual samples of steal) is noise in every output;
-        # the totals and ratios still count it
-        self.rows = [r for r in self.rows if r.samples >= 0.5]
+        if self.virtual_samples is None:
+            self.virtual_samples = sum(r.samples for r in self.rows if r.kind.is_virtual)
+
+    @property
+    def shown_rows(self) -> list[Row]:
+        """The rows users see: one that rounds to 0 samples (a few virtual samples of steal) is noise on a screen
+        or in a table; `rows` keeps them for whoever adds rows up (the fleet store, pprof's totals)."""
+        return [r for r in self.rows if r.samples >= 0.5]
 
     def to_json(self) -> dict:
         total = self.total_samples
@@ -126,7 +139,7 @@ class Profile:
                 "unresolved_samples": self.unresolved_samples,
                 "unresolved_ratio": round(unresolved, 5), "unresolved_percent": round(100.0 * unresolved, 3),
                 "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
-                "rows": [r.to_json(total) for r in self.rows], "notes": self.notes}
+                "rows": [r.to_json(total) for r in self.shown_rows], "notes": self.notes}
 
 
 @dataclass
@@ -219,10 +232,11 @@ class Analysis:
 
     def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
                  resolver: Resolver | None = None, time_range: tuple[float, float] | None = None,
-                 resolved: Resolved | None = None) -> None:
+                 resolved: Resolved | None = None, keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """resolver: symbol sources kept across analyses (the live screen's windows share one);
         time_range: (from, to) in seconds after the first record; the analysis covers only that span.
-        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once)."""
+        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
+        keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged."""
         self.rec = rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
@@ -253,6 +267,10 @@ class Analysis:
             inside = (t >= lo) & (t <= hi)
             self.samples = self.samples[inside]
             self._given = self._given.take(inside) if self._given is not None else None
+        if keep is not None:
+            kept = keep(self.samples)
+            self.samples = self.samples[kept]
+            self._given = self._given.take(kept) if self._given is not None else None
         self.notes: list[str] = list(rec.problems)
         self.vm_by_pid: dict[int, str] = {}
         self.vm_index: dict[str, int] = {}

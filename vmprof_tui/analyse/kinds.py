@@ -58,6 +58,12 @@ class RowKind(Enum):
         return _STEAL_TYPE.get(self, 0)
 
     @property
+    def is_virtual(self) -> bool:
+        """Samples made from the scheduler events' blank time, not taken by an interrupt."""
+        return self in (RowKind.CPU_IDLE, RowKind.IDLE, RowKind.STEAL_OUTSIDE, RowKind.STEAL_SIBLING,
+                        RowKind.STEAL_VMM_BLOCKED)
+
+    @property
     def is_steal(self) -> bool:
         return self.steal_type != 0
 

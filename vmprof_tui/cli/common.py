@@ -74,7 +74,7 @@ def _parse_bundles(values: list[str]) -> dict[str, Path]:
 
 def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
-    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.analysis import Analysis, in_kernel
     from vmprof_tui.record.recording import RecordingError, load
 
     if args.recording and args.input and args.recording != args.input:
@@ -101,7 +101,12 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
             raise Failure(f"--time-range {args.time_range} starts after the end of {args.recording} "
                           f"(it spans 0 to {span:.2f} s)")
         time_range = (lo, min(hi, span))
-    an = Analysis(rec, _parse_bundles(args.guest_bundle), time_range=time_range)
+    keep = None
+    if getattr(args, "hide_kernel", False):
+        keep = lambda s: ~in_kernel(s)  # noqa: E731
+    elif getattr(args, "hide_user", False):
+        keep = in_kernel
+    an = Analysis(rec, _parse_bundles(args.guest_bundle), time_range=time_range, keep=keep)
     if args.vm and args.vm not in an.vm_names():
         raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
     return an

@@ -40,7 +40,9 @@ class Stack:
 def function_name(row: Row) -> str:
     """The function of a row as users read it: demangled, `[module]` when unresolved."""
     if row.kind is RowKind.UNKNOWN:
-        return f"[{row.module}]" if row.module and row.module != UNKNOWN else UNKNOWN
+        if not row.module:
+            return UNKNOWN
+        return row.module if row.module.startswith("[") else f"[{row.module}]"  # [kernel.kallsyms] as it is
     return demangle(row.function)
 
 

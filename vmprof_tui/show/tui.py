@@ -19,11 +19,14 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual_plotext import PlotextPlot
 
 from vmprof_tui.analyse.analysis import Analysis, Row
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
+from vmprof_tui.resolve.demangle import demangle
+from vmprof_tui.show.stacks import process_name
 
 SPARK = "▁▂▃▄▅▆▇█"
 HOST_KEY = "(host)"
@@ -73,7 +76,7 @@ def vm_summary(an: Analysis, vm: str) -> VmSummary:
     for r in guest_rows:
         by_proc[r.process or "?"] += r.samples
     top_proc = max(by_proc, key=by_proc.get) if by_proc else "-"
-    top_fn = max(guest_rows, key=lambda r: r.samples).function if guest_rows else "-"
+    top_fn = demangle(max(guest_rows, key=lambda r: r.samples).function) if guest_rows else "-"
     return VmSummary(len(an.vm_timelines(vm)), p.ratios["user"], p.ratios["os"], 100 * steal1 / total,
                      100 * steal2 / total, p.ratios["idle"], top_proc, top_fn)
 
@@ -86,8 +89,9 @@ class HelpScreen(ModalScreen[None]):
             "[b]vmprof top[/b] — the whole virtualized host, from the host alone\n\n"
             "Enter     drill down: VM → vCPUs → processes → functions (host row: host view)\n"
             "Esc       back\n"
-            "s         steal detail of the selected VM (by exit reason, by who held the pCPU)\n"
-            "t         per-vCPU timeline of the selected VM (guest / VMM / steal / idle)\n"
+            "s         steal detail of the VM (by exit reason, by who held the pCPU)\n"
+            "t         per-vCPU timeline of the VM (guest / VMM / steal / idle)\n"
+            "          (s and t work on every screen of a VM, and on the overview's VM row)\n"
             "o         sort by the next column        /  filter rows by name\n"
             "space     pause / resume                 +  -  refresh faster / slower\n"
             "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
@@ -108,10 +112,11 @@ class TableScreen(Screen):
     BINDINGS = [Binding("escape", "back", "back"), Binding("o", "sort", "sort"),
                 Binding("slash", "filter", "filter")]
     columns: tuple[str, ...] = ()
+    default_sort = "samples"  # the column a screen sorts by (descending for numbers) until `o` is pressed
 
     def __init__(self) -> None:
         super().__init__()
-        self.sort_column = 0
+        self.sort_column = self.columns.index(self.default_sort) if self.default_sort in self.columns else 0
         self.filter = ""
         self.cells: dict[str, list] = {}  # row key -> cells, in the table's order
         self._texts: dict[str, str | Text] = {}
@@ -122,8 +127,13 @@ class TableScreen(Screen):
         with Vertical():
             yield Static(id="title")
             yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield from self.below_table()
             yield Static(id="status")
         yield Footer()
+
+    def below_table(self) -> ComposeResult:
+        """Widgets between the table and the status line (none but on the overview)."""
+        return iter(())
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -221,8 +231,25 @@ class TableScreen(Screen):
         self.drill(self.selected())
 
 
-class VmTableScreen(TableScreen):
+class VmKeys:
+    """`s` and `t` on every screen of a VM: its steal detail and its timeline."""
+
+    BINDINGS = [Binding("s", "steal", "steal"), Binding("t", "timeline", "timeline")]
+    vm: str
+
+    def action_steal(self) -> None:
+        if not isinstance(self, StealScreen):
+            self.app.push_screen(StealScreen(self.vm))  # type: ignore[attr-defined]
+
+    def action_timeline(self) -> None:
+        if not isinstance(self, TimelineScreen):
+            self.app.push_screen(TimelineScreen(self.vm))  # type: ignore[attr-defined]
+
+
+class VmTableScreen(VmKeys, TableScreen):
     """A table about one VM; empty (not an error) while the VM is not in the window."""
+
+    BINDINGS = VmKeys.BINDINGS
 
     def __init__(self, vm: str) -> None:
         super().__init__()
@@ -240,6 +267,39 @@ class OverviewScreen(TableScreen):
                 Binding("t", "timeline", "timeline")]
     columns = ("VM", "vCPUs", "user %", "kernel %", "steal % (t1/t2)", "idle %", "top process",
                "top function", "history (busy %)")
+    default_sort = "VM"
+
+    def below_table(self) -> ComposeResult:
+        yield PlotextPlot(id="plot")
+
+    def refresh_from(self, an: Analysis | None) -> None:
+        super().refresh_from(an)
+        if an is not None and self.ready:
+            self.draw_plot()
+
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self.draw_plot()
+
+    def draw_plot(self) -> None:
+        """user, steal and idle of the VM under the cursor (the first VM on the host row) over the last minutes."""
+        history = self.app.usage
+        vm = self.selected()
+        if vm not in history:
+            vm = next(iter(history), None)
+        widget = self.query_one("#plot", PlotextPlot)
+        plt = widget.plt
+        plt.clear_figure()
+        if vm is not None:
+            points = list(history[vm])
+            t_end = points[-1][0] if points else 0.0
+            x = [t - t_end for t, *_ in points]
+            for i, (label, colour) in enumerate((("user+kernel %", "green"), ("steal %", "red"),
+                                                 ("idle %", "blue")), start=1):
+                plt.plot(x, [p[i] for p in points], label=label, color=colour, marker="braille")
+            plt.title(f"VM {vm}: the last {int(-x[0]) if len(x) > 1 else 0} s")
+            plt.xlabel("seconds")
+            plt.ylim(0, 100)
+        widget.refresh()
 
     def title_text(self, an: Analysis) -> str:
         h = an.host_profile()
@@ -281,7 +341,7 @@ class OverviewScreen(TableScreen):
 
 
 class HostScreen(TableScreen):
-    columns = ("samples", "%", "function", "module", "process")
+    columns = ("samples", "%", "process", "module", "function")
 
     def title_text(self, an: Analysis) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
@@ -289,14 +349,15 @@ class HostScreen(TableScreen):
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         p = an.host_profile()
         total = p.total_samples or 1.0
-        return [(r.function, (int(r.samples), 100 * r.samples / total, r.function, r.module, r.process or ""))
-                for r in p.rows]
+        return [(f"{r.function}\0{r.module}\0{r.pid}", (int(round(r.samples)), 100 * r.samples / total,
+                                                      process_name(r) or "", r.module, demangle(r.function)))
+                for r in p.shown_rows]
 
 
 class VmScreen(VmTableScreen):
-    BINDINGS = [Binding("enter", "drill", "processes"), Binding("s", "steal", "steal"),
-                Binding("t", "timeline", "timeline")]
+    BINDINGS = [Binding("enter", "drill", "processes")]
     columns = ("vCPU", "tid", "guest %", "idle %", "steal %", "top function")
+    default_sort = "vCPU"
 
     def title_text(self, an: Analysis) -> str:
         return f"VM {self.vm}: vCPUs (Enter: processes on the vCPU)"
@@ -306,7 +367,7 @@ class VmScreen(VmTableScreen):
         for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
             p = an.guest_profile(self.vm, tl.vcpu)
             g = functions(p.rows)
-            top = max(g, key=lambda r: r.samples).function if g else "-"
+            top = demangle(max(g, key=lambda r: r.samples).function) if g else "-"
             out.append((str(tl.vcpu), (f"vcpu{tl.vcpu}", tl.tid, p.ratios["user"] + p.ratios["os"],
                                        p.ratios["idle"], p.ratios["steal"], top)))
         return out
@@ -314,12 +375,6 @@ class VmScreen(VmTableScreen):
     def drill(self, key: str | None) -> None:
         if key is not None:
             self.app.push_screen(ProcessScreen(self.vm, int(key)))
-
-    def action_steal(self) -> None:
-        self.app.push_screen(StealScreen(self.vm))
-
-    def action_timeline(self) -> None:
-        self.app.push_screen(TimelineScreen(self.vm))
 
 
 class ProcessScreen(VmTableScreen):
@@ -343,8 +398,8 @@ class ProcessScreen(VmTableScreen):
             agg[(r.process or f"{r.function} {r.module}", r.pid)] += r.samples
             if r.process and r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN):
                 self.processes.add(r.process)
-        return [(name, (name, pid if pid is not None else "", int(n), 100 * n / total))
-                for (name, pid), n in agg.items()]
+        return [(name, (name, pid if pid is not None else "", int(round(n)), 100 * n / total))
+                for (name, pid), n in agg.items() if n >= 0.5]
 
     def drill(self, key: str | None) -> None:
         # guest processes have functions below them; steal and idle rows do not
@@ -363,13 +418,15 @@ class FunctionScreen(VmTableScreen):
         return f"VM {self.vm} vcpu{self.vcpu} process {self.process}: functions"
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        mine = [r for r in an.guest_profile(self.vm, self.vcpu).rows if r.process == self.process]
+        mine = [r for r in an.guest_profile(self.vm, self.vcpu).shown_rows if r.process == self.process]
         total = sum(r.samples for r in mine) or 1.0
-        return [(r.function, (r.function, r.module, int(r.samples), 100 * r.samples / total)) for r in mine]
+        return [(r.function, (demangle(r.function), r.module, int(round(r.samples)), 100 * r.samples / total))
+                for r in mine]
 
 
 class StealScreen(VmTableScreen):
     columns = ("vCPU", "kind", "cause", "seconds", "% of wall")
+    default_sort = "seconds"
 
     def title_text(self, an: Analysis) -> str:
         return (f"VM {self.vm}: steal by cause and by who held the pCPU (type 1), by exit reason (type 2); "
@@ -395,10 +452,10 @@ class StealScreen(VmTableScreen):
         return out
 
 
-class TimelineScreen(Screen):
+class TimelineScreen(VmKeys, Screen):
     """Per-vCPU strips of the window: guest running, VMM, steal, idle (analyse.timeline.vcpu_segments)."""
 
-    BINDINGS = [Binding("escape", "back", "back")]
+    BINDINGS = [Binding("escape", "back", "back"), *VmKeys.BINDINGS]
     STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue"),
               5: ("▒", "magenta"), 6: ("▒", "bright_red")}
     LEGEND = ((1, "guest"), (2, "VMM"), (3, "steal"), (5, "wake-up wait"), (6, "throttled"), (4, "idle"))
@@ -464,7 +521,8 @@ class VmprofTop(App):
     TITLE = "vmprof top"
     CSS = "#help { padding: 1 2; border: round $accent; background: $panel; width: 80; height: auto; }" \
           " FilterScreen { align: center middle; } #filter { width: 60; }" \
-          " HelpScreen { align: center middle; } #title, #status { height: 1; }"
+          " HelpScreen { align: center middle; } #title, #status { height: 1; }" \
+          " OverviewScreen #table { height: 1fr; } #plot { height: 14; }"
     BINDINGS = [Binding("q", "quit", "quit"), Binding("question_mark", "help", "help"),
                 Binding("space", "pause", "pause"), Binding("plus", "faster", "faster"),
                 Binding("minus", "slower", "slower"), Binding("left_square_bracket", "shorter", show=False),
@@ -479,6 +537,8 @@ class VmprofTop(App):
         self.paused = False
         self.analysis: Analysis | None = None
         self.history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=60))
+        # per VM: (end of the window in s, user+kernel %, steal %, idle %) of each refresh, for the overview's plot
+        self.usage: dict[str, deque[tuple[float, float, float, float]]] = defaultdict(lambda: deque(maxlen=600))
         self.message = ""
         self._timer = None
         self._polling = False  # a poll runs in a worker thread
@@ -523,13 +583,16 @@ class VmprofTop(App):
         try:
             an = self.window.poll()
             loads = [(HOST_KEY, 100.0 - an.host_profile().ratios["idle"])]
+            usage = []
+            now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
             for vm in an.vm_names():
-                p = an.guest_profile(vm)
-                loads.append((vm, p.ratios["user"] + p.ratios["os"]))
+                r = an.guest_profile(vm).ratios
+                loads.append((vm, r["user"] + r["os"]))
+                usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
         except Exception as e:  # noqa: BLE001 - shown on screen, never a traceback
             self.call_from_thread(self._stopped, f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
             return
-        self.call_from_thread(self._show, an, loads)
+        self.call_from_thread(self._show, an, loads, usage)
 
     def _stopped(self, why: str) -> None:
         self._polling = False
@@ -537,7 +600,8 @@ class VmprofTop(App):
         self.paused = True
         self._refresh_screen()
 
-    def _show(self, an: Analysis, loads: list[tuple[str, float]]) -> None:
+    def _show(self, an: Analysis, loads: list[tuple[str, float]],
+              usage: list[tuple[str, float, float, float, float]]) -> None:
         self._polling = False
         self.analysis = an
         news = getattr(self.window, "messages", None)
@@ -546,6 +610,8 @@ class VmprofTop(App):
             news.clear()
         for key, load in loads:
             self.history[key].append(load)
+        for vm, *point in usage:
+            self.usage[vm].append(tuple(point))
         if getattr(self.window, "at_end", False):
             self.message = "end of the recording"
         self._refresh_screen()

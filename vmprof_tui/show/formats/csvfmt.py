@@ -21,7 +21,7 @@ def render(inp: ReportInput) -> str:
     w.writerow(COLUMNS)
     for profile in inp.profiles:
         total = profile.total_samples or 1.0
-        for r in sort_rows(profile.rows, inp.sort)[:inp.limit]:
+        for r in sort_rows(profile.shown_rows, inp.sort)[:inp.limit]:
             w.writerow((profile.level, r.vm or profile.vm or "", "" if profile.vcpu is None else profile.vcpu,
                         int(round(r.samples)), f"{100.0 * r.samples / total:.3f}", demangle(r.function), r.module,
                         r.process or "", "" if r.pid is None else r.pid))

@@ -13,7 +13,7 @@ ONE_PROFILE = True
 def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None) -> str:
     doc = profile.to_json()
     total = profile.total_samples
-    doc["rows"] = [r.to_json(total) for r in sort_rows(profile.rows, sort)[:limit]]
+    doc["rows"] = [r.to_json(total) for r in sort_rows(profile.shown_rows, sort)[:limit]]
     return json.dumps(doc, indent=1) + "\n"
 
 

@@ -9,12 +9,11 @@ period, from the same whole count), and the frames of ``show.stacks``, leaf firs
     process  "VM/name [pid]"                e.g. twoprocs/compute [1]
     VM       "[name]"                       e.g. [twoprocs]
 
-Demangled functions keep the mangled symbol in ``Function.system_name``.
-
 so that flame views group the whole machine by VM → process → function.  At
 the host level the one row per VM is split into that VM's guest processes and
 functions (the VM frame then carries exactly the VM row's samples): one flame
 graph shows host processes, host kernel and every guest program side by side.
+Demangled functions keep the mangled symbol in ``Function.system_name``.
 Samples also carry labels ``vm``, ``process``, ``pid`` and ``module`` for
 ``-tagfocus``/``-tagshow``.
 

@@ -12,15 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from vmprof_tui.analyse.analysis import Profile, Row
-from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput, joined
 from vmprof_tui.show.stacks import process_name
 from vmprof_tui.show.text import fill, width
 
 ONE_PROFILE = False
-# samples made from the scheduler events' blank time (not interrupts): `record`'s "samples N" does not count them
-VIRTUAL = {RowKind.CPU_IDLE, RowKind.IDLE, RowKind.STEAL_OUTSIDE, RowKind.STEAL_SIBLING, RowKind.STEAL_VMM_BLOCKED}
 
 
 def header(profile: Profile, cols: int = 80) -> list[str]:
@@ -28,7 +25,7 @@ def header(profile: Profile, cols: int = 80) -> list[str]:
         f" vcpu{profile.vcpu}" if profile.vcpu is not None else "")
     total = profile.total_samples
     unresolved = 100.0 * profile.unresolved_samples / total if total else 0.0
-    virtual = sum(r.samples for r in profile.rows if r.kind in VIRTUAL)
+    virtual = profile.virtual_samples or 0.0
     what = "idle" if profile.level == "host" else "steal and idle"
     keys = list(profile.ratios)
     names = ":".join(k.upper() if k != "steal" else "steal" for k in keys)
@@ -42,15 +39,25 @@ def header(profile: Profile, cols: int = 80) -> list[str]:
     return lines
 
 
+SORT_KEYS = ("samples", "process", "pid", "module", "function", "name")  # perf's sort keys; name = function
+
+
 def sort_rows(rows: list[Row], sort: str) -> list[Row]:
-    if sort == "name":
-        return sorted(rows, key=lambda r: (r.function, r.module, r.process or ""))
+    """Rows by samples (largest first), or grouped by process, pid, module or function (then by samples)."""
+    if sort in ("function", "name"):
+        return sorted(rows, key=lambda r: (demangle(r.function), r.module, r.process or "", -r.samples))
+    if sort == "process":
+        return sorted(rows, key=lambda r: (r.process or "", r.pid or 0, -r.samples, r.function))
+    if sort == "pid":
+        return sorted(rows, key=lambda r: (r.pid if r.pid is not None else -1, -r.samples, r.function))
+    if sort == "module":
+        return sorted(rows, key=lambda r: (r.module, -r.samples, r.function))
     return sorted(rows, key=lambda r: (-r.samples, r.function))
 
 
 def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None, cols: int | None = None) -> str:
     cols = cols or width()
-    rows = sort_rows(profile.rows, sort)[:limit]
+    rows = sort_rows(profile.shown_rows, sort)[:limit]
     total = profile.total_samples or 1.0
     cells = [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}", process_name(r) or "", r.module,
               demangle(r.function)) for r in rows]
