@@ -49,8 +49,10 @@ def test_throttled(tmp_path: Path) -> None:
     print(f"throttled: [steal] (throttled) {got:.2f}%, vmprof steal {seconds:.4f}s = {100 * seconds * 1e9 / wall:.2f}% "
           f"(the cgroup's cpu.stat throttled time: {truth['throttled_ns'] / 1e9:.4f}s = {want:.2f}%)")
     assert want > 1  # (30 ms a period when alone on its pCPU: about 70%; less when other tasks share it)
-    assert abs(got - want) <= 1
-    assert abs(100 * seconds * 1e9 / wall - want) <= 1
+    assert abs(100 * seconds * 1e9 / wall - want) <= 1  # vmprof steal: the kernel's own count, per blank
+    # the guest row is a share of real + virtual samples: the real ones (a third of the vCPU's life here) carry
+    # the sampling error of a cpu-clock that misses ticks under load
+    assert abs(got - want) <= 2
 
 
 def test_skew(tmp_path: Path) -> None:
