@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -80,7 +81,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="vmprof-bench-") as tmp:
             for freq in (int(f) for f in args.frequencies.split(",")):
                 g = measure(freq, args.seconds, Path(tmp) / "r.vmprof")
-                cpus = len(__import__("os").sched_getaffinity(0))
+                cpus = len(os.sched_getaffinity(0))
                 print(f"{freq} Hz: CPU time of vmprof's BPF programs, ms per second of the whole machine "
                       f"({cpus} CPUs): sampler {g.get('sampler', 0):.2f}, sched_switch {g.get('sched_switch', 0):.2f}, "
                       f"steal causes {g.get('steal causes', 0):.2f} "
