@@ -1,10 +1,12 @@
 """Overhead of `vmprof record` on a CPU-bound guest, beside the floor and beside perf.
 
 Runs interleaved rounds of: no profiler; the floor (the same cpu-clock perf event at the
-same frequency with an empty BPF program); `vmprof record`; `perf kvm --host --guest
-record`.  Prints each one's cost as the relative drop of the guest's work rate, and
-vmprof's cost above the floor.  With -g, vmprof and perf record call stacks (`vmprof record -g`,
-`perf kvm ... record -g`) and the bytes per sample of vmprof's recording are printed.
+same frequency with an empty BPF program); `vmprof record`; `vmprof record` without its
+steal-cause programs (VMPROF_STEAL_CAUSES=0: IRQ clock, wake-ups, halt ends); `perf kvm
+--host --guest record`.  Prints each one's cost as the relative drop of the guest's work
+rate, and vmprof's cost above the floor with and without those programs.  With -g, vmprof and
+perf record call stacks (`vmprof record -g`, `perf kvm ... record -g`) and the bytes per sample
+of vmprof's recording are printed.
 Usage: python benchmarks/overhead.py [--rounds 5] [--seconds 3] [-g]
 """
 
@@ -47,6 +49,9 @@ def main() -> int:
         "floor": lambda f: [sys.executable, "-c", FLOOR, str(f)],
         "vmprof": lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-F", str(f), "-o",
                              str(tmp / "plain.vmprof")],
+        # without the IRQ clock, wake-up and halt-end programs (issue 15's steal causes)
+        "vmprof-no-causes": lambda f: ["env", "VMPROF_STEAL_CAUSES=0", sys.executable, "-m", "vmprof_tui", "record",
+                                       "-F", str(f), "-o", str(tmp / "n.vmprof")],
     }
     if args.stacks:  # beside plain vmprof, so that the cost of the stacks themselves shows
         conditions["vmprof -g"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-g", "-F", str(f),
@@ -64,6 +69,7 @@ def main() -> int:
         line = f"{freq} Hz: guest work-rate drop vs no profiler (median of {args.rounds} interleaved rounds): " + \
             ", ".join(f"{k} {c:+.2f}%" for k, c in cost.items() if k != "none")
         line += f"; vmprof above the floor {cost['vmprof'] - cost['floor']:+.2f}%"
+        line += f" (without the steal-cause programs {cost['vmprof-no-causes'] - cost['floor']:+.2f}%)"
         if args.stacks:
             line += f"; vmprof -g above the floor {cost['vmprof -g'] - cost['floor']:+.2f}%"
         if "perf" in cost:

@@ -56,8 +56,22 @@ struct vmprof_stack {
 #define SCHED_PREV_LOADED  0x04  /* prev left the CPU inside KVM_RUN (vCPU loaded) */
 #define SCHED_PREV_HALTED  0x08  /* prev's vCPU mp_state was HALTED */
 #define SCHED_PREV_RUNNABLE 0x10 /* prev was still runnable: preempted, not blocked */
+#define SCHED_PREV_THROTTLED 0x20 /* prev was runnable but its CPU cgroup had used up its cpu.max quota */
+/* The two kinds of record in the sched ring that are not context switches (flags say which):
+ * SCHED_WAKEUP: sched_wakeup of a vCPU thread (prev_*), woken by the task in next_* on cpu;
+ * SCHED_HALT_END: kvm_vcpu_wakeup, a halt of the vCPU thread prev_* ended; prev_exit_reason is the
+ *   halt's length in ns (capped at 2^32-1) and SCHED_PREV_RUNNABLE says it ended while KVM still
+ *   polled (halt polling succeeded: the thread never blocked). */
+#define SCHED_WAKEUP       0x40
+#define SCHED_HALT_END     0x80
+#define SCHED_NOT_SWITCH   (SCHED_WAKEUP | SCHED_HALT_END)
+/* both bits: SCHED_THROTTLE_END, a vCPU thread prev_* that left its CPU throttled takes one again;
+ * prev_exit_reason is how long its group was throttled meanwhile, in ns (capped at 2^32-1), from the
+ * kernel's own count (cfs_rq.throttled_clock_self_time, what cpu.stat.local reports) */
+#define SCHED_THROTTLE_END SCHED_NOT_SWITCH
 
-/* A context switch on a CPU where the thread leaving or arriving is a vCPU thread or the idle task. */
+/* A context switch on a CPU where the thread leaving or arriving is a vCPU thread or the idle task
+ * (or one of the two other kinds above). */
 struct vmprof_sched_event {
 	__u64 time_ns;
 	__u32 prev_pid;
@@ -68,7 +82,9 @@ struct vmprof_sched_event {
 	__u16 cpu;
 	__u16 prev_vcpu_id;
 	__u8 flags;
-	__u8 pad[7];
+	__u8 pad[3];
+	__u32 cpu_irq_ns;       /* hard + soft IRQ time this CPU has spent so far, in ns modulo 2^32:
+	                         * the difference between two events of one CPU is its IRQ time between them */
 	char next_comm[16];
 };
 

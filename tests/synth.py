@@ -46,7 +46,12 @@ What it mirrors (bpf/sampler.bpf.c, bpf/sched.bpf.c, bpf/vcpu.h, bpf/sample.h):
   host kallsyms text, ``HOST_SYMBOLS``) written at the end; a ``bundle`` chunk per VM given guest
   processes or guest kernel symbols; the end chunk with duration, counts, lost records, end time and VMs.
 
-Not modelled: halt polling (``SAMPLE_HALTED``), VMX without helper_kmod (``SAMPLE_GUEST_UNKNOWN``),
+Issue 15's records: ``halt(wakeup_ns=)`` adds the sched_wakeup of the halted thread, ``halt_end`` KVM's
+end-of-halt event (halt polling), ``preempt(throttled=True)`` ``SCHED_PREV_THROTTLED`` (and with ``throttled_ns`` the
+``SCHED_THROTTLE_END`` record when it runs again), and ``irq`` intervals
+of a CPU set ``cpu_irq_ns`` of its events (the CPU's IRQ clock).
+
+Not modelled: halt polling samples (``SAMPLE_HALTED``), VMX without helper_kmod (``SAMPLE_GUEST_UNKNOWN``),
 host and guest stacks, LBR, lost records, ring-buffer reordering (samples are written in time order),
 VMM threads that load a vCPU for an ioctl, threads first learnt by the sampler mid-recording.
 
@@ -74,11 +79,15 @@ from vmprof_tui.record.records import (
     SAMPLE_HOST_KERNEL,
     SAMPLE_VCPU,
     SCHED_DTYPE,
+    SCHED_HALT_END,
     SCHED_NEXT_VCPU,
     SCHED_PREV_HALTED,
     SCHED_PREV_LOADED,
     SCHED_PREV_RUNNABLE,
+    SCHED_PREV_THROTTLED,
     SCHED_PREV_VCPU,
+    SCHED_THROTTLE_END,
+    SCHED_WAKEUP,
 )
 
 MS = 1_000_000
@@ -142,6 +151,7 @@ class _Off:
     start: int
     end: int
     kind: str  # halt | preempt | block
+    throttled: bool = False
 
 
 @dataclass
@@ -162,6 +172,8 @@ class SynthRecording:
         self._slices: list[_Slice] = []
         self._offs: dict[int, list[_Off]] = {}  # vCPU tid -> off-CPU intervals declared
         self._guests: dict[str, _GuestInfo] = {}
+        self._irqs: dict[int, list[tuple[int, int]]] = {}  # CPU -> its IRQ handling intervals
+        self._extra: list[tuple] = []  # wake-up and halt-end events (SCHED_DTYPE rows)
 
     # -- what the host runs ----------------------------------------------------------------------
     def vm(self, name: str, pid: int, vcpus: dict[int, int], comm: str = "qemu-system-x86",
@@ -187,13 +199,34 @@ class SynthRecording:
             self._add(_Slice(cpu, start_ns, end_ns, vm.pid, vm.tid(vcpu), vm.thread_comm(vcpu), VMM_USER,
                              False, USER_IP, exit_reason=exit_reason, vcpu=vcpu))
 
-    def halt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int) -> None:
-        """The vCPU halted (HLT exit, mp_state HALTED) and left its CPU at start_ns until end_ns."""
+    def halt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int, wakeup_ns: int | None = None,
+             waker: tuple[int, str] = (0, "swapper/1")) -> None:
+        """The vCPU halted (HLT exit, mp_state HALTED) and left its CPU at start_ns until end_ns; woken
+        (sched_wakeup by `waker`, pid and comm) at wakeup_ns if given."""
         self._off(vm, vcpu, _Off(start_ns, end_ns, HALT))
+        if wakeup_ns is not None:
+            self._event(wakeup_ns, vm, vcpu, waker[0], waker[0], 0, SCHED_WAKEUP | SCHED_PREV_VCPU, waker[1])
 
-    def preempt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int) -> None:
-        """The vCPU thread was preempted: runnable, off its CPU, from start_ns to end_ns."""
-        self._off(vm, vcpu, _Off(start_ns, end_ns, PREEMPT))
+    def halt_end(self, vm: Vm, vcpu: int, time_ns: int, halt_ns: int, polled: bool) -> None:
+        """KVM's kvm_vcpu_wakeup at time_ns: a halt of halt_ns ended, while polling (polled) or after blocking."""
+        flags = SCHED_HALT_END | SCHED_PREV_VCPU | (SCHED_PREV_RUNNABLE if polled else 0)
+        self._event(time_ns, vm, vcpu, 0, 0, min(halt_ns, 0xFFFFFFFF), flags, "")
+
+    def _event(self, t: int, vm: Vm, vcpu: int, pid: int, tid: int, reason: int, flags: int, comm: str) -> None:
+        self._extra.append((BASE_NS + t, vm.pid, vm.tid(vcpu), pid, tid, reason, 0, vcpu, flags, (0,) * 3, 0,
+                            comm.encode()[:15]))
+
+    def irq(self, cpu: int, start_ns: int, end_ns: int) -> None:
+        """The CPU handled interrupts over [start_ns, end_ns) (inside whatever ran there)."""
+        self._irqs.setdefault(cpu, []).append((start_ns, end_ns))
+
+    def preempt(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int, throttled: bool = False,
+                throttled_ns: int | None = None) -> None:
+        """The vCPU thread was preempted: runnable, off its CPU, from start_ns to end_ns (throttled: because its
+        CPU cgroup used up its cpu.max quota; throttled_ns: how long the kernel kept the group throttled)."""
+        self._off(vm, vcpu, _Off(start_ns, end_ns, PREEMPT, throttled))
+        if throttled_ns is not None:
+            self._event(end_ns, vm, vcpu, 0, 0, throttled_ns, SCHED_THROTTLE_END | SCHED_PREV_VCPU, "")
 
     def block(self, vm: Vm, vcpu: int, start_ns: int, end_ns: int) -> None:
         """The vCPU thread blocked (not runnable, not halted): the VMM waits on I/O or a lock."""
@@ -293,6 +326,8 @@ class SynthRecording:
         flags = SCHED_PREV_VCPU
         if kind != BLOCK:
             flags |= SCHED_PREV_RUNNABLE if kind == PREEMPT else SCHED_PREV_HALTED
+        if off and off[0].throttled:
+            flags |= SCHED_PREV_THROTTLED
         if s.mode == VMM_USER:  # left KVM_RUN: no vCPU loaded
             return flags, 0
         flags |= SCHED_PREV_LOADED
@@ -316,8 +351,12 @@ class SynthRecording:
                     continue  # host task to host task: not recorded
                 loaded = flags & SCHED_PREV_LOADED
                 rows.append((BASE_NS + prev.end, prev.pid, prev.tid, nxt.pid, nxt.tid, reason, cpu,
-                             prev.vcpu if loaded else 0, flags, (0,) * 7, nxt.comm.encode()[:15]))
-        table = np.array(rows, dtype=SCHED_DTYPE)
+                             prev.vcpu if loaded else 0, flags, (0,) * 3, 0, nxt.comm.encode()[:15]))
+        table = np.array(rows + self._extra, dtype=SCHED_DTYPE)
+        for cpu, irqs in self._irqs.items():  # the CPU's IRQ clock at each of its events
+            mine = table["cpu"] == cpu
+            t = table["time_ns"][mine].astype(np.int64) - BASE_NS
+            table["cpu_irq_ns"][mine] = sum(np.clip(t, a, z) - a for a, z in irqs) & 0xFFFFFFFF
         return table[np.argsort(table["time_ns"], kind="stable")]
 
     def samples(self) -> np.ndarray:

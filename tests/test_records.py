@@ -49,3 +49,13 @@ def test_flag_constants_match_defines(tmp_path: Path) -> None:
     py_values = {name: value for name, value in vars(records).items()
                  if name.startswith(FLAG_PREFIXES) and isinstance(value, int)}
     assert py_values == c_values
+
+
+def test_sched_events_of_the_older_layout_still_load() -> None:
+    """Recordings made before cpu_irq_ns took 4 of the 7 pad bytes load with cpu_irq_ns 0 (the golden
+    recordings are of that layout)."""
+    from vmprof_tui.record import recording
+
+    stored = recording.load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof")
+    assert stored.sched.dtype == records.SCHED_DTYPE and len(stored.sched)
+    assert not stored.sched["cpu_irq_ns"].any() and stored.sched["next_comm"].all()

@@ -41,6 +41,13 @@ def test_exit_categories() -> None:
     assert c("svm", 0x78) == "halt" and c("svm", 0x7B) == "io" and c("svm", 0x400) == "ept"
     assert c("pvm", 14) == "ept" and c("pvm", 0xEC) == "external_interrupt" and c("pvm", 1024) == "hypercall"
     assert c("vmx", 999) == "vmx exit 0x3e7"
+    # PVM: the host-interrupt reason measured on the development machines, hypercalls from the BTF enum
+    assert c("pvm", 0x2000) == "external_interrupt" and c("pvm", 0x1009) == "halt" and c("pvm", 0x1003) == "hypercall"
+    n = exits.exit_name
+    assert (n("pvm", 14), n("pvm", 0x2000), n("pvm", 0x1003), n("pvm", 0xEC)) == (
+        "#PF", "host interrupt", "hypercall PVM_HC_WRMSR", "host interrupt vector 0xec")
+    assert (n("vmx", 12), n("svm", 0x78), n("svm", 0x4E), n("pvm", 0x3000)) == (
+        "HLT", "HLT", "exception #PF", "pvm exit 0x3000")
 
 
 def test_helper_parameters_reach_the_bpf_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,9 +33,16 @@ from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
+    SAMPLE_HALTED,
     SAMPLE_HOST_KERNEL,
+    SAMPLE_VCPU,
+    SCHED_HALT_END,
+    SCHED_NOT_SWITCH,
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
+    SCHED_PREV_THROTTLED,
+    SCHED_THROTTLE_END,
+    SCHED_WAKEUP,
 )
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
@@ -53,6 +60,30 @@ def _member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarray]:
     """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one sort."""
     return dict(group_by(keys, np.nonzero(_member(keys, wanted))[0]))
+
+HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
+
+
+def overlap(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How much of each [a, b) the intervals [lo, hi) cover (sorted, not overlapping each other).
+
+    The time they cover before t is a step function F(t) (cumulative durations); the overlap with [a, b)
+    is F(b) - F(a), for all of them at once."""
+    if not len(lo):
+        return np.zeros(len(a), np.int64)
+    cum = np.concatenate([[0], np.cumsum(hi - lo)])
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(lo, t, side="right") - 1  # last interval started by t
+        k = i.clip(0)
+        return np.where(i >= 0, cum[k] + np.minimum(t, hi[k]) - lo[k], 0)
+
+    return covered_before(b) - covered_before(a)
+
+
+def irq_between(a: int, b: int) -> int:
+    """IRQ time of one CPU between two of its events (cpu_irq_ns runs modulo 2^32)."""
+    return (b - a) & 0xFFFFFFFF
 
 
 def in_kernel(samples: np.ndarray) -> np.ndarray:
@@ -134,6 +165,21 @@ class Blank:
     same_vm_ns: dict[int, int] = field(default_factory=dict)  # vCPU id of the same VM -> ns it held the pCPU
     other_vm_ns: dict[str, int] = field(default_factory=dict)  # another VM -> ns its vCPUs held the pCPU
     host_ns: dict[str, int] = field(default_factory=dict)  # a task that is no vCPU -> ns it held the pCPU
+    # IDLE: when a wake-up made the thread runnable again (sched_wakeup); from then to the end it waited
+    # for its pCPU (steal), not for work.  None: no wake-up recorded (then the whole blank is idle).
+    wakeup_ns: int | None = None
+    irq_ns: int = 0  # PREEMPTED: IRQ time on its pCPU while it waited (known when it came back on that CPU)
+    # THROTTLED: how long its group stayed throttled (the kernel's count, SCHED_THROTTLE_END); the rest of the
+    # blank it waited for its pCPU after the group's quota came back.  None: not recorded (all throttled).
+    throttled_ns: int | None = None
+
+    @property
+    def throttled_part_ns(self) -> int:
+        return self.duration_ns if self.throttled_ns is None else min(self.throttled_ns, self.duration_ns)
+
+    @property
+    def wakeup_wait_ns(self) -> int:
+        return self.end_ns - self.wakeup_ns if self.wakeup_ns is not None else 0
 
     @property
     def duration_ns(self) -> int:
@@ -161,6 +207,11 @@ class VcpuTimeline:
     end_ns: int
     on_cpu_ns: int = 0
     blanks: list[Blank] = field(default_factory=list)
+    irq_running_ns: int = 0  # IRQ time on its pCPU while it ran (inside its on-CPU time)
+    skew_ns: int = 0  # co-stop: time it could not run (any blank but a halt) while a sibling vCPU ran
+    halt_poll_ns: int = 0  # KVM polled its halts this long before blocking (or instead of blocking)
+    halt_polls_ok: int = 0  # halts that polling ended: the wake-up came while KVM polled
+    halts: int = 0  # halts KVM reported ending (kvm_vcpu_wakeup)
 
     @property
     def wall_ns(self) -> int:
@@ -227,7 +278,11 @@ class Analysis:
             self._given = resolved.take(order) if resolved is not None else None
         ts = rec.sched["time_ns"]
         # strictly increasing: a full-record sort would not move anything (the window usually is)
-        self.sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
+        sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
+        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
+        # context switches; and apart, the wake-ups of vCPU threads and the ends of their halts
+        self.sched, self.wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (
+            sched, sched[:0])
         self.range_ns: tuple[int, int] | None = None
         self._window = recording_window(rec)
         self._profiles: dict[tuple, Profile] = {}
@@ -359,6 +414,7 @@ class Analysis:
         ins_of = _positions_by_key(ev["next_pid"].astype(np.int64) << 32 | ev["next_tid"], wanted)
         ev_time = ev["time_ns"].astype(np.int64)
         ev_cpu = ev["cpu"].astype(np.int64)
+        ev_irq = ev["cpu_irq_ns"].astype(np.int64)
         none = np.empty(0, np.int64)
         for tid, (pid, vcpu) in sorted(self.vcpu_of_tid.items()):
             vm = self.vm_by_pid.get(pid, f"vm-{pid}")
@@ -393,6 +449,19 @@ class Analysis:
             blank_ev = both[np.nonzero(closes_blank)[0] - 1]
             tl.blanks = self._blanks(ev_time[blank_ev], t[closes_blank], blank_ev)
             tl.on_cpu_ns = int((intervals[:, 1] - intervals[:, 0]).sum())
+            # IRQ time on the pCPU (its IRQ clock at both ends, when both are on that CPU): while a preempted
+            # vCPU waited, and while it ran (not for the first interval: its start is not a recorded switch)
+            in_ev = both[closes_blank]
+            irq = np.minimum(irq_between(ev_irq[blank_ev], ev_irq[in_ev]), t[closes_blank] - ev_time[blank_ev])
+            for b, same, ns in zip(tl.blanks, (ev_cpu[blank_ev] == ev_cpu[in_ev]).tolist(), irq.tolist(),
+                                   strict=True):
+                if same and b.kind == BlankKind.PREEMPTED:
+                    b.irq_ns = ns
+            ends = np.nonzero(closes_run)[0]
+            ends = ends[ends > 0]  # runs that began with a switch-in (both[j - 1])
+            run_in, run_out = both[ends - 1], both[ends]
+            irq = np.minimum(irq_between(ev_irq[run_in], ev_irq[run_out]), ev_time[run_out] - ev_time[run_in])
+            tl.irq_running_ns = int(irq[ev_cpu[run_in] == ev_cpu[run_out]].sum())
             # an open interval runs to the end of the window
             if len(both) and not is_in[-1]:
                 if ev["flags"][both[-1]] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
@@ -404,11 +473,13 @@ class Analysis:
                 tl.on_cpu_ns += tl.end_ns - on_since
                 intervals = np.concatenate([intervals, [[on_since, tl.end_ns, on_cpu]]])
             on_intervals[tid] = intervals.reshape(-1, 3)
+            self._wakeups(tl)
             timelines[tid] = tl
         if self.range_ns is not None:  # before the holders: those of a cut blank are what held it in the range
             timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
         self._split_preemptions(timelines, on_intervals)
         self._host_holders(timelines)
+        self._skew(timelines, on_intervals)
         return timelines
 
     def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
@@ -480,6 +551,69 @@ class Analysis:
                         holder = self._holder(pid, comm)
                         b.host_ns[holder] = b.host_ns.get(holder, 0) + ns
 
+    def _wakeups(self, tl: VcpuTimeline) -> None:
+        """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
+        KVM polled its halts (kvm_vcpu_wakeup: the halt's length; it blocked or polling ended it), and how
+        long each throttled blank was really throttled (the kernel's count, when the thread ran again)."""
+        ev = self.wake_events
+        mine = ev[(ev["prev_tid"] == tl.tid) & (ev["prev_pid"] == tl.pid)]
+        if not len(mine):
+            return
+        kind = mine["flags"] & SCHED_NOT_SWITCH
+        thr = [b for b in tl.blanks if b.kind == BlankKind.THROTTLED]
+        ends = mine[kind == SCHED_THROTTLE_END]
+        if thr and len(ends):
+            b_end = np.array([b.end_ns for b in thr], np.int64)
+            k = np.searchsorted(b_end, ends["time_ns"].astype(np.int64), side="right") - 1  # the blank it ends
+            for i, ns in zip(k.tolist(), ends["prev_exit_reason"].tolist(), strict=True):
+                if i >= 0 and ns != HALT_NS_UNKNOWN:
+                    thr[i].throttled_ns = int(ns)
+        idle = [b for b in tl.blanks if b.kind == BlankKind.IDLE]
+        wake_t = mine["time_ns"][kind == SCHED_WAKEUP].astype(np.int64)
+        if idle and len(wake_t):
+            starts = np.array([b.start_ns for b in idle], np.int64)
+            i = np.searchsorted(wake_t, starts)
+            for b, k in zip(idle, i.tolist(), strict=True):
+                if k < len(wake_t) and wake_t[k] <= b.end_ns:
+                    b.wakeup_ns = int(wake_t[k])
+        ends = mine[kind == SCHED_HALT_END]
+        known = ends["prev_exit_reason"] != HALT_NS_UNKNOWN
+        t = ends["time_ns"].astype(np.int64)
+        halt_ns = ends["prev_exit_reason"].astype(np.int64)
+        ok = (ends["flags"] & SCHED_PREV_RUNNABLE) != 0
+        tl.halts = len(ends)
+        tl.halt_polls_ok = int(np.count_nonzero(ok))
+        poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
+        if idle:  # one that blocked polled from its start until it left the CPU (the blank before it ended)
+            starts = np.array([b.start_ns for b in idle], np.int64)
+            k = np.searchsorted(starts, t, side="right") - 1
+            halt_start = t - halt_ns
+            blocked = ~ok & (k >= 0)
+            poll = np.where(blocked, np.clip(starts[k.clip(0)] - halt_start, 0, halt_ns), poll)
+        tl.halt_poll_ns = int(poll[known].sum())
+
+    def _skew(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
+        """Co-stop: how long each vCPU could not run though its guest had work (preempted, throttled, woken
+        up, or its thread blocked in the VMM) while at least one sibling vCPU of its VM ran, on any pCPU:
+        the union of the siblings' on-CPU intervals."""
+        for tid, tl in timelines.items():
+            waits = [(b.wakeup_ns if b.kind == BlankKind.IDLE else b.start_ns, b.end_ns) for b in tl.blanks
+                     if b.kind != BlankKind.IDLE or b.wakeup_ns is not None]
+            sib = [on_intervals[o][:, :2] for o, other in timelines.items()
+                   if o != tid and other.pid == tl.pid and len(on_intervals.get(o, ()))]
+            if not waits or not sib:
+                continue
+            iv = np.concatenate(sib)
+            iv = iv[np.argsort(iv[:, 0])]
+            # merge overlapping intervals: a new run starts where an interval begins after all before ended
+            reach = np.maximum.accumulate(iv[:, 1])
+            new = np.ones(len(iv), bool)
+            new[1:] = iv[1:, 0] > reach[:-1]
+            lo = iv[new, 0]
+            hi = np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
+            w = np.array(waits, np.int64)
+            tl.skew_ns = int(overlap(lo, hi, w[:, 0], w[:, 1]).sum())
+
     def _clip(self, tl: VcpuTimeline) -> bool:
         """Restrict a timeline to the analysed time range; False if nothing is left."""
         lo, hi = self.range_ns
@@ -488,7 +622,12 @@ class Analysis:
             return False
         blanks = []
         for b in tl.blanks:
+            full = b.duration_ns
             b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
+            if 0 < b.duration_ns < full:  # IRQ time is known for the whole wait only: its share in the range
+                b.irq_ns = b.irq_ns * b.duration_ns // full
+            if b.wakeup_ns is not None:
+                b.wakeup_ns = None if b.wakeup_ns >= b.end_ns else max(b.wakeup_ns, b.start_ns)
             if b.end_ns > b.start_ns:
                 blanks.append(b)
         tl.blanks = blanks
@@ -499,9 +638,10 @@ class Analysis:
         """The blanks [starts, ends) that began with the sched events at indices `events`."""
         e = self.sched[events]
         flags = e["flags"]
-        kinds = np.where(flags & SCHED_PREV_HALTED, 0, np.where(flags & SCHED_PREV_RUNNABLE, 1, 2))
+        kinds = np.select([(flags & SCHED_PREV_HALTED) != 0, (flags & SCHED_PREV_THROTTLED) != 0,
+                           (flags & SCHED_PREV_RUNNABLE) != 0], [0, 1, 2], 3)
         holders = [self._holder(p, c) for p, c in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
-        kind_of = (BlankKind.IDLE, BlankKind.PREEMPTED, BlankKind.BLOCKED)
+        kind_of = (BlankKind.IDLE, BlankKind.THROTTLED, BlankKind.PREEMPTED, BlankKind.BLOCKED)
         return [Blank(a, z, kind_of[k], r, c, h) for a, z, k, r, c, h in zip(
             starts.tolist(), ends.tolist(), kinds.tolist(), e["prev_exit_reason"].tolist(), e["cpu"].tolist(),
             holders, strict=True)]
@@ -642,13 +782,17 @@ class Analysis:
         for row in rows:
             row.vm = vm
         period = self.period_ns
-        # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal)
+        # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal), except
+        # KVM polling a halted vCPU (neither guest work nor idle)
         vmm = sel & ~self.is_guest
-        vmm_samples = float(np.count_nonzero(vmm))
+        polling = vmm & ((s["flags"] & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+        vmm_samples = float(np.count_nonzero(vmm & ~polling))
         # virtual samples of the blanks, by cause (in the order the blanks show them)
         virtual = steal_split((b for tl in tls for b in tl.blanks), period)
         if vmm_samples:
             virtual[(RowKind.STEAL_VMM, None)] += vmm_samples
+        if polling.any():
+            virtual[(RowKind.HALT_POLL, None)] += float(np.count_nonzero(polling))
         for (kind, v), n in virtual.items():
             rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
         total = float(np.count_nonzero(real_guest)) + sum(virtual.values())
@@ -656,8 +800,10 @@ class Analysis:
         gu = np.count_nonzero(real_guest) - gk
         idle = virtual.get(IDLE_CAUSE, 0.0)
         steal = sum(v for (kind, _v), v in virtual.items() if kind.is_steal)
-        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
-                  (("os", gk), ("user", gu), ("idle", idle), ("steal", steal))}
+        parts = [("os", gk), ("user", gu), ("idle", idle), ("steal", steal)]
+        if (RowKind.HALT_POLL, None) in virtual:
+            parts.append(("halt_poll", virtual[(RowKind.HALT_POLL, None)]))
+        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in parts}
         notes = list(self.notes)
         if not len(self.sched):
             notes.append("no scheduler events in this recording: idle and steal are unknown")

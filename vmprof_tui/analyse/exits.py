@@ -12,19 +12,64 @@ SVM_EXITS = {**{0x40 + i: "exception" for i in range(32)}, 0x60: "external_inter
              0x7C: "msr", 0x81: "hypercall", 0x400: "ept"}
 
 
+# PVM's hypercall numbers: the anonymous enum of PVM_HC_* in this kernel's BTF (/sys/kernel/btf/vmlinux).
+PVM_HYPERCALLS = {0x1000: "SET_CR0", 0x1001: "SET_CR3", 0x1002: "SET_CR4", 0x1003: "WRMSR", 0x1004: "LOAD_GDT",
+                  0x1005: "LOAD_IDT", 0x1006: "LOAD_TR", 0x1007: "FLUSH_TLB", 0x1008: "FLUSH_TLB_ONE",
+                  0x1009: "HALT", 0x100A: "IRET", 0x100B: "SYSRET", 0x100C: "SET_VIF_GPA", 0x100D: "IRET_FRAME",
+                  0x100E: "FLUSH_TLB_MULTI"}
+# The switcher's own reasons (PVM: SWITCH_EXIT_REASONS_SYSCALL, _FAILED_VMENTRY).
+PVM_SYSCALL, PVM_FAILED_VMENTRY = 1024, 1025
+# Measured on the development machines, not named in their BTF: every sample taken in the host's timer
+# interrupt while a guest ran, and every preemption of a vCPU in guest mode, reads exit reason 0x2000 in
+# vcpu_pvm.exit_reason: this PVM variant's reason for a host interrupt that arrived in guest mode.
+PVM_HOST_INTERRUPT = 0x2000
+X86_EXCEPTIONS = ("#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "coprocessor overrun", "#TS",
+                  "#NP", "#SS", "#GP", "#PF", "reserved 15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP")
+
+
+SVM_NAMES = {0x60: "INTR", 0x61: "NMI", 0x72: "CPUID", 0x77: "PAUSE", 0x78: "HLT", 0x7B: "IOIO", 0x7C: "MSR",
+             0x81: "VMMCALL", 0x400: "NPF"}
+
+
 def _pvm_category(reason: int) -> str | None:
     """PVM reports the vector that left the guest: exceptions below 32, host interrupts up to 255, the
-    switcher's syscall exit (1024) and synthetic reasons from bit 16 on.  Variants of PVM differ in the
-    synthetic numbers, so only these well-established ranges are named."""
+    switcher's syscall exit (1024), hypercalls by number (0x1000 on), this variant's host-interrupt reason
+    (0x2000) and, in other variants, synthetic reasons from bit 16 on."""
     if reason == 14:
         return "ept"  # #PF: shadow paging / MMIO, the PVM counterpart of EPT violations
     if reason < 32:
         return "exception"
-    if reason < 256:
+    if reason < 256 or reason == PVM_HOST_INTERRUPT:
         return "external_interrupt"
-    if reason in (1024, 1 << 16):
-        return "hypercall"
+    if reason in (PVM_SYSCALL, 1 << 16) or reason in PVM_HYPERCALLS:
+        return "halt" if reason == 0x1009 else "hypercall"
+    if reason == PVM_FAILED_VMENTRY:
+        return "failed_vmentry"
     return None
+
+
+def exit_name(backend: str, reason: int) -> str:
+    """The most specific name this table knows for an exit reason (VMX's own names, PVM's vectors and
+    hypercalls); the category for the others."""
+    if backend == VMX and (reason & 0xFFFF) in VMX_EXIT_REASONS:
+        return VMX_EXIT_REASONS[reason & 0xFFFF][0] or exit_category(backend, reason)
+    if backend == SVM:
+        if reason in SVM_NAMES:
+            return SVM_NAMES[reason]
+        if 0x40 <= reason < 0x40 + len(X86_EXCEPTIONS):
+            return f"exception {X86_EXCEPTIONS[reason - 0x40]}"
+    if backend == PVM:
+        if reason < len(X86_EXCEPTIONS):
+            return X86_EXCEPTIONS[reason]
+        if 32 <= reason < 256:
+            return f"host interrupt vector {reason:#x}"
+        if reason in PVM_HYPERCALLS:
+            return f"hypercall PVM_HC_{PVM_HYPERCALLS[reason]}"
+        if reason == PVM_HOST_INTERRUPT:
+            return "host interrupt"
+        if reason == PVM_SYSCALL:
+            return "syscall (switcher)"
+    return exit_category(backend, reason)
 
 
 def exit_category(backend: str, reason: int) -> str:

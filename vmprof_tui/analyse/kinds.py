@@ -15,11 +15,13 @@ class BlankKind(StrEnum):
     IDLE = "idle"  # the guest halted the vCPU
     PREEMPTED = "preempted"  # still runnable: another task held its pCPU (steal type 1)
     BLOCKED = "blocked"  # the VMM blocked the thread outside KVM_RUN on the vCPU's behalf (steal type 2)
+    THROTTLED = "throttled"  # runnable, but its CPU cgroup had used up its cpu.max quota (steal type 1)
 
     @property
     def steal_type(self) -> int:
-        """0 for idle, 1 for a preemption (the run-queue wait the host reports to guests), 2 for VMM-blocked."""
-        return {BlankKind.IDLE: 0, BlankKind.PREEMPTED: 1, BlankKind.BLOCKED: 2}[self]
+        """0 for idle (its wake-up wait is type 1: Blank.wakeup_ns), 1 for a preemption or throttling (the
+        run-queue wait the host reports to guests), 2 for VMM-blocked."""
+        return {BlankKind.IDLE: 0, BlankKind.PREEMPTED: 1, BlankKind.BLOCKED: 2, BlankKind.THROTTLED: 1}[self]
 
 
 class RowKind(Enum):
@@ -28,8 +30,11 @@ class RowKind(Enum):
     Real samples: FUNCTION (resolved), UNKNOWN (not resolved: ``[unknown]``).
     Guest level, virtual samples of the blanks and the VMM's work (thesis ch. 3):
     IDLE ``[idle] (halt_exit)``, STEAL_OUTSIDE ``[steal] (outside)``, STEAL_SIBLING
-    ``[steal] (on vcpuN)``, STEAL_VMM_BLOCKED ``[steal] (vmm blocked)``, and
-    STEAL_VMM ``[steal] (vmm)`` (real samples of the vCPU thread outside guest mode).
+    ``[steal] (on vcpuN)``, STEAL_VMM_BLOCKED ``[steal] (vmm blocked)``, STEAL_WAKEUP ``[steal] (wakeup)``
+    (a halted vCPU woken up but not yet running), STEAL_THROTTLED ``[steal] (throttled)`` (its cgroup's
+    cpu.max quota used up), STEAL_IRQ ``[steal] (irq)`` (its pCPU handled interrupts while it waited),
+    STEAL_VMM ``[steal] (vmm)`` (real samples of the vCPU thread outside guest mode), and HALT_POLL
+    ``[halt poll] (kvm)`` (samples of KVM polling a halted vCPU: neither guest work nor idle).
     Host level: VM ``[NAME] (VMn)`` (the time a VM's vCPU threads held a CPU) and
     CPU_IDLE ``[idle] (cpu idle)`` (measured from switches to the idle task).
     """
@@ -40,6 +45,10 @@ class RowKind(Enum):
     STEAL_SIBLING = "steal sibling"
     STEAL_VMM = "steal vmm"
     STEAL_VMM_BLOCKED = "steal vmm blocked"
+    STEAL_WAKEUP = "steal wakeup"
+    STEAL_THROTTLED = "steal throttled"
+    STEAL_IRQ = "steal irq"
+    HALT_POLL = "halt poll"
     VM = "vm"
     CPU_IDLE = "cpu idle"
 
@@ -68,8 +77,10 @@ class RowKind(Enum):
         return _LABELS[self]
 
 
-_STEAL_TYPE = {RowKind.STEAL_OUTSIDE: 1, RowKind.STEAL_SIBLING: 1, RowKind.STEAL_VMM: 2,
-               RowKind.STEAL_VMM_BLOCKED: 2}
+_STEAL_TYPE = {RowKind.STEAL_OUTSIDE: 1, RowKind.STEAL_SIBLING: 1, RowKind.STEAL_WAKEUP: 1,
+               RowKind.STEAL_THROTTLED: 1, RowKind.STEAL_IRQ: 1, RowKind.STEAL_VMM: 2, RowKind.STEAL_VMM_BLOCKED: 2}
 _LABELS = {RowKind.IDLE: ("[idle]", "(halt_exit)"), RowKind.STEAL_OUTSIDE: ("[steal]", "(outside)"),
            RowKind.STEAL_VMM: ("[steal]", "(vmm)"), RowKind.STEAL_VMM_BLOCKED: ("[steal]", "(vmm blocked)"),
-           RowKind.CPU_IDLE: ("[idle]", "(cpu idle)")}
+           RowKind.CPU_IDLE: ("[idle]", "(cpu idle)"), RowKind.STEAL_WAKEUP: ("[steal]", "(wakeup)"),
+           RowKind.STEAL_THROTTLED: ("[steal]", "(throttled)"), RowKind.STEAL_IRQ: ("[steal]", "(irq)"),
+           RowKind.HALT_POLL: ("[halt poll]", "(kvm)")}

@@ -1,5 +1,6 @@
-"""`vmprof steal`: steal and idle per VM and vCPU, type 1 vs type 2, exit-reason
-breakdown, who stole, and corrected execution times beside apparent ones.
+"""`vmprof steal`: steal and idle per VM and vCPU, type 1 (by cause: preempted, wake-up wait,
+throttled, IRQ) vs type 2 (by exit reason), who stole, co-stop, halt polling, the host's own
+run-queue wait beside vmprof's, and corrected execution times beside apparent ones.
 
 The split of blank time by cause is analyse.timeline.steal_split (the guest
 profile uses the same); this module adds the breakdowns by exit reason and by
@@ -12,25 +13,70 @@ from collections import defaultdict
 import numpy as np
 
 from vmprof_tui.analyse import exits
-from vmprof_tui.analyse.analysis import Analysis, Attribution
+from vmprof_tui.analyse.analysis import Analysis, Attribution, VcpuTimeline
 from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.timeline import BLOCKED_CAUSE, IDLE_CAUSE, steal_of_type, steal_split
-from vmprof_tui.record.records import SAMPLE_VCPU
+from vmprof_tui.analyse.timeline import (
+    BLOCKED_CAUSE,
+    IDLE_CAUSE,
+    IRQ_CAUSE,
+    THROTTLED_CAUSE,
+    WAKEUP_CAUSE,
+    steal_of_type,
+    steal_split,
+)
+from vmprof_tui.record.records import SAMPLE_HALTED, SAMPLE_VCPU
+
+
+def host_run_delay(an: Analysis, tl: VcpuTimeline) -> tuple[int, int, int] | None:
+    """(from, to, ns): the run-queue wait the host's own scheduler counted for the vCPU thread between two
+    readings of /proc schedstat (the session's first and last), or None when the recording has none."""
+    for vm in an.rec.vms():
+        if int(vm.get("pid", -1)) == tl.pid:
+            r = (vm.get("run_delay_ns") or {}).get(str(tl.tid))
+            if r and len(r) == 4 and r[2] > r[0]:
+                return int(r[0]), int(r[2]), int(r[3]) - int(r[1])
+    return None
+
+
+def type1_by_cause_between(tl: VcpuTimeline, lo: int, hi: int) -> dict[str, float]:
+    """vmprof's steal of type 1 by cause, in ns, over [lo, hi) only (to set beside the host's readings)."""
+    out = {"wakeup": 0.0, "throttled": 0.0, "irq": 0.0, "preempted": 0.0}
+
+    def inside(a: int, b: int) -> int:
+        return max(0, min(b, hi) - max(a, lo))
+
+    for b in tl.blanks:
+        if b.kind == BlankKind.IDLE and b.wakeup_ns is not None:
+            out["wakeup"] += inside(b.wakeup_ns, b.end_ns)
+        elif b.kind == BlankKind.THROTTLED:
+            cut = b.start_ns + b.throttled_part_ns
+            out["throttled"] += inside(b.start_ns, cut)
+            out["preempted"] += inside(cut, b.end_ns)
+        elif b.kind == BlankKind.PREEMPTED and b.duration_ns:
+            part = inside(b.start_ns, b.end_ns)
+            irq = b.irq_ns * part / b.duration_ns  # IRQ time spread evenly over the wait
+            out["irq"] += irq
+            out["preempted"] += part - irq
+    return out
 
 
 def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
-    """Per vCPU of `vm`: guest, idle and steal time, type 1 by who held the pCPU, type 2 by exit reason."""
+    """Per vCPU of `vm`: guest, idle and steal time, type 1 by cause and by who held the pCPU, type 2 by
+    exit reason, co-stop, halt polling, and the host's own run-queue wait beside vmprof's."""
     s = an.samples
     period = an.period_ns
     in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
+    polling = in_kvm & ((s["flags"] & SAMPLE_HALTED) != 0)  # KVM with the vCPU halted: halt polling
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
         thread = an.thread_mask(tl)
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)
-        for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm], return_counts=True), strict=True):
+        by_name: dict[str, float] = defaultdict(float)
+        for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm & ~polling], return_counts=True), strict=True):
             by_exit[exits.exit_category(an.backend, int(reason))] += float(n) * period
+            by_name[exits.exit_name(an.backend, int(reason))] += float(n) * period
         vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
         if vmm_user:
             by_exit["vmm user space"] += float(vmm_user) * period
@@ -47,17 +93,39 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         type1 = steal_of_type(split, 1)
         type2 = float(sum(by_exit.values()))
         wall = float(tl.wall_ns) or 1.0
+        causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
+                  "irq": split.get(IRQ_CAUSE, 0.0)}
+        causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
+        poll_samples = float(np.count_nonzero(thread & polling)) * period
+        host = host_run_delay(an, tl)
+        mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
         vcpus.append({
             "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
             "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
             "steal_type2_s": type2 / 1e9,
             "ratios": {"guest": 100 * guest_ns / wall, "idle": 100 * idle / wall,
                        "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall,
-                       "steal_type2": 100 * type2 / wall},
+                       "steal_type2": 100 * type2 / wall,
+                       **{f"steal_{k}": 100 * v / wall for k, v in causes.items()},
+                       "skew": 100 * tl.skew_ns / wall, "halt_poll": 100 * poll_samples / wall},
+            "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
+            "type2_in_kvm_by_exit_name_s": {k: v / 1e9 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])},
+            # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
+            "skew_s": tl.skew_ns / 1e9,
+            # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same
+            "irq_while_running_s": tl.irq_running_ns / 1e9,
+            # KVM polling halts (sched events: exact; samples: KVM with the vCPU halted)
+            "halt_poll_s": tl.halt_poll_ns / 1e9, "halts": tl.halts, "halts_ended_by_polling": tl.halt_polls_ok,
             # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
             "host_reported_steal_s": type1 / 1e9,
+            # the host's own count of that delay (schedstat) between the session's first and last reading of
+            # it, and vmprof's type 1 by cause over the same span; None when the recording has no readings
+            "host_run_delay": None if host is None else {
+                "span_s": (host[1] - host[0]) / 1e9, "host_s": host[2] / 1e9,
+                "vmprof_type1_by_cause_s": {k: v / 1e9 for k, v in mine_then.items()},
+                "difference_s": (host[2] - sum(mine_then.values())) / 1e9},
         })
     return vcpus
 

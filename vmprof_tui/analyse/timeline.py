@@ -7,8 +7,9 @@ preempted with who held the pCPU, VMM blocked).  The live screen's timeline and 
 Chrome trace export both draw these.
 
 ``steal_split`` is the one computation of how blank time divides into idle, steal of
-type 1 (by a vCPU of the same VM, or by anything outside it) and steal of type 2 (the VMM
-blocked); the guest profile's virtual rows and ratios and `vmprof steal` both come from it.
+type 1 (by a vCPU of the same VM, by anything outside it, by the pCPU's interrupts, by the
+wait after a wake-up, by cpu.max throttling) and steal of type 2 (the VMM blocked); the guest
+profile's virtual rows and ratios and `vmprof steal` both come from it.
 
 Blanks and timelines are built from the sched events by analysis.Analysis; this module
 only reads them.
@@ -34,24 +35,41 @@ Cause = tuple[RowKind, int | None]
 IDLE_CAUSE: Cause = (RowKind.IDLE, None)
 OUTSIDE_CAUSE: Cause = (RowKind.STEAL_OUTSIDE, None)
 BLOCKED_CAUSE: Cause = (RowKind.STEAL_VMM_BLOCKED, None)
+WAKEUP_CAUSE: Cause = (RowKind.STEAL_WAKEUP, None)
+THROTTLED_CAUSE: Cause = (RowKind.STEAL_THROTTLED, None)
+IRQ_CAUSE: Cause = (RowKind.STEAL_IRQ, None)
 
 
 def steal_split(blanks: Iterable[Blank], unit_ns: float = 1.0) -> dict[Cause, float]:
     """Blank time by cause, in units of `unit_ns` (the sampling period gives virtual samples).
 
-    A preemption counts for each vCPU of the same VM the time it held the pCPU, and the rest as
-    ``outside`` (other VMs, host tasks); idle and VMM-blocked blanks count whole.  Causes appear
-    in the order blanks first show them: that is the order of the guest profile's rows.
+    A halt is idle until its wake-up, then ``wakeup`` steal until the vCPU ran.  A preemption counts
+    the IRQ time of its pCPU meanwhile as ``irq``, for each vCPU of the same VM the time it held the
+    pCPU, and the rest as ``outside`` (other VMs, host tasks).  A throttled blank is ``throttled`` for as
+    long as the kernel kept its group throttled, ``outside`` for the wait after that; VMM-blocked blanks
+    count whole.  Causes appear in the order blanks first show them: that is the order of the guest
+    profile's rows.
     """
     out: dict[Cause, float] = defaultdict(float)
     for b in blanks:
         n = b.duration_ns / unit_ns
         if b.kind == BlankKind.IDLE:
-            out[IDLE_CAUSE] += n
+            woken = b.wakeup_wait_ns / unit_ns
+            out[IDLE_CAUSE] += n - woken
+            if woken:
+                out[WAKEUP_CAUSE] += woken
         elif b.kind == BlankKind.PREEMPTED:
             for v, ns in b.same_vm_ns.items():
                 out[(RowKind.STEAL_SIBLING, v)] += ns / unit_ns
-            out[OUTSIDE_CAUSE] += n - sum(b.same_vm_ns.values()) / unit_ns
+            irq = min(b.irq_ns, b.duration_ns - sum(b.same_vm_ns.values())) / unit_ns
+            if irq > 0:
+                out[IRQ_CAUSE] += irq
+            out[OUTSIDE_CAUSE] += n - sum(b.same_vm_ns.values()) / unit_ns - max(irq, 0.0)
+        elif b.kind == BlankKind.THROTTLED:  # throttled, then (quota back) waiting for its pCPU
+            part = b.throttled_part_ns / unit_ns
+            out[THROTTLED_CAUSE] += part
+            if n > part:
+                out[OUTSIDE_CAUSE] += n - part
         else:
             out[BLOCKED_CAUSE] += n
     return out

@@ -8,6 +8,7 @@ categories the analysis works on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -77,6 +78,12 @@ def _compute_offsets(backend: str) -> dict[str, int]:
         "PN_OPS": vmlinux.offset("preempt_notifier.ops"),
         "OPS_SCHED_IN": vmlinux.offset("preempt_ops.sched_in"),
     }
+    # CPU throttling (cpu.max) exists only with CONFIG_CFS_BANDWIDTH; without it nothing is throttled
+    with contextlib.suppress(BtfError):
+        off.update({"TASK_SE_CFS_RQ": vmlinux.offset("task_struct.se.cfs_rq"),
+                    "CFS_RQ_THROTTLED": vmlinux.offset("cfs_rq.throttled"),
+                    "CFS_RQ_THROTTLE_COUNT": vmlinux.offset("cfs_rq.throttle_count"),
+                    "CFS_RQ_THROTTLED_TIME": vmlinux.offset("cfs_rq.throttled_clock_self_time")})
     if backend == NONE:
         return off
     module, struct = _BACKEND_MODULES[backend]
@@ -130,7 +137,9 @@ _OFFSETS_VERSION = b"2"  # bump when _compute_offsets gains offsets, so older ca
 
 
 def _cache_key(backend: str) -> str:
-    h = hashlib.sha256(os.uname().release.encode() + backend.encode() + _OFFSETS_VERSION)
+    # this module's own text: a vmprof that computes other offsets (another version, another worktree
+    # sharing the cache) never takes this one's cached set
+    h = hashlib.sha256(os.uname().release.encode() + backend.encode() + Path(__file__).read_bytes())
     for p in sorted(BTF_DIR.glob("*")) if BTF_DIR.exists() else []:
         if p.name in ("vmlinux", *(m for m, _ in _BACKEND_MODULES.values())):
             st = p.stat()

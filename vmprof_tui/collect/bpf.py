@@ -158,6 +158,8 @@ class Collector:
             # a stack record is 14x a sample: its ring gets 4x the pages (drained on the same timer)
             cflags += ["-DWITH_STACKS", f"-DSTACK_RING_PAGES={self.ring_pages * 4}",
                        f"-DHOST_STACK_ENTRIES={HOST_STACK_ENTRIES}"]
+        if os.environ.get("VMPROF_STEAL_CAUSES") == "0":  # benchmarks/overhead.py: the cost of these programs
+            cflags.append("-DNO_STEAL_CAUSES")
         text = bpf_source()
         build = kernel_build_dir()
         if not build.exists():

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from vmprof_tui.libc import schedstat
 
 PROC = Path("/proc")
 _VCPU_THREAD = re.compile(r"^(?:vcpu ?|CPU |fc_vcpu ?)(\d+)(?:/KVM)?$")
@@ -28,11 +31,23 @@ class VmInfo:
     vcpu_threads: dict[int, int | None] = field(default_factory=dict)  # tid -> vcpu id (None: unknown)
     vcpu_fds: int = 0
     bundle: str | None = None  # demo VMs: the folder of their guest bundle
+    # tid -> [time, run-queue wait, time, run-queue wait]: the first and the last reading of the wait the
+    # host's scheduler counted for the vCPU thread (/proc/PID/task/TID/schedstat), with their CLOCK_MONOTONIC
+    # times (the clock of the records), read when the session first saw it and at each discovery since
+    run_delay_ns: dict[int, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["vcpu_threads"] = {str(k): v for k, v in self.vcpu_threads.items()}
+        d["run_delay_ns"] = {str(k): v for k, v in self.run_delay_ns.items()}
         return d
+
+    def read_run_delay(self) -> None:
+        for tid in self.vcpu_threads:
+            now = time.monotonic_ns()
+            run, wait = schedstat(self.pid, tid)
+            if run:  # (0, 0): the thread is gone; its last reading stays
+                self.run_delay_ns.setdefault(tid, [now, wait, now, wait])[2:] = [now, wait]
 
 
 def _read(path: Path) -> str:

@@ -181,6 +181,8 @@ class CollectionSession:
                 known.vcpu_threads.update(new_threads)
         self._pending_gone += [vm for pid, vm in self.vms.items() if pid not in current]
         self.vms = {pid: self.vms_seen[pid] for pid in current}
+        for vm in self.vms.values():
+            vm.read_run_delay()
 
     def _keep(self, samples: np.ndarray) -> np.ndarray:
         if self.pid is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 # The pCPU that pinned scenarios share.  CPU 0 is left to the host, the
 # profiler and the VMMs' main threads.
 SHARED_CPU = 1
+THROTTLE_QUOTA_US = (30_000, 100_000)  # the throttled scenario's cpu.max: 30 ms of CPU every 100 ms
 
 
 @dataclass
@@ -59,6 +60,13 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
                 _vm("disturb2", _vcpu(cpu, _proc("jacobi")))]
     if name == "stacks":
         return [_vm("stacks", _vcpu(cpu, _proc("chain"), _proc("recurse"), _proc("clobber")))]
+    if name == "wakeup":  # the halting VM's wake-ups wait for the busy VM to give up the pCPU
+        return [_vm("halting", _vcpu(cpu, duty(2, 8))), _vm("busy", _vcpu(cpu, _proc("compute")))]
+    if name == "throttled":
+        return [{**_vm("throttled", _vcpu(cpu, _proc("compute"))), "cpu_max": list(THROTTLE_QUOTA_US)}]
+    if name == "skew":
+        return [_vm("skew", _vcpu(cpu, _proc("compute")), _vcpu(cpu, _proc("jacobi"))),
+                _vm("busy", _vcpu(cpu, _proc("compute")))]
     if name == "custom":
         c = custom or Custom()
         vms = []
@@ -72,7 +80,8 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
     raise KeyError(name)
 
 
-NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "custom")
+NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "wakeup", "throttled",
+         "skew", "custom")
 
 DESCRIPTIONS = {
     "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
@@ -83,5 +92,8 @@ DESCRIPTIONS = {
     "correction": f"measured VM (compute) + two disturbance VMs, all on CPU {SHARED_CPU}",
     "stacks": "call stacks: chain (main→solve→sweep→kernel_a 60%, main→solve→copy 30%, main→report 10%), "
               "recurse (depth 1..4: 10/20/30/40%), clobber (a broken frame-pointer chain), on one vCPU",
+    "wakeup": f"a VM halting 8 ms in 10 beside a busy VM, both on CPU {SHARED_CPU} (wake-up wait)",
+    "throttled": "a busy VM whose vCPU thread has a cpu.max quota of 30 ms per 100 ms (throttling)",
+    "skew": f"a 2-vCPU VM (compute, jacobi) and a busy VM, all on CPU {SHARED_CPU} (co-stop)",
     "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms",
 }

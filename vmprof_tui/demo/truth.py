@@ -28,10 +28,12 @@ def format_truth(truth: dict[str, dict]) -> str:
 
     lines = ["ground truth (time in KVM_RUN measured by the demo VMM):"]
     for name, vm in truth.items():
-        lines.append(f"  {name} (pid {vm['pid']}): wall {sec(vm['wall_ns'])}")
+        throttled = f", vCPU cgroup throttled {sec(vm['throttled_ns'])}" if "throttled_ns" in vm else ""
+        lines.append(f"  {name} (pid {vm['pid']}): wall {sec(vm['wall_ns'])}{throttled}")
         for v in vm["vcpus"]:
             lines.append(f"    vcpu{v['vcpu']} tid {v['tid']} pin {v['pin']}: guest {sec(v['kvm_run_ns'])}, "
-                         f"halted {sec(v['halt_ns'])}, on-CPU {sec(v['thread_cpu_ns'])}, "
+                         f"halted {sec(v['halt_ns'])} (idle {sec(v['pure_halt_ns'])} + wake-up wait "
+                         f"{sec(v['wakeup_wait_ns'])}), on-CPU {sec(v['thread_cpu_ns'])}, "
                          f"run-queue wait {sec(v['run_delay_ns'])}")
         for p in vm["processes"]:
             lines.append(f"    pid {p['pid']} {p['name']} (cr3 {p['cr3']:#x}): in KVM_RUN {sec(p['run_ns'])}, "

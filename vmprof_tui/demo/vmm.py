@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmprof_tui.demo import kvm, nic
+from vmprof_tui.demo.cgroup import CgroupError, CpuQuota
 from vmprof_tui.demo.loader import (
     DOORBELL_GPA,
     PAGE,
@@ -52,6 +53,7 @@ PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 SIGEV_THREAD_ID = 4
 CLOCK_MONOTONIC = 1
+TIMER_ABSTIME = 1
 
 _libc = LIBC
 
@@ -86,10 +88,11 @@ class ThreadTimer:
         if _libc.timer_create(CLOCK_MONOTONIC, ctypes.byref(ev), ctypes.byref(self.id)) != 0:
             raise OSError(ctypes.get_errno(), "timer_create failed")
 
-    def arm(self, first_ns: int, interval_ns: int) -> None:
+    def arm(self, first_ns: int, interval_ns: int, absolute: bool = False) -> None:
+        """First expiry after first_ns (or at CLOCK_MONOTONIC first_ns when absolute), then every interval_ns."""
         spec = _Itimerspec(interval=_Timespec(interval_ns // 10**9, interval_ns % 10**9),
                            value=_Timespec(first_ns // 10**9, first_ns % 10**9))
-        _libc.timer_settime(self.id, 0, ctypes.byref(spec), None)
+        _libc.timer_settime(self.id, TIMER_ABSTIME if absolute else 0, ctypes.byref(spec), None)
 
     def delete(self) -> None:
         _libc.timer_delete(self.id)
@@ -125,7 +128,10 @@ class VcpuStats:
     start_ns: int = 0
     end_ns: int = 0
     kvm_run_ns: int = 0  # in KVM_RUN with a guest process running
-    halt_ns: int = 0  # in KVM_RUN halted (no runnable process)
+    halt_ns: int = 0  # in KVM_RUN halted (no runnable process) = pure_halt_ns + wakeup_wait_ns
+    pure_halt_ns: int = 0  # halted until the wake-up timer fired
+    wakeup_wait_ns: int = 0  # from the timer firing until KVM_RUN returned (waiting for the pCPU)
+    wake_at_ns: int = 0  # when the armed wake-up timer fires (0: none armed)
     exits: dict[str, int] = field(default_factory=dict)
 
 
@@ -212,7 +218,9 @@ class VcpuThread(threading.Thread):
             sleepers = [p.wake_ns for p in self.processes if p.state == "sleeping"]
             if not sleepers:
                 return False
-            self.timer.arm(max(min(sleepers) - now, 1000), self.vm.slice_ns if len(self.processes) > 1 else 0)
+            # absolute: the wake-up time is exact however long this thread waits before arming the timer
+            self.stats.wake_at_ns = max(min(sleepers), now + 1000)
+            self.timer.arm(self.stats.wake_at_ns, self.vm.slice_ns if len(self.processes) > 1 else 0, absolute=True)
             if not self.halted:
                 self._set_halted(True)
         elif self.halted:
@@ -226,6 +234,8 @@ class VcpuThread(threading.Thread):
         # pinned, or free to run anywhere (not on whatever CPU set the runner happened to have)
         os.sched_setaffinity(0, {self.pin} if self.pin is not None else range(os.cpu_count() or 1))
         self.stats.tid = tid
+        if self.vm.quota is not None:
+            self.vm.quota.add_thread(tid)
         self.timer = ThreadTimer(tid)
         try:
             self._loop()
@@ -252,6 +262,10 @@ class VcpuThread(threading.Thread):
             t1, c1 = time.monotonic_ns(), time.thread_time_ns()
             if proc is None:
                 self.stats.halt_ns += t1 - t0
+                wake = self.stats.wake_at_ns
+                woken = t1 - wake if t0 <= wake <= t1 else 0  # else stopped, or woken by something else
+                self.stats.pure_halt_ns += t1 - t0 - woken
+                self.stats.wakeup_wait_ns += woken
             else:
                 proc.run_ns += t1 - t0
                 proc.cpu_ns += c1 - c0
@@ -323,6 +337,8 @@ class DemoVm:
                 pid += 1
             self.processes += procs
             self.vcpus.append(VcpuThread(self, index, procs, vcpu_spec.get("pin")))
+        # the throttling scenario: vCPU threads in a CPU cgroup with a cpu.max quota [quota_us, period_us]
+        self.quota = CpuQuota(f"vmprof-demo-{os.getpid()}", *spec["cpu_max"]) if spec.get("cpu_max") else None
 
     def report_fault(self, vcpu: VcpuThread, proc: GuestProcess | None, what: str) -> None:
         rip = None
@@ -362,9 +378,14 @@ class DemoVm:
             vcpus.append({"vcpu": v.index, "tid": v.stats.tid, "pin": v.pin,
                           "wall_ns": v.stats.end_ns - v.stats.start_ns,
                           "kvm_run_ns": v.stats.kvm_run_ns, "halt_ns": v.stats.halt_ns,
+                          "pure_halt_ns": v.stats.pure_halt_ns, "wakeup_wait_ns": v.stats.wakeup_wait_ns,
                           "thread_cpu_ns": cpu_ns, "run_delay_ns": delay_ns,
                           "exits": v.stats.exits})
-        return {"event": "exit", "vm": self.name, "pid": os.getpid(), "wall_ns": wall_ns,
+        throttled = {}
+        if self.quota is not None:
+            throttled = {"throttled_ns": self.quota.throttled_ns(), "cpu_max": self.spec["cpu_max"]}
+            self.quota.remove()
+        return {"event": "exit", "vm": self.name, "pid": os.getpid(), "wall_ns": wall_ns, **throttled,
                 "vcpus": vcpus, "processes": [p.truth() for p in self.processes],
                 "nic": self.nic.truth() if self.nic is not None else None, "faults": self.faults}
 
@@ -415,7 +436,7 @@ def main(argv: list[str]) -> int:
     signal.signal(TICK_SIGNAL, lambda *_: None)
     try:
         vm = DemoVm(spec)
-    except (kvm.KvmError, BadProgram, MemoryError) as e:
+    except (kvm.KvmError, BadProgram, MemoryError, CgroupError) as e:
         print(f"vmprof demo: VM {spec['name']}: {e}", file=sys.stderr)
         return 1
     if spec.get("bundle"):

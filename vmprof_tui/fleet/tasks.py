@@ -56,8 +56,9 @@ class WindowRef:
 
 
 def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
-    """Per vCPU of `vm`: seconds of guest user, guest kernel, idle, steal type 1 (by holder) and type 2 (by exit
-    reason): the figures the store keeps and the agent's metrics export."""
+    """Per vCPU of `vm`: seconds of guest user, guest kernel, idle, steal type 1 (by holder, by cause) and type 2
+    (by exit reason), co-stop, halt polling, IRQ time while running: the figures the store keeps (not the
+    causes, co-stop, polling and IRQ) and the agent's metrics export."""
     kernel = (an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0
     timelines = {tl.vcpu: tl for tl in an.vm_timelines(vm)}
     out = []
@@ -67,7 +68,8 @@ def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
         out.append({"vcpu": v["vcpu"], "guest_user": max(v["guest_s"] - guest_kernel_s, 0.0),
                     "guest_kernel": guest_kernel_s, "idle": v["idle_s"], "steal_type1": v["steal_type1_s"],
                     "steal_type2": v["steal_type2_s"], "type1_by_holder": v["type1_by_holder_s"],
-                    "type2_by_exit": v["type2_by_exit_s"]})
+                    "type2_by_exit": v["type2_by_exit_s"], "type1_by_cause": v["type1_by_cause_s"],
+                    "skew": v["skew_s"], "halt_poll": v["halt_poll_s"], "irq_while_running": v["irq_while_running_s"]})
     return out
 
 

@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
+from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
 MAGIC = b"VMPROFREC\0"
 VERSION = 1
@@ -119,12 +119,17 @@ def _encode_table(table: np.ndarray) -> bytes:
 
 
 def _decode_table(payload: bytes, dtype: np.dtype) -> np.ndarray:
+    current, written = dtype, [dtype]
+
     def itemsize(header: dict) -> int:
-        if np.dtype([tuple(d) if len(d) == 2 else (d[0], d[1], tuple(d[2])) for d in header["dtype"]]) != dtype:
+        stored = np.dtype([tuple(d) if len(d) == 2 else (d[0], d[1], tuple(d[2])) for d in header["dtype"]])
+        if stored != current and stored not in OLDER_DTYPES.get(current, ()):
             raise RecordingError("a table chunk has a record layout this vmprof does not know")
-        return dtype.itemsize
+        written[0] = stored
+        return stored.itemsize
 
     header, raw = _unpack_rows(payload, itemsize, "a table chunk")
+    dtype = written[0]
     rows = int(header["rows"])
     table = np.empty(rows, dtype=dtype)
     pos = 0
@@ -134,6 +139,12 @@ def _decode_table(payload: bytes, dtype: np.dtype) -> np.ndarray:
         col = np.frombuffer(raw, dtype=field_dtype if name != "time_ns" else "<i8", count=rows, offset=pos)
         table[name] = np.cumsum(col).astype("<u8") if name == "time_ns" else col.reshape(table[name].shape)
         pos += size
+    if dtype != current:  # an older layout: the fields both have, the new ones zero
+        converted = np.zeros(rows, dtype=current)
+        for name in current.names:
+            if name in dtype.names and dtype.fields[name][0] == current.fields[name][0]:
+                converted[name] = table[name]
+        table = converted
     return table
 
 

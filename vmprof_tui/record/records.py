@@ -22,9 +22,19 @@ STACK_DTYPE = np.dtype([
 
 SCHED_DTYPE = np.dtype([
     ("time_ns", "<u8"), ("prev_pid", "<u4"), ("prev_tid", "<u4"), ("next_pid", "<u4"), ("next_tid", "<u4"),
+    ("prev_exit_reason", "<u4"), ("cpu", "<u2"), ("prev_vcpu_id", "<u2"), ("flags", "u1"), ("pad", "u1", 3),
+    ("cpu_irq_ns", "<u4"),
+    ("next_comm", "S16"),
+])
+
+# The sched-event layout before cpu_irq_ns took 4 of the 7 pad bytes: recordings made with it still load
+# (record/recording.py converts them, cpu_irq_ns 0).
+SCHED_DTYPE_PAD7 = np.dtype([
+    ("time_ns", "<u8"), ("prev_pid", "<u4"), ("prev_tid", "<u4"), ("next_pid", "<u4"), ("next_tid", "<u4"),
     ("prev_exit_reason", "<u4"), ("cpu", "<u2"), ("prev_vcpu_id", "<u2"), ("flags", "u1"), ("pad", "u1", 7),
     ("next_comm", "S16"),
 ])
+OLDER_DTYPES = {SCHED_DTYPE: (SCHED_DTYPE_PAD7,)}
 
 # vmprof_sample.flags
 SAMPLE_HOST_KERNEL = 0x0001
@@ -44,6 +54,11 @@ SCHED_NEXT_VCPU = 0x02
 SCHED_PREV_LOADED = 0x04
 SCHED_PREV_HALTED = 0x08
 SCHED_PREV_RUNNABLE = 0x10
+SCHED_PREV_THROTTLED = 0x20
+SCHED_WAKEUP = 0x40  # not a switch: a vCPU thread woke up
+SCHED_HALT_END = 0x80  # not a switch: a vCPU's halt ended (kvm_vcpu_wakeup)
+SCHED_NOT_SWITCH = SCHED_WAKEUP | SCHED_HALT_END
+SCHED_THROTTLE_END = SCHED_NOT_SWITCH  # both bits: the throttled time of a vCPU thread that takes a CPU again
 
 C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE, "vmprof_stack": STACK_DTYPE}
 

@@ -25,6 +25,14 @@ class AgentMetrics:
                                     "(the VMM or KVM worked on the vCPU's behalf)", ["vm", "vcpu", "state"], registry=r)
         self.steal_seconds = Counter("vmprof_vcpu_steal_seconds", "Steal by cause: type 1 by who held the pCPU, "
                                      "type 2 by exit reason", ["vm", "vcpu", "type", "cause"], registry=r)
+        self.cause_seconds = Counter("vmprof_vcpu_steal_type1_cause_seconds", "Steal of type 1 by cause: preempted "
+                                     "(a sibling vCPU or anything else held the pCPU), wakeup (woken from a halt, "
+                                     "waiting for the pCPU), throttled (cpu.max quota used up), irq (the pCPU "
+                                     "handled interrupts)", ["vm", "vcpu", "cause"], registry=r)
+        self.vcpu_extra_seconds = Counter("vmprof_vcpu_other_seconds", "costop: waiting for a pCPU while a sibling "
+                                          "vCPU ran (part of steal); halt_poll: KVM polling a halted vCPU; "
+                                          "irq_while_running: IRQ time of the pCPU inside the vCPU's run time",
+                                          ["vm", "vcpu", "what"], registry=r)
         self.lost = Counter("vmprof_lost_samples", "Samples dropped because a ring buffer was full", registry=r)
         self.windows = Counter("vmprof_windows", "Windows by outcome", ["outcome"], registry=r)
         self.store_seconds = Gauge("vmprof_window_store_seconds", "Time to store the last window (t0)", registry=r)
@@ -52,3 +60,8 @@ class AgentMetrics:
                     self.steal_seconds.labels(*labels, "1", "other").inc(sum(s for _, s in holders[TOP_HOLDERS:]))
                 for cause, seconds in v["type2_by_exit"].items():
                     self.steal_seconds.labels(*labels, "2", cause).inc(seconds)
+                for cause, seconds in v["type1_by_cause"].items():
+                    self.cause_seconds.labels(*labels, cause).inc(seconds)
+                for what, key in (("costop", "skew"), ("halt_poll", "halt_poll"),
+                                  ("irq_while_running", "irq_while_running")):
+                    self.vcpu_extra_seconds.labels(*labels, what).inc(v[key])

@@ -36,12 +36,32 @@ def render(report: dict, limit: int | None = 20, cols: int | None = None) -> str
         lines += fill([f"vcpu{v['vcpu']} (tid {v['tid']}):", f"wall {v['wall_s']:.3f}s", f"guest {r['guest']:.1f}%",
                        f"idle {r['idle']:.1f}%", f"steal {r['steal']:.1f}%", f"(type 1 {r['steal_type1']:.1f}%,",
                        f"type 2 {r['steal_type2']:.1f}%)"], cols, "  ", "    ", " ")
+        causes = v["type1_by_cause_s"]
+        if any(s for k, s in causes.items() if k != "preempted"):  # more than plain preemption
+            lines += seconds_list("type 1 by cause", {k: s for k, s in causes.items() if s}, cols)
+        extra = []
+        if v["skew_s"]:
+            extra.append(f"co-stop (it could not run while a sibling vCPU ran) {v['skew_s']:.3f}s;")
+        if v["halts"]:
+            extra.append(f"halt polling {v['halt_poll_s']:.3f}s ({v['halts_ended_by_polling']} of {v['halts']} "
+                         "halts ended while KVM polled);")
+        if v["irq_while_running_s"]:
+            extra.append(f"pCPU IRQ time while it ran {v['irq_while_running_s']:.3f}s (inside its guest time);")
+        if extra:
+            lines += fill(extra, cols, "    ", "      ", " ")
         if v["type1_by_holder_s"]:
             lines += seconds_list("type 1, who held the pCPU", v["type1_by_holder_s"], cols)
         if v["type2_by_exit_s"]:
             lines += seconds_list("type 2, the VMM/KVM on its behalf, by exit", v["type2_by_exit_s"], cols)
         lines += fill(["steal the host reports to the guest (run-queue delay):", f"{v['host_reported_steal_s']:.3f}s,",
                        f"which misses type 2 ({v['steal_type2_s']:.3f}s)"], cols, "    ", "      ", " ")
+        h = v["host_run_delay"]
+        if h is not None:
+            mine = h["vmprof_type1_by_cause_s"]
+            lines += fill([f"over the {h['span_s']:.3f}s between the first and the last schedstat reading:",
+                           f"the host's own run-queue delay {h['host_s']:.3f}s;", f"vmprof's type 1 "
+                           f"{sum(mine.values()):.3f}s =", " + ".join(f"{k} {s:.3f}s" for k, s in mine.items()) + ";",
+                           f"difference {h['difference_s']:+.3f}s"], cols, "    ", "      ", " ")
     lines += fill(["corrected execution times:", "apparent = own run time + steal between two of its samples;",
                    "corrected = apparent - that steal;", "host-steal corrected = apparent - the run-queue wait",
                    "the host reports (what a guest can do)"], cols, "  ", "    ", " ")

@@ -458,14 +458,22 @@ class StealScreen(VmTableScreen):
     default_sort = "seconds"
 
     def title_text(self, an: Analysis) -> str:
-        return f"VM {self.vm}: steal by who held the pCPU (type 1) and by exit reason (type 2)"
+        return (f"VM {self.vm}: steal by cause and by who held the pCPU (type 1), by exit reason (type 2); "
+                "co-stop and halt polling")
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         out = []
         for v in vcpu_steal(an, self.vm):
             wall = v["wall_s"] or 1.0
+            for cause, sec in v["type1_by_cause_s"].items():
+                if sec:
+                    out.append((f"{v['vcpu']}:cause:{cause}", (f"vcpu{v['vcpu']}", "type 1 cause", cause, sec,
+                                                                100 * sec / wall)))
             for who, sec in v["type1_by_holder_s"].items():
                 out.append((f"{v['vcpu']}:{who}", (f"vcpu{v['vcpu']}", "type 1", who, sec, 100 * sec / wall)))
+            for what, sec in (("co-stop", v["skew_s"]), ("halt polling", v["halt_poll_s"])):
+                if sec:
+                    out.append((f"{v['vcpu']}:{what}", (f"vcpu{v['vcpu']}", "of which", what, sec, 100 * sec / wall)))
             for why, sec in v["type2_by_exit_s"].items():
                 out.append((f"{v['vcpu']}:{why}", (f"vcpu{v['vcpu']}", "type 2", why, sec, 100 * sec / wall)))
             out.append((f"{v['vcpu']}:idle", (f"vcpu{v['vcpu']}", "idle", "halt", v["idle_s"],
@@ -570,8 +578,12 @@ class TimelineScreen(VmKeys, DrawingScreen):
 
     BINDINGS = [*DrawingScreen.BINDINGS, *VmKeys.BINDINGS]
     drawing_id = "timeline"
-    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue")}
-    BLANK_STATES = {BlankKind.IDLE: 4, BlankKind.PREEMPTED: 3, BlankKind.BLOCKED: 2}  # VMM-blocked: VMM's colour
+    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue"),
+              5: ("▒", "magenta"), 6: ("▒", "bright_red")}
+    LEGEND = ((1, "guest"), (2, "VMM"), (3, "steal"), (5, "wake-up wait"), (6, "throttled"), (4, "idle"))
+    WAKEUP_STATE = 5
+    BLANK_STATES = {BlankKind.IDLE: 4, BlankKind.PREEMPTED: 3, BlankKind.BLOCKED: 2,  # VMM-blocked: VMM's colour
+                    BlankKind.THROTTLED: 6}
     # what a column shows when several segments share it: samples over blanks, guest code over the VMM
     PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
 
@@ -579,7 +591,7 @@ class TimelineScreen(VmKeys, DrawingScreen):
         width = max(self.size.width - 12, 20)
         text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
                     f"{an.rec.duration_s / width:.2f}s   ")
-        for code, label in ((1, "guest"), (2, "VMM"), (3, "steal"), (4, "idle")):
+        for code, label in self.LEGEND:
             ch, style = self.STATES[code]
             text.append(ch * 2, style=style)
             text.append(f" {label}  ")
@@ -597,6 +609,9 @@ class TimelineScreen(VmKeys, DrawingScreen):
                     hi = max(int((seg.end_ns - w0) * width // span), lo + 1)
                     strip[lo:hi] = (self.BLANK_STATES[seg.blank.kind] if seg.blank is not None
                                     else 1 if kind is SegmentKind.GUEST else 2)
+                    if seg.blank is not None and seg.blank.wakeup_ns is not None:  # woken, waiting for its pCPU
+                        wake = min(int((seg.blank.wakeup_ns - w0) * width // span), hi - 1)
+                        strip[wake:hi] = self.WAKEUP_STATE
             text.append(f"vcpu{tl.vcpu:<3} ")
             for code in strip.tolist():
                 ch, style = self.STATES[code]

@@ -22,6 +22,9 @@ recording's first timestamp) on a vCPU track:
   (shorter than the sampling period, or its samples were lost);
 * ``steal``: ``[steal] HOLDER`` while the vCPU was runnable but another task held
   its pCPU, ``[steal] vmm blocked`` while the VMM thread blocked on its behalf;
+* ``steal``: ``[steal] wakeup`` from the wake-up of a halted vCPU until it ran (the first part
+  of that blank is ``[idle] halt``), ``[steal] throttled`` while its cgroup's cpu.max quota was
+  used up;
 * ``idle``: ``[idle] halt`` while the guest had halted the vCPU.
 
 The slices of a vCPU track are its segments (analyse.timeline.vcpu_segments, the
@@ -40,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline, task_name
-from vmprof_tui.analyse.exits import exit_category
+from vmprof_tui.analyse.exits import exit_category, exit_name
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.timeline import Segment, SegmentKind, vcpu_segments
 from vmprof_tui.resolve.demangle import demangle
@@ -71,6 +74,8 @@ def blank_name(seg: Segment) -> tuple[str, str]:
         return "[idle] halt", CAT_IDLE
     if seg.blank.kind == BlankKind.BLOCKED:
         return "[steal] vmm blocked", CAT_STEAL
+    if seg.blank.kind == BlankKind.THROTTLED:
+        return "[steal] throttled", CAT_STEAL
     return f"[steal] {seg.holder}", CAT_STEAL
 
 
@@ -103,7 +108,14 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
             args = {"kind": b.kind, "holder": g.holder, "vcpu": tl.vcpu}
             if b.kind == BlankKind.BLOCKED:  # the exit the VMM is handling; for the other kinds it is history
                 args["exit_reason"] = exit_category(an.backend, b.exit_reason)
-            events.append(_slice(name, cat, pid, tid, a, z, args))
+                args["exit_name"] = exit_name(an.backend, b.exit_reason)
+            # (args are the same for every slice of one name: speedscope keys frames by name and args)
+            w = int(_us(b.wakeup_ns, t0)) if b.wakeup_ns is not None else z
+            if a < w:
+                events.append(_slice(name, cat, pid, tid, a, w, args))
+            if w < z:  # woken from its halt, waiting for its pCPU
+                events.append(_slice("[steal] wakeup", CAT_STEAL, pid, tid, w, z,
+                                     {"kind": "wakeup", "holder": "unknown", "vcpu": tl.vcpu}))
     return events
 
 

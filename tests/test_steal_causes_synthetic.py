@@ -1,0 +1,153 @@
+"""Steal causes on synthetic recordings (tests/synth.py), exact to the nanosecond: the wake-up wait of a
+halt, throttling, IRQ time on the pCPU, halt polling, and co-stop across pCPUs.  The real-VM checks are
+in test_steal_causes.py; these cover what the demo VMs cannot show on every host (halt polling succeeds
+only for halts shorter than halt_poll_ns, which the demo's millisecond sleeps never are)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synth import MS, SynthRecording
+
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.steal import vcpu_steal
+from vmprof_tui.record.recording import load
+
+
+def analyse(b: SynthRecording, tmp_path: Path) -> Analysis:
+    return Analysis(load(b.write(tmp_path / "x.vmprof")))
+
+
+def rows(an: Analysis, vm: str) -> dict[RowKind, float]:
+    out: dict[RowKind, float] = {}
+    for r in an.guest_profile(vm).rows:
+        out[r.kind] = out.get(r.kind, 0.0) + r.samples
+    return out
+
+
+def test_wakeup_wait_is_steal_not_idle(tmp_path: Path) -> None:
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.halt(web, 0, start_ns=10 * MS, end_ns=40 * MS, wakeup_ns=30 * MS)  # woken at 30, ran at 40
+    b.host_task(500, "busy", cpu=1, start_ns=25 * MS, end_ns=40 * MS)
+    b.run(web, 0, cpu=1, start_ns=40 * MS, end_ns=50 * MS)
+    an = analyse(b, tmp_path)
+    assert rows(an, "web")[RowKind.IDLE] == pytest.approx(20)
+    assert rows(an, "web")[RowKind.STEAL_WAKEUP] == pytest.approx(10)
+    v = vcpu_steal(an, "web")[0]
+    assert v["idle_s"] == pytest.approx(0.020)
+    assert v["type1_by_cause_s"]["wakeup"] == pytest.approx(0.010)
+    assert v["steal_type1_s"] == pytest.approx(0.010)
+    assert an.guest_profile("web").ratios["idle"] == pytest.approx(40)
+
+
+def test_chrome_trace_draws_the_wakeup_wait(tmp_path: Path) -> None:
+    import json
+
+    from vmprof_tui.show.formats import ReportInput, chrome
+
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.halt(web, 0, start_ns=10 * MS, end_ns=40 * MS, wakeup_ns=30 * MS)
+    b.host_task(500, "busy", cpu=1, start_ns=25 * MS, end_ns=40 * MS)
+    b.run(web, 0, cpu=1, start_ns=40 * MS, end_ns=50 * MS)
+    an = analyse(b, tmp_path)
+    events = json.loads(chrome.render(ReportInput(an, [an.guest_profile("web")], vm="web")))["traceEvents"]
+    on_vcpu = [e for e in events if e.get("ph") == "X" and e["tid"] == 101]
+    assert [(e["name"], e["dur"]) for e in on_vcpu if e["cat"] in ("idle", "steal")] == [
+        ("[idle] halt", 20_000), ("[steal] wakeup", 10_000)]
+
+
+def test_halt_without_wakeup_event_stays_idle(tmp_path: Path) -> None:
+    """A recording made before issue 15 (no wake-up records) gives the same idle as before."""
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.halt(web, 0, start_ns=10 * MS, end_ns=40 * MS)
+    b.run(web, 0, cpu=1, start_ns=40 * MS, end_ns=50 * MS)
+    r = rows(analyse(b, tmp_path), "web")
+    assert r[RowKind.IDLE] == pytest.approx(30) and RowKind.STEAL_WAKEUP not in r
+
+
+def test_throttled(tmp_path: Path) -> None:
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.preempt(web, 0, start_ns=10 * MS, end_ns=30 * MS, throttled=True)
+    b.preempt(web, 0, start_ns=40 * MS, end_ns=45 * MS)
+    b.run(web, 0, cpu=1, start_ns=30 * MS, end_ns=40 * MS)
+    b.host_task(500, "other", cpu=1, start_ns=40 * MS, end_ns=45 * MS)
+    b.run(web, 0, cpu=1, start_ns=45 * MS, end_ns=50 * MS)
+    an = analyse(b, tmp_path)
+    r = rows(an, "web")
+    assert r[RowKind.STEAL_THROTTLED] == pytest.approx(20)
+    assert r[RowKind.STEAL_OUTSIDE] == pytest.approx(5)
+    v = vcpu_steal(an, "web")[0]
+    assert v["type1_by_cause_s"] == pytest.approx({"wakeup": 0.0, "throttled": 0.020, "irq": 0.0, "preempted": 0.005})
+
+
+def test_throttled_then_waiting_for_the_pcpu(tmp_path: Path) -> None:
+    """The kernel kept the group throttled 12 ms of the 20 ms wait: the other 8 ms another task held the pCPU."""
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.preempt(web, 0, start_ns=10 * MS, end_ns=30 * MS, throttled=True, throttled_ns=12 * MS)
+    b.host_task(500, "other", cpu=1, start_ns=22 * MS, end_ns=30 * MS)
+    b.run(web, 0, cpu=1, start_ns=30 * MS, end_ns=40 * MS)
+    r = rows(analyse(b, tmp_path), "web")
+    assert r[RowKind.STEAL_THROTTLED] == pytest.approx(12)
+    assert r[RowKind.STEAL_OUTSIDE] == pytest.approx(8)
+
+
+def test_irq_time_while_waiting_and_running(tmp_path: Path) -> None:
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.preempt(web, 0, start_ns=10 * MS, end_ns=30 * MS)
+    b.host_task(500, "other", cpu=1, start_ns=10 * MS, end_ns=30 * MS)
+    b.run(web, 0, cpu=1, start_ns=30 * MS, end_ns=40 * MS)
+    b.irq(1, 15 * MS, 17 * MS)  # while it waited
+    b.irq(1, 32 * MS, 33 * MS)  # while it ran
+    b.irq(0, 12 * MS, 20 * MS)  # another CPU: not its business
+    b.host_task(501, "after", cpu=1, start_ns=40 * MS, end_ns=45 * MS)  # the vCPU thread leaves at 40
+    an = analyse(b, tmp_path)
+    r = rows(an, "web")
+    assert r[RowKind.STEAL_IRQ] == pytest.approx(2)
+    assert r[RowKind.STEAL_OUTSIDE] == pytest.approx(18)
+    v = vcpu_steal(an, "web")[0]
+    assert v["type1_by_cause_s"]["irq"] == pytest.approx(0.002)
+    assert v["irq_while_running_s"] == pytest.approx(0.001)
+
+
+def test_halt_polling(tmp_path: Path) -> None:
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.halt(web, 0, start_ns=10 * MS, end_ns=30 * MS, wakeup_ns=29 * MS)
+    b.run(web, 0, cpu=1, start_ns=30 * MS, end_ns=50 * MS)
+    b.halt_end(web, 0, time_ns=30 * MS + 500_000, halt_ns=20 * MS + 700_000, polled=False)  # polled 0.2 ms
+    b.halt_end(web, 0, time_ns=45 * MS, halt_ns=100_000, polled=True)  # never blocked: polled 0.1 ms
+    an = analyse(b, tmp_path)
+    v = vcpu_steal(an, "web")[0]
+    assert v["halt_poll_s"] == pytest.approx(0.0003)
+    assert (v["halts"], v["halts_ended_by_polling"]) == (2, 1)
+
+
+def test_costop_counts_siblings_on_other_pcpus(tmp_path: Path) -> None:
+    b = SynthRecording(frequency=1000, cpus=2)
+    db = b.vm("db", pid=200, vcpus={0: 201, 1: 202})
+    b.run(db, 0, cpu=0, start_ns=0, end_ns=10 * MS)
+    b.preempt(db, 0, start_ns=10 * MS, end_ns=30 * MS)
+    b.host_task(500, "other", cpu=0, start_ns=10 * MS, end_ns=30 * MS)
+    b.run(db, 0, cpu=0, start_ns=30 * MS, end_ns=40 * MS)
+    b.run(db, 1, cpu=1, start_ns=0, end_ns=20 * MS)  # its sibling ran elsewhere for half of the wait
+    b.halt(db, 1, start_ns=20 * MS, end_ns=40 * MS)
+    an = analyse(b, tmp_path)
+    v = {x["vcpu"]: x for x in vcpu_steal(an, "db")}
+    assert v[0]["skew_s"] == pytest.approx(0.010)
+    assert v[1]["skew_s"] == 0
+    assert RowKind.STEAL_SIBLING not in rows(an, "db")  # not on its pCPU: not '(on vcpu1)'
