@@ -150,8 +150,10 @@ def test_retention_by_size_deletes_the_oldest(tmp_path: Path) -> None:
     log = Spool(spool, "h1").read_log()
     kept = windows(spool)
     assert len(log) >= 5 and len(kept) < len(log)
-    assert sum(p.stat().st_size for p in kept) <= 30 * 1024
-    assert kept[-1].name == log[-1]["file"], "the newest window is kept"
+    # the oldest go first: what is left is the newest windows, within the limit (or the newest alone, when a
+    # loaded host makes one window bigger than the limit)
+    assert [p.name for p in kept] == [w["file"] for w in log[len(log) - len(kept):]]
+    assert sum(p.stat().st_size for p in kept) <= 30 * 1024 or len(kept) == 1
 
 
 def test_full_spool_is_one_line_and_collection_goes_on(tmp_path: Path) -> None:

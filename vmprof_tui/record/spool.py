@@ -166,7 +166,8 @@ class Spool:
             kept = [p for p in windows if p not in deleted]
             sizes = [p.stat().st_size for p in kept]
             total = sum(sizes)
-            for p, size in zip(kept, sizes, strict=True):
+            # oldest first; the newest window stays even when it alone is over the limit
+            for p, size in zip(kept[:-1], sizes[:-1], strict=True):
                 if total <= self.max_bytes:
                     break
                 deleted.append(p)
