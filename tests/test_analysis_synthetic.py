@@ -262,8 +262,9 @@ def test_host_level_ratios_and_vm_rows(tmp_path: Path) -> None:
         ("[unknown]", "app", "app"): 20,  # maps snapshot names the module; no ELF: no function
         ("worker_thread", "[kernel.kallsyms]", "kworker/0:1"): 10,
         ("[idle]", "(cpu idle)", None): 60,
-        ("[web]", "(VM2)", None): 40 + 10 + 10 + 20,  # guest code and KVM's work for its vCPU
-        ("[db]", "(VM1)", None): 20 + 10,
+        # guest code and KVM's work for its vCPU; the VMM's process names the row (issue 16: JSON had pid, no name)
+        ("[web]", "(VM2)", "qemu-system-x86"): 40 + 10 + 10 + 20,
+        ("[db]", "(VM1)", "qemu-system-x86"): 20 + 10,
     }
     assert [(r.pid, r.vm) for r in p.rows if r.function == "[web]"] == [(100, "web")]
     # unresolved: app's 20 (no symbols) and, though they show as VM rows here, the 100 guest samples (no bundle)
@@ -414,8 +415,8 @@ def test_guest_level_ratios(tmp_path: Path) -> None:
                        ("[idle]", "(halt_exit)", None): 20, ("[steal]", "(vmm)", None): 10}
     assert p.ratios == approx({"os": 10.0, "user": 60.0, "idle": 20.0, "steal": 10.0})
     assert p.unresolved_samples == 70 and any("no guest bundle for VM web" in n for n in p.notes)
-    assert p.to_json()["rows"][0] == {"samples": 60, "ratio": 60.0, "function": "[unknown]", "module": "[unknown]",
-                                      "process": "[cr3 0x1000]", "pid": None, "vm": "web"}
+    assert p.to_json()["rows"][0] == {"samples": 60, "ratio": 60.0, "function": "[unknown]", "symbol": "[unknown]",
+                                      "module": "[unknown]", "process": "[cr3 0x1000]", "pid": None, "vm": "web"}
 
 
 # real: the sampling grid k / frequency in the vCPU's run intervals 0-20, 30-40, 50-60 (250 Hz: 0, 4, ... 16;
@@ -561,7 +562,7 @@ def test_recording_of_several_chunks(tmp_path: Path) -> None:
     assert len(an.samples) == 1200
     assert rows(an.guest_profile("long")) == {("[unknown]", "[unknown]", "[cr3 0x1000]"): 700 + 450,
                                               ("[steal]", "(outside)", None): 50}
-    assert rows(an.host_profile()) == {("[long]", "(VM1)", None): 1150, ("[unknown]", "late", "late"): 50}
+    assert rows(an.host_profile()) == {("[long]", "(VM1)", "qemu-system-x86"): 1150, ("[unknown]", "late", "late"): 50}
     assert in_ms(timeline(an, "long", 0).blanks[0].holders()) == {"late": 50}
 
 

@@ -12,7 +12,8 @@ die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
 kver=$(uname -r)
 # golang-go and npm: the consumers the output tests load vmprof's files with (go tool pprof, speedscope's schema);
 # linux-perf: the reference the call-stack tests compare host chains with (perf record -g)
-pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus golang-go npm linux-perf)
+pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus golang-go linux-perf)
+command -v npm >/dev/null || pkgs+=(npm)  # a nodejs package may bring its own npm
 [ -e "/lib/modules/$kver/build/Makefile" ] || pkgs+=(linux-headers-amd64)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -50,7 +51,7 @@ fi
 say "installing vmprof and its test dependencies into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./guest \
   || die "pip install failed (is PyPI reachable?)"
-.venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual, distributed, pyarrow, duckdb, prometheus_client' \
+.venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual, distributed, pyarrow, duckdb, prometheus_client, cxxfilt, textual_plotext' \
   || die "the venv cannot import its dependencies"
 # speedscope's file-format schema (the npm package ships it), for tests/test_outputs.py; project-local, git-ignored
 if [ ! -e .cache/npm/node_modules/speedscope/dist/release/file-format-schema.json ]; then
