@@ -61,9 +61,7 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
     if name == "stacks":
         return [_vm("stacks", _vcpu(cpu, _proc("chain"), _proc("recurse"), _proc("clobber")))]
     if name == "wakeup":  # the halting VM's wake-ups wait for the busy VM to give up the pCPU
-        # at nice 0 the scheduler lets a woken vCPU preempt the busy one almost at once (a wait of ~1%);
-        # at nice 10 (a tenth of the busy VM's weight) it waits for its turn, as a low-share VM on a busy host does
-        return [{**_vm("halting", _vcpu(cpu, duty(2, 8))), "nice": 10}, _vm("busy", _vcpu(cpu, _proc("compute")))]
+        return [_vm("halting", _vcpu(cpu, duty(2, 8))), _vm("busy", _vcpu(cpu, _proc("compute")))]
     if name == "throttled":
         return [{**_vm("throttled", _vcpu(cpu, _proc("compute"))), "cpu_max": list(THROTTLE_QUOTA_US)}]
     if name == "skew":

@@ -233,8 +233,6 @@ class VcpuThread(threading.Thread):
         set_thread_name(f"vcpu{self.index}")
         # pinned, or free to run anywhere (not on whatever CPU set the runner happened to have)
         os.sched_setaffinity(0, {self.pin} if self.pin is not None else range(os.cpu_count() or 1))
-        if self.vm.spec.get("nice"):  # the wake-up scenario: a lower weight, so a woken vCPU does not preempt
-            os.setpriority(os.PRIO_PROCESS, 0, int(self.vm.spec["nice"]))  # this thread only (Linux)
         self.stats.tid = tid
         if self.vm.quota is not None:
             self.vm.quota.add_thread(tid)
