@@ -12,7 +12,7 @@ from conftest import vmprof
 
 from vmprof_tui.cli import main
 from vmprof_tui.estimate import model as M
-from vmprof_tui.estimate.model_measure import Bench, on_cpu_ns
+from vmprof_tui.estimate.model_measure import on_cpu_ns
 from vmprof_tui.record.records import SCHED_DTYPE
 
 WINDOW = "0.3"
@@ -52,14 +52,27 @@ def test_sched_events_agree_with_schedstat(pair_model: M.Model) -> None:
         assert abs(a - b) <= 0.06, p
 
 
-def test_second_order_correction_lowers_error_on_held_out_points(pair_model: M.Model) -> None:
-    held_out = np.array([[0.25, 0.75], [0.6, 0.6], [0.9, 0.3], [0.9, 0.9], [0.45, 1.0]])
-    with Bench(pair_model.workloads, window_s=float(WINDOW)) as bench:
-        measured = np.array([bench.measure(x).value(pair_model.resource, "sched") for x in held_out])
-    approx = pair_model.approximate((0, 1), held_out)
-    corrected = pair_model.predict(held_out)
-    err_approx, err_corrected = np.abs(approx - measured).mean(), np.abs(corrected - measured).mean()
-    assert err_corrected < err_approx, (measured, approx, corrected)
+def test_second_order_correction_lowers_error_on_held_out_points() -> None:
+    """The correction on constructed usage with a known interaction (two workloads that share one lock, as
+    the demo VMM's vCPU and NIC threads share the interpreter's: together they use less than the sum), with
+    measurement noise: built by the model's own design and fit, then checked on points it never saw.
+    (On real demo-VM measurements this held in the benchmark's first run and not in its second, and once
+    not in CI: the measured pairwise effect is near the noise here. benchmarks/model.py measures it.)"""
+    rng = np.random.default_rng(7)
+
+    def usage(x: np.ndarray) -> np.ndarray:
+        cpu, send = x[:, 0], x[:, 1]
+        return np.minimum(0.05 + 0.9 * cpu + 0.6 * send - 0.45 * cpu * send, 2.0)
+
+    def measure(levels: np.ndarray) -> dict:
+        return {"value": float(usage(levels[None])[0] + rng.normal(0, 0.01))}
+
+    model = M.build(["cpu", "net-send"], [14, 9], measure, "host-cpu", 2.0)
+    held_out = np.array([[0.25, 0.75], [0.6, 0.6], [0.9, 0.3], [0.9, 0.9], [0.45, 1.0], [0.7, 0.2]])
+    truth = usage(held_out)
+    err_approx = np.abs(model.approximate((0, 1), held_out) - truth).mean()
+    err_corrected = np.abs(model.predict(held_out) - truth).mean()
+    assert err_corrected < err_approx / 3, (err_approx, err_corrected)
 
 
 def _linear_model(l_max: float = 2.0) -> M.Model:

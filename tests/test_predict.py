@@ -67,7 +67,9 @@ def test_minor_faults_of_touched_pages(known: dict[str, Path]) -> None:
     assert more["faults"]["minor"] >= pages
     diff = more["faults"]["minor"] - base["faults"]["minor"]
     assert abs(diff - pages) <= 20, diff
-    assert more["faults"]["major"] == 0
+    # fresh anonymous pages are never major faults (a few major faults of the loader's files can come
+    # from a cold page cache on a fresh machine: 2 were seen in CI)
+    assert more["faults"]["major"] < pages // 100
 
 
 def test_ptrace_single_step_is_exact(known: dict[str, Path]) -> None:
