@@ -16,7 +16,7 @@ from elftools.elf.elffile import ELFFile
 
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_PREV_VCPU
+from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_NOT_SWITCH, SCHED_PREV_VCPU
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +80,10 @@ def test_guest_samples_cover_the_vcpu_run_time(alone: Recorded) -> None:
 
 
 def _sched_run_ns(sched: np.ndarray, tid: int) -> int:
-    """On-CPU time of a thread from switch-in/switch-out pairs."""
+    """On-CPU time of a thread from switch-in/switch-out pairs (not the wake-up, halt-end and throttle
+    records the sched ring also carries: a wake-up of a running thread is no switch-out)."""
     total, since = 0, None
-    for e in sched:
+    for e in sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]:
         if e["next_tid"] == tid and e["flags"] & SCHED_NEXT_VCPU:
             since = int(e["time_ns"])
         elif e["prev_tid"] == tid and e["flags"] & SCHED_PREV_VCPU and since is not None:

@@ -86,7 +86,10 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     t = time.monotonic()
     rec = load(Path(ref.path))
     rec.snapshot.pop(KALLSYMS_KEY, None)  # the guest level never names host kernel code: skip its parse
-    an = Analysis(rec)
+    # only this VM's samples are resolved (one task per VM of the window: the others are other tasks'); the
+    # sched events all stay, they say who held its pCPUs
+    pids = np.array([int(v["pid"]) for v in rec.vms() if v["name"] == vm], np.int64)
+    an = Analysis(rec, keep=lambda s: np.isin(s["pid"], pids))
     window_s = float(rec.end["duration_s"]) if rec.end else rec.duration_s
     start = datetime.fromtimestamp(float(rec.meta.get("start_unix_s", ref.start_unix_s)), UTC)
     base = {"host": ref.host, "window": ref.seq, "window_start": start, "window_s": window_s, "vm": vm}
