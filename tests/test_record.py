@@ -16,7 +16,7 @@ from elftools.elf.elffile import ELFFile
 
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_NOT_SWITCH, SCHED_PREV_VCPU
+from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_PREV_VCPU, context_switches
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def _sched_run_ns(sched: np.ndarray, tid: int) -> int:
     """On-CPU time of a thread from switch-in/switch-out pairs (not the wake-up, halt-end and throttle
     records the sched ring also carries: a wake-up of a running thread is no switch-out)."""
     total, since = 0, None
-    for e in sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]:
+    for e in context_switches(sched):
         if e["next_tid"] == tid and e["flags"] & SCHED_NEXT_VCPU:
             since = int(e["time_ns"])
         elif e["prev_tid"] == tid and e["flags"] & SCHED_PREV_VCPU and since is not None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from vmprof_tui.demo.runner import DemoRun
 from vmprof_tui.libc import schedstat
-from vmprof_tui.record.records import SCHED_NOT_SWITCH
+from vmprof_tui.record.records import context_switches
 
 RESOURCES = ("host-cpu", "vm-cpu", "vmm-cpu")
 ACCOUNTINGS = ("sched", "schedstat")
@@ -47,7 +47,7 @@ def on_cpu_ns(sched: np.ndarray, tid: int, t0: int, t1: int, ran_whole: bool) ->
 
     `sched` must hold every switch of the thread since some time before t0 (its history); `ran_whole`
     decides for a thread with no event at all in it: on the CPU throughout or not."""
-    switches = sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]  # not the wake-up / halt-end / throttle records
+    switches = context_switches(sched)
     ev = switches[(switches["prev_tid"] == tid) | (switches["next_tid"] == tid)]
     ev = ev[np.argsort(ev["time_ns"], kind="stable")]
     times = ev["time_ns"].astype(np.int64)

@@ -63,6 +63,12 @@ SCHED_THROTTLE_END = SCHED_NOT_SWITCH  # both bits: the throttled time of a vCPU
 C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE, "vmprof_stack": STACK_DTYPE}
 
 
+def context_switches(sched: np.ndarray) -> np.ndarray:
+    """The sched records that are context switches: the ring also carries wake-ups, halt ends and throttle
+    ends of vCPU threads (SCHED_NOT_SWITCH), whose prev_* fields name the thread but switch nothing."""
+    return sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]
+
+
 def stack_rows(samples: np.ndarray, stacks: np.ndarray) -> np.ndarray:
     """For each sample, the row of its vmprof_stack record in `stacks` (same cpu and time_ns), or -1.
 
