@@ -9,6 +9,7 @@ died, `analyze` ran again) writes the same file again, never a second one.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -88,7 +89,9 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     rec.snapshot.pop(KALLSYMS_KEY, None)  # the guest level never names host kernel code: skip its parse
     # only this VM's samples are resolved (one task per VM of the window: the others are other tasks'); the
     # sched events all stay, they say who held its pCPUs
-    pids = np.array([int(v["pid"]) for v in rec.vms() if v["name"] == vm], np.int64)
+    pids = [int(v["pid"]) for v in rec.vms() if v["name"] == vm]
+    if not pids and (m := re.fullmatch(r"vm-(\d+)", vm)):  # a VM known only from its guest samples (Analysis)
+        pids = [int(m.group(1))]
     an = Analysis(rec, keep=lambda s: np.isin(s["pid"], pids))
     window_s = float(rec.end["duration_s"]) if rec.end else rec.duration_s
     start = datetime.fromtimestamp(float(rec.meta.get("start_unix_s", ref.start_unix_s)), UTC)
