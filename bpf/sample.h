@@ -34,6 +34,8 @@ struct vmprof_sample {
 /* vmprof_stack.flags */
 #define STACK_GUEST_WALKED  0x01  /* the guest frame-pointer chain was walked (a guest sample) */
 #define STACK_GUEST_PARTIAL 0x02  /* the walk stopped early: a read failed, a frame was inconsistent, or depth ran out */
+#define STACK_HOST_USER_INLINE 0x04 /* a host sample whose user chain lost its stack-map bucket to another
+                                      * chain (get_stackid's -EEXIST): the chain is in guest[] instead */
 #define STACK_GUEST_MAX 64        /* guest frames per stack, the leaf (guest RIP) included */
 
 /* The call stacks of one sample (vmprof record -g), in a ring buffer of their own so that a
@@ -44,7 +46,7 @@ struct vmprof_stack {
 	__s32 kernel_stack_id;  /* host kernel chain, -1 when none or not stored */
 	__s32 user_stack_id;    /* host user chain by frame pointers, -1 when none or not stored */
 	__u16 cpu;
-	__u8 guest_depth;       /* frames in guest[]: guest[0] is the guest RIP, then return addresses */
+	__u8 guest_depth;       /* frames in guest[]: guest[0] is the guest RIP (host IP when inline), then return addresses */
 	__u8 flags;
 	__u32 pad;
 	__u64 guest[STACK_GUEST_MAX];

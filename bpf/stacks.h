@@ -163,10 +163,19 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 	st->user_stack_id = s->pid ? host_stacks.get_stackid(ctx, BPF_F_USER_STACK) : -1;
 	if (st->kernel_stack_id < 0)
 		st->kernel_stack_id = -1;
+	if ((s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu) {
+		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);
+	} else if (st->user_stack_id < 0 && s->pid) {
+		/* The map keeps one chain per hash bucket and never replaces it: a hot chain whose bucket
+		 * another chain took would lose every sample's callers.  A host sample has guest[] free. */
+		long n = bpf_get_stack(ctx, st->guest, sizeof(st->guest), BPF_F_USER_STACK);
+		if (n > 0) {
+			st->guest_depth = n / sizeof(st->guest[0]);
+			st->flags |= STACK_HOST_USER_INLINE;
+		}
+	}
 	if (st->user_stack_id < 0)
 		st->user_stack_id = -1;
-	if ((s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu)
-		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);
 	stacks.ringbuf_submit(st, BPF_RB_NO_WAKEUP);
 	return 0;
 }

@@ -16,7 +16,7 @@ from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
 from vmprof_tui.demo import programs
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, stack_rows
+from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE, stack_rows
 
 # chain.c: per round 6 units under kernel_a, 3 under copy, 1 under report
 CHAINS = {("_start", "main", "solve", "sweep", "kernel_a"): 0.6,
@@ -89,8 +89,11 @@ def test_clobbered_frame_pointer_is_partial_without_invented_frames(graph: CallG
     intact = {chain: n for chain, n in got.items() if chain[-1] == "intact"}
     print(f"clobbered {clobbered}, intact {intact}")
     assert sum(clobbered.values()) > 300 and sum(intact.values()) > 300
-    # the decoy frame's return addresses are no code: the stack ends at the leaf, marked partial
-    assert set(clobbered) == {(PARTIAL, "clobbered")}
+    # the decoy frame's return addresses are no code: the stack ends at the leaf, marked partial.  On the
+    # first and last instruction (push/pop %rbp) %rbp is still main's frame: the walk finds main's caller
+    # and misses main, as every frame-pointer unwinder does there; what it never does is invent a frame.
+    assert {frame for chain in clobbered for frame in chain} <= {PARTIAL, "clobbered", "_start", "main"}
+    assert clobbered.get((PARTIAL, "clobbered"), 0) >= 0.995 * sum(clobbered.values())
     assert sum(n for chain, n in intact.items() if chain == ("_start", "main", "intact")) >= 0.99 * sum(intact.values())
     ws = graph.weighted("guest", "stacks")
     assert ws.partial["clobber"] == sum(clobbered.values())
@@ -101,9 +104,15 @@ def test_report_children_and_callers(stacks: Recorded) -> None:
     path = str(stacks.rec.path)
     res = vmprof("report", path, "--vm", "stacks", "--children")
     assert res.returncode == 0, res.stderr
-    rows = {line.split()[-1]: line.split() for line in res.stdout.splitlines()[4:]}
-    # sweep is on every kernel_a stack and is never the leaf; kernel_a is always the leaf
-    assert rows["sweep"][0] == rows["kernel_a"][0] == rows["kernel_a"][1] and rows["sweep"][1] == "0"
+    rows = {line.split()[-1]: [int(v) for v in line.split()[:2]] for line in res.stdout.splitlines()
+            if line.split()[:1] and line.split()[0].isdigit()}
+    print(rows["sweep"], rows["kernel_a"])
+    # kernel_a calls nothing: always the leaf.  sweep only calls kernel_a: its own instructions (the call
+    # and the +1) take a few cycles per 6 units, and a sample on kernel_a's push/pop %rbp misses sweep
+    # (the frame-pointer prologue blind spot): both are a sample or two, never 0.1%
+    (sweep_total, sweep_self), (kernel_total, kernel_self) = rows["sweep"], rows["kernel_a"]
+    assert kernel_total == kernel_self
+    assert sweep_self <= 0.001 * sweep_total and abs(sweep_total - sweep_self - kernel_total) <= 0.001 * kernel_total
     res = vmprof("report", path, "--vm", "stacks", "--callers", "copy")
     assert res.returncode == 0, res.stderr
     chains = [line for line in res.stdout.splitlines() if "→" in line]
@@ -137,8 +146,11 @@ def _shares(classes: Counter) -> dict[tuple[str, ...], float]:
     return {c: classes[c] / total for c in (("solve", "sweep", "kernel_a"), ("solve", "copy"), ("report",))}
 
 
-def test_host_chains_match_perf_on_the_same_run(tmp_path: Path) -> None:
-    """chain.c built natively with frame pointers, sampled by vmprof record -g and perf record -g at once."""
+@pytest.mark.parametrize("map_entries", [None, 2])
+def test_host_chains_match_perf_on_the_same_run(tmp_path: Path, map_entries: int | None) -> None:
+    """chain.c built natively with frame pointers, sampled by vmprof record -g and perf record -g at once.
+    With a 2-bucket stack map nearly every user chain finds its bucket taken and is stored inline in its
+    stack record: the chains must come out the same (once, one hot chain's lost bucket cost it 80%)."""
     require_root()
     src = Path(str(programs._source_dir()))
     native = tmp_path / "chain-native"
@@ -148,7 +160,7 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path) -> None:
     subprocess.run(["gcc", *flags, "-o", str(native), str(tmp_path / "chain.o"), str(ROOT / "tests/native/harness.c")],
                    check=True)
     out, perf_data = tmp_path / "host.vmprof", tmp_path / "perf.data"
-    rec = start_recording(out, "-g")  # returns once it samples
+    rec = start_recording(out, "-g", *(("--stack-map-entries", str(map_entries)) if map_entries else ()))
     try:
         subprocess.run(["perf", "record", "-q", "-g", "-e", "cpu-clock", "-F", "1000", "-o", str(perf_data), "--",
                         str(native), "600"], check=True, capture_output=True, timeout=300)
@@ -167,7 +179,12 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path) -> None:
         names = [f.split()[1].split("+")[0] for f in frames if len(f.split()) > 1]
         if (c := _chain_class(names[::-1])) is not None:
             perf_classes[c] += 1
-    graph = CallGraph(Analysis(recording.load(out)))
+    loaded = recording.load(out)
+    inline = (loaded.stacks["flags"] & STACK_HOST_USER_INLINE) != 0
+    print(f"user chains stored inline: {inline.sum()} of {len(inline)}")
+    if map_entries:
+        assert inline.sum() > 0.5 * len(inline)
+    graph = CallGraph(Analysis(loaded))
     ws = graph.weighted("host")
     ours: Counter = Counter()
     for path, ctx, n, stack in zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks, strict=True):

@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
                    help="record call stacks: host kernel and user chains (frame pointers) and guest chains "
                         "walked through guest memory (docs/stacks.md)")
+    p.add_argument("--stack-map-entries", type=int, default=None, metavar="N",
+                   help="with -g: host chains the BPF stack map holds (default 16384); a chain whose slot "
+                        "another holds is stored in its sample's record instead")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
                    help="also record last branch records with cycles and instructions (hosts with a PMU and LBR; "
@@ -48,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.collect.backends import BackendError
-    from vmprof_tui.collect.bpf import CollectError
+    from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, CollectError
     from vmprof_tui.collect.lbr import LbrConfig
     from vmprof_tui.collect.session import CollectionSession, SessionError
     from vmprof_tui.record.recorder import Progress, Recorder
@@ -56,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.frequency <= 0 or args.frequency > 100_000:
         raise Usage("-F must be between 1 and 100000 Hz")
+    if args.stack_map_entries is not None and not (args.stacks and 1 <= args.stack_map_entries <= 1 << 20):
+        raise Usage("--stack-map-entries needs -g and a count between 1 and 1048576")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if command and shutil.which(command[0]) is None:
         raise Failure(f"command not found: {command[0]}")
@@ -81,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         lbr = LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0) if args.lbr else None
-        session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr, stacks=args.stacks)
+        session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr, stacks=args.stacks,
+                                    stack_map_entries=args.stack_map_entries or HOST_STACK_ENTRIES)
         for note in session.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
         recorder = Recorder(Path(args.output), session)

@@ -124,8 +124,9 @@ class Drained:
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # stack-map ids first seen now -> addresses
 
 
-# Host stack-map entries (ids of kernel and user chains); a full map makes get_stackid fail, which is
-# counted as a stack without a host chain (-1), never a wrong one.
+# Host stack-map entries (ids of kernel and user chains).  The map is a hash table of buckets that are
+# never replaced: a chain whose bucket another chain holds gets no id (never a wrong one).  A host user
+# chain then goes into its stack record (STACK_HOST_USER_INLINE); a kernel chain is left out.
 HOST_STACK_ENTRIES = 16384
 
 
@@ -137,6 +138,7 @@ class Collector:
     event: str = ""  # "cycles" or "cpu-clock"; empty: cycles where a hardware PMU exists
     ring_pages: int = 1024  # per ring buffer, a power of two
     stacks: bool = False  # record -g: host and guest call stacks
+    stack_map_entries: int = HOST_STACK_ENTRIES  # host chains kept by id (more: fewer bucket collisions)
     _bpf: object = None
     _rings: list[RingReader] = field(default_factory=list)
     _known_stacks: set[int] = field(default_factory=set)
@@ -157,7 +159,7 @@ class Collector:
         if self.stacks:
             # a stack record is 14x a sample: its ring gets 4x the pages (drained on the same timer)
             cflags += ["-DWITH_STACKS", f"-DSTACK_RING_PAGES={self.ring_pages * 4}",
-                       f"-DHOST_STACK_ENTRIES={HOST_STACK_ENTRIES}"]
+                       f"-DHOST_STACK_ENTRIES={self.stack_map_entries}"]
         if os.environ.get("VMPROF_STEAL_CAUSES") == "0":  # benchmarks/overhead.py: the cost of these programs
             cflags.append("-DNO_STEAL_CAUSES")
         text = bpf_source()

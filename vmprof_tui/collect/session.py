@@ -24,7 +24,7 @@ import numpy as np
 from vmprof_tui import __version__
 from vmprof_tui.collect import discover
 from vmprof_tui.collect.backends import Backend, load_backend
-from vmprof_tui.collect.bpf import Collector, check_privileges
+from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, Collector, check_privileges
 from vmprof_tui.collect.lbr import LbrCollector, LbrConfig, LbrUnsupported
 from vmprof_tui.collect.lbr_capability import detect
 from vmprof_tui.record.records import SAMPLE_DTYPE, stack_rows
@@ -99,14 +99,15 @@ class CollectionSession:
 
     def __init__(self, frequency: int = 1000, *, vm_names: Iterable[str] = (), pid: int | None = None,
                  lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None,
-                 stacks: bool = False) -> None:
+                 stacks: bool = False, stack_map_entries: int = HOST_STACK_ENTRIES) -> None:
         check_privileges()  # before anything else, so the user hears the real reason
         self.backend = backend or load_backend()
         self.frequency = frequency
         self.vm_names = list(vm_names)
         self.pid = pid
         self.build_ids = build_ids
-        self.collector = Collector(self.backend, frequency=frequency, stacks=stacks)
+        self.collector = Collector(self.backend, frequency=frequency, stacks=stacks,
+                                   stack_map_entries=stack_map_entries)
         self.lbr = LbrCollector(lbr) if lbr is not None else None
         if lbr is not None and not lbr.standin:
             caps = detect(lbr.effective.branch_filter)

@@ -47,6 +47,7 @@ SAMPLE_HALTED = 0x0020
 # vmprof_stack.flags
 STACK_GUEST_WALKED = 0x01
 STACK_GUEST_PARTIAL = 0x02
+STACK_HOST_USER_INLINE = 0x04  # a host user chain that lost its stack-map bucket, stored in guest[]
 
 # vmprof_sched_event.flags
 SCHED_PREV_VCPU = 0x01

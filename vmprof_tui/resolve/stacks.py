@@ -28,8 +28,10 @@ import numpy as np
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
     SAMPLE_HOST_KERNEL,
+    STACK_GUEST_MAX,
     STACK_GUEST_PARTIAL,
     STACK_GUEST_WALKED,
+    STACK_HOST_USER_INLINE,
     stack_rows,
 )
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
@@ -193,28 +195,38 @@ def _guest_stack(chain: np.ndarray, partial: bool, space: AddressSpace | None, k
 
 def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stacks: Mapping[int, np.ndarray],
                  resolver: Resolver, processes: Mapping[int, dict], out: SampleStacks) -> None:
-    idx = np.nonzero(sel)[0]
-    if not len(idx):
-        return
-    s = samples[idx]
-    in_kernel = (s["flags"] & SAMPLE_HOST_KERNEL) != 0
-    distinct, inverse = _distinct([s["pid"], st["kernel_stack_id"][idx].astype(np.int64) + 1,
-                                   st["user_stack_id"][idx].astype(np.int64) + 1, in_kernel,
-                                   np.where(in_kernel, 0, s["host_ip"])])
-    ks = resolver.kallsyms or EMPTY_KERNEL
+    inline = (st["flags"] & STACK_HOST_USER_INLINE) != 0
     missing = 0
-    first = len(out.stacks)
-    for pid, kid, uid, kernel_mode, ip in distinct.tolist():
-        kchain = host_stacks.get(kid - 1, np.empty(0, np.uint64)) if kid else np.empty(0, np.uint64)
-        uchain = host_stacks.get(uid - 1, np.empty(0, np.uint64)) if uid else np.empty(0, np.uint64)
-        missing += (kid and (kid - 1) not in host_stacks) or (uid and (uid - 1) not in host_stacks)
-        if not kernel_mode and not len(uchain):
-            uchain = np.array([ip], np.uint64)
-        out.stacks.append(_host_stack(pid, kchain, uchain, ks, resolver, processes))
-    out.stack_of[idx] = first + inverse
+    no_user_chain = int(np.count_nonzero(sel & ~inline & (st["user_stack_id"] < 0) & (samples["pid"] > 0)
+                                         & ((samples["flags"] & SAMPLE_HOST_KERNEL) == 0)))
+    for idx, chains_inline in ((np.nonzero(sel & ~inline)[0], False), (np.nonzero(sel & inline)[0], True)):
+        if not len(idx):
+            continue
+        s = samples[idx]
+        in_kernel = (s["flags"] & SAMPLE_HOST_KERNEL) != 0
+        depth = np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64)
+        columns = [s["pid"], st["kernel_stack_id"][idx].astype(np.int64) + 1,
+                   st["user_stack_id"][idx].astype(np.int64) + 1, in_kernel, np.where(in_kernel, 0, s["host_ip"])]
+        # a user chain stored inline (its stack-map bucket was taken) is part of the key itself
+        distinct, inverse = _distinct(columns + ([depth, st["guest"][idx]] if chains_inline else []))
+        ks = resolver.kallsyms or EMPTY_KERNEL
+        first = len(out.stacks)
+        for pid, kid, uid, kernel_mode, ip, *inline_chain in distinct.tolist():
+            kchain = host_stacks.get(kid - 1, np.empty(0, np.uint64)) if kid else np.empty(0, np.uint64)
+            uchain = host_stacks.get(uid - 1, np.empty(0, np.uint64)) if uid else np.empty(0, np.uint64)
+            missing += (kid and (kid - 1) not in host_stacks) or (uid and (uid - 1) not in host_stacks)
+            if inline_chain:
+                uchain = np.array(inline_chain[1:1 + inline_chain[0]], np.uint64)
+            if not kernel_mode and not len(uchain):
+                uchain = np.array([ip], np.uint64)
+            out.stacks.append(_host_stack(pid, kchain, uchain, ks, resolver, processes))
+        out.stack_of[idx] = first + inverse
     if missing:
         out.notes.append(f"{missing} host stack ids had no stored chain (the stack map was read after they "
                          "were replaced or the recording was cut): those chains are left out")
+    if no_user_chain:
+        out.notes.append(f"{no_user_chain} host user-mode samples have no user chain (it could not be read): "
+                         "they show their leaf only")
 
 
 def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymbols, resolver: Resolver,
