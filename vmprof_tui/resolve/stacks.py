@@ -199,14 +199,18 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
     missing = 0
     no_user_chain = int(np.count_nonzero(sel & ~inline & (st["user_stack_id"] < 0) & (samples["pid"] > 0)
                                          & ((samples["flags"] & SAMPLE_HOST_KERNEL) == 0)))
+    no_kernel_chain = int(np.count_nonzero(sel & (st["kernel_stack_id"] < 0)
+                                           & ((samples["flags"] & SAMPLE_HOST_KERNEL) != 0)))
     for idx, chains_inline in ((np.nonzero(sel & ~inline)[0], False), (np.nonzero(sel & inline)[0], True)):
         if not len(idx):
             continue
         s = samples[idx]
         in_kernel = (s["flags"] & SAMPLE_HOST_KERNEL) != 0
         depth = np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64)
-        columns = [s["pid"], st["kernel_stack_id"][idx].astype(np.int64) + 1,
-                   st["user_stack_id"][idx].astype(np.int64) + 1, in_kernel, np.where(in_kernel, 0, s["host_ip"])]
+        kernel_ids = st["kernel_stack_id"][idx].astype(np.int64) + 1
+        # the leaf address is part of the key only where no chain holds it
+        leaf = np.where(in_kernel & (kernel_ids > 0), 0, s["host_ip"])
+        columns = [s["pid"], kernel_ids, st["user_stack_id"][idx].astype(np.int64) + 1, in_kernel, leaf]
         # a user chain stored inline (its stack-map bucket was taken) is part of the key itself
         distinct, inverse = _distinct(columns + ([depth, st["guest"][idx]] if chains_inline else []))
         ks = resolver.kallsyms or EMPTY_KERNEL
@@ -217,6 +221,8 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
             missing += (kid and (kid - 1) not in host_stacks) or (uid and (uid - 1) not in host_stacks)
             if inline_chain:
                 uchain = np.array(inline_chain[1:1 + inline_chain[0]], np.uint64)
+            if kernel_mode and not len(kchain) and ip:
+                kchain = np.array([ip], np.uint64)
             if not kernel_mode and not len(uchain):
                 uchain = np.array([ip], np.uint64)
             out.stacks.append(_host_stack(pid, kchain, uchain, ks, resolver, processes))
@@ -227,6 +233,10 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
     if no_user_chain:
         out.notes.append(f"{no_user_chain} host user-mode samples have no user chain (it could not be read): "
                          "they show their leaf only")
+    if no_kernel_chain:
+        out.notes.append(f"{no_kernel_chain} host kernel-mode samples have no kernel chain (the stack map was "
+                         "full or the chain's bucket was taken; see record --stack-map-entries): they show their "
+                         "leaf only")
 
 
 def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymbols, resolver: Resolver,
