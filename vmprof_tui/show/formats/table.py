@@ -1,15 +1,16 @@
 """The papers' table: a header with totals and ratios, then `Samples %Ratio Process Module Function` rows.
 
-A `rich` table at the terminal's width (COLUMNS, else the terminal, else 80 columns), the long column last as
-perf puts it: a name longer than its column ends in an ellipsis instead of widening every line.
+At the terminal's width (COLUMNS, else the terminal, else 80 columns), the long column last as perf puts it: a
+name longer than its column ends in an ellipsis instead of widening every line.
+
+The rows are laid out here rather than by `rich.table.Table`: every cell is one line at a fixed width, so a row is
+only padding and cutting (with rich's own cell-width functions), while rich measures and renders each cell as a
+renderable — 13 s for the 61,000 rows of a 600,000-sample recording, against a fraction of a second here.
 """
 
 from __future__ import annotations
 
-import io
-
-from rich.console import Console
-from rich.table import Table
+from rich.cells import cell_len, set_cell_size
 
 from vmprof_tui.analyse.analysis import Profile, Row
 from vmprof_tui.resolve.demangle import demangle
@@ -61,22 +62,27 @@ def render_profile(profile: Profile, sort: str = "samples", limit: int | None = 
     total = profile.total_samples or 1.0
     cells = [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}", process_name(r) or "", r.module,
               demangle(r.function)) for r in rows]
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="", padding=(0, 2, 0, 0))
     # every column as wide as its longest cell (process and module capped); the function takes what is left
-    used = 0
-    for i, (name, cap) in enumerate((("Samples", 9), ("%Ratio", 8), ("Process", 24), ("Module", 28))):
-        w = min(cap, max([len(name)] + [len(c[i]) for c in cells]))
-        used += w + 2
-        table.add_column(name, justify="right" if i < 2 else "left", no_wrap=True, overflow="ellipsis",
-                         min_width=w, max_width=w)
-    table.add_column("Function", no_wrap=True, overflow="ellipsis", max_width=max(16, cols - used - 2))
-    for c in cells:
-        table.add_row(*c)
-    out = io.StringIO()
-    Console(file=out, width=cols, color_system=None, highlight=False, markup=False, emoji=False,
-            legacy_windows=False).print(table)
-    body = [line.rstrip() for line in out.getvalue().splitlines()]
+    columns = list(zip(("Samples", "%Ratio", "Process", "Module", "Function"), *cells, strict=True))
+    lengths = [[len(t) if t.isascii() else cell_len(t) for t in texts] for texts in columns]
+    widths = [min(cap, max(n)) for cap, n in zip((9, 8, 24, 28), lengths, strict=False)]
+    widths.append(min(max(16, cols - sum(w + 2 for w in widths) - 2), max(lengths[4])))
+    fitted = [_fit(*args, right=i < 2) for i, args in enumerate(zip(columns, lengths, widths, strict=True))]
+    body = ["  ".join(row).rstrip() for row in zip(*fitted, strict=True)]
     return "\n".join(header(profile, cols) + body) + "\n"
+
+
+def _fit(texts: tuple[str, ...], lengths: list[int], w: int, right: bool) -> list[str]:
+    """Each text (of `lengths` cells) in exactly `w` cells: padded on the left if `right`, else on the right, or
+    cut to w-1 cells and an ellipsis."""
+    out = []
+    for t, n in zip(texts, lengths, strict=True):
+        if n > w:
+            t = set_cell_size(t, w - 1) + "…"
+        elif n < w:
+            t = " " * (w - n) + t if right else t + " " * (w - n)
+        out.append(t)
+    return out
 
 
 def render(inp: ReportInput) -> str:
