@@ -81,6 +81,15 @@ def overlap(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.
     return covered_before(b) - covered_before(a)
 
 
+def _inside(times: np.ndarray, intervals: np.ndarray) -> np.ndarray:
+    """Which times fall in one of the [start, end) intervals (disjoint, in time order)."""
+    if not len(intervals):
+        return np.zeros(len(times), bool)
+    t = times.astype(np.int64)
+    k = np.searchsorted(intervals[:, 0], t, side="right") - 1
+    return (k >= 0) & (t < intervals[k.clip(0), 1])
+
+
 def irq_between(a: int, b: int) -> int:
     """IRQ time of one CPU between two of its events (cpu_irq_ns runs modulo 2^32)."""
     return (b - a) & 0xFFFFFFFF
@@ -212,6 +221,9 @@ class VcpuTimeline:
     halt_poll_ns: int = 0  # KVM polled its halts this long before blocking (or instead of blocking)
     halt_polls_ok: int = 0  # halts that polling ended: the wake-up came while KVM polled
     halts: int = 0  # halts KVM reported ending (kvm_vcpu_wakeup)
+    # [start, end) of each stretch KVM polled (None without kvm_vcpu_wakeup records: then every sample of KVM
+    # with the vCPU halted counts as polling)
+    poll_intervals: np.ndarray | None = None
 
     @property
     def wall_ns(self) -> int:
@@ -584,13 +596,17 @@ class Analysis:
         tl.halts = len(ends)
         tl.halt_polls_ok = int(np.count_nonzero(ok))
         poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
-        if idle:  # one that blocked polled from its start until it left the CPU (the blank before it ended)
+        if idle:  # one that blocked polled from its start until it first left the CPU (a halt can span several
+            # blanks: the thread wakes, finds nothing to do and blocks again)
             starts = np.array([b.start_ns for b in idle], np.int64)
-            k = np.searchsorted(starts, t, side="right") - 1
             halt_start = t - halt_ns
-            blocked = ~ok & (k >= 0)
-            poll = np.where(blocked, np.clip(starts[k.clip(0)] - halt_start, 0, halt_ns), poll)
+            k = np.searchsorted(starts, halt_start)
+            first = starts[k.clip(0, len(starts) - 1)]
+            blocked = ~ok & (k < len(starts)) & (first <= t)
+            poll = np.where(blocked, np.clip(first - halt_start, 0, halt_ns), poll)
         tl.halt_poll_ns = int(poll[known].sum())
+        start = (t - halt_ns)[known]
+        tl.poll_intervals = np.stack([start, start + poll[known]], axis=1)
 
     def _skew(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
         """Co-stop: how long each vCPU could not run though its guest had work (preempted, throttled, woken
@@ -783,9 +799,12 @@ class Analysis:
             row.vm = vm
         period = self.period_ns
         # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal), except
-        # KVM polling a halted vCPU (neither guest work nor idle)
+        # KVM polling a halted vCPU (neither guest work nor idle); the rest of KVM's halt handling is type 2
         vmm = sel & ~self.is_guest
         polling = vmm & ((s["flags"] & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+        for tl in tls:
+            if tl.poll_intervals is not None:
+                polling[self.thread_samples(tl)] &= _inside(s["time_ns"][self.thread_samples(tl)], tl.poll_intervals)
         vmm_samples = float(np.count_nonzero(vmm & ~polling))
         # virtual samples of the blanks, by cause (in the order the blanks show them)
         virtual = steal_split((b for tl in tls for b in tl.blanks), period)

@@ -11,6 +11,7 @@ import ctypes
 import errno
 import mmap
 import os
+import struct
 
 from vmprof_tui.libc import LIBC
 
@@ -100,6 +101,8 @@ KVM_GET_FPU = _ioc(_IOC_READ, 0x8C, 416)  # struct kvm_fpu, kept as raw bytes
 KVM_SET_FPU = _ioc(_IOC_WRITE, 0x8D, 416)
 KVM_SET_MP_STATE = _ioc(_IOC_WRITE, 0x99, 4)
 KVM_CREATE_IRQCHIP = _ioc(0, 0x60, 0)
+KVM_GET_STATS_FD = _ioc(0, 0xCE, 0)
+KVM_SET_SIGNAL_MASK = _ioc(_IOC_WRITE, 0x8B, 4)  # struct kvm_signal_mask { __u32 len; __u8 sigset[]; }
 MP_STATE_RUNNABLE, MP_STATE_HALTED = 0, 3
 
 # kvm_run.exit_reason values
@@ -191,6 +194,37 @@ class Vcpu:
                 return False
             raise KvmError(err, f"KVM_RUN: {os.strerror(err)}")
         return True
+
+    def set_signal_mask(self, blocked: set[int]) -> None:
+        """The signals blocked while this vCPU is in KVM_RUN (the kernel's 8-byte sigset: bit sig-1)."""
+        bits = sum(1 << (sig - 1) for sig in blocked)
+        arg = ctypes.create_string_buffer(struct.pack("<IQ", 8, bits), 12)
+        ioctl(self.fd, KVM_SET_SIGNAL_MASK, ctypes.addressof(arg))
+
+    def stats(self) -> dict[str, int]:
+        """KVM's own counters of this vCPU (KVM_GET_STATS_FD, Documentation/virt/kvm/api.rst 4.133):
+        `halt_poll_success_ns`, `halt_successful_poll`, … (the first value of each; histograms are left out).
+        Empty where the kernel has no binary stats."""
+        try:
+            fd = ioctl(self.fd, KVM_GET_STATS_FD)
+        except KvmError:
+            return {}
+        try:
+            # struct kvm_stats_header: flags, name_size, num_desc, id_offset, desc_offset, data_offset
+            _flags, name_size, num_desc, _id, desc_offset, data_offset = struct.unpack(
+                "<6I", os.pread(fd, 24, 0))
+            desc_size = 16 + name_size  # struct kvm_stats_desc: flags, exponent, size, offset, bucket_size, name
+            descs = os.pread(fd, num_desc * desc_size, desc_offset)
+            out: dict[str, int] = {}
+            for i in range(num_desc):
+                d = descs[i * desc_size:(i + 1) * desc_size]
+                _f, _exp, size, offset, _bucket = struct.unpack("<IhHII", d[:16])
+                name = d[16:].split(b"\0", 1)[0].decode()
+                if size == 1:
+                    out[name] = struct.unpack("<Q", os.pread(fd, 8, data_offset + offset))[0]
+            return out
+        finally:
+            os.close(fd)
 
     def get_regs(self) -> KvmRegs:
         regs = KvmRegs()

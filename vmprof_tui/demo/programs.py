@@ -14,7 +14,7 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-NAMES = ("compute", "duty", "jacobi", "load", "chain", "recurse", "clobber")
+NAMES = ("compute", "duty", "jacobi", "load", "chain", "recurse", "clobber", "blink")
 CFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie",
           "-fno-pic", "-fno-stack-protector", "-fcf-protection=none", "-fno-asynchronous-unwind-tables",
           "-g", "-Wl,--build-id"]

@@ -62,7 +62,7 @@ def resolve_specs(specs: list[dict], bundle_root: Path, duration_s: float | None
             for proc in vcpu["processes"]:
                 proc["path"] = str(programs.program_path(proc["program"]))
                 proc["name"] = proc["program"]
-                if proc["program"] in ("duty", "load"):  # both pace themselves by the TSC
+                if proc["program"] in ("duty", "load", "blink"):  # they pace themselves by the TSC
                     tsc = tsc or tsc_ticks_per_ms()
                     proc["args"][2] = tsc
     return specs

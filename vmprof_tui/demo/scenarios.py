@@ -37,6 +37,9 @@ def _vcpu(pin: int | None, *processes: dict) -> dict:
     return {"pin": pin, "processes": list(processes)}
 
 
+BLINK_BUSY_US, BLINK_IDLE_US = 300, 100
+
+
 def duty(busy_ms: int, idle_ms: int) -> dict:
     # The TSC rate is filled in by the runner (it calibrates the host TSC).
     return _proc("duty", busy_ms, idle_ms, 0)
@@ -67,6 +70,8 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
     if name == "skew":
         return [_vm("skew", _vcpu(cpu, _proc("compute")), _vcpu(cpu, _proc("jacobi"))),
                 _vm("busy", _vcpu(cpu, _proc("compute")))]
+    if name == "halt-poll":  # halts of ~100 us: KVM's halt polling (halt_poll_ns, 200 us here) ends them
+        return [_vm("blink", _vcpu(cpu, _proc("blink", BLINK_BUSY_US, BLINK_IDLE_US, 0)))]
     if name == "custom":
         c = custom or Custom()
         vms = []
@@ -81,7 +86,7 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
 
 
 NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "wakeup", "throttled",
-         "skew", "custom")
+         "skew", "halt-poll", "custom")
 
 DESCRIPTIONS = {
     "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
@@ -95,5 +100,6 @@ DESCRIPTIONS = {
     "wakeup": f"a VM halting 8 ms in 10 beside a busy VM, both on CPU {SHARED_CPU} (wake-up wait)",
     "throttled": "a busy VM whose vCPU thread has a cpu.max quota of 30 ms per 100 ms (throttling)",
     "skew": f"a 2-vCPU VM (compute, jacobi) and a busy VM, all on CPU {SHARED_CPU} (co-stop)",
+    "halt-poll": f"a VM busy {BLINK_BUSY_US} us, halted {BLINK_IDLE_US} us, on CPU {SHARED_CPU} (KVM polls its halts)",
     "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms",
 }

@@ -44,7 +44,7 @@ from vmprof_tui.libc import LIBC, schedstat
 from vmprof_tui.resolve import bundle_format
 
 # Doorbell ports (programs/guest_rt.h).
-PORT_EXIT, PORT_SLEEP_MS, PORT_PROGRESS = 0x10, 0x11, 0x12
+PORT_EXIT, PORT_SLEEP_MS, PORT_PROGRESS, PORT_SLEEP_US = 0x10, 0x11, 0x12, 0x13
 
 KVM_EXIT_MMIO = 6
 
@@ -145,6 +145,7 @@ class VcpuThread(threading.Thread):
         self.vcpu = vm.kvm_vm.create_vcpu(index)
         self.stats = VcpuStats()
         self.sched = (0, 0)
+        self.kvm_stats: dict[str, int] = {}  # KVM's own halt counters of this vCPU, at its end
         self.ready = threading.Event()
         self.current: GuestProcess | None = None
         self.halted = False
@@ -236,6 +237,11 @@ class VcpuThread(threading.Thread):
         self.stats.tid = tid
         if self.vm.quota is not None:
             self.vm.quota.add_thread(tid)
+        # The tick signal is blocked except inside KVM_RUN (as QEMU does): one that fires while this thread
+        # is in Python stays pending and ends the next KVM_RUN at once, instead of being handled in Python and
+        # lost -- a wake-up timer shorter than the VMM's own work would otherwise leave the vCPU halted for good.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {TICK_SIGNAL})
+        self.vcpu.set_signal_mask(set(blocked) - {TICK_SIGNAL})
         self.timer = ThreadTimer(tid)
         try:
             self._loop()
@@ -245,6 +251,7 @@ class VcpuThread(threading.Thread):
             self.timer.delete()
             self.stats.end_ns = time.monotonic_ns()
             self.sched = schedstat("self", tid)
+            self.kvm_stats = {k: v for k, v in self.vcpu.stats().items() if k.startswith("halt_")}
 
     def _loop(self) -> None:
         self.stats.start_ns = time.monotonic_ns()
@@ -272,6 +279,7 @@ class VcpuThread(threading.Thread):
                 proc.slices += 1
                 self.stats.kvm_run_ns += t1 - t0
             if not completed:  # timer tick or stop request
+                signal.sigtimedwait({TICK_SIGNAL}, 0)  # take it, or it ends every later KVM_RUN at once
                 exits["INTR"] = exits.get("INTR", 0) + 1
                 if not self._switch(t1):
                     return
@@ -297,8 +305,8 @@ class VcpuThread(threading.Thread):
         if port == PORT_PROGRESS:
             proc.work += value
             return True
-        if port == PORT_SLEEP_MS:
-            proc.state, proc.wake_ns = "sleeping", now + value * 1_000_000
+        if port in (PORT_SLEEP_MS, PORT_SLEEP_US):
+            proc.state, proc.wake_ns = "sleeping", now + value * (1_000_000 if port == PORT_SLEEP_MS else 1_000)
         elif port == PORT_EXIT:
             proc.state, proc.exit_code = "exited", value
         else:
@@ -380,7 +388,7 @@ class DemoVm:
                           "kvm_run_ns": v.stats.kvm_run_ns, "halt_ns": v.stats.halt_ns,
                           "pure_halt_ns": v.stats.pure_halt_ns, "wakeup_wait_ns": v.stats.wakeup_wait_ns,
                           "thread_cpu_ns": cpu_ns, "run_delay_ns": delay_ns,
-                          "exits": v.stats.exits})
+                          "exits": v.stats.exits, "kvm": v.kvm_stats})
         throttled = {}
         if self.quota is not None:
             throttled = {"throttled_ns": self.quota.throttled_ns(), "cpu_max": self.spec["cpu_max"]}

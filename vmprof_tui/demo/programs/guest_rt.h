@@ -13,6 +13,7 @@
 #define PORT_EXIT     0x10  /* value: exit code; the process ends */
 #define PORT_SLEEP_MS 0x11  /* value: milliseconds to sleep (the vCPU idles if nothing else runs) */
 #define PORT_PROGRESS 0x12  /* value: units of work done since the last report */
+#define PORT_SLEEP_US 0x13  /* value: microseconds to sleep */
 
 #define DOORBELL_VA 0x7fe000000000UL  /* mapped to DOORBELL_GPA by the VMM */
 
@@ -65,6 +66,11 @@ __attribute__((noinline, used)) void guest_exit(unsigned int code)
 __attribute__((noinline)) void guest_sleep_ms(unsigned int ms)
 {
 	port_out(PORT_SLEEP_MS, ms);
+}
+
+__attribute__((noinline)) void guest_sleep_us(unsigned int us)
+{
+	port_out(PORT_SLEEP_US, us);
 }
 
 #endif
