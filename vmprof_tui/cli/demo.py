@@ -35,8 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("custom scenario")
     g.add_argument("--vms", type=int, default=1, metavar="N", help="number of VMs")
     g.add_argument("--vcpus", type=int, default=1, metavar="N", help="vCPUs per VM")
-    g.add_argument("--program", action="append", choices=programs.NAMES,
-                   help="guest program per vCPU, repeatable (default: compute)")
+    g.add_argument("--program", action="append", choices=programs.NAMES, metavar="NAME",
+                   help=f"guest program per vCPU, repeatable: {', '.join(programs.NAMES)} (default: compute)")
     g.add_argument("--pin", type=int, default=None, metavar="CPU", help="pin every vCPU to this pCPU")
     g.add_argument("--busy-ms", type=int, default=10, metavar="MS", help="duty program busy time")
     g.add_argument("--idle-ms", type=int, default=20, metavar="MS", help="duty program idle time")

@@ -54,6 +54,10 @@ class CpuQuota:
     def add_thread(self, tid: int) -> None:
         (self.path / ("cgroup.threads" if self.v2 else "tasks")).write_text(str(tid))
 
+    def release_thread(self, tid: int) -> None:
+        """Move a thread back to the root: no quota period throttles it (or counts) after this."""
+        (self.root / ("cgroup.threads" if self.v2 else "tasks")).write_text(str(tid))
+
     def throttled_ns(self) -> int:
         """How long the cgroup was throttled (cpu.stat), in ns."""
         stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines() if " " in line)

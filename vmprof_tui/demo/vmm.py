@@ -248,8 +248,10 @@ class VcpuThread(threading.Thread):
         except Exception as e:  # noqa: BLE001 - reported to the runner, never a traceback
             self.vm.report_fault(self, None, f"vCPU {self.index} failed: {e}")
         finally:
-            self.timer.delete()
             self.stats.end_ns = time.monotonic_ns()
+            if self.vm.quota is not None:  # the group's throttled time then ends with the vCPU's life
+                self.vm.quota.release_thread(tid)
+            self.timer.delete()
             self.sched = schedstat("self", tid)
             self.kvm_stats = {k: v for k, v in self.vcpu.stats().items() if k.startswith("halt_")}
 
