@@ -356,10 +356,7 @@ async def main():
                 if window.at_end:
                     window.now = window.t0 + int((float(sys.argv[2]) - 1) * 1e9)
                 c = time.process_time()
-                an = window.poll()
-                loads = [("(host)", 100.0 - an.host_profile().ratios["idle"])]
-                loads += [(vm, an.guest_profile(vm).ratios["user"]) for vm in an.vm_names()]
-                app._show(an, loads)
+                app._show(*app.poll_window())
                 await pilot.pause()
                 costs.append(time.process_time() - c)
             out[name] = sorted(costs)[len(costs) // 2]

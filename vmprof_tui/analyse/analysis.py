@@ -802,9 +802,9 @@ class Analysis:
         # KVM polling a halted vCPU (neither guest work nor idle); the rest of KVM's halt handling is type 2
         vmm = sel & ~self.is_guest
         polling = vmm & ((s["flags"] & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
-        for tl in tls:
-            if tl.poll_intervals is not None:
-                polling[self.thread_samples(tl)] &= _inside(s["time_ns"][self.thread_samples(tl)], tl.poll_intervals)
+        for tl in (tl for tl in tls if tl.poll_intervals is not None):
+            idx = self.thread_samples(tl)
+            polling[idx] &= _inside(s["time_ns"][idx], tl.poll_intervals)
         vmm_samples = float(np.count_nonzero(vmm & ~polling))
         # virtual samples of the blanks, by cause (in the order the blanks show them)
         virtual = steal_split((b for tl in tls for b in tl.blanks), period)

@@ -682,20 +682,25 @@ class VmprofTop(App):
         self._polling = True
         self.run_worker(self._poll, thread=True, group="poll")
 
+    def poll_window(self) -> tuple[Analysis, list[tuple[str, float]], list[tuple[str, float, float, float, float]]]:
+        """One refresh's analysis (off the UI thread): the window, each VM's load and its usage point."""
+        an = self.window.poll()
+        loads = [(HOST_KEY, 100.0 - an.host_profile().ratios["idle"])]
+        usage = []
+        now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
+        for vm in an.vm_names():
+            r = an.guest_profile(vm).ratios
+            loads.append((vm, r["user"] + r["os"]))
+            usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
+        return an, loads, usage
+
     def _poll(self) -> None:
         try:
-            an = self.window.poll()
-            loads = [(HOST_KEY, 100.0 - an.host_profile().ratios["idle"])]
-            usage = []
-            now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
-            for vm in an.vm_names():
-                r = an.guest_profile(vm).ratios
-                loads.append((vm, r["user"] + r["os"]))
-                usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
+            polled = self.poll_window()
         except Exception as e:  # noqa: BLE001 - shown on screen, never a traceback
             self.call_from_thread(self._stopped, f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
             return
-        self.call_from_thread(self._show, an, loads, usage)
+        self.call_from_thread(self._show, *polled)
 
     def _stopped(self, why: str) -> None:
         self._polling = False
