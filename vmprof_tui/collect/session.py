@@ -33,6 +33,9 @@ from vmprof_tui.resolve.object_table import encode_object_table
 from vmprof_tui.resolve.untrusted import BundleError
 
 DISCOVER_S = 1.0  # new VMs and vCPU threads are rare; a /proc scan is not free
+# A process first sampled between its fork and its exec (a shell's or perf's child) was snapshotted as the old
+# program: its name is checked against the sampler's for this long after, and a changed one is snapshotted again.
+EXEC_RECHECK_S = 3.0
 
 
 class SessionError(RuntimeError):
@@ -116,6 +119,7 @@ class CollectionSession:
         self.vms: dict[int, discover.VmInfo] = {}  # running now, by VMM pid
         self.vms_seen: dict[int, discover.VmInfo] = {}  # every VM of the session
         self.pids_seen: set[int] = set()
+        self._recent: dict[int, tuple[str | None, float]] = {}  # pid -> (its name when snapshotted, when)
         self.attached = threading.Event()  # set once the BPF programs sample: consumers and tests wait on it
         self.on_attached: Callable[[], None] | None = None  # called once, right after attached is set
         self.started_at = 0.0
@@ -204,11 +208,15 @@ class CollectionSession:
         samples = self._keep(drained.samples) if len(drained.samples) else np.empty(0, SAMPLE_DTYPE)
         new_pids = set(np.unique(samples["pid"]).tolist()) - self.pids_seen - {0}
         processes = {}
-        if new_pids:
-            names = self.collector.process_names(new_pids)
-            processes = {pid: snap for pid in new_pids
-                         if (snap := snapshot_process(pid, names.get(pid), self.build_ids))}
-            self.pids_seen |= new_pids
+        now = time.monotonic()
+        self._recent = {pid: seen for pid, seen in self._recent.items() if now - seen[1] < EXEC_RECHECK_S}
+        names = self.collector.process_names(new_pids | self._recent.keys()) if new_pids or self._recent else {}
+        renamed = {pid for pid, (name, _t) in self._recent.items() if names.get(pid, name) != name}
+        for pid in new_pids | renamed:
+            if snap := snapshot_process(pid, names.get(pid), self.build_ids):
+                processes[pid] = snap
+                self._recent[pid] = (names.get(pid), now)
+        self.pids_seen |= new_pids
         stacks = drained.stacks
         if stacks is not None and len(stacks) and (self.pid is not None or self.vm_names):
             rows = stack_rows(samples, stacks)
