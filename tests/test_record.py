@@ -188,3 +188,26 @@ def test_short_lived_processes_keep_their_names(tmp_path: Path) -> None:
     gone = [pid for pid in sampled if snaps[pid].get("exited")]
     print(f"{len(sampled)} short processes sampled, {len(gone)} already gone when the recorder looked")
     assert gone, "every short process was still there: the comm fallback was not exercised"
+
+
+def test_a_process_that_execs_after_its_first_samples_is_named_by_its_new_program(tmp_path: Path) -> None:
+    """A shell's child is sampled as the shell until it execs: its snapshot must then be taken again (else its
+    samples keep the shell's name and maps)."""
+    require_root()
+    out = tmp_path / "exec.vmprof"
+    spin = tmp_path / "spin.py"
+    spin.write_text("import time\nend = time.monotonic() + 0.5\nwhile time.monotonic() < end:\n    pass\n")
+    rec = start_recording(out)
+    try:
+        shell_then_python = f"i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exec /usr/bin/python3 {spin}"
+        child = subprocess.Popen(["sh", "-c", shell_then_python])
+        assert child.wait(timeout=60) == 0
+    finally:
+        rec.send_signal(signal.SIGINT)
+        assert rec.wait(timeout=60) == 0
+    loaded = recording.load(out)
+    snap = loaded.processes()[child.pid]
+    mine = loaded.samples[loaded.samples["pid"] == child.pid]
+    print(f"{len(mine)} samples of pid {child.pid}; snapshot comm {snap['comm']!r}")
+    assert len(mine) > 300
+    assert snap["comm"] == "python3" and "python3" in (snap.get("exe") or "")
