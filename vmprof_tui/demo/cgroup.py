@@ -69,6 +69,6 @@ class CpuQuota:
         with contextlib.suppress(OSError):
             for tid in threads.read_text().split():
                 with contextlib.suppress(OSError):
-                    (self.root / ("cgroup.threads" if self.v2 else "tasks")).write_text(tid)
+                    self.release_thread(int(tid))
         with contextlib.suppress(OSError):
             os.rmdir(self.path)

@@ -196,6 +196,7 @@ def _guest_stack(chain: np.ndarray, partial: bool, space: AddressSpace | None, k
 def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stacks: Mapping[int, np.ndarray],
                  resolver: Resolver, processes: Mapping[int, dict], out: SampleStacks) -> None:
     inline = (st["flags"] & STACK_HOST_USER_INLINE) != 0
+    ks = resolver.kallsyms or EMPTY_KERNEL
     missing = 0
     no_user_chain = int(np.count_nonzero(sel & ~inline & (st["user_stack_id"] < 0) & (samples["pid"] > 0)
                                          & ((samples["flags"] & SAMPLE_HOST_KERNEL) == 0)))
@@ -206,14 +207,14 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
             continue
         s = samples[idx]
         in_kernel = (s["flags"] & SAMPLE_HOST_KERNEL) != 0
-        depth = np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64)
         kernel_ids = st["kernel_stack_id"][idx].astype(np.int64) + 1
         # the leaf address is part of the key only where no chain holds it
         leaf = np.where(in_kernel & (kernel_ids > 0), 0, s["host_ip"])
         columns = [s["pid"], kernel_ids, st["user_stack_id"][idx].astype(np.int64) + 1, in_kernel, leaf]
         # a user chain stored inline (its stack-map bucket was taken) is part of the key itself
-        distinct, inverse = _distinct(columns + ([depth, st["guest"][idx]] if chains_inline else []))
-        ks = resolver.kallsyms or EMPTY_KERNEL
+        if chains_inline:
+            columns += [np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64), st["guest"][idx]]
+        distinct, inverse = _distinct(columns)
         first = len(out.stacks)
         for pid, kid, uid, kernel_mode, ip, *inline_chain in distinct.tolist():
             kchain = host_stacks.get(kid - 1, np.empty(0, np.uint64)) if kid else np.empty(0, np.uint64)
