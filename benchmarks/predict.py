@@ -2,8 +2,9 @@
 
 Programs (inputs generated in a scratch directory on disk): gzip and xz of a generated text
 file, sort of a large generated file, a python3 script, sqlite3 queries, and a small C
-project built with make.  Each is counted once with `vmprof predict measure` (CLI, as a user
-would), and its real wall time is taken (without counting) on two machines:
+project built with make.  Each is counted with `vmprof predict measure` (CLI, as a user
+would) once per round, and in the same round its real wall time is taken (without counting)
+on two machines:
 
 * self: this machine as it is (counts and costs from the same machine);
 * target: a slower machine made real here: a cgroup-v1 `cpu` cgroup with a CFS quota
@@ -11,7 +12,8 @@ would), and its real wall time is taken (without counting) on two machines:
   same CPU, outside the cgroup).  Costs are measured, and the programs run, inside it.
 
 Prints per program the counts summary, predicted vs actual and the error for each target,
-then each target's median and worst absolute error.  Run as root (BPF, cgroups).
+then each target's median and worst absolute error, also with the user CPU time as the
+compute term (estimate without --reference) for comparison.  Run as root (BPF, cgroups).
 Usage: python benchmarks/predict.py [--runs 3] [--quota 0.4] [--keep DIR]
 """
 
@@ -238,64 +240,72 @@ def main() -> int:
     print(f"inputs ready ({time.monotonic() - t_start:.0f} s); costs of this machine ...", flush=True)
 
     vmprof("predict", "costs", "-q", "-o", str(work / "self.costs.json"), "--name", "self", "--dir", str(work))
-    counts = {}
-    for name, (cmd, reset) in progs.items():
-        if reset:
-            run_timed(reset, False, work)
-        out = work / f"{name}.counts.json"
-        vmprof("predict", "measure", "-o", str(out), "--repeat", str(args.runs), "--", *cmd)
-        counts[name] = load_counts(out)
-    print(f"counted ({time.monotonic() - t_start:.0f} s); costs of the target: cgroup quota {args.quota} CPU "
-          f"on CPU {TARGET_CPU} beside a busy loop ...", flush=True)
+    print(f"costs of the target: cgroup quota {args.quota} CPU on CPU {TARGET_CPU} beside a busy loop ...", flush=True)
     with target_machine(args.quota):
         vmprof("predict", "costs", "-q", "-o", str(work / "target.costs.json"), "--name",
                f"quota{args.quota}+busy", "--dir", str(work), "--min-time", "0.5", in_target=True)
-    # the actual runs: rounds alternate between the two machines, so that a burst of other load on
-    # this shared machine falls on both rather than on one
+    # counted runs and actual runs in the same rounds, the two machines alternating, so that a change of
+    # this shared machine's speed (its user CPU times drift by 10-20% over minutes) falls on all of them
+    # rather than on the counts alone
     times: dict[str, dict[str, list[float]]] = {t: {n: [] for n in progs} for t in ("self", "target")}
+    counted: dict[str, list] = {n: [] for n in progs}
     for r in range(args.runs):
+        for name, (cmd, reset) in progs.items():
+            if reset:
+                run_timed(reset, False, work)
+            out = work / f"{name}.{r}.counts.json"
+            vmprof("predict", "measure", "-o", str(out), "--", *cmd)
+            counted[name].append(load_counts(out))
         for t in ("self", "target"):
             with target_machine(args.quota) if t == "target" else contextlib.nullcontext():
                 for name, (cmd, reset) in progs.items():
                     if reset:
                         run_timed(reset, False, work)
                     times[t][name].append(run_timed(cmd, t == "target", work))
-        print(f"round {r + 1}/{args.runs} of actual runs done ({time.monotonic() - t_start:.0f} s)", flush=True)
+        print(f"round {r + 1}/{args.runs} of counted and actual runs done ({time.monotonic() - t_start:.0f} s)",
+              flush=True)
+    # the counted run of median CPU time
+    counts = {n: sorted(c, key=lambda x: x.user_s + x.system_s)[len(c) // 2] for n, c in counted.items()}
     actual = {t: {n: statistics.median(v) for n, v in times[t].items()} for t in times}
     costs = {"self": load_costs(work / "self.costs.json"), "target": load_costs(work / "target.costs.json")}
 
+    ref = costs["self"]  # the machine the counts come from
+
     print(f"\nmeasured in {time.monotonic() - t_start:.0f} s on {os.uname().nodename} ({os.cpu_count()} CPUs, "
-          f"no PMU: compute term = user CPU time); target = cgroup-v1 cfs quota {args.quota} CPU, pinned to "
-          f"CPU {TARGET_CPU} beside a busy loop; counts and actual times: median of {args.runs} runs\n")
+          f"no PMU: compute term = CPU time minus the counted operations at this machine's costs); target = "
+          f"cgroup-v1 cfs quota {args.quota} CPU, pinned to CPU {TARGET_CPU} beside a busy loop; counts: the "
+          f"run of median CPU time, actual times: median, of {args.runs} rounds\n")
     print(f"{'program':9} {'user s':>7} {'sys s':>6} {'syscalls':>9} {'minflt':>8} {'majflt':>6} {'procs':>5} | "
           f"{'self pred':>9} {'actual':>7} {'error':>7} | {'target pred':>11} {'actual':>7} {'error':>7}")
     errors: dict[str, list[float]] = {"self": [], "target": []}
+    user_only: dict[str, list[float]] = {"self": [], "target": []}  # the compute term without --reference
     for name, c in counts.items():
         row = (f"{name:9} {c.user_s:7.3f} {c.system_s:6.3f} {c.syscall_total:9,} {c.minor_faults:8,} "
                f"{c.major_faults:6,} {c.processes_created:5}")
         for t in ("self", "target"):
-            pred = estimate(c, costs[t]).total_s
+            pred = estimate(c, costs[t], reference=ref).total_s
             act = actual[t][name]
             err = 100 * (pred - act) / act
             errors[t].append(abs(err))
+            user_only[t].append(abs(100 * (estimate(c, costs[t]).total_s - act) / act))
             row += f" | {pred:{9 if t == 'self' else 11}.3f} {act:7.3f} {err:+6.1f}%"
         print(row)
     print("\nspread of the actual runs (min-max s): " + "; ".join(
         f"{n} self {min(times['self'][n]):.3f}-{max(times['self'][n]):.3f}, target "
         f"{min(times['target'][n]):.3f}-{max(times['target'][n]):.3f}" for n in progs))
-    print("user CPU s of the counted runs (the median one is used): " + "; ".join(
-        f"{n} " + "/".join(f"{x['user_s']:.3f}" for x in c.reference.get("runs", [])) for n, c in counts.items()))
+    print("CPU s (user+system) of the counted runs: " + "; ".join(
+        f"{n} " + "/".join(f"{x.user_s + x.system_s:.3f}" for x in cs) for n, cs in counted.items()))
     print()
     for t in ("self", "target"):
-        e = errors[t]
-        print(f"{t:6}: median absolute error {statistics.median(e):.1f}%, worst {max(e):.1f}% "
-              f"({len(e)} programs)")
+        e, u = errors[t], user_only[t]
+        print(f"{t:6}: median absolute error {statistics.median(e):.1f}%, worst {max(e):.1f}% ({len(e)} programs); "
+              f"with user CPU time as the compute term: median {statistics.median(u):.1f}%, worst {max(u):.1f}%")
     cu = {t: costs[t].costs for t in costs}
     print("\ncosts (median, ns):  " + "  ".join(
         f"{k} {cu['self'][k].median * 1e9:.1f}/{cu['target'][k].median * 1e9:.1f}" for k in cu["self"]) +
         "   (self/target)")
     print("\nbreakdown of the target predictions (s): " + "; ".join(
-        f"{n}: " + ", ".join(f"{g} {estimate(c, costs['target']).group_s(g):.3f}"
+        f"{n}: " + ", ".join(f"{g} {estimate(c, costs['target'], reference=ref).group_s(g):.3f}"
                              for g in ("compute", "syscall", "fault", "process", "switch"))
         for n, c in counts.items()))
     if not args.keep:

@@ -139,6 +139,13 @@ def test_estimate_is_exact_arithmetic(tmp_path: Path) -> None:
     (tmp_path / "c2.json").write_text(json.dumps(c))
     est2 = P.estimate(P.load_counts(tmp_path / "c2.json"), P.load_costs(tmp_path / "k.json"))
     assert est2.group_s("compute") == pytest.approx(8e9 * 1e-9 / 4, rel=1e-12)
+    # with the reference's costs (here the same file): user + system time minus the operations at those
+    # costs (major faults left in: a wait), × the loop ratio; the other terms are unchanged
+    est3 = P.estimate(P.load_counts(tmp_path / "c.json"), P.load_costs(tmp_path / "k.json"),
+                      reference=P.load_costs(tmp_path / "k.json"))
+    explained = sum(v for g, v in expected.items() if g != "compute") - 4 * 80e-6
+    assert est3.group_s("compute") == pytest.approx((2.5 - explained) * 2, rel=1e-12)
+    assert est3.total_s - est3.group_s("compute") == pytest.approx(est.total_s - est.group_s("compute"), rel=1e-12)
     r = vmprof("predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "k.json"),
                "--costs", str(tmp_path / "k.json"), "--format", "json")
     assert r.returncode == 0, r.stderr

@@ -42,7 +42,8 @@ neighbour shows up in it.""",
     "estimate": """examples:
   vmprof predict estimate gzip.json --costs here.json
   vmprof predict estimate gzip.json --costs a.json --costs b.json
-  vmprof predict estimate gzip.json --costs a.json --format json""",
+  vmprof predict estimate gzip.json --costs a.json --format json
+  vmprof predict estimate gzip.json --costs target.json --reference here.json""",
 }
 
 
@@ -123,7 +124,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return _usage("predict estimate: give at least one --costs FILE (measured with vmprof predict costs)")
     try:
         counts = load_counts(Path(args.counts))
-        estimates = [estimate(counts, load_costs(Path(p)), args.compute) for p in args.costs]
+        reference = load_costs(Path(args.reference)) if args.reference else None
+        estimates = [estimate(counts, load_costs(Path(p)), args.compute, reference) for p in args.costs]
     except PredictError as e:
         return _fail(str(e))
     if args.format == "json":
@@ -181,8 +183,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--costs", action="append", default=[], metavar="COSTS.json",
                    help="written by vmprof predict costs on a target (repeatable)")
     e.add_argument("--compute", choices=("auto", "cpu-time", "instructions"), default="auto",
-                   help="compute term: the counts' own method, user CPU time × the targets' compute-loop "
+                   help="compute term: the counts' own method, CPU time × the targets' compute-loop "
                         "ratio, or instructions × time per instruction (default: %(default)s)")
+    e.add_argument("--reference", default=None, metavar="COSTS.json",
+                   help="costs measured on the machine the counts come from: the CPU-time compute term is then "
+                        "the run's whole CPU time minus its counted operations at these costs (without it: the "
+                        "user CPU time, which the kernel splits from system time by tick samples)")
     e.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
     e.add_argument("--top", type=int, default=12, metavar="N", help="syscall rows shown (default: %(default)s)")
     e.set_defaults(func=cmd_estimate)

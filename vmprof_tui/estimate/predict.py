@@ -383,35 +383,9 @@ def _syscall_term(name: str, c: SyscallCount, u: UnitCosts) -> Term:
     return Term("syscall", name, n, "calls", u.null, n * u.null, "fallback: null syscall cost", fallback=True)
 
 
-def estimate(counts: Counts, costs: Costs, compute: str = "auto") -> Estimate:
-    """Predicted run time of the counted program on the machine `costs` describes.
-
-    compute: "auto" (the counts' own method), "cpu-time" (user CPU seconds of the reference
-    × the target's time for what took one CPU second on the reference, from the compute loop
-    timed on both), or "instructions" (instructions × the target's time per loop instruction:
-    the paper's method; assumes the program's CPI equals the loop's)."""
-    u = unit_costs(costs)
-    notes: list[str] = []
-    if compute == "auto":
-        compute = "cpu-time" if counts.compute_method == COMPUTE_USER_CPU else "instructions"
-    terms: list[Term] = []
-    if compute == "instructions":
-        if counts.instructions is None:
-            raise PredictError("the counts have no instruction count (measured with the user-CPU-time method): "
-                               "use --compute cpu-time")
-        per_insn = u.loop_s / LOOP_INSTRUCTIONS
-        terms.append(Term("compute", f"instructions ({counts.compute_method})", counts.instructions,
-                          "instructions", per_insn, counts.instructions * per_insn,
-                          "compute loop: seconds per instruction"))
-        basis = f"instructions × target seconds per compute-loop instruction ({counts.compute_method})"
-    elif compute == "cpu-time":
-        ratio = u.loop_s / counts.reference_loop_s
-        terms.append(Term("compute", "user CPU time", counts.user_s, "reference CPU s", ratio,
-                          counts.user_s * ratio, "compute loop: target s per reference CPU s"))
-        basis = (f"user CPU time × {ratio:.3f} (target compute loop {u.loop_s * 1e9:.3f} ns/iteration vs "
-                 f"reference {counts.reference_loop_s * 1e9:.3f})")
-    else:
-        raise PredictError(f"unknown compute method {compute!r}: use auto, cpu-time or instructions")
+def operation_terms(counts: Counts, u: UnitCosts) -> list[Term]:
+    """Every term but compute: the counted operations at the unit costs `u`."""
+    terms = []
     names = syscall_names()
     for name, c in sorted(counts.syscalls.items(), key=lambda kv: -kv[1].calls):
         if c.calls or c.bytes:
@@ -428,8 +402,64 @@ def estimate(counts: Counts, costs: Costs, compute: str = "auto") -> Estimate:
                           counts.threads_created * u.fork_exit, "fallback: fork+exit cost", fallback=True))
     terms.append(Term("switch", "voluntary context switches", counts.voluntary_switches, "switches",
                       u.context_switch, counts.voluntary_switches * u.context_switch, "pipe ping-pong switch"))
+    return terms
+
+
+def compute_cpu_s(counts: Counts, reference: Costs | None) -> tuple[float, str]:
+    """The reference CPU seconds the compute term scales, and how they were found.
+
+    Without the reference's costs: the user CPU time.  With them: the run's whole CPU time
+    (user + system, which the kernel keeps exactly) minus what its counted operations cost at
+    the reference's prices; that residual is the program's own work.  The user/system split
+    alone is not exact (the kernel divides the exact total by tick samples), and kernel work
+    no term models (exec's mapping, exit's teardown) then scales with the compute loop instead
+    of being lost.  Major faults are left in: their cost is mostly a wait, not CPU time."""
+    if reference is None:
+        return counts.user_s, "user CPU time"
+    cpu = counts.user_s + counts.system_s
+    explained = sum(t.seconds for t in operation_terms(counts, unit_costs(reference))
+                    if t.name != "major page faults")
+    if explained > cpu:  # the reference's prices overstate this program's operations
+        return counts.user_s, (f"user CPU time (its operations at {reference.name}'s costs, {explained:.3f} s, "
+                               f"exceed its CPU time {cpu:.3f} s)")
+    return cpu - explained, f"CPU time {cpu:.3f} s minus its operations at {reference.name}'s costs {explained:.3f} s"
+
+
+def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Costs | None = None) -> Estimate:
+    """Predicted run time of the counted program on the machine `costs` describes.
+
+    compute: "auto" (the counts' own method), "cpu-time" (reference CPU seconds, see
+    compute_cpu_s, × the target's time for what took one CPU second on the reference, from the
+    compute loop timed on both), or "instructions" (instructions × the target's time per loop
+    instruction: the paper's method; assumes the program's CPI equals the loop's).
+    reference: the costs of the machine the counts come from (for the cpu-time term)."""
+    u = unit_costs(costs)
+    notes: list[str] = []
+    if compute == "auto":
+        compute = "cpu-time" if counts.compute_method == COMPUTE_USER_CPU else "instructions"
+    terms: list[Term] = []
+    if compute == "instructions":
+        if counts.instructions is None:
+            raise PredictError("the counts have no instruction count (measured with the user-CPU-time method): "
+                               "use --compute cpu-time")
+        per_insn = u.loop_s / LOOP_INSTRUCTIONS
+        terms.append(Term("compute", f"instructions ({counts.compute_method})", counts.instructions,
+                          "instructions", per_insn, counts.instructions * per_insn,
+                          "compute loop: seconds per instruction"))
+        basis = f"instructions × target seconds per compute-loop instruction ({counts.compute_method})"
+    elif compute == "cpu-time":
+        ratio = u.loop_s / counts.reference_loop_s
+        cpu_s, what = compute_cpu_s(counts, reference)
+        name = "user CPU time" if reference is None else "CPU time minus operations"
+        terms.append(Term("compute", name, cpu_s, "reference CPU s", ratio,
+                          cpu_s * ratio, "compute loop: target s per reference CPU s"))
+        basis = (f"{what} × {ratio:.3f} (target compute loop {u.loop_s * 1e9:.3f} ns/iteration vs "
+                 f"reference {counts.reference_loop_s * 1e9:.3f})")
+    else:
+        raise PredictError(f"unknown compute method {compute!r}: use auto, cpu-time or instructions")
+    terms += operation_terms(counts, u)
     if compute == "cpu-time" and counts.compute_method != COMPUTE_USER_CPU:
-        notes.append("compute from user CPU time although the counts also hold instructions")
+        notes.append("compute from CPU time although the counts also hold instructions")
     if counts.exit_status != 0:
         notes.append(f"the counted run exited with status {counts.exit_status}")
     par = (counts.user_s + counts.system_s) / counts.wall_s if counts.wall_s > 0 else 0.0
