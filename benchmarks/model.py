@@ -41,10 +41,13 @@ def main() -> int:
     ap.add_argument("--accounting", choices=("sched", "schedstat"), default="sched")
     ap.add_argument("--png", default=None, help="draw the histograms into this PNG")
     ap.add_argument("--save", default=None, help="keep every measured point as JSON")
+    ap.add_argument("--cpus", default=None, metavar="LIST",
+                    help="pin every thread of the profiling VMs to these CPUs (e.g. 1): l_max is their count")
     args = ap.parse_args()
 
     workloads = list(M.WORKLOADS)
-    m, lmax = len(workloads), l_max(RESOURCE)
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
+    m, lmax = len(workloads), l_max(RESOURCE, cpus)
     proposed_pts = M.design(m, [30, 15, 10])
     variant_pts = [p for p in M.design(m, [30, 0, 25]) if p["order"] == 3]
     direct_levels = M.direct_points(m, len(proposed_pts))
@@ -56,7 +59,8 @@ def main() -> int:
     total = len(build_order) + len(grid)
     load_before = os.getloadavg()
     print(f"{len(proposed_pts)} + {len(variant_pts)} + {len(direct_pts)} build points, {len(grid)} grid points "
-          f"({args.grid}^{m}), window {args.window} s, accounting {args.accounting}; load average before "
+          f"({args.grid}^{m}), window {args.window} s, accounting {args.accounting}, l_max {lmax:g} cores "
+          f"(CPUs {args.cpus or 'all'}); load average before "
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
     start = time.monotonic()
     done = 0
@@ -71,7 +75,7 @@ def main() -> int:
                   file=sys.stderr, flush=True)
         return {"value": p.value(RESOURCE, args.accounting), "cores": p.cores}
 
-    with Bench(workloads, accounting=args.accounting, window_s=args.window) as bench:
+    with Bench(workloads, accounting=args.accounting, window_s=args.window, cpus=cpus) as bench:
         for p in build_order:
             p.update(measure(p["levels"]))
         grid_pts: list[dict] = [{} for _ in grid]

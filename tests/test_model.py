@@ -4,6 +4,7 @@ arithmetic on constructed inputs, and one-line failures."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -125,8 +126,10 @@ def test_model_file_round_trip(tmp_path: Path) -> None:
     pts = M.inner_points(2, 4)
     M.fit_correction(model, (0, 1), pts, np.array([0.1, 0.0, -0.1, 0.05]), 4)
     model.max_order = 2
+    model.cpus = [1]
     model.save(tmp_path / "m.json")
     again = M.load(tmp_path / "m.json")
+    assert again.cpus == [1]
     grid = M.evaluation_grid(2, 6)
     assert again.predict(grid) == pytest.approx(model.predict(grid))
 
@@ -185,6 +188,20 @@ def test_bad_load_gives_one_line(tmp_path: Path, load: str, says: str) -> None:
     assert r.returncode == 2 and says in r.stderr, r.stderr
 
 
+def test_pinned_vm_uses_at_most_its_cpus() -> None:
+    """--cpus: every thread of the profiling VM on one CPU, so cpu and net-send at full level together
+    need more than the CPU has (about 1.3 cores unpinned) and get l_max = 1 core."""
+    from vmprof_tui.estimate.model_measure import Bench, l_max
+
+    cpu = max(os.sched_getaffinity(0))
+    with Bench(["cpu", "net-send"], accounting="schedstat", window_s=0.5, cpus=[cpu]) as bench:
+        point = bench.measure([1.0, 1.0])
+    used = point.value("host-cpu", "schedstat")
+    print(f"cpu=1, net-send=1 pinned to CPU {cpu}: {used:.3f} cores")
+    assert l_max("host-cpu", [cpu]) == 1.0
+    assert 0.9 <= used <= 1.02
+
+
 def test_missing_model_and_bad_build_options(tmp_path: Path) -> None:
     r = vmprof("model", "predict", str(tmp_path / "none.json"), "--load", "cpu=1")
     assert r.returncode == 1 and "no such model file" in r.stderr
@@ -192,3 +209,5 @@ def test_missing_model_and_bad_build_options(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--levels" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = vmprof("model", "build", "-o", str(tmp_path / "m.json"), "--workloads", "cpu,disk")
     assert r.returncode == 2 and "--workloads" in r.stderr
+    r = vmprof("model", "build", "-o", str(tmp_path / "m.json"), "--cpus", "4096")
+    assert r.returncode == 2 and "--cpus 4096" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,7 @@ EPILOGS = {
   vmprof model build -o vm.model.json
   vmprof model build -o m.json --levels 30,15,10 --resource vmm-cpu
   vmprof model build -o m.json --workloads cpu,net-send --levels 10,8 --window 0.5
+  vmprof model build -o m.json --cpus 1          # a host of one CPU: the VM saturates it
 
 --levels gives the measurements of each order (all its models together):
 30,15,10 is the paper's 55 (10 levels per workload, 5 points per pair,
@@ -69,12 +71,26 @@ def _loads(texts: list[str], workloads: list[str]) -> np.ndarray:
         raise Usage(str(e)) from None
 
 
-def _bench(workloads: list[str], args: argparse.Namespace):  # noqa: ANN202
+def _cpus(text: str | None) -> list[int]:
+    """--cpus 0,1 -> [0, 1]; each must be a CPU this process may run on."""
+    if not text:
+        return []
+    try:
+        cpus = sorted({int(c) for c in text.split(",") if c.strip()})
+    except ValueError:
+        raise Usage(f"--cpus {text}: a comma list of CPU numbers, e.g. 1 or 0,1") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not set(cpus) <= allowed:
+        raise Usage(f"--cpus {text}: this machine's usable CPUs are {','.join(map(str, sorted(allowed)))}")
+    return cpus
+
+
+def _bench(workloads: list[str], args: argparse.Namespace, cpus: list[int]):  # noqa: ANN202
     from vmprof_tui.estimate.model_measure import Bench
 
     if not 0.05 <= args.window <= 60:
         raise Usage("--window must be between 0.05 and 60 seconds")
-    return Bench(workloads, accounting=args.accounting, window_s=args.window)
+    return Bench(workloads, accounting=args.accounting, window_s=args.window, cpus=cpus)
 
 
 def _measurer(bench, resource: str, log):  # noqa: ANN001, ANN202
@@ -134,11 +150,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if not output.parent.exists():
         raise Usage(f"-o {output}: the folder {output.parent} does not exist")
-    bench = _bench(workloads, args)
+    cpus = _cpus(args.cpus)
+    bench = _bench(workloads, args, cpus)
     _start(bench)
     try:
         log = _progress(len(M.design(len(workloads), counts)), args.quiet)
-        model = M.build(workloads, counts, _measurer(bench, args.resource, log), args.resource, l_max(args.resource))
+        model = M.build(workloads, counts, _measurer(bench, args.resource, log), args.resource,
+                        l_max(args.resource, cpus), cpus)
     finally:
         bench.__exit__()
     model.save(output)
@@ -183,7 +201,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise Usage("--grid: levels per workload, from 2 to 21 (the paper uses 11)")
     grid = M.evaluation_grid(model.m, args.grid)
     direct = M.direct_points(model.m, len(model.points))
-    bench = _bench(model.workloads, args)
+    bench = _bench(model.workloads, args, model.cpus)  # measured where the model was built
     _start(bench)
     log = _progress(len(direct) + len(grid), args.quiet)
     try:
@@ -235,6 +253,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--resource", choices=RESOURCES, default="host-cpu",
                    help="what is modelled: all the VM's threads, its vCPUs, or the VMM's other threads "
                         "(default: %(default)s)")
+    b.add_argument("--cpus", default=None, metavar="LIST",
+                   help="pin every thread of the profiling VMs to these CPUs (e.g. 1): the host the model is for "
+                        "has that many, and l_max of host-cpu and vmm-cpu is their count (default: all CPUs); "
+                        "evaluate measures on the same ones")
     _measure_options(b)
     b.set_defaults(func=cmd_build)
 

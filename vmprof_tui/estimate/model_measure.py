@@ -37,9 +37,9 @@ MAX_PACKETS = 1000  # packets per 20 ms period at level 1 (50,000 packets/s of 1
 POLL_S = 0.1  # the session is drained this often during a window (its ring buffer is finite)
 
 
-def l_max(resource: str) -> float:
-    """The resource's maximum: one vCPU for vm-cpu, the host's CPUs otherwise."""
-    return 1.0 if resource == "vm-cpu" else float(os.cpu_count() or 1)
+def l_max(resource: str, cpus: Sequence[int] | None = None) -> float:
+    """The resource's maximum: one vCPU for vm-cpu, the CPUs the VM may use otherwise."""
+    return 1.0 if resource == "vm-cpu" else float(len(cpus) if cpus else os.cpu_count() or 1)
 
 
 def on_cpu_ns(sched: np.ndarray, tid: int, t0: int, t1: int, ran_whole: bool) -> int:
@@ -81,7 +81,7 @@ class Bench:
     """Demo VMs to measure points in, and (for ``sched``) the one collection session that watches them."""
 
     def __init__(self, workloads: Sequence[str], accounting: str = "sched", window_s: float = 1.0,
-                 settle_s: float = 0.3, max_packets: int = MAX_PACKETS) -> None:
+                 settle_s: float = 0.3, max_packets: int = MAX_PACKETS, cpus: Sequence[int] | None = None) -> None:
         unknown = [w for w in workloads if w not in MODES]
         if unknown:
             raise ValueError(f"unknown workload {unknown[0]!r}; choose from {', '.join(MODES)}")
@@ -90,6 +90,7 @@ class Bench:
         self.window_s = window_s
         self.settle_s = settle_s
         self.max_packets = max_packets
+        self.cpus = sorted(cpus) if cpus else None  # every thread of the VM pinned to these: the host it has
         self.session = None
 
     def __enter__(self) -> Bench:
@@ -117,6 +118,9 @@ class Bench:
             pid = ready["pid"]
             vcpus = {v["tid"] for v in ready["vcpus"]}
             tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            if self.cpus:
+                for t in tids:
+                    os.sched_setaffinity(t, self.cpus)
             if self.session is not None:
                 self.session.poll()  # what came before this VM is of no use
                 self.session.collector.add_vcpu_threads({t: pid for t in tids})
