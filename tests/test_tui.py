@@ -16,7 +16,7 @@ from textual.widgets import DataTable
 from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
 from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
-from vmprof_tui.show.tui import HelpScreen, TimelineScreen, VmprofTop
+from vmprof_tui.show.tui import HelpScreen, HostScreen, TableScreen, TimelineScreen, VmprofTop
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,26 @@ async def drive(app: VmprofTop, vm: str, process: str) -> None:
 
 def test_replay_screens(replay_path: Path) -> None:
     asyncio.run(drive(VmprofTop(ReplayWindow(replay_path), refresh_s=0.5), "twoprocs", "compute(1)"))
+
+
+def test_long_tables_hold_the_first_rows(replay_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table holds the first max_rows rows by the sort (a 64-CPU host view has ~65,000), and says so."""
+    monkeypatch.setattr(TableScreen, "max_rows", 5)
+
+    async def run() -> None:
+        app = VmprofTop(ReplayWindow(replay_path), refresh_s=0.5)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await until(pilot, lambda: any(r[0] == "(host)" for r in cells(app)), timeout=15)
+            await pilot.press("space")
+            await select(pilot, app, "(host)")
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, HostScreen) and len(cells(app)) == 5)
+            shown = [float(r[0].replace(",", "")) for r in cells(app)]  # samples: the 5 largest, in order
+            assert shown == sorted(shown, reverse=True)
+            assert "first 5 of" in str(app.screen.query_one("#status").render())
+            await pilot.press("q")
+
+    asyncio.run(run())
 
 
 def test_live_screens() -> None:

@@ -117,6 +117,9 @@ class TableScreen(Screen):
                 Binding("slash", "filter", "filter")]
     columns: tuple[str, ...] = ()
     default_sort = "samples"  # the column a screen sorts by (descending for numbers) until `o` is pressed
+    # Rows handed to the table, the first by the sort: Textual lays out every row it holds, and a 64-CPU host
+    # has ~65,000 host functions in a 10 s window (minutes a refresh); the rest are reached with / or o.
+    max_rows = 500
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,6 +182,8 @@ class TableScreen(Screen):
             return (0, -v) if isinstance(v, int | float) else (1, str(v))
 
         rows.sort(key=sort_key)
+        matching = len(rows)
+        del rows[self.max_rows:]
         seen: Counter[str] = Counter()
         keys: list[str] = []
         for key, _cells in rows:
@@ -205,7 +210,10 @@ class TableScreen(Screen):
                 table.move_cursor(row=table.get_row_index(selected), animate=False)
         self.cells = cells
         self.set_text("#title", self.title_text(an))
-        self.set_text("#status", self.app.status_text(an, self.filter, self.columns[col]))
+        status = self.app.status_text(an, self.filter, self.columns[col])
+        if matching > len(rows):
+            status += f"  |  first {len(rows):,} of {matching:,} rows (o: sort, /: filter)"
+        self.set_text("#status", status)
 
     def set_text(self, selector: str, text: str | Text) -> None:
         """Update a Static only when its text changed (an update lays the screen out again)."""
