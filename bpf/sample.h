@@ -60,15 +60,17 @@ struct vmprof_stack {
 #define SCHED_PREV_RUNNABLE 0x10 /* prev was still runnable: preempted, not blocked */
 #define SCHED_PREV_THROTTLED 0x20 /* prev was runnable but its CPU cgroup had used up its cpu.max quota */
 /* The two kinds of record in the sched ring that are not context switches (flags say which):
- * SCHED_WAKEUP: sched_wakeup of a vCPU thread (prev_*), woken by the task in next_* on cpu;
+ * SCHED_WAKEUP: sched_wakeup of a vCPU thread (prev_*), woken by the task in next_* on cpu; with
+ *   SCHED_PREV_THROTTLED it was woken into a CPU cgroup throttled at that moment;
  * SCHED_HALT_END: kvm_vcpu_wakeup, a halt of the vCPU thread prev_* ended; prev_exit_reason is the
  *   halt's length in ns (capped at 2^32-1) and SCHED_PREV_RUNNABLE says it ended while KVM still
  *   polled (halt polling succeeded: the thread never blocked). */
 #define SCHED_WAKEUP       0x40
 #define SCHED_HALT_END     0x80
 #define SCHED_NOT_SWITCH   (SCHED_WAKEUP | SCHED_HALT_END)
-/* both bits: SCHED_THROTTLE_END, a vCPU thread prev_* that left its CPU throttled takes one again;
- * prev_exit_reason is how long its group was throttled meanwhile, in ns (capped at 2^32-1), from the
+/* both bits: SCHED_THROTTLE_END, a vCPU thread prev_* that left its CPU throttled (or was woken into a
+ * throttled group) takes one again; prev_exit_reason is how long its group was throttled since it left
+ * (or was woken), in ns (capped at 2^32-1), from the
  * kernel's own count (cfs_rq.throttled_clock_self_time, what cpu.stat.local reports) */
 #define SCHED_THROTTLE_END SCHED_NOT_SWITCH
 

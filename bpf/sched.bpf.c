@@ -183,6 +183,10 @@ RAW_TRACEPOINT_PROBE(sched_wakeup)
 	if (vcpu)
 		e->prev_vcpu_id = read_u32(vcpu + VCPU_VCPU_ID);
 	e->flags = SCHED_WAKEUP | SCHED_PREV_VCPU;
+	/* woken into a throttled group (it slept as the quota ran out): it waits for the next period, which
+	 * the SCHED_THROTTLE_END record of its next switch-in measures from here */
+	if (throttled(p, tid))
+		e->flags |= SCHED_PREV_THROTTLED;
 	bpf_get_current_comm(e->next_comm, sizeof(e->next_comm));
 	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;

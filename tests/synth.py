@@ -212,6 +212,13 @@ class SynthRecording:
         flags = SCHED_HALT_END | SCHED_PREV_VCPU | (SCHED_PREV_RUNNABLE if polled else 0)
         self._event(time_ns, vm, vcpu, 0, 0, min(halt_ns, 0xFFFFFFFF), flags, "")
 
+    def throttled_wakeup(self, vm: Vm, vcpu: int, wakeup_ns: int, run_ns: int, throttled_ns: int) -> None:
+        """The sleeping (halted or blocked) vCPU thread was woken at wakeup_ns into a throttled CPU cgroup and
+        took its CPU again at run_ns (the end of its halt or block); the kernel kept the group throttled
+        throttled_ns of that."""
+        self._event(wakeup_ns, vm, vcpu, 0, 0, 0, SCHED_WAKEUP | SCHED_PREV_VCPU | SCHED_PREV_THROTTLED, "swapper/1")
+        self._event(run_ns, vm, vcpu, 0, 0, throttled_ns, SCHED_THROTTLE_END | SCHED_PREV_VCPU, "")
+
     def _event(self, t: int, vm: Vm, vcpu: int, pid: int, tid: int, reason: int, flags: int, comm: str) -> None:
         self._extra.append((BASE_NS + t, vm.pid, vm.tid(vcpu), pid, tid, reason, 0, vcpu, flags, (0,) * 3, 0,
                             comm.encode()[:15]))

@@ -103,6 +103,40 @@ def test_throttled_then_waiting_for_the_pcpu(tmp_path: Path) -> None:
     assert r[RowKind.STEAL_OUTSIDE] == pytest.approx(8)
 
 
+def test_woken_into_a_throttled_group(tmp_path: Path) -> None:
+    """A vCPU thread that slept as its group's quota ran out (blocked in the VMM, or halted) and was woken
+    during the throttled period: asleep until the wake-up, throttled for the kernel's count, then waiting for
+    its pCPU (before: the whole wait was VMM-blocked or wake-up steal, a whole throttled period missed)."""
+    import json
+
+    from vmprof_tui.show.formats import ReportInput, chrome
+
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.block(web, 0, start_ns=10 * MS, end_ns=40 * MS)
+    b.throttled_wakeup(web, 0, wakeup_ns=15 * MS, run_ns=40 * MS, throttled_ns=20 * MS)
+    b.host_task(500, "other", cpu=1, start_ns=35 * MS, end_ns=40 * MS)
+    b.run(web, 0, cpu=1, start_ns=40 * MS, end_ns=50 * MS)
+    b.halt(web, 0, start_ns=50 * MS, end_ns=80 * MS)
+    b.throttled_wakeup(web, 0, wakeup_ns=60 * MS, run_ns=80 * MS, throttled_ns=15 * MS)
+    b.run(web, 0, cpu=1, start_ns=80 * MS, end_ns=90 * MS)
+    an = analyse(b, tmp_path)
+    r = rows(an, "web")
+    assert r[RowKind.STEAL_VMM_BLOCKED] == pytest.approx(5)
+    assert r[RowKind.STEAL_THROTTLED] == pytest.approx(20 + 15)
+    assert r[RowKind.STEAL_OUTSIDE] == pytest.approx(5)
+    assert r[RowKind.IDLE] == pytest.approx(10)
+    assert r[RowKind.STEAL_WAKEUP] == pytest.approx(5)
+    v = vcpu_steal(an, "web")[0]
+    assert v["type1_by_cause_s"] == pytest.approx({"wakeup": 0.005, "throttled": 0.035, "irq": 0.0, "preempted": 0.005})
+    events = json.loads(chrome.render(ReportInput(an, [an.guest_profile("web")], vm="web")))["traceEvents"]
+    waits = [(e["name"], e["dur"]) for e in events
+             if e.get("ph") == "X" and e["tid"] == 101 and e["cat"] in ("idle", "steal")]
+    assert waits == [("[steal] vmm blocked", 5_000), ("[steal] throttled", 20_000), ("[steal] pCPU wait", 5_000),
+                     ("[idle] halt", 10_000), ("[steal] throttled", 15_000), ("[steal] wakeup", 5_000)]
+
+
 def test_irq_time_while_waiting_and_running(tmp_path: Path) -> None:
     b = SynthRecording(frequency=1000, cpus=2)
     web = b.vm("web", pid=100, vcpus={0: 101})

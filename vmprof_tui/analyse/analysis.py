@@ -181,14 +181,37 @@ class Blank:
     # THROTTLED: how long its group stayed throttled (the kernel's count, SCHED_THROTTLE_END); the rest of the
     # blank it waited for its pCPU after the group's quota came back.  None: not recorded (all throttled).
     throttled_ns: int | None = None
+    # IDLE or BLOCKED: the wake-up found its group throttled (it slept as the quota ran out); from then it
+    # waited throttled_ns for the quota, then for its pCPU.  None: no such wake-up.
+    throttled_wakeup_ns: int | None = None
 
     @property
     def throttled_part_ns(self) -> int:
         return self.duration_ns if self.throttled_ns is None else min(self.throttled_ns, self.duration_ns)
 
+    def throttled_interval(self) -> tuple[int, int] | None:
+        """When the blank waited for its group's quota: from its start (THROTTLED) or from a throttled
+        wake-up, for as long as the kernel kept the group throttled."""
+        if self.kind == BlankKind.THROTTLED:
+            return self.start_ns, self.start_ns + self.throttled_part_ns
+        if self.throttled_wakeup_ns is None:
+            return None
+        w = self.throttled_wakeup_ns
+        ns = self.end_ns - w if self.throttled_ns is None else min(self.throttled_ns, self.end_ns - w)
+        return w, w + ns
+
+    @property
+    def throttled_wait_ns(self) -> int:
+        """Of the blank, the time spent waiting for its group's quota."""
+        iv = self.throttled_interval()
+        return iv[1] - iv[0] if iv else 0
+
     @property
     def wakeup_wait_ns(self) -> int:
-        return self.end_ns - self.wakeup_ns if self.wakeup_ns is not None else 0
+        """IDLE: from the wake-up until it ran, less a throttled wait (the rest is waiting for its pCPU)."""
+        if self.wakeup_ns is None:
+            return 0
+        return self.end_ns - self.wakeup_ns - (self.throttled_wait_ns if self.throttled_wakeup_ns is not None else 0)
 
     @property
     def duration_ns(self) -> int:
@@ -572,22 +595,34 @@ class Analysis:
         if not len(mine):
             return
         kind = mine["flags"] & SCHED_NOT_SWITCH
-        thr = [b for b in tl.blanks if b.kind == BlankKind.THROTTLED]
-        ends = mine[kind == SCHED_THROTTLE_END]
-        if thr and len(ends):
-            b_end = np.array([b.end_ns for b in thr], np.int64)
-            k = np.searchsorted(b_end, ends["time_ns"].astype(np.int64), side="right") - 1  # the blank it ends
-            for i, ns in zip(k.tolist(), ends["prev_exit_reason"].tolist(), strict=True):
-                if i >= 0 and ns != HALT_NS_UNKNOWN:
-                    thr[i].throttled_ns = int(ns)
         idle = [b for b in tl.blanks if b.kind == BlankKind.IDLE]
-        wake_t = mine["time_ns"][kind == SCHED_WAKEUP].astype(np.int64)
+        wakeups = mine[kind == SCHED_WAKEUP]
+        wake_t = wakeups["time_ns"].astype(np.int64)
         if idle and len(wake_t):
             starts = np.array([b.start_ns for b in idle], np.int64)
             i = np.searchsorted(wake_t, starts)
             for b, k in zip(idle, i.tolist(), strict=True):
                 if k < len(wake_t) and wake_t[k] <= b.end_ns:
                     b.wakeup_ns = int(wake_t[k])
+        # wake-ups into a throttled group, in blanks that began with a sleep (halted, or blocked in the VMM)
+        thr_t = wake_t[(wakeups["flags"] & SCHED_PREV_THROTTLED) != 0]
+        slept = [b for b in tl.blanks if b.kind in (BlankKind.IDLE, BlankKind.BLOCKED)]
+        if slept and len(thr_t):
+            starts = np.array([b.start_ns for b in slept], np.int64)
+            i = np.searchsorted(thr_t, starts)
+            for b, k in zip(slept, i.tolist(), strict=True):
+                if k < len(thr_t) and thr_t[k] <= b.end_ns:
+                    b.throttled_wakeup_ns = int(thr_t[k])
+        # the kernel's throttled time, recorded as the thread took a CPU again: for the blank that ends there
+        ends = mine[kind == SCHED_THROTTLE_END]
+        if len(ends) and tl.blanks:
+            b_end = np.array([b.end_ns for b in tl.blanks], np.int64)
+            k = np.searchsorted(b_end, ends["time_ns"].astype(np.int64), side="right") - 1
+            for i, ns in zip(k.tolist(), ends["prev_exit_reason"].tolist(), strict=True):
+                b = tl.blanks[i] if i >= 0 else None
+                if b is not None and ns != HALT_NS_UNKNOWN and (
+                        b.kind == BlankKind.THROTTLED or b.throttled_wakeup_ns is not None):
+                    b.throttled_ns = int(ns)
         ends = mine[kind == SCHED_HALT_END]
         known = ends["prev_exit_reason"] != HALT_NS_UNKNOWN
         t = ends["time_ns"].astype(np.int64)
@@ -644,6 +679,9 @@ class Analysis:
                 b.irq_ns = b.irq_ns * b.duration_ns // full
             if b.wakeup_ns is not None:
                 b.wakeup_ns = None if b.wakeup_ns >= b.end_ns else max(b.wakeup_ns, b.start_ns)
+            if b.throttled_wakeup_ns is not None:
+                b.throttled_wakeup_ns = None if b.throttled_wakeup_ns >= b.end_ns else max(b.throttled_wakeup_ns,
+                                                                                           b.start_ns)
             if b.end_ns > b.start_ns:
                 blanks.append(b)
         tl.blanks = blanks

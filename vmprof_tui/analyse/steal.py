@@ -46,12 +46,12 @@ def type1_by_cause_between(tl: VcpuTimeline, lo: int, hi: int) -> dict[str, floa
         return max(0, min(b, hi) - max(a, lo))
 
     for b in tl.blanks:
-        if b.kind == BlankKind.IDLE and b.wakeup_ns is not None:
+        iv = b.throttled_interval()
+        if iv is not None:  # throttled (from the start, or from a wake-up), then waiting for its pCPU
+            out["throttled"] += inside(*iv)
+            out["wakeup" if b.kind == BlankKind.IDLE else "preempted"] += inside(iv[1], b.end_ns)
+        elif b.kind == BlankKind.IDLE and b.wakeup_ns is not None:
             out["wakeup"] += inside(b.wakeup_ns, b.end_ns)
-        elif b.kind == BlankKind.THROTTLED:
-            cut = b.start_ns + b.throttled_part_ns
-            out["throttled"] += inside(b.start_ns, cut)
-            out["preempted"] += inside(cut, b.end_ns)
         elif b.kind == BlankKind.PREEMPTED and b.duration_ns:
             part = inside(b.start_ns, b.end_ns)
             irq = b.irq_ns * part / b.duration_ns  # IRQ time spread evenly over the wait

@@ -47,13 +47,22 @@ def steal_split(blanks: Iterable[Blank], unit_ns: float = 1.0) -> dict[Cause, fl
     the IRQ time of its pCPU meanwhile as ``irq``, for each vCPU of the same VM the time it held the
     pCPU, and the rest as ``outside`` (other VMs, host tasks).  A throttled blank is ``throttled`` for as
     long as the kernel kept its group throttled, ``outside`` for the wait after that; VMM-blocked blanks
-    count whole.  Causes appear in the order blanks first show them: that is the order of the guest
+    count whole.  A halted or blocked vCPU woken into a throttled group (it slept as the quota ran out)
+    is idle or blocked until the wake-up, ``throttled`` while the group stayed so, then ``wakeup`` or
+    ``outside``.  Causes appear in the order blanks first show them: that is the order of the guest
     profile's rows.
     """
     out: dict[Cause, float] = defaultdict(float)
     for b in blanks:
         n = b.duration_ns / unit_ns
-        if b.kind == BlankKind.IDLE:
+        if b.throttled_wakeup_ns is not None:  # slept, woken into a throttled group: throttled, then a pCPU wait
+            slept = (b.throttled_wakeup_ns - b.start_ns) / unit_ns
+            thr = b.throttled_wait_ns / unit_ns
+            out[IDLE_CAUSE if b.kind == BlankKind.IDLE else BLOCKED_CAUSE] += slept
+            out[THROTTLED_CAUSE] += thr
+            if n > slept + thr:
+                out[WAKEUP_CAUSE if b.kind == BlankKind.IDLE else OUTSIDE_CAUSE] += n - slept - thr
+        elif b.kind == BlankKind.IDLE:
             woken = b.wakeup_wait_ns / unit_ns
             out[IDLE_CAUSE] += n - woken
             if woken:

@@ -110,12 +110,22 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
                 args["exit_reason"] = exit_category(an.backend, b.exit_reason)
                 args["exit_name"] = exit_name(an.backend, b.exit_reason)
             # (args are the same for every slice of one name: speedscope keys frames by name and args)
-            w = int(_us(b.wakeup_ns, t0)) if b.wakeup_ns is not None else z
-            if a < w:
-                events.append(_slice(name, cat, pid, tid, a, w, args))
-            if w < z:  # woken from its halt, waiting for its pCPU
-                events.append(_slice("[steal] wakeup", CAT_STEAL, pid, tid, w, z,
-                                     {"kind": "wakeup", "holder": "unknown", "vcpu": tl.vcpu}))
+            # pieces of the segment: until the wake-up; after a wake-up into a throttled group, throttled while
+            # the kernel kept it so; then waiting for its pCPU ("wakeup" after a halt)
+            thr = b.throttled_interval() if b.throttled_wakeup_ns is not None else None
+            if thr is not None:
+                w, tz = int(_us(thr[0], t0)), int(_us(thr[1], t0))
+            else:
+                w = tz = int(_us(b.wakeup_ns, t0)) if b.wakeup_ns is not None else z
+            if b.kind == BlankKind.IDLE:
+                wait = ("[steal] wakeup", {"kind": "wakeup", "holder": "unknown", "vcpu": tl.vcpu})
+            else:
+                wait = ("[steal] pCPU wait", {"kind": BlankKind.PREEMPTED, "holder": "unknown", "vcpu": tl.vcpu})
+            throttled = ("[steal] throttled", {"kind": BlankKind.THROTTLED, "holder": "unknown", "vcpu": tl.vcpu})
+            for lo, hi, (n, ar), c in ((a, min(w, z), (name, args), cat), (max(a, w), min(tz, z), throttled, CAT_STEAL),
+                                       (max(a, tz), z, wait, CAT_STEAL)):
+                if lo < hi:
+                    events.append(_slice(n, c, pid, tid, lo, hi, ar))
     return events
 
 
