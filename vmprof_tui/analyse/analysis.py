@@ -162,6 +162,15 @@ class Profile:
                 "rows": [r.to_json(total) for r in self.shown_rows], "notes": self.notes}
 
 
+def _first_inside(blanks: list[Blank], times: np.ndarray) -> list[int | None]:
+    """Per blank (in time order), the first of the sorted `times` inside it, or None."""
+    if not blanks or not len(times):
+        return [None] * len(blanks)
+    k = np.searchsorted(times, np.array([b.start_ns for b in blanks], np.int64))
+    return [int(times[i]) if i < len(times) and times[i] <= b.end_ns else None
+            for b, i in zip(blanks, k.tolist(), strict=True)]
+
+
 @dataclass
 class Blank:
     """An interval in which a vCPU was not on a CPU."""
@@ -598,21 +607,15 @@ class Analysis:
         idle = [b for b in tl.blanks if b.kind == BlankKind.IDLE]
         wakeups = mine[kind == SCHED_WAKEUP]
         wake_t = wakeups["time_ns"].astype(np.int64)
-        if idle and len(wake_t):
-            starts = np.array([b.start_ns for b in idle], np.int64)
-            i = np.searchsorted(wake_t, starts)
-            for b, k in zip(idle, i.tolist(), strict=True):
-                if k < len(wake_t) and wake_t[k] <= b.end_ns:
-                    b.wakeup_ns = int(wake_t[k])
+        for b, t in zip(idle, _first_inside(idle, wake_t), strict=True):
+            if t is not None:
+                b.wakeup_ns = t
         # wake-ups into a throttled group, in blanks that began with a sleep (halted, or blocked in the VMM)
-        thr_t = wake_t[(wakeups["flags"] & SCHED_PREV_THROTTLED) != 0]
         slept = [b for b in tl.blanks if b.kind in (BlankKind.IDLE, BlankKind.BLOCKED)]
-        if slept and len(thr_t):
-            starts = np.array([b.start_ns for b in slept], np.int64)
-            i = np.searchsorted(thr_t, starts)
-            for b, k in zip(slept, i.tolist(), strict=True):
-                if k < len(thr_t) and thr_t[k] <= b.end_ns:
-                    b.throttled_wakeup_ns = int(thr_t[k])
+        thr_t = wake_t[(wakeups["flags"] & SCHED_PREV_THROTTLED) != 0]
+        for b, t in zip(slept, _first_inside(slept, thr_t), strict=True):
+            if t is not None:
+                b.throttled_wakeup_ns = t
         # the kernel's throttled time, recorded as the thread took a CPU again: for the blank that ends there
         ends = mine[kind == SCHED_THROTTLE_END]
         if len(ends) and tl.blanks:
