@@ -222,7 +222,7 @@ def test_chrome_trace(twoprocs: tuple[Recorded, Analysis]) -> None:
     guest = [e for e in slices if e["cat"] == "guest" and e["pid"] == vm_pid]
     assert any(e["args"]["function"] == "compute_a" and "compute_a" in e["name"] for e in guest)
     assert {e["args"]["process"] for e in guest} >= {"compute(1)", "compute(2)"}
-    vm_guest_samples = int(np.count_nonzero(an.is_guest & (an.vm_of == VM)))
+    vm_guest_samples = int(np.count_nonzero(an.is_guest & (an.vm_name_of_code[an.vm_code] == VM)))
     assert len(guest) < vm_guest_samples, "consecutive samples are merged"
     # speedscope keys a frame by name and args: one args per name on a track, or it cannot add slices up
     args_of: dict[tuple[int, str], set[str]] = defaultdict(set)

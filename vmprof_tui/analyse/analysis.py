@@ -108,7 +108,7 @@ def task_name(comm: bytes) -> str:
     return comm.split(b"\0", 1)[0].decode(errors="replace")
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     """One line of a profile.  `kind` says what it counts; function and module are only what users read
     (exports keep their keys: the kind is not written out)."""
@@ -353,7 +353,6 @@ class Analysis:
         self.resolver.objects.add_tables(rec.object_tables)
         self.notes += self.resolver.load_guests(self.vm_by_pid.values(), guest_bundles or {}, rec.bundles)
         self._resolve()
-        self._encode_keys()
 
     @functools.cached_property
     def timelines(self) -> dict[int, VcpuTimeline]:
@@ -370,11 +369,14 @@ class Analysis:
                     self.vcpu_of_tid[int(tid)] = (int(vm["pid"]), int(vcpu))
         s = self.samples
         # Only a thread in KVM_RUN runs guest code: VMM threads that load a vCPU for an ioctl are not vCPUs.
-        vcpu_samples = s[(s["flags"] & SAMPLE_GUEST) != 0]
-        if len(vcpu_samples):
+        guest = (s["flags"] & SAMPLE_GUEST) != 0
+        if guest.any():
             # one int per (pid, tid, vcpu): pid and tid fit in 22 bits, vCPU ids in 16
-            packed = (vcpu_samples["pid"].astype(np.int64) << 38 | vcpu_samples["tid"].astype(np.int64) << 16
-                      | vcpu_samples["vcpu_id"])
+            packed = (s["pid"][guest].astype(np.int64) << 38 | s["tid"][guest].astype(np.int64) << 16
+                      | s["vcpu_id"][guest])
+            known = np.fromiter((pid << 38 | tid << 16 | vcpu for tid, (pid, vcpu) in self.vcpu_of_tid.items()),
+                                np.int64, len(self.vcpu_of_tid))
+            packed = packed[~_member(packed, known)]  # the VM list names nearly all: one sort of the rest
             for p in np.unique(packed).tolist():
                 pid, tid, vcpu = p >> 38, (p >> 16) & 0x3FFFFF, p & 0xFFFF
                 self.vcpu_of_tid[tid] = (pid, vcpu)
@@ -390,8 +392,10 @@ class Analysis:
         at = np.searchsorted(vmm_pids, s["pid"]).clip(0, max(len(vmm_pids) - 1, 0))
         is_vmm = vmm_pids[at] == s["pid"] if len(vmm_pids) else np.zeros(len(s), bool)
         names = [self.vm_by_pid[p] for p in vmm_pids.tolist()]
-        self.vm_code = np.where(is_vmm, np.array([self.vm_index[n] for n in names] + [0], np.int64)[at], 0)
-        self.vm_of = np.where(is_vmm, np.array([*names, ""], dtype=object)[at], "")  # "" for none
+        self.vm_code = np.where(is_vmm, np.array([self.vm_index[n] for n in names] + [0], np.int32)[at], 0)
+        self.vm_name_of_code = np.full(max(self.vm_index.values(), default=0) + 1, "", object)  # 0: no VM
+        for name, code in self.vm_index.items():
+            self.vm_name_of_code[code] = name
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
         self.is_guest = guest
@@ -399,26 +403,27 @@ class Analysis:
         if g is None:
             g = self.resolver.resolve(s, self.rec.processes(), self.vm_by_pid, self.rec.kallsyms(), self.notes)
         self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
-        self.name_code, self.proc_code = g.name_code, g.proc_code
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
         self.in_vm = guest | _member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
+        self._encode_keys(g)
 
-    def _encode_keys(self) -> None:
+    def _encode_keys(self, g: Resolved) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
         grouping without Python loops."""
         def dense(code: np.ndarray) -> np.ndarray:
             """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""
-            key = self.vm_code * (int(code.max()) + 1 if len(code) else 1) + code
+            key = self.vm_code.astype(np.int64) * (int(code.max()) + 1 if len(code) else 1) + code
             size = int(key.max()) + 1 if len(key) else 0
             if size > 4 * len(key) + 4096:
-                return np.unique(key, return_inverse=True)[1].reshape(-1)
+                return np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int32)
             present = np.zeros(size, bool)
             present[key] = True
-            return (np.cumsum(present) - 1)[key]
-        self.proc_key = dense(self.proc_code)
-        self.key = dense(self.name_code)
+            return (np.cumsum(present, dtype=np.int32) - 1)[key]
+        # int32: these and the other per-sample arrays are most of a large report's memory
+        self.proc_key = dense(g.proc_code)
+        self.key = dense(g.name_code)
 
     # -- timelines -------------------------------------------------------------------
     @property
@@ -721,7 +726,7 @@ class Analysis:
         """The names of sample i as a Row of `samples`."""
         pid = int(self.proc_pid[i])
         return Row(samples, str(self.func[i]), str(self.module[i]), str(self.process[i]) or None,
-                   pid if pid >= 0 else None, self.vm_of[i] or None,
+                   pid if pid >= 0 else None, self.vm_name_of_code[self.vm_code[i]] or None,
                    RowKind.UNKNOWN if self.unresolved[i] else RowKind.FUNCTION)
 
     def aggregate(self, sel: np.ndarray) -> list[Row]:
@@ -732,11 +737,12 @@ class Analysis:
         at = idx[first]
         pids = self.proc_pid[at]
         kinds = np.where(self.unresolved[at], 1, 0)
+        vms = self.vm_name_of_code[self.vm_code[at]]
         kind_of = (RowKind.FUNCTION, RowKind.UNKNOWN)
         return [Row(c, str(f), str(m), str(p) or None, pid if pid >= 0 else None, vm or None, kind_of[k])
                 for c, f, m, p, pid, vm, k in zip(counts.astype(float).tolist(), self.func[at].tolist(),
                                                    self.module[at].tolist(), self.process[at].tolist(),
-                                                   pids.tolist(), self.vm_of[at].tolist(), kinds.tolist(),
+                                                   pids.tolist(), vms.tolist(), kinds.tolist(),
                                                    strict=True)]
 
     def cpu_idle_ns(self) -> dict[int, int]:

@@ -128,9 +128,9 @@ class CallGraph:
         an = self.an
         process = str(an.process[i]) or "?"
         if level == "guest":
-            return (an.vm_of[i] or "vm", process)
+            return (an.vm_name_of_code[an.vm_code[i]] or "vm", process)
         if an.in_vm[i]:
-            vm = f"[{an.vm_of[i]}]"
+            vm = f"[{an.vm_name_of_code[an.vm_code[i]]}]"
             return (vm, process) if an.is_guest[i] else (vm, f"{process} (host)")
         return (process,)
 

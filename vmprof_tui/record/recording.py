@@ -432,6 +432,9 @@ def load(path: Path) -> Recording:
     rec.meta = meta
     if tables[SAMPLES]:
         rec.samples = _join(tables[SAMPLES])
+        t = rec.samples["time_ns"]
+        if not np.all(t[1:] >= t[:-1]):  # chunks come per flush: in time order here, not one copy per analysis
+            rec.samples = rec.samples[np.argsort(t, kind="stable")]
     if tables[SCHED]:
         rec.sched = _join(tables[SCHED])
     if lbr_parts:

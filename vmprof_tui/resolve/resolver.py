@@ -264,8 +264,8 @@ class _Groups:
 
     def __init__(self, n: int) -> None:
         self.process = np.zeros(n, np.int32)  # string ids; 0 is "" (StringTable)
-        self.pid = np.full(n, -1, np.int64)
-        self.slot = np.zeros(n, np.int64)  # which distinct (process, pid)
+        self.pid = np.full(n, -1, np.int32)
+        self.slot = np.zeros(n, np.int32)  # which distinct (process, pid)
         self.slots: dict[tuple[str, int], int] = {}
         self.first: list[int] = []  # first sample of each slot
 

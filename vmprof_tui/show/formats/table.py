@@ -60,29 +60,30 @@ def render_profile(profile: Profile, sort: str = "samples", limit: int | None = 
     cols = cols or width()
     rows = sort_rows(profile.shown_rows, sort)[:limit]
     total = profile.total_samples or 1.0
-    cells = [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}", process_name(r) or "", r.module,
-              demangle(r.function)) for r in rows]
+    cells = [("Samples", "%Ratio", "Process", "Module", "Function")]
+    cells += [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}", process_name(r) or "", r.module,
+               demangle(r.function)) for r in rows]
     # every column as wide as its longest cell (process and module capped); the function takes what is left
-    columns = list(zip(("Samples", "%Ratio", "Process", "Module", "Function"), *cells, strict=True))
-    lengths = [[len(t) if t.isascii() else cell_len(t) for t in texts] for texts in columns]
-    widths = [min(cap, max(n)) for cap, n in zip((9, 8, 24, 28), lengths, strict=False)]
-    widths.append(min(max(16, cols - sum(w + 2 for w in widths) - 2), max(lengths[4])))
-    fitted = [_fit(*args, right=i < 2) for i, args in enumerate(zip(columns, lengths, widths, strict=True))]
-    body = ["  ".join(row).rstrip() for row in zip(*fitted, strict=True)]
+    longest = [max(map(_cell_len, column)) for column in zip(*cells, strict=True)]
+    widths = [min(cap, n) for cap, n in zip((9, 8, 24, 28), longest, strict=False)]
+    widths.append(min(max(16, cols - sum(w + 2 for w in widths) - 2), longest[4]))
+    # a line at a time: 260,000 rows held as cells, then as lines, rather than also as fitted columns
+    body = ["  ".join([_fit(t, w, i < 2) for i, (t, w) in enumerate(zip(row, widths, strict=True))]).rstrip()
+            for row in cells]
     return "\n".join(header(profile, cols) + body) + "\n"
 
 
-def _fit(texts: tuple[str, ...], lengths: list[int], w: int, right: bool) -> list[str]:
-    """Each text (of `lengths` cells) in exactly `w` cells: padded on the left if `right`, else on the right, or
-    cut to w-1 cells and an ellipsis."""
-    out = []
-    for t, n in zip(texts, lengths, strict=True):
-        if n > w:
-            t = set_cell_size(t, w - 1) + "…"
-        elif n < w:
-            t = " " * (w - n) + t if right else t + " " * (w - n)
-        out.append(t)
-    return out
+def _cell_len(text: str) -> int:
+    return len(text) if text.isascii() else cell_len(text)
+
+
+def _fit(text: str, w: int, right: bool) -> str:
+    """text in exactly `w` cells: padded on the left if `right`, else on the right, or cut to w-1 cells and an
+    ellipsis."""
+    n = _cell_len(text)
+    if n > w:
+        return set_cell_size(text, w - 1) + "…"
+    return " " * (w - n) + text if right else text + " " * (w - n)
 
 
 def render(inp: ReportInput) -> str:
