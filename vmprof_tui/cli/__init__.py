@@ -6,8 +6,6 @@ Exit codes: 0 success, 1 runtime failure (one line on stderr), 2 bad usage.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import importlib
 import os
 import sys
@@ -46,16 +44,7 @@ def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict
     return parser, commands
 
 
-def return_freed_memory() -> None:
-    """glibc serves blocks under its mmap threshold from the heap and raises that threshold (to 32 MiB) after a
-    large block is freed: a recording's per-chunk tables then stay in RSS once freed (260 of the 1,200 MB of a
-    3.84M-sample report).  A fixed 1 MiB threshold gives every large array back to the system when freed."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator, its behaviour
-        ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD; fixing it also stops the raising
-
-
 def main(argv: list[str] | None = None) -> int:
-    return_freed_memory()
     argv = sys.argv[1:] if argv is None else argv
     parser, commands = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args, extra = parser.parse_known_args(argv)

@@ -103,9 +103,14 @@ class StringTable:
         return i
 
     def ids(self, names: np.ndarray, index: np.ndarray) -> np.ndarray:
-        """The ids of names[index], interning only the distinct names the index hits."""
-        uniq, inverse = np.unique(index, return_inverse=True)
-        return np.array([self.intern(x) for x in names[uniq].tolist()], np.int32)[inverse.reshape(-1)]
+        """The ids of names[index] (index -1: the last name), interning only the distinct names the index hits:
+        through a table as long as `names` (a symbol table), not a sort of the index (millions of samples)."""
+        hit = np.zeros(len(names), bool)
+        hit[index] = True
+        used = np.flatnonzero(hit)
+        table = np.zeros(len(names), np.int32)
+        table[used] = [self.intern(x) for x in names[used].tolist()]
+        return table[index]
 
     def array(self) -> np.ndarray:
         """All strings as an object array, index = id."""
