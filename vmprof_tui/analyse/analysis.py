@@ -925,9 +925,10 @@ class Analysis:
             same = keys[before] == keys[before + 1]
             np.add.at(steal[0], keys[before][same], ns_per_sample)
             uniq, first, counts = first_and_counts(keys, len(steal[0]))
-            for k, f, c in zip(uniq.tolist(), first.tolist(), counts.tolist(), strict=True):
-                row = self.row(int(sel[f]), c)
-                out.append(Attribution(row.process or "", row.function if per_function else "",
-                                       row.module if per_function else "", tl.vcpu, c, c * ns_per_sample,
-                                       float(steal[0, k]), float(steal[1, k])))
+            at = sel[first]  # the names of each group's first sample, as row() gives them
+            funcs = self.func[at].tolist() if per_function else [""] * len(at)
+            modules = self.module[at].tolist() if per_function else [""] * len(at)
+            out += [Attribution(p, f, m, tl.vcpu, c, c * ns_per_sample, s0, s1)
+                    for p, f, m, c, s0, s1 in zip(self.process[at].tolist(), funcs, modules, counts.tolist(),
+                                                  steal[0, uniq].tolist(), steal[1, uniq].tolist(), strict=True)]
         return sorted(out, key=lambda a: -a.apparent_ns)
