@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import Analysis, first_and_counts
 from vmprof_tui.analyse.window import ReplayWindow, _window_recording
 from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.elf import read_elf_symbols
-from vmprof_tui.resolve.resolver import NameCodes, Resolver
+from vmprof_tui.resolve.resolver import NameCodes, Resolver, StringTable
 from vmprof_tui.resolve.symtab import parse_kallsyms
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -31,6 +31,20 @@ def test_name_codes_number_names_as_a_walk_over_the_samples_would() -> None:
         got = codes.encode(proc, func, module)
         want = [walk.setdefault(k, len(walk)) for k in zip(proc.tolist(), func.tolist(), module.tolist(), strict=True)]
         assert got.tolist() == want
+
+
+def test_grouping_by_counting_gives_what_sorting_gave() -> None:
+    rng = np.random.default_rng(3)
+    for size, keys in ((5000, 40), (3, 1000), (0, 1)):
+        k = rng.integers(0, keys, size).astype(np.int32)
+        got = first_and_counts(k, keys)
+        want = np.unique(k, return_index=True, return_counts=True)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    names = np.array(["f", "g", "h", "[unknown]"], dtype=object)
+    strings = StringTable()
+    ids = strings.ids(names, np.array([2, -1, 2, 0, -1]))  # -1: the last name, as symbol lookups give it
+    assert [strings.strings[i] for i in ids.tolist()] == ["h", "[unknown]", "h", "f", "[unknown]"]
+    assert "g" not in strings.strings  # only the names hit are interned
 
 
 @pytest.fixture
