@@ -128,9 +128,9 @@ class VcpuStats:
     start_ns: int = 0
     end_ns: int = 0
     kvm_run_ns: int = 0  # in KVM_RUN with a guest process running
-    halt_ns: int = 0  # in KVM_RUN halted (no runnable process) = pure_halt_ns + wakeup_wait_ns
-    pure_halt_ns: int = 0  # halted until the wake-up timer fired
-    wakeup_wait_ns: int = 0  # from the timer firing until KVM_RUN returned (waiting for the pCPU)
+    halt_ns: int = 0  # in KVM_RUN halted (no runnable process): asleep, waiting for the pCPU, or on it
+    pure_halt_ns: int = 0  # of halt_ns, asleep: not on the CPU and not runnable (the kernel's own counts)
+    wakeup_wait_ns: int = 0  # of halt_ns, runnable after the wake-up timer fired, waiting for the pCPU
     wake_at_ns: int = 0  # when the armed wake-up timer fires (0: none armed)
     exits: dict[str, int] = field(default_factory=dict)
 
@@ -243,6 +243,7 @@ class VcpuThread(threading.Thread):
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {TICK_SIGNAL})
         self.vcpu.set_signal_mask(set(blocked) - {TICK_SIGNAL})
         self.timer = ThreadTimer(tid)
+        self._schedstat = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._loop()
         except Exception as e:  # noqa: BLE001 - reported to the runner, never a traceback
@@ -252,6 +253,7 @@ class VcpuThread(threading.Thread):
             if self.vm.quota is not None:  # the group's throttled time then ends with the vCPU's life
                 self.vm.quota.release_thread(tid)
             self.timer.delete()
+            os.close(self._schedstat)
             self.sched = schedstat("self", tid)
             self.kvm_stats = {k: v for k, v in self.vcpu.stats().items() if k.startswith("halt_")}
 
@@ -266,15 +268,21 @@ class VcpuThread(threading.Thread):
         exits = self.stats.exits
         while not self.vm.stopping:
             proc = self.current
+            q0 = self._run_delay_ns() if proc is None else 0
             t0, c0 = time.monotonic_ns(), time.thread_time_ns()
             completed = self.vcpu.run()
             t1, c1 = time.monotonic_ns(), time.thread_time_ns()
             if proc is None:
-                self.stats.halt_ns += t1 - t0
+                # A halted KVM_RUN is on the CPU (entering, KVM's halt handling and polling, returning), asleep,
+                # and runnable but waiting for the pCPU: the wall time minus the thread's CPU time and its
+                # run-queue wait (schedstat) is exactly the time asleep; the wait after the timer fired is
+                # the wake-up wait.
+                waited = self._run_delay_ns() - q0
                 wake = self.stats.wake_at_ns
                 woken = t1 - wake if t0 <= wake <= t1 else 0  # else stopped, or woken by something else
-                self.stats.pure_halt_ns += t1 - t0 - woken
-                self.stats.wakeup_wait_ns += woken
+                self.stats.halt_ns += t1 - t0
+                self.stats.pure_halt_ns += max(0, t1 - t0 - (c1 - c0) - waited)
+                self.stats.wakeup_wait_ns += min(waited, woken)
             else:
                 proc.run_ns += t1 - t0
                 proc.cpu_ns += c1 - c0
@@ -294,6 +302,10 @@ class VcpuThread(threading.Thread):
                 return
             if self.done:
                 return
+
+    def _run_delay_ns(self) -> int:
+        """This thread's run-queue wait so far (schedstat's second field; one pread of a file kept open)."""
+        return int(os.pread(self._schedstat, 128, 0).split()[1])
 
     def _doorbell(self, proc: GuestProcess, now: int) -> bool:
         """Handle a doorbell store.  False if the exit was not a doorbell write."""
