@@ -219,6 +219,10 @@ class Blank:
         ns = self.end_ns - w if self.throttled_ns is None else min(self.throttled_ns, self.end_ns - w)
         return w, w + ns
 
+    def throttled_after_wakeup(self) -> tuple[int, int] | None:
+        """throttled_interval of a blank woken into a throttled group; None for any other."""
+        return self.throttled_interval() if self.throttled_wakeup_ns is not None else None
+
     @property
     def throttled_wait_ns(self) -> int:
         """Of the blank, the time spent waiting for its group's quota."""
@@ -230,7 +234,7 @@ class Blank:
         """IDLE: from the wake-up until it ran, less a throttled wait (the rest is waiting for its pCPU)."""
         if self.wakeup_ns is None:
             return 0
-        return self.end_ns - self.wakeup_ns - (self.throttled_wait_ns if self.throttled_wakeup_ns is not None else 0)
+        return self.end_ns - self.wakeup_ns - self.throttled_wait_ns
 
     @property
     def duration_ns(self) -> int:
@@ -358,6 +362,7 @@ class Analysis:
         self.vm_by_pid: dict[int, str] = {}
         self.vm_index: dict[str, int] = {}
         self.vcpu_of_tid: dict[int, tuple[int, int]] = {}  # tid -> (vmm pid, vcpu id)
+        self.is_guest = (self.samples["flags"] & SAMPLE_GUEST) != 0  # the samples that interrupted a guest
         self._learn_vms()
         self.resolver = resolver or Resolver()
         self.resolver.objects.add_tables(rec.object_tables)
@@ -379,7 +384,7 @@ class Analysis:
                     self.vcpu_of_tid[int(tid)] = (int(vm["pid"]), int(vcpu))
         s = self.samples
         # Only a thread in KVM_RUN runs guest code: VMM threads that load a vCPU for an ioctl are not vCPUs.
-        guest = (s["flags"] & SAMPLE_GUEST) != 0
+        guest = self.is_guest
         if guest.any():
             # one int per (pid, tid, vcpu): pid and tid fit in 22 bits, vCPU ids in 16
             packed = (s["pid"][guest].astype(np.int64) << 38 | s["tid"][guest].astype(np.int64) << 16
@@ -406,9 +411,7 @@ class Analysis:
         self.vm_name_of_code = np.full(max(self.vm_index.values(), default=0) + 1, "", object)  # 0: no VM
         for name, code in self.vm_index.items():
             self.vm_name_of_code[code] = name
-        flags = s["flags"]
-        guest = (flags & SAMPLE_GUEST) != 0
-        self.is_guest = guest
+        guest = self.is_guest
         g = self._given
         if g is None:
             g = self.resolver.resolve(s, self.rec.processes(), self.vm_by_pid, self.rec.kallsyms(), self.notes)
@@ -696,11 +699,8 @@ class Analysis:
             b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
             if 0 < b.duration_ns < full:  # IRQ time is known for the whole wait only: its share in the range
                 b.irq_ns = b.irq_ns * b.duration_ns // full
-            if b.wakeup_ns is not None:
-                b.wakeup_ns = None if b.wakeup_ns >= b.end_ns else max(b.wakeup_ns, b.start_ns)
-            if b.throttled_wakeup_ns is not None:
-                b.throttled_wakeup_ns = None if b.throttled_wakeup_ns >= b.end_ns else max(b.throttled_wakeup_ns,
-                                                                                           b.start_ns)
+            b.wakeup_ns, b.throttled_wakeup_ns = (None if t is None or t >= b.end_ns else max(t, b.start_ns)
+                                                  for t in (b.wakeup_ns, b.throttled_wakeup_ns))
             if b.end_ns > b.start_ns:
                 blanks.append(b)
         tl.blanks = blanks

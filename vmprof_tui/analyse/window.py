@@ -168,7 +168,7 @@ class ReplayWindow:
         self.t0 = int(min(t.min() for t in times)) if times else 0
         self.t_end = int(max(t.max() for t in times)) if times else 0
         self.now = self.t0
-        self.samples = np.sort(self.rec.samples, order="time_ns")
+        self.samples = _time_ordered(self.rec.samples)  # load gives them in time order already
         self.sched = np.sort(self.rec.sched, order="time_ns")
         self.stacks = None if self.rec.stacks is None else np.sort(self.rec.stacks, order="time_ns")
         self.meta = self.rec.meta

@@ -621,8 +621,8 @@ class TimelineScreen(VmKeys, DrawingScreen):
                     if seg.blank is not None and seg.blank.wakeup_ns is not None:  # woken, waiting for its pCPU
                         wake = min(int((seg.blank.wakeup_ns - w0) * width // span), hi - 1)
                         strip[wake:hi] = self.WAKEUP_STATE
-                    thr = seg.blank.throttled_interval() if seg.blank is not None else None
-                    if thr and seg.blank.kind != BlankKind.THROTTLED and thr[0] < seg.end_ns and thr[1] > seg.start_ns:
+                    thr = seg.blank.throttled_after_wakeup() if seg.blank is not None else None
+                    if thr and thr[0] < seg.end_ns and thr[1] > seg.start_ns:
                         a = min(max(int((thr[0] - w0) * width // span), lo), hi - 1)  # woken into a throttled group
                         strip[a:min(max(int((thr[1] - w0) * width // span), a + 1), hi)] = self.BLANK_STATES[
                             BlankKind.THROTTLED]

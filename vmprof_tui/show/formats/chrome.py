@@ -112,7 +112,7 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
             # (args are the same for every slice of one name: speedscope keys frames by name and args)
             # pieces of the segment: until the wake-up; after a wake-up into a throttled group, throttled while
             # the kernel kept it so; then waiting for its pCPU ("wakeup" after a halt)
-            thr = b.throttled_interval() if b.throttled_wakeup_ns is not None else None
+            thr = b.throttled_after_wakeup()
             if thr is not None:
                 w, tz = int(_us(thr[0], t0)), int(_us(thr[1], t0))
             else:
