@@ -84,7 +84,7 @@ def test_two_procs_shares(tmp_path: Path) -> None:
 
 def test_steal3(tmp_path: Path) -> None:
     # 10 kHz: a share of the host's samples has a sampling error of about 0.9 points at 3000 samples on the
-    # pCPU, 0.3 points at 30000, and the comparison below allows 1 point
+    # pCPU, 0.3 points at 30000, and the comparison of the host's samples with the exact type-1 steal allows 1 point
     r = record_scenario(tmp_path, "steal3", 3.0, frequency=10000)
     an = Analysis(r.rec)
     # the host level over the span in which all three VMs ran, on their shared pCPU
@@ -98,12 +98,19 @@ def test_steal3(tmp_path: Path) -> None:
         # truth: the share of the vCPU's life in which its guest did not run (it never halts here)
         want = 100 * (1 - t["processes"][0]["cpu_ns"] / v["wall_ns"])
         got = an.guest_profile(name).ratios["steal"]
-        steal_in_span = in_span.guest_profile(name).ratios["steal"]
+        g = in_span.guest_profile(name)
+        # type 1 (the vCPU waited while others held the pCPU); type 2 (its VMM at work) is the VM's own host row
+        type1 = 100 * sum(x.samples for x in g.rows if x.kind.steal_type == 1) / g.total_samples
+        # the host level's view of the same thing: whatever held the pCPU while this VM's vCPU thread did not
+        not_mine = 100 - share(host, function=f"[{name}]")
         others = sum(share(host, function=f"[{o}]") for o in r.truth if o != name)
         print(f"{name}: guest steal {got:.1f}% (truth {want:.1f}%); while all three ran: steal "
-              f"{steal_in_span:.1f}%, host share of the other two VMs {others:.1f}%")
+              f"{g.ratios['steal']:.2f}%, of it type 1 {type1:.2f}%; host share of all but this VM {not_mine:.2f}%, "
+              f"of the other two VMs {others:.2f}%")
         assert abs(got - want) <= 3
-        assert abs(others - steal_in_span) <= 1
+        assert abs(not_mine - type1) <= 1
+        # the other two VMs held nearly all of it; host tasks on a busy CI machine hold the rest
+        assert others >= 0.95 * type1
         assert share(an.guest_profile(name), function="[steal]", module="(outside)") > 50
 
 

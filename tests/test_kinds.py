@@ -55,7 +55,7 @@ def test_steal_split_is_what_the_profile_and_the_steal_table_show(an: Analysis) 
                                                 / 1e9)
             g = an.guest_profile(vm, v["vcpu"])
             type1 = sum(r.samples for r in g.rows if r.kind.steal_type == 1)
-            assert type1 == pytest.approx(steal_of_type(split, 1) / an.period_ns)
+            assert type1 == pytest.approx(steal_of_type(split, 1) / an.sample_ns(tl))
 
 
 def test_segments_tile_each_vcpu(an: Analysis) -> None:

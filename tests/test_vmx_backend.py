@@ -123,4 +123,5 @@ def test_vmx_without_helper_is_reported_not_dropped(tmp_path: Path) -> None:
     assert abs(idle - 1000) <= 2  # the halt between the two sched events, in samples at 1 kHz
     rep = steal_report(an, "web1")
     by_exit = rep["vcpus"][0]["type2_by_exit_s"]
-    assert by_exit == pytest.approx({"io": 0.05, "ept": 0.05})
+    # 50 samples each, at the vCPU's measured rate (3000 samples in 2999 ms on the CPU)
+    assert by_exit == pytest.approx({"io": 0.05, "ept": 0.05}, rel=1e-3)

@@ -20,6 +20,7 @@ then
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
-from vmprof_tui.analyse.timeline import IDLE_CAUSE, steal_split
+from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_split
 from vmprof_tui.collect import backends
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
@@ -71,6 +72,7 @@ def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndar
     """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one sort."""
     return dict(group_by(keys, np.nonzero(_member(keys, wanted))[0]))
 
+MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
 
 
@@ -830,6 +832,18 @@ class Analysis:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
         return self._thread_samples.get(tl.pid << 32 | tl.tid, np.empty(0, np.int64))
 
+    def sample_ns(self, tl: VcpuTimeline) -> float:
+        """The on-CPU time one sample of a vCPU thread stands for: its exact on-CPU time over its samples.
+
+        Blank time is exact (sched events) and on-CPU time is sampled; priced at the nominal period the two
+        do not add up, because cpu-clock samples come late or alias with a guest's timer-driven cycle (on
+        these machines a vCPU got 3% fewer samples than its on-CPU time at 10 kHz, and 15% more or fewer in
+        a 30 ms halt cycle at 1 kHz).  Priced at this rate, a guest's run, idle and steal shares are its exact
+        times; samples only split the on-CPU time.  Too few samples to measure a rate: the nominal period.
+        """
+        n = len(self.thread_samples(tl))
+        return tl.on_cpu_ns / n if n >= MIN_SAMPLES_FOR_RATE and tl.on_cpu_ns > 0 else self.period_ns
+
     def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
         """The samples of one vCPU thread as a mask (made on each call: masks of many threads would take
         a byte per sample each)."""
@@ -855,7 +869,6 @@ class Analysis:
         rows = self.aggregate(real_guest)
         for row in rows:
             row.vm = vm
-        period = self.period_ns
         # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal), except
         # KVM polling a halted vCPU (neither guest work nor idle); the rest of KVM's halt handling is type 2
         vmm = sel & ~self.is_guest
@@ -864,8 +877,11 @@ class Analysis:
             idx = self.thread_samples(tl)
             polling[idx] &= _inside(s["time_ns"][idx], tl.poll_intervals)
         vmm_samples = float(np.count_nonzero(vmm & ~polling))
-        # virtual samples of the blanks, by cause (in the order the blanks show them)
-        virtual = steal_split((b for tl in tls for b in tl.blanks), period)
+        # virtual samples of the blanks, by cause (in the order the blanks show them), each vCPU's at its rate
+        virtual: dict[Cause, float] = defaultdict(float)
+        for tl in tls:
+            for cause, n in steal_split(tl.blanks, self.sample_ns(tl)).items():
+                virtual[cause] += n
         if vmm_samples:
             virtual[(RowKind.STEAL_VMM, None)] += vmm_samples
         if polling.any():
@@ -916,7 +932,7 @@ class Analysis:
                 np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
             # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
             # sampling interrupt that never came does not shorten anybody's time.
-            ns_per_sample = tl.on_cpu_ns / max(len(mine), 1)
+            ns_per_sample = self.sample_ns(tl)
             # the VMM/KVM at work (steal of type 2, on the CPU) between two of its samples is steal too
             vmm = mine[~self.is_guest[mine]]
             before = np.searchsorted(sel, vmm) - 1  # sample indices are in time order

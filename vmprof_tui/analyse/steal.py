@@ -64,12 +64,12 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     """Per vCPU of `vm`: guest, idle and steal time, type 1 by cause and by who held the pCPU, type 2 by
     exit reason, co-stop, halt polling, and the host's own run-queue wait beside vmprof's."""
     s = an.samples
-    period = an.period_ns
     in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
     polling = in_kvm & ((s["flags"] & SAMPLE_HALTED) != 0)  # KVM with the vCPU halted: halt polling
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
         thread = an.thread_mask(tl)
+        period = an.sample_ns(tl)  # so that guest time and type 2 add up to the exact on-CPU time
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)

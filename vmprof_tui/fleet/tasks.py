@@ -64,8 +64,9 @@ def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
     timelines = {tl.vcpu: tl for tl in an.vm_timelines(vm)}
     out = []
     for v in vcpu_steal(an, vm):
-        in_guest = an.thread_mask(timelines[v["vcpu"]]) & an.is_guest
-        guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.period_ns / 1e9
+        tl = timelines[v["vcpu"]]
+        in_guest = an.thread_mask(tl) & an.is_guest
+        guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.sample_ns(tl) / 1e9
         out.append({"vcpu": v["vcpu"], "guest_user": max(v["guest_s"] - guest_kernel_s, 0.0),
                     "guest_kernel": guest_kernel_s, "idle": v["idle_s"], "steal_type1": v["steal_type1_s"],
                     "steal_type2": v["steal_type2_s"], "type1_by_holder": v["type1_by_holder_s"],
@@ -96,14 +97,14 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     window_s = float(rec.end["duration_s"]) if rec.end else rec.duration_s
     start = datetime.fromtimestamp(float(rec.meta.get("start_unix_s", ref.start_unix_s)), UTC)
     base = {"host": ref.host, "window": ref.seq, "window_start": start, "window_s": window_s, "vm": vm}
-    period_s = an.period_ns / 1e9
     profile = []
     for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu):
+        sample_s = an.sample_ns(tl) / 1e9  # the guest profile's samples, real and virtual, at the vCPU's rate
         for r in an.guest_profile(vm, tl.vcpu).rows:
             if r.samples > 0:
                 profile.append({**base, "vcpu": tl.vcpu, "process": r.process, "pid": r.pid,
                                 "function": r.function, "module": r.module, "samples": float(r.samples),
-                                "seconds": float(r.samples) * period_s})
+                                "seconds": float(r.samples) * sample_s})
     states = []
     for v in vcpu_seconds(an, vm):
         for state in ("guest_user", "guest_kernel", "idle", "steal_type1", "steal_type2"):
