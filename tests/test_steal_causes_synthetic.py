@@ -169,6 +169,9 @@ def test_halt_polling(tmp_path: Path) -> None:
     v = vcpu_steal(an, "web")[0]
     assert v["halt_poll_s"] == pytest.approx(0.0003)
     assert (v["halts"], v["halts_ended_by_polling"]) == (2, 1)
+    # the guest level's [halt poll] row: the polled time, not samples (none of them caught KVM polling here)
+    (poll,) = [r for r in an.guest_profile("web").rows if r.kind is RowKind.HALT_POLL]
+    assert poll.samples == pytest.approx(0.3)
 
 
 def test_costop_counts_siblings_on_other_pcpus(tmp_path: Path) -> None:

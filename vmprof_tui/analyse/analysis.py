@@ -836,13 +836,34 @@ class Analysis:
         """The on-CPU time one sample of a vCPU thread stands for: its exact on-CPU time over its samples.
 
         Blank time is exact (sched events) and on-CPU time is sampled; priced at the nominal period the two
-        do not add up, because cpu-clock samples come late or alias with a guest's timer-driven cycle (on
-        these machines a vCPU got 3% fewer samples than its on-CPU time at 10 kHz, and 15% more or fewer in
-        a 30 ms halt cycle at 1 kHz).  Priced at this rate, a guest's run, idle and steal shares are its exact
-        times; samples only split the on-CPU time.  Too few samples to measure a rate: the nominal period.
+        do not add up, because a thread's cpu-clock samples stray from its on-CPU time (steal3 at 10 kHz:
+        one per 100.0-100.9 us) or alias with a guest's timer-driven cycle (a 30 ms halt cycle at 1 kHz:
+        +-15%).  Priced at this rate, a guest's run, idle, steal and halt-polling shares are its exact times;
+        samples only split the on-CPU time.  Too few samples to measure a rate: the nominal period.
         """
         n = len(self.thread_samples(tl))
-        return tl.on_cpu_ns / n if n >= MIN_SAMPLES_FOR_RATE and tl.on_cpu_ns > 0 else self.period_ns
+        on_cpu = tl.on_cpu_ns
+        if (poll_ns := self.exact_poll_ns(tl)) is not None:  # priced exactly too: the rate is of the rest
+            n -= int(np.count_nonzero(self.polling(tl)))
+            on_cpu -= poll_ns
+        return on_cpu / n if n >= MIN_SAMPLES_FOR_RATE and on_cpu > 0 else self.period_ns
+
+    def polling(self, tl: VcpuTimeline) -> np.ndarray:
+        """Which of a vCPU thread's samples (thread_samples order) caught KVM polling its halted vCPU: KVM
+        with the vCPU halted, and inside a stretch KVM polled when the recording has them."""
+        idx = self.thread_samples(tl)
+        flags = self.samples["flags"][idx]
+        out = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+        if tl.poll_intervals is not None:
+            out &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
+        return out
+
+    def exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
+        """How long KVM polled the vCPU's halts within its life here (None without kvm_vcpu_wakeup records)."""
+        if tl.poll_intervals is None:
+            return None
+        clipped = np.clip(tl.poll_intervals, tl.start_ns, tl.end_ns)
+        return int((clipped[:, 1] - clipped[:, 0]).sum())
 
     def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
         """The samples of one vCPU thread as a mask (made on each call: masks of many threads would take
@@ -872,20 +893,24 @@ class Analysis:
         # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal), except
         # KVM polling a halted vCPU (neither guest work nor idle); the rest of KVM's halt handling is type 2
         vmm = sel & ~self.is_guest
-        polling = vmm & ((s["flags"] & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
-        for tl in (tl for tl in tls if tl.poll_intervals is not None):
-            idx = self.thread_samples(tl)
-            polling[idx] &= _inside(s["time_ns"][idx], tl.poll_intervals)
-        vmm_samples = float(np.count_nonzero(vmm & ~polling))
-        # virtual samples of the blanks, by cause (in the order the blanks show them), each vCPU's at its rate
+        polling = np.zeros(len(s), bool)
+        # virtual samples of the blanks, by cause (in the order the blanks show them), each vCPU's at its rate;
+        # halt polling at its exact time where the recording has it (sampled, it aliases with a guest's timer)
         virtual: dict[Cause, float] = defaultdict(float)
+        poll = 0.0
         for tl in tls:
-            for cause, n in steal_split(tl.blanks, self.sample_ns(tl)).items():
+            unit = self.sample_ns(tl)
+            for cause, n in steal_split(tl.blanks, unit).items():
                 virtual[cause] += n
+            polled = self.polling(tl)
+            polling[self.thread_samples(tl)[polled]] = True
+            poll_ns = self.exact_poll_ns(tl)
+            poll += float(np.count_nonzero(polled)) if poll_ns is None else poll_ns / unit
+        vmm_samples = float(np.count_nonzero(vmm & ~polling))
         if vmm_samples:
             virtual[(RowKind.STEAL_VMM, None)] += vmm_samples
-        if polling.any():
-            virtual[(RowKind.HALT_POLL, None)] += float(np.count_nonzero(polling))
+        if poll:
+            virtual[(RowKind.HALT_POLL, None)] += poll
         for (kind, v), n in virtual.items():
             rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
         total = float(np.count_nonzero(real_guest)) + sum(virtual.values())

@@ -24,7 +24,7 @@ from vmprof_tui.analyse.timeline import (
     steal_of_type,
     steal_split,
 )
-from vmprof_tui.record.records import SAMPLE_HALTED, SAMPLE_VCPU
+from vmprof_tui.record.records import SAMPLE_VCPU
 
 
 def host_run_delay(an: Analysis, tl: VcpuTimeline) -> tuple[int, int, int] | None:
@@ -65,11 +65,12 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     exit reason, co-stop, halt polling, and the host's own run-queue wait beside vmprof's."""
     s = an.samples
     in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
-    polling = in_kvm & ((s["flags"] & SAMPLE_HALTED) != 0)  # KVM with the vCPU halted: halt polling
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
         thread = an.thread_mask(tl)
-        period = an.sample_ns(tl)  # so that guest time and type 2 add up to the exact on-CPU time
+        polling = np.zeros(len(s), bool)  # KVM polling the halted vCPU
+        polling[an.thread_samples(tl)[an.polling(tl)]] = True
+        period = an.sample_ns(tl)  # so that guest time, type 2 and polling add up to the exact on-CPU time
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)
@@ -96,7 +97,8 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
                   "irq": split.get(IRQ_CAUSE, 0.0)}
         causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
-        poll_samples = float(np.count_nonzero(thread & polling)) * period
+        exact_poll = an.exact_poll_ns(tl)
+        poll_ns = float(np.count_nonzero(polling)) * period if exact_poll is None else float(exact_poll)
         host = host_run_delay(an, tl)
         mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
         vcpus.append({
@@ -107,7 +109,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
                        "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall,
                        "steal_type2": 100 * type2 / wall,
                        **{f"steal_{k}": 100 * v / wall for k, v in causes.items()},
-                       "skew": 100 * tl.skew_ns / wall, "halt_poll": 100 * poll_samples / wall},
+                       "skew": 100 * tl.skew_ns / wall, "halt_poll": 100 * poll_ns / wall},
             "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
@@ -117,7 +119,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
             # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same
             "irq_while_running_s": tl.irq_running_ns / 1e9,
             # KVM polling halts (sched events: exact; samples: KVM with the vCPU halted)
-            "halt_poll_s": tl.halt_poll_ns / 1e9, "halts": tl.halts, "halts_ended_by_polling": tl.halt_polls_ok,
+            "halt_poll_s": poll_ns / 1e9, "halts": tl.halts, "halts_ended_by_polling": tl.halt_polls_ok,
             # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
             "host_reported_steal_s": type1 / 1e9,
             # the host's own count of that delay (schedstat) between the session's first and last reading of
