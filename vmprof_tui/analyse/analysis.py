@@ -843,23 +843,28 @@ class Analysis:
         """
         n = len(self.thread_samples(tl))
         on_cpu = tl.on_cpu_ns
-        if (poll_ns := self.exact_poll_ns(tl)) is not None:  # priced exactly too: the rate is of the rest
-            n -= int(np.count_nonzero(self.polling(tl)))
+        if (poll_ns := self._exact_poll_ns(tl)) is not None:  # priced exactly too: the rate is of the rest
+            n -= len(self.polling_samples(tl))
             on_cpu -= poll_ns
         return on_cpu / n if n >= MIN_SAMPLES_FOR_RATE and on_cpu > 0 else self.period_ns
 
-    def polling(self, tl: VcpuTimeline) -> np.ndarray:
-        """Which of a vCPU thread's samples (thread_samples order) caught KVM polling its halted vCPU: KVM
-        with the vCPU halted, and inside a stretch KVM polled when the recording has them."""
+    def polling_samples(self, tl: VcpuTimeline) -> np.ndarray:
+        """The indices of a vCPU thread's samples that caught KVM polling its halted vCPU: KVM with the vCPU
+        halted, and inside a stretch KVM polled when the recording has them."""
         idx = self.thread_samples(tl)
         flags = self.samples["flags"][idx]
-        out = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+        polled = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
         if tl.poll_intervals is not None:
-            out &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
-        return out
+            polled &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
+        return idx[polled]
 
-    def exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
-        """How long KVM polled the vCPU's halts within its life here (None without kvm_vcpu_wakeup records)."""
+    def poll_ns(self, tl: VcpuTimeline) -> float:
+        """How long KVM polled the vCPU's halts within its life here: exact from kvm_vcpu_wakeup records (sampled,
+        it aliases with a guest's timer), else its polling samples at the thread's rate."""
+        exact = self._exact_poll_ns(tl)
+        return float(len(self.polling_samples(tl))) * self.sample_ns(tl) if exact is None else float(exact)
+
+    def _exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
         if tl.poll_intervals is None:
             return None
         clipped = np.clip(tl.poll_intervals, tl.start_ns, tl.end_ns)
@@ -894,18 +899,16 @@ class Analysis:
         # KVM polling a halted vCPU (neither guest work nor idle); the rest of KVM's halt handling is type 2
         vmm = sel & ~self.is_guest
         polling = np.zeros(len(s), bool)
-        # virtual samples of the blanks, by cause (in the order the blanks show them), each vCPU's at its rate;
-        # halt polling at its exact time where the recording has it (sampled, it aliases with a guest's timer)
+        # virtual samples of the blanks by cause (in the order the blanks show them) and of halt polling, each
+        # vCPU's at its rate
         virtual: dict[Cause, float] = defaultdict(float)
         poll = 0.0
         for tl in tls:
             unit = self.sample_ns(tl)
             for cause, n in steal_split(tl.blanks, unit).items():
                 virtual[cause] += n
-            polled = self.polling(tl)
-            polling[self.thread_samples(tl)[polled]] = True
-            poll_ns = self.exact_poll_ns(tl)
-            poll += float(np.count_nonzero(polled)) if poll_ns is None else poll_ns / unit
+            polling[self.polling_samples(tl)] = True
+            poll += self.poll_ns(tl) / unit
         vmm_samples = float(np.count_nonzero(vmm & ~polling))
         if vmm_samples:
             virtual[(RowKind.STEAL_VMM, None)] += vmm_samples

@@ -69,7 +69,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
         thread = an.thread_mask(tl)
         polling = np.zeros(len(s), bool)  # KVM polling the halted vCPU
-        polling[an.thread_samples(tl)[an.polling(tl)]] = True
+        polling[an.polling_samples(tl)] = True
         period = an.sample_ns(tl)  # so that guest time, type 2 and polling add up to the exact on-CPU time
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
@@ -97,8 +97,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
                   "irq": split.get(IRQ_CAUSE, 0.0)}
         causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
-        exact_poll = an.exact_poll_ns(tl)
-        poll_ns = float(np.count_nonzero(polling)) * period if exact_poll is None else float(exact_poll)
+        poll_ns = an.poll_ns(tl)
         host = host_run_delay(an, tl)
         mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
         vcpus.append({
