@@ -3,7 +3,7 @@
 Runs the steal3 demo, starts `vmprof top` in a tmux terminal, lets it settle, then measures the
 process's CPU time (utime + stime from /proc) over a steady interval.  `--screen host` first
 presses Enter on the overview's first row, the host: the longest table (every host function).
-Usage: python benchmarks/tui.py [--seconds 30] [--screen overview|host]
+Usage: python benchmarks/tui.py [--seconds 30] [--screen overview|host] [--baseline TREE --repeat N]
 """
 
 from __future__ import annotations
@@ -36,36 +36,53 @@ def find_top() -> int:
     raise RuntimeError("vmprof top did not start")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--screen", choices=("overview", "host"), default="overview")
-    args = ap.parse_args()
-    tmux = shutil.which("tmux")
-    if not tmux:
-        print("tmux is needed (apt-get install tmux)")
-        return 1
+def measure(tree: Path, screen: str, seconds: float) -> float:
+    """% of one core `vmprof top` (the code in `tree`) used on `screen` over `seconds`."""
     session = f"vmprof-bench-{os.getpid()}"
-    with runner.DemoRun(runner.scenario_specs("steal3"), duration_s=args.seconds + 60):
-        subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
-                        f"cd {ROOT} && env -u COLUMNS -u LINES {sys.executable} -m vmprof_tui top -F 1000"], check=True)
+    with runner.DemoRun(runner.scenario_specs("steal3"), duration_s=seconds + 60):
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
+                        f"cd {tree} && env -u COLUMNS -u LINES {sys.executable} -m vmprof_tui top -F 1000"], check=True)
         try:
             pid = find_top()
             time.sleep(8)  # compile, first frames, symbol caches warm
-            if args.screen == "host":
-                subprocess.run([tmux, "send-keys", "-t", session, "Enter"], check=True)
+            if screen == "host":
+                subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
                 time.sleep(3)
-                shown = subprocess.run([tmux, "capture-pane", "-p", "-t", session], capture_output=True,
+                shown = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
                                        text=True).stdout
                 if "Host:" not in shown:
                     raise RuntimeError("the host screen did not open:\n" + shown)
             c0, t0 = cpu_seconds(pid), time.monotonic()
-            time.sleep(args.seconds)
+            time.sleep(seconds)
             c1, t1 = cpu_seconds(pid), time.monotonic()
         finally:
-            subprocess.run([tmux, "kill-session", "-t", session], capture_output=True)
-    print(f"vmprof top at 1 kHz, 3 VMs, {args.screen} screen: {100 * (c1 - c0) / (t1 - t0):.1f}% of one core "
-          f"over {t1 - t0:.0f} s (target <= 5%)")
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    return 100 * (c1 - c0) / (t1 - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--screen", choices=("overview", "host"), default="overview")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another source tree (e.g. `git archive` of an older commit), measured in turn with this one")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds (one run of each tree a round)")
+    args = ap.parse_args()
+    if not shutil.which("tmux"):
+        print("tmux is needed (apt-get install tmux)")
+        return 1
+    trees = {"this": ROOT} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    used: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(args.repeat):
+        for name, tree in trees.items():
+            used[name].append(measure(tree, args.screen, args.seconds))
+            print(f"  {name}: {used[name][-1]:.1f}%", flush=True)
+    this = sum(used["this"]) / len(used["this"])
+    print(f"vmprof top at 1 kHz, 3 VMs, {args.screen} screen: {this:.1f}% of one core over {args.seconds:.0f} s, "
+          f"mean of {args.repeat} (target <= 5%)")
+    if args.baseline:
+        base = sum(used["baseline"]) / len(used["baseline"])
+        print(f"baseline {base:.1f}%: this / baseline = {this / base:.2f}")
     return 0
 
 

@@ -238,3 +238,37 @@ def test_screens_of_a_new_user() -> None:
             await pilot.press("q")
 
     asyncio.run(go())
+
+
+def test_live_table_draws_what_it_holds() -> None:
+    """The kept renders of LiveTable are those of DataTable, and a changed value is drawn anew."""
+    from rich.text import Text
+    from textual.app import App
+
+    from vmprof_tui.show.live_table import LiveTable
+
+    class Two(App):
+        def compose(self):  # noqa: ANN202
+            yield LiveTable(id="live", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="plain", cursor_type="row", zebra_stripes=True)
+
+    def lines(table: DataTable) -> list[str]:
+        return [table.render_line(y).text for y in range(table.row_count + 1)]
+
+    async def main() -> None:
+        app = Two()
+        async with app.run_test(size=(80, 20)) as pilot:
+            tables = [app.query_one("#live", DataTable), app.query_one("#plain", DataTable)]
+            for t in tables:
+                t.add_columns("name", "samples")
+                for i in range(5):
+                    t.add_row(Text(f"f{i}"), Text(str(i * 10), justify="right"), key=f"f{i}")
+            await pilot.pause()
+            assert lines(tables[0]) == lines(tables[1])
+            for t in tables:
+                t.update_cell("f2", t.ordered_columns[1].key, Text("12345", justify="right"))
+            await pilot.pause()
+            assert lines(tables[0]) == lines(tables[1])
+            assert any("12345" in line for line in lines(tables[0]))
+
+    asyncio.run(main())

@@ -140,6 +140,15 @@ class Row:
 
 
 @dataclass
+class _GuestShares:
+    """What a guest profile's shares are made of: its guest-mode samples (a mask) and its virtual samples."""
+    real_guest: np.ndarray
+    virtual: dict[Cause, float]
+    total: float
+    ratios: dict[str, float]
+
+
+@dataclass
 class Profile:
     level: str  # host | guest
     vm: str | None
@@ -346,6 +355,7 @@ class Analysis:
         self.range_ns: tuple[int, int] | None = None
         self._window = recording_window(rec)
         self._profiles: dict[tuple, Profile] = {}
+        self._shares: dict[tuple[str, int | None], _GuestShares] = {}
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         if time_range is not None:
             w0, w1 = self.window()
@@ -883,7 +893,17 @@ class Analysis:
     def vm_timelines(self, vm: str, vcpu: int | None = None) -> list[VcpuTimeline]:
         return [tl for tl in self.timelines.values() if tl.vm == vm and (vcpu is None or tl.vcpu == vcpu)]
 
-    def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
+    def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
+        """A guest's OS:USER:IDLE:steal shares without its rows (the live screen's history of every VM)."""
+        profile = self._profiles.get(("guest", vm, vcpu))
+        return profile.ratios if profile is not None else self._guest_shares(vm, vcpu).ratios
+
+    def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
+        if (vm, vcpu) not in self._shares:
+            self._shares[(vm, vcpu)] = self._measure_guest_shares(vm, vcpu)
+        return self._shares[(vm, vcpu)]
+
+    def _measure_guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
         if vm not in self.vm_by_pid.values():
             raise KeyError(vm)
         tls = self.vm_timelines(vm, vcpu)
@@ -892,9 +912,6 @@ class Analysis:
         for tl in tls:
             sel[self.thread_samples(tl)] = True
         real_guest = sel & self.is_guest
-        rows = self.aggregate(real_guest)
-        for row in rows:
-            row.vm = vm
         # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal), except
         # KVM polling a halted vCPU (neither guest work nor idle); the rest of KVM's halt handling is type 2
         vmm = sel & ~self.is_guest
@@ -914,8 +931,6 @@ class Analysis:
             virtual[(RowKind.STEAL_VMM, None)] += vmm_samples
         if poll:
             virtual[(RowKind.HALT_POLL, None)] += poll
-        for (kind, v), n in virtual.items():
-            rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
         total = float(np.count_nonzero(real_guest)) + sum(virtual.values())
         gk = np.count_nonzero(real_guest & ((s["flags"] & SAMPLE_GUEST_KERNEL) != 0))
         gu = np.count_nonzero(real_guest) - gk
@@ -925,11 +940,20 @@ class Analysis:
         if (RowKind.HALT_POLL, None) in virtual:
             parts.append(("halt_poll", virtual[(RowKind.HALT_POLL, None)]))
         ratios = {k: 100.0 * v / total if total else 0.0 for k, v in parts}
+        return _GuestShares(real_guest, dict(virtual), total, ratios)
+
+    def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
+        shares = self._guest_shares(vm, vcpu)
+        rows = self.aggregate(shares.real_guest)
+        for row in rows:
+            row.vm = vm
+        for (kind, v), n in shares.virtual.items():
+            rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
         notes = list(self.notes)
         if not len(self.sched):
             notes.append("no scheduler events in this recording: idle and steal are unknown")
-        return Profile("guest", vm, vcpu, total, self.duration_s, self.rec.lost_samples, ratios, rows,
-                       int(np.count_nonzero(real_guest & self.unresolved)), notes)
+        return Profile("guest", vm, vcpu, shares.total, self.duration_s, self.rec.lost_samples, shares.ratios, rows,
+                       int(np.count_nonzero(shares.real_guest & self.unresolved)), notes)
 
     # -- steal attribution and corrected times -------------------------------------
     def attributions(self, vm: str, per_function: bool = True) -> list[Attribution]:

@@ -29,6 +29,7 @@ from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show import flame
+from vmprof_tui.show.live_table import LiveTable
 from vmprof_tui.show.stacks import call_graph, process_name
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -134,7 +135,7 @@ class TableScreen(Screen):
         yield Header()
         with Vertical():
             yield Static(id="title")
-            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield LiveTable(id="table", cursor_type="row", zebra_stripes=True)
             yield from self.below_table()
             yield Static(id="status")
         yield Footer()
@@ -706,7 +707,7 @@ class VmprofTop(App):
         usage = []
         now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
         for vm in an.vm_names():
-            r = an.guest_profile(vm).ratios
+            r = an.guest_ratios(vm)
             loads.append((vm, r["user"] + r["os"]))
             usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
         return an, loads, usage
