@@ -356,6 +356,7 @@ class Analysis:
         self._window = recording_window(rec)
         self._profiles: dict[tuple, Profile] = {}
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
+        self._polling: dict[int, np.ndarray] = {}  # vCPU thread (pid << 32 | tid) -> its polling samples
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         if time_range is not None:
             w0, w1 = self.window()
@@ -860,13 +861,17 @@ class Analysis:
 
     def polling_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of a vCPU thread's samples that caught KVM polling its halted vCPU: KVM with the vCPU
-        halted, and inside a stretch KVM polled when the recording has them."""
-        idx = self.thread_samples(tl)
-        flags = self.samples["flags"][idx]
-        polled = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
-        if tl.poll_intervals is not None:
-            polled &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
-        return idx[polled]
+        halted, and inside a stretch KVM polled when the recording has them.  Kept per thread: the rate, the
+        polling time and the profile of each vCPU all ask for them."""
+        key = tl.pid << 32 | tl.tid
+        if key not in self._polling:
+            idx = self.thread_samples(tl)
+            flags = self.samples["flags"][idx]
+            polled = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+            if tl.poll_intervals is not None:
+                polled &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
+            self._polling[key] = idx[polled]
+        return self._polling[key]
 
     def poll_ns(self, tl: VcpuTimeline) -> float:
         """How long KVM polled the vCPU's halts within its life here: exact from kvm_vcpu_wakeup records (sampled,
@@ -895,8 +900,7 @@ class Analysis:
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         """A guest's OS:USER:IDLE:steal shares without its rows (the live screen's history of every VM)."""
-        profile = self._profiles.get(("guest", vm, vcpu))
-        return profile.ratios if profile is not None else self._guest_shares(vm, vcpu).ratios
+        return self._guest_shares(vm, vcpu).ratios
 
     def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
         if (vm, vcpu) not in self._shares:
