@@ -59,3 +59,35 @@ def test_sched_events_of_the_older_layout_still_load() -> None:
     stored = recording.load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof")
     assert stored.sched.dtype == records.SCHED_DTYPE and len(stored.sched)
     assert not stored.sched["cpu_irq_ns"].any() and stored.sched["next_comm"].all()
+
+
+def test_a_table_chunk_that_does_not_decode_costs_only_its_rows(tmp_path: Path) -> None:
+    """Table chunks are decoded into one array per kind: a chunk whose body is not what its header says
+    (checksum intact) is left out with one problem, in file order, and the chunks around it keep their rows."""
+    import json
+    import struct
+
+    import numpy as np
+
+    from vmprof_tui.record import recording
+
+    path = tmp_path / "rec.vmprof"
+    w = recording.Writer(path, {"frequency": 1000})
+    for part in range(3):
+        samples = np.zeros(100 + part, records.SAMPLE_DTYPE)
+        samples["time_ns"] = 1000 * part + np.arange(len(samples))
+        samples["pid"] = part + 1
+        w.add(samples, np.empty(0, records.SCHED_DTYPE))
+        if part == 1:  # this chunk's header claims more rows than its body holds
+            table = recording._encode_table(samples)
+            (hlen,) = struct.unpack_from("<I", table)
+            header = json.loads(table[4:4 + hlen])
+            header["rows"] += 5
+            h = json.dumps(header).encode()
+            w.chunk(recording.SAMPLES, struct.pack("<I", len(h)) + h + table[4 + hlen:])
+            w._pending_samples.clear()
+        w.flush()
+    w.close({"duration_s": 1.0})
+    rec = recording.load(path)
+    assert rec.problems == ["unreadable samples chunk skipped: a table chunk is shorter than its header says"]
+    assert rec.samples["pid"].tolist() == [1] * 100 + [3] * 102

@@ -118,7 +118,17 @@ def _encode_table(table: np.ndarray) -> bytes:
     return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, b"".join(columns))
 
 
-def _decode_table(payload: bytes, dtype: np.dtype) -> np.ndarray:
+def _table_rows(payload: bytes) -> int:
+    """The row count a table chunk's header states (checked against its body when it is decoded)."""
+    (hlen,) = struct.unpack_from("<I", payload)
+    rows = json.loads(bytes(payload[4:4 + hlen]))["rows"]
+    if not isinstance(rows, int) or rows < 0:
+        raise RecordingError("a table chunk's header has no valid row count")
+    return rows
+
+
+def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """The rows of a table chunk, written into `out` when given (as many rows as the header states)."""
     current, written = dtype, [dtype]
 
     def itemsize(header: dict) -> int:
@@ -131,16 +141,17 @@ def _decode_table(payload: bytes, dtype: np.dtype) -> np.ndarray:
     header, raw = _unpack_rows(payload, itemsize, "a table chunk")
     dtype = written[0]
     rows = int(header["rows"])
-    table = np.empty(rows, dtype=dtype)
+    table = out if out is not None and dtype == current else np.empty(rows, dtype=dtype)
     pos = 0
     for name in dtype.names:
         field_dtype = dtype.fields[name][0]
         size = rows * field_dtype.itemsize
         col = np.frombuffer(raw, dtype=field_dtype if name != "time_ns" else "<i8", count=rows, offset=pos)
-        table[name] = np.cumsum(col).astype("<u8") if name == "time_ns" else col.reshape(table[name].shape)
+        table[name] = np.cumsum(col) if name == "time_ns" else col.reshape(table[name].shape)
         pos += size
     if dtype != current:  # an older layout: the fields both have, the new ones zero
-        converted = np.zeros(rows, dtype=current)
+        converted = np.zeros(rows, dtype=current) if out is None else out
+        converted[...] = np.zeros(1, current)
         for name in current.names:
             if name in dtype.names and dtype.fields[name][0] == current.fields[name][0]:
                 converted[name] = table[name]
@@ -345,15 +356,35 @@ def _load_static(rec: Recording) -> None:
             rec.object_tables[build_id] = data
 
 
-def _join(parts: list[np.ndarray]) -> np.ndarray:
-    """np.concatenate that lets each part go once copied: the peak is the result and one part, not two copies."""
-    out = np.empty(sum(len(p) for p in parts), parts[0].dtype)
-    pos = 0
-    parts.reverse()
-    while parts:
-        part = parts.pop()
-        out[pos:pos + len(part)] = part
-        pos += len(part)
+def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: list[str]) -> dict[int, np.ndarray]:
+    """Each kind's table chunks decoded straight into one array of that kind (no copy to join them, which at
+    millions of rows costs as much as the decoding); inflating is most of a load and zlib lets other threads
+    run meanwhile, so chunks are decoded one thread per CPU.  A chunk that fails is left out, and its problem
+    goes where a decode in file order would have put it."""
+    out: dict[int, np.ndarray] = {}
+    spans: list[tuple[int, int, int, int, Future]] = []  # (kind, problems before it, start, rows, job)
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for kind in {k for k, *_ in pending}:
+            out[kind] = np.empty(sum(rows for k, _at, _p, rows in pending if k == kind), TABLE_DTYPES[kind])
+        filled = dict.fromkeys(out, 0)
+        for kind, at, payload, rows in pending:
+            start = filled[kind]
+            filled[kind] += rows
+            spans.append((kind, at, start, rows,
+                          pool.submit(_decode_table, payload, TABLE_DTYPES[kind], out[kind][start:start + rows])))
+        failed: dict[int, list[tuple[int, int]]] = {}
+        for kind, at, start, rows, job in spans:
+            try:
+                job.result()
+            except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
+                problems.insert(at + sum(map(len, failed.values())),
+                                f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
+                failed.setdefault(kind, []).append((start, rows))
+    for kind, gaps in failed.items():
+        keep = np.ones(len(out[kind]), bool)
+        for start, rows in gaps:
+            keep[start:start + rows] = False
+        out[kind] = out[kind][keep]
     return out
 
 
@@ -370,11 +401,9 @@ def load(path: Path) -> Recording:
         raise RecordingError(f"{path} is recording format version {version}; this vmprof reads version {VERSION}")
     pos = len(MAGIC) + 2
     meta: dict | None = None
-    tables: dict[int, list[np.ndarray]] = {SAMPLES: [], SCHED: [], STACKS: []}
     rec = Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
     lbr_parts: list[np.ndarray] = []
-    decoding: list[tuple[int, int, Future]] = []  # (kind, problems before it, the decoded table)
-    pool: ThreadPoolExecutor | None = None
+    pending: list[tuple[int, int, memoryview, int]] = []  # table chunks: (kind, problems before it, payload, rows)
     view = memoryview(data)
     chunks = 0
     while pos < len(data):
@@ -400,10 +429,8 @@ def load(path: Path) -> Recording:
         try:
             if kind == META:
                 meta = json.loads(bytes(payload))
-            elif kind in tables:
-                # inflating is most of a load and zlib lets other threads run meanwhile: one thread per CPU
-                pool = pool or ThreadPoolExecutor(os.cpu_count() or 1)
-                decoding.append((kind, len(rec.problems), pool.submit(_decode_table, payload, TABLE_DTYPES[kind])))
+            elif kind in TABLE_DTYPES:
+                pending.append((kind, len(rec.problems), payload, _table_rows(payload)))
             elif kind == SNAPSHOT:
                 rec.snapshot.update(json.loads(zlib.decompressobj().decompress(payload, MAX_INFLATED)))
             elif kind == BUNDLE:
@@ -417,30 +444,22 @@ def load(path: Path) -> Recording:
                 rec.host_stacks.update(_decode_host_stacks(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
             rec.problems.append(f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
-    skipped = 0
-    for kind, at, job in decoding:  # in file order; a problem goes where a decode in the loop would have put it
-        try:
-            tables[kind].append(job.result())
-        except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
-            rec.problems.insert(at + skipped, f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
-            skipped += 1
-    if pool is not None:
-        pool.shutdown()
-    payload = view = data = decoding = None  # the file's bytes go before the tables are joined
+    joined = _decode_tables(pending, rec.problems)
+    payload = view = data = pending = None  # the file's bytes go
     if meta is None:
         raise RecordingError(f"{path} has no readable metadata chunk: it is not a usable recording")
     rec.meta = meta
-    if tables[SAMPLES]:
-        rec.samples = _join(tables[SAMPLES])
+    if SAMPLES in joined:
+        rec.samples = joined[SAMPLES]
         t = rec.samples["time_ns"]
         if not np.all(t[1:] >= t[:-1]):  # chunks come per flush: in time order here, not one copy per analysis
             rec.samples = rec.samples[np.argsort(t, kind="stable")]
-    if tables[SCHED]:
-        rec.sched = _join(tables[SCHED])
+    if SCHED in joined:
+        rec.sched = joined[SCHED]
     if lbr_parts:
         rec.lbr = np.concatenate(lbr_parts)
-    if tables[STACKS] or meta.get("stacks"):
-        rec.stacks = np.concatenate(tables[STACKS]) if tables[STACKS] else np.empty(0, STACK_DTYPE)
+    if STACKS in joined or meta.get("stacks"):
+        rec.stacks = joined.get(STACKS, np.empty(0, STACK_DTYPE))
     _load_static(rec)
     if rec.end is None and not rec.problems:
         rec.problems.append("the recorder did not finish (no end chunk): this is the part flushed before it stopped")

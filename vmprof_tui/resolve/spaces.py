@@ -147,11 +147,25 @@ def group_by(keys: np.ndarray, pos: np.ndarray) -> Iterator[tuple[int, np.ndarra
     if not len(pos):
         return
     k = keys[pos]
-    order = np.argsort(k, kind="stable")
+    order = np.argsort(_small_ranks(k), kind="stable")
     k, pos = k[order], pos[order]
     cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
     for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(k)].tolist(), strict=True):
         yield int(k[lo]), pos[lo:hi]
+
+
+def _small_ranks(k: np.ndarray) -> np.ndarray:
+    """Keys that sort as `k` does, as uint16 where they fit (pids, mapping indices: numpy sorts those by radix,
+    3-4x faster than 64-bit keys), else `k` itself."""
+    lo, hi = int(k.min()), int(k.max())
+    if hi - lo < 1 << 16:
+        return (k - lo).astype(np.uint16)
+    if hi - lo > 4 * len(k) + (1 << 20):
+        return k
+    present = np.zeros(hi - lo + 1, bool)
+    present[k - lo] = True
+    rank = np.cumsum(present, dtype=np.int32)
+    return (rank[k - lo] - 1).astype(np.uint16) if rank[-1] <= 1 << 16 else k
 
 
 def parse_proc_maps(text: str) -> list[Mapping]:
