@@ -162,9 +162,10 @@ class GuestMemory:
         self.size = size
         self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._buf = (ctypes.c_char * size).from_buffer(self.map)
+        self.address = ctypes.addressof(self._buf)  # where the VMM's C parts (the NIC) reach it
         region = KvmUserspaceMemoryRegion(slot=0, flags=0, guest_phys_addr=0,
                                           memory_size=size,
-                                          userspace_addr=ctypes.addressof(self._buf))
+                                          userspace_addr=self.address)
         ioctl(vm_fd, KVM_SET_USER_MEMORY_REGION, region)
 
     def write(self, gpa: int, data: bytes) -> None:

@@ -8,47 +8,73 @@ and two queues, as a virtio device model does; a separate thread, ``nic``, does 
 work: it sends each TX packet to a peer socket standing for the remote end (and drains it),
 and for each posted RX buffer has the peer send one packet that it receives.  So the VMM's I/O
 work costs real host CPU, in a thread of its own that host tools can tell from the vCPUs.
+
+The queues and the I/O thread are C (nic_io.c, built with gcc on first use like the guest programs):
+a Python I/O thread shared the interpreter lock with the vCPU thread, which made the host work of a
+packet differ from one VM to the next (measured in docs/model.md).  This module checks the guest's
+doorbells (its page tables are hostile input) and hands the C side guest-physical addresses only.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import queue
-import socket
-import threading
-from collections.abc import Callable
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
+from vmprof_tui.demo import programs
 from vmprof_tui.demo.kvm import GuestMemory
 
 PORT_NET_BUF, PORT_NET_TX, PORT_NET_RX = 0x20, 0x21, 0x22  # contract with programs/load.c
 PORTS = (PORT_NET_BUF, PORT_NET_TX, PORT_NET_RX)
-NET_SLOTS = 32
+NET_SLOTS = 32  # BATCH in nic_io.c
 PAGE = 4096
-MAX_PACKET = PAGE - 4
-RX_PACKET = 1024  # what the peer sends (load.c sends packets of this size too)
-RX_QUEUE_LIMIT = 4096  # packets waiting for the guest; beyond it the NIC drops, as a full ring does
 PTE_ADDR = 0x000FFFFFFFFFF000
+SOURCE = Path(__file__).with_name("nic_io.c")
+CFLAGS = ["-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-pthread"]
+
+
+class _Stats(ctypes.Structure):  # struct nic_stats
+    _fields_ = [(name, ctypes.c_uint64) for name in
+                ("tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_dropped", "tx_dropped")] + [
+                   ("tid", ctypes.c_int64)]
+
+
+def _library() -> ctypes.CDLL:
+    """nic_io.c as a shared library, built once per source (cached by its hash, as the guest programs are)."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    out = programs.cache_dir() / digest / "nic_io.so"
+    if not out.exists():
+        cc = shutil.which("gcc") or shutil.which("cc")
+        if cc is None:
+            raise programs.BuildError("no C compiler found to build the demo NIC: apt-get install gcc")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+        proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise programs.BuildError(f"building the demo NIC failed: {proc.stderr.strip()[:500]}")
+        tmp.rename(out)
+    lib = ctypes.CDLL(str(out))
+    lib.nic_start.restype = ctypes.c_void_p
+    lib.nic_start.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.nic_tx.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint]
+    lib.nic_rx.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint]
+    lib.nic_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Stats)]
+    lib.nic_stop.argtypes = [ctypes.c_void_p]
+    return lib
 
 
 class Nic:
-    def __init__(self, memory: GuestMemory, set_name: Callable[[str], None]) -> None:
+    def __init__(self, memory: GuestMemory) -> None:
         self.memory = memory
         self.pages: dict[int, list[int]] = {}  # per CR3: the GPA of the header page, then of each slot
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for s in (self.sock, self.peer):
-            s.bind(("127.0.0.1", 0))
-        self.sock.connect(self.peer.getsockname())
-        self.peer.connect(self.sock.getsockname())
-        self.peer.setblocking(False)
-        self.sock.settimeout(1.0)  # a lost packet must not hang the NIC
-        self.work: queue.SimpleQueue = queue.SimpleQueue()  # ("tx", [packets]) | ("rx", n) | None to stop
-        self.received: collections.deque[bytes] = collections.deque()
-        self.stats = {"tx_packets": 0, "tx_bytes": 0, "rx_packets": 0, "rx_bytes": 0, "rx_dropped": 0}
-        self._set_name = set_name
-        self.thread = threading.Thread(target=self._run, name="nic", daemon=True)
-        self.thread.start()
+        self._lib = _library()
+        self._nic = self._lib.nic_start(memory.address, memory.size)
+        if not self._nic:
+            raise OSError("the demo NIC could not start (loopback UDP sockets or its I/O thread)")
+        self._final: dict | None = None
 
     # -- the vCPU thread side -------------------------------------------------
     def doorbell(self, cr3: int, port: int, value: int) -> bool:
@@ -63,24 +89,9 @@ class Nic:
         pages = self.pages.get(cr3)
         if pages is None or not 0 <= value <= NET_SLOTS:
             return False
-        mem = self.memory.map
         if port == PORT_NET_TX:
-            packets = []
-            for gpa in pages[1:value + 1]:
-                length = min(int.from_bytes(mem[gpa:gpa + 4], "little"), MAX_PACKET)
-                packets.append(mem[gpa + 4:gpa + 4 + length])
-            self.work.put(("tx", packets))
-            return True
-        got = 0
-        while got < value and self.received:
-            packet = self.received.popleft()
-            gpa = pages[1 + got]
-            mem[gpa:gpa + 4] = len(packet).to_bytes(4, "little")
-            mem[gpa + 4:gpa + 4 + len(packet)] = packet
-            got += 1
-        mem[pages[0]:pages[0] + 4] = got.to_bytes(4, "little")
-        self.work.put(("rx", value))
-        return True
+            return self._lib.nic_tx(self._nic, (ctypes.c_uint64 * value)(*pages[1:value + 1]), value) == 0
+        return self._lib.nic_rx(self._nic, pages[0], (ctypes.c_uint64 * value)(*pages[1:value + 1]), value) == 0
 
     def _translate(self, cr3: int, va: int) -> int | None:
         """Guest virtual → guest physical through the process's 4-level page table (hostile: bounded reads)."""
@@ -95,37 +106,15 @@ class Nic:
             table = entry & PTE_ADDR
         return table if table + PAGE <= self.memory.size else None
 
-    # -- the I/O thread ---------------------------------------------------------
-    def _run(self) -> None:
-        self._set_name("nic")
-        scratch = bytearray(PAGE)
-        payload = bytes(range(256)) * (RX_PACKET // 256)
-        while (item := self.work.get()) is not None:
-            kind, what = item
-            with contextlib.suppress(OSError):  # a full socket buffer drops, as a wire would
-                if kind == "tx":
-                    for packet in what:
-                        self.sock.send(packet)
-                        self.stats["tx_packets"] += 1
-                        self.stats["tx_bytes"] += len(packet)
-                    while True:
-                        try:
-                            self.peer.recv_into(scratch)
-                        except BlockingIOError:
-                            break
-                else:
-                    for _ in range(what):
-                        self.peer.send(payload)
-                        n = self.sock.recv_into(scratch)
-                        if len(self.received) < RX_QUEUE_LIMIT:
-                            self.received.append(bytes(scratch[:n]))
-                            self.stats["rx_packets"] += 1
-                            self.stats["rx_bytes"] += n
-                        else:
-                            self.stats["rx_dropped"] += 1
+    def _stats(self) -> dict:
+        stats = _Stats()
+        self._lib.nic_stats(self._nic, ctypes.byref(stats))
+        return {name: int(getattr(stats, name)) for name, _t in _Stats._fields_}
 
     def stop(self) -> None:
-        self.work.put(None)
+        if self._final is None:
+            self._final = self._stats()
+            self._lib.nic_stop(self._nic)
 
     def truth(self) -> dict:
-        return dict(self.stats, tid=self.thread.native_id)
+        return self._final if self._final is not None else self._stats()

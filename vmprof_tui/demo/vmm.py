@@ -340,7 +340,7 @@ class DemoVm:
         self.lock = threading.Lock()
         self.faults: list[dict] = []
         self.kvm_vm = kvm.Vm(int(spec.get("mem_mb", 64)) << 20)
-        self.nic = nic.Nic(self.kvm_vm.memory, set_thread_name) if spec.get("nic") else None
+        self.nic = nic.Nic(self.kvm_vm.memory) if spec.get("nic") else None
         kvm.ioctl(self.kvm_vm.fd, kvm.KVM_CREATE_IRQCHIP)  # in-kernel halt needs an in-kernel LAPIC
         alloc = PhysAllocator(self.kvm_vm.memory)
         self.processes: list[GuestProcess] = []
