@@ -10,6 +10,8 @@ renderable — 13 s for the 61,000 rows of a 600,000-sample recording, against a
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from rich.cells import cell_len, set_cell_size
 
 from vmprof_tui.analyse.analysis import Profile, Row
@@ -53,7 +55,8 @@ def sort_rows(rows: list[Row], sort: str) -> list[Row]:
         return sorted(rows, key=lambda r: (r.pid if r.pid is not None else -1, -r.samples, r.function))
     if sort == "module":
         return sorted(rows, key=lambda r: (r.module, -r.samples, r.function))
-    return sorted(rows, key=lambda r: (-r.samples, r.function))
+    # two stable passes with plain keys: half the time of one pass with a tuple per row (260,000 rows)
+    return sorted(sorted(rows, key=attrgetter("function")), key=attrgetter("samples"), reverse=True)
 
 
 def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None, cols: int | None = None) -> str:
@@ -61,8 +64,10 @@ def render_profile(profile: Profile, sort: str = "samples", limit: int | None = 
     rows = sort_rows(profile.shown_rows, sort)[:limit]
     total = profile.total_samples or 1.0
     cells = [("Samples", "%Ratio", "Process", "Module", "Function")]
-    cells += [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}", process_name(r) or "", r.module,
-               demangle(r.function)) for r in rows]
+    processes: dict[tuple, str] = {}  # rows are many, their processes few
+    cells += [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}",
+               processes.get((r.process, r.pid)) or processes.setdefault((r.process, r.pid), process_name(r) or ""),
+               r.module, demangle(r.function)) for r in rows]
     # every column as wide as its longest cell (process and module capped); the function takes what is left
     columns: list = list(zip(*cells, strict=True))
     del cells  # a column is let go once fitted: 260,000 rows are 50 MB of cells
