@@ -272,3 +272,30 @@ def test_live_table_draws_what_it_holds() -> None:
             assert any("12345" in line for line in lines(tables[0]))
 
     asyncio.run(main())
+
+
+def test_overview_summary_agrees_with_the_guest_profile() -> None:
+    """The overview and the VM screen read the host and each VM (and vCPU) from Analysis.host_summary and
+    guest_summary (no rows built); they must say what the profiles say: shares, steal of each type, the top
+    process and the top resolved function."""
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.kinds import RowKind
+    from vmprof_tui.record import recording
+
+    an = Analysis(recording.load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof"))
+    host, h = an.host_profile(), an.host_summary()
+    assert (h.ratios, h.total_samples, h.lost_samples) == (host.ratios, host.total_samples, host.lost_samples)
+    top = max((r for r in host.rows if r.kind is RowKind.FUNCTION), key=lambda r: r.samples)
+    assert (h.top_process, h.top_function) == (top.process, top.function)
+    for vm, vcpu in [(vm, None) for vm in an.vm_names()] + [(tl.vm, tl.vcpu) for tl in an.timelines.values()]:
+        p = an.guest_profile(vm, vcpu)
+        s = an.guest_summary(vm, vcpu)
+        assert s.ratios == p.ratios and s.total_samples == p.total_samples
+        for t, got in ((1, s.steal1), (2, s.steal2)):
+            assert got == pytest.approx(sum(r.samples for r in p.rows if r.kind.steal_type == t))
+        funcs = [r for r in p.rows if r.kind is RowKind.FUNCTION]
+        by_proc: dict[str, float] = {}
+        for r in funcs:
+            by_proc[r.process or "?"] = by_proc.get(r.process or "?", 0) + r.samples
+        assert s.top_function == max(funcs, key=lambda r: r.samples).function
+        assert s.top_process == max(by_proc, key=by_proc.__getitem__)

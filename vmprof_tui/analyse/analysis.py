@@ -149,6 +149,38 @@ class _GuestShares:
 
 
 @dataclass
+class _HostShares:
+    """What the host profile's shares are made of: the samples selected (a CPU or all), host and VM masks."""
+    selected: np.ndarray
+    host: np.ndarray
+    guest: np.ndarray
+    idle_virtual: float
+    total: float
+    ratios: dict[str, float]
+
+
+@dataclass
+class HostSummary:
+    """The host at a glance (Analysis.host_summary)."""
+    ratios: dict[str, float]
+    total_samples: float
+    lost_samples: int
+    top_process: str
+    top_function: str
+
+
+@dataclass
+class GuestSummary:
+    """A VM at a glance (Analysis.guest_summary): its shares in %, steal of type 1 and 2 in samples, top names."""
+    ratios: dict[str, float]
+    total_samples: float
+    steal1: float
+    steal2: float
+    top_process: str
+    top_function: str
+
+
+@dataclass
 class Profile:
     level: str  # host | guest
     vm: str | None
@@ -356,6 +388,7 @@ class Analysis:
         self._window = recording_window(rec)
         self._profiles: dict[tuple, Profile] = {}
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
+        self._host_share_cache: dict[int | None, _HostShares] = {}
         self._polling: dict[int, np.ndarray] = {}  # vCPU thread (pid << 32 | tid) -> its polling samples
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         if time_range is not None:
@@ -806,38 +839,67 @@ class Analysis:
             self._profiles[key] = self._guest_profile(vm, vcpu)
         return self._profiles[key]
 
+    def host_summary(self) -> HostSummary:
+        """The host at a glance (the live overview) without its rows: shares and the top process and function."""
+        shares = self._host_shares(None)
+        top_process, top_function = self._top_names(shares.host, by_name=False)
+        return HostSummary(shares.ratios, shares.total, self.rec.lost_samples, top_process, top_function)
+
+    def _host_shares(self, cpu: int | None) -> _HostShares:
+        if cpu not in self._host_share_cache:
+            s = self.samples
+            sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu
+            guest = sel & self.in_vm
+            host = sel & ~guest
+            idle_ns = self.cpu_idle_ns()
+            # idle from the sched events replaces the idle samples of a CPU that switched to or from idle; a CPU
+            # with no such switch (idle throughout, or never idle) keeps its idle samples
+            host &= ~((s["pid"] == 0) & np.isin(s["cpu"], list(idle_ns)))
+            idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
+            total = float(np.count_nonzero(host | guest)) + idle_virtual
+            idle = idle_virtual + np.count_nonzero(host & (s["pid"] == 0))
+            kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
+            user = np.count_nonzero(host & ((s["flags"] & SAMPLE_HOST_KERNEL) == 0))
+            ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
+                      (("os", kernel), ("user", user), ("idle", idle), ("vm", np.count_nonzero(guest)))}
+            self._host_share_cache[cpu] = _HostShares(sel, host, guest, idle_virtual, total, ratios)
+        return self._host_share_cache[cpu]
+
     def _host_profile(self, cpu: int | None) -> Profile:
-        s = self.samples
-        sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu
-        guest = sel & self.in_vm
-        host = sel & ~guest
-        idle_ns = self.cpu_idle_ns()
-        # idle from the sched events replaces the idle samples of a CPU that switched to or from idle; a CPU
-        # with no such switch (idle throughout, or never idle) keeps its idle samples
-        host &= ~((s["pid"] == 0) & np.isin(s["cpu"], list(idle_ns)))
-        rows = self.aggregate(host)
+        shares = self._host_shares(cpu)
+        s, guest = self.samples, shares.guest
+        rows = self.aggregate(shares.host)
         for row in rows:  # host rows carry no VM, only the VMM process name
             row.vm = None
-        idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
-        if idle_virtual:
-            rows.append(Row(idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
+        if shares.idle_virtual:
+            rows.append(Row(shares.idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
         vmm_comm = {pid: p.get("comm") or None for pid, p in self.rec.processes().items()}
         for pid in np.unique(s["pid"][guest]).tolist():
             name = self.vm_by_pid.get(pid, f"vm-{pid}")
             n = int(np.count_nonzero(guest & (s["pid"] == pid)))
             rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), vmm_comm.get(pid),
                             pid, name, RowKind.VM))
-        total = float(np.count_nonzero(host | guest)) + idle_virtual
-        idle = idle_virtual + np.count_nonzero(host & (s["pid"] == 0))
-        kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
-        user = np.count_nonzero(host & ((s["flags"] & SAMPLE_HOST_KERNEL) == 0))
-        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
-                  (("os", kernel), ("user", user), ("idle", idle), ("vm", np.count_nonzero(guest)))}
         notes = list(self.notes)
         if cpu is not None:
             notes.append(f"CPU {cpu} only")
-        return Profile("host", None, None, total, self.duration_s, self.rec.lost_samples, ratios, rows,
-                       int(np.count_nonzero(sel & self.unresolved)), notes)
+        return Profile("host", None, None, shares.total, self.duration_s, self.rec.lost_samples, shares.ratios, rows,
+                       int(np.count_nonzero(shares.selected & self.unresolved)), notes)
+
+    def _top_names(self, mask: np.ndarray, by_name: bool) -> tuple[str, str]:
+        """(process, function) of the profile row (process, pid, function, module) with the most resolved
+        samples among `mask`, ties to the earlier row; by_name: the process is instead the process name whose
+        resolved rows sum to the most.  "-" where nothing resolved."""
+        idx = np.flatnonzero(mask & ~self.unresolved)
+        if not len(idx):
+            return "-", "-"
+        _keys, first, counts = first_and_counts(self.key[idx], self.key_count)
+        top = idx[first[np.argmax(counts)]]
+        if not by_name:
+            return str(self.process[top]) or "-", str(self.func[top])
+        by_process: dict[str, int] = {}  # in the order of the rows, as the profile's rows would sum them
+        for name, n in zip(self.process[idx[first]].tolist(), counts.tolist(), strict=True):
+            by_process[name or "?"] = by_process.get(name or "?", 0) + n
+        return max(by_process, key=by_process.__getitem__), str(self.func[top])
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
@@ -901,6 +963,14 @@ class Analysis:
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         """A guest's OS:USER:IDLE:steal shares without its rows (the live screen's history of every VM)."""
         return self._guest_shares(vm, vcpu).ratios
+
+    def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
+        """What the live overview shows of a VM, without its rows (a VM's guest profile at 64 CPUs has tens of
+        thousands): its shares, its steal of each type, and the process and the function (a row of its guest
+        profile: process, pid, function, module) with the most resolved samples; ties go to the earlier row."""
+        shares = self._guest_shares(vm, vcpu)
+        steal = [sum(n for (kind, _v), n in shares.virtual.items() if kind.steal_type == t) for t in (1, 2)]
+        return GuestSummary(shares.ratios, shares.total, steal[0], steal[1], *self._top_names(shares.real_guest, True))
 
     def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
         if (vm, vcpu) not in self._shares:

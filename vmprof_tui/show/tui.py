@@ -22,7 +22,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual_plotext import PlotextPlot
 
-from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
@@ -65,24 +65,11 @@ class VmSummary:
     top_function: str
 
 
-def functions(rows: list[Row]) -> list[Row]:
-    """The rows of resolved functions (not steal, idle, VM or [unknown] rows): what "top function" picks from."""
-    return [r for r in rows if r.kind is RowKind.FUNCTION]
-
-
 def vm_summary(an: Analysis, vm: str) -> VmSummary:
-    p = an.guest_profile(vm)
-    total = p.total_samples or 1.0
-    steal1 = sum(r.samples for r in p.rows if r.kind.steal_type == 1)
-    steal2 = sum(r.samples for r in p.rows if r.kind.steal_type == 2)
-    guest_rows = functions(p.rows)
-    by_proc: dict[str, float] = defaultdict(float)
-    for r in guest_rows:
-        by_proc[r.process or "?"] += r.samples
-    top_proc = max(by_proc, key=by_proc.get) if by_proc else "-"
-    top_fn = demangle(max(guest_rows, key=lambda r: r.samples).function) if guest_rows else "-"
-    return VmSummary(len(an.vm_timelines(vm)), p.ratios["user"], p.ratios["os"], 100 * steal1 / total,
-                     100 * steal2 / total, p.ratios["idle"], top_proc, top_fn)
+    g = an.guest_summary(vm)
+    total = g.total_samples or 1.0
+    return VmSummary(len(an.vm_timelines(vm)), g.ratios["user"], g.ratios["os"], 100 * g.steal1 / total,
+                     100 * g.steal2 / total, g.ratios["idle"], g.top_process, demangle(g.top_function))
 
 
 class HelpScreen(ModalScreen[None]):
@@ -316,18 +303,15 @@ class OverviewScreen(TableScreen):
         widget.refresh()
 
     def title_text(self, an: Analysis) -> str:
-        h = an.host_profile()
+        h = an.host_summary()
         r = h.ratios
         return (f"OS:USER:IDLE:VM = {r['os']:.1f}:{r['user']:.1f}:{r['idle']:.1f}:{r['vm']:.1f}   "
                 f"host samples {int(h.total_samples)}   lost {h.lost_samples}   VMs {len(an.vm_names())}")
 
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        h = an.host_profile()
+        h = an.host_summary()
         r = h.ratios
-        host_rows = functions(h.rows)
-        top_host = max(host_rows, key=lambda x: x.samples) if host_rows else None
-        out = [(HOST_KEY, ("(host)", "-", r["user"], r["os"], "-", r["idle"],
-                           top_host.process or "-" if top_host else "-", top_host.function if top_host else "-",
+        out = [(HOST_KEY, ("(host)", "-", r["user"], r["os"], "-", r["idle"], h.top_process, h.top_function,
                            sparkline(self.app.history[HOST_KEY])))]
         for vm in an.vm_names():
             s = vm_summary(an, vm)
@@ -392,11 +376,9 @@ class VmScreen(VmTableScreen):
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         out = []
         for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
-            p = an.guest_profile(self.vm, tl.vcpu)
-            g = functions(p.rows)
-            top = demangle(max(g, key=lambda r: r.samples).function) if g else "-"
-            out.append((str(tl.vcpu), (f"vcpu{tl.vcpu}", tl.tid, p.ratios["user"] + p.ratios["os"],
-                                       p.ratios["idle"], p.ratios["steal"], top)))
+            g = an.guest_summary(self.vm, tl.vcpu)
+            out.append((str(tl.vcpu), (f"vcpu{tl.vcpu}", tl.tid, g.ratios["user"] + g.ratios["os"],
+                                       g.ratios["idle"], g.ratios["steal"], demangle(g.top_function))))
         return out
 
     def drill(self, key: str | None) -> None:
@@ -703,7 +685,7 @@ class VmprofTop(App):
     def poll_window(self) -> tuple[Analysis, list[tuple[str, float]], list[tuple[str, float, float, float, float]]]:
         """One refresh's analysis (off the UI thread): the window, each VM's load and its usage point."""
         an = self.window.poll()
-        loads = [(HOST_KEY, 100.0 - an.host_profile().ratios["idle"])]
+        loads = [(HOST_KEY, 100.0 - an.host_summary().ratios["idle"])]
         usage = []
         now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
         for vm in an.vm_names():
