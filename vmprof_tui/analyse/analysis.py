@@ -509,6 +509,11 @@ class Analysis:
         s = self.samples
         return _positions_by_key(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
 
+    @functools.cached_property
+    def _switches_on_cpu(self) -> dict[int, np.ndarray]:
+        """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs."""
+        return dict(group_by(self.sched["cpu"], np.arange(len(self.sched))))
+
     def _build_timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events."""
         _w0, w1 = self.window()
@@ -641,8 +646,10 @@ class Analysis:
                 if b.kind == BlankKind.PREEMPTED:
                     waits_on.setdefault(b.cpu, []).append(b)
         ev = self.sched
+        if not waits_on:
+            return
         for cpu, waits in waits_on.items():
-            e = ev[ev["cpu"] == cpu]
+            e = ev[self._switches_on_cpu.get(cpu, np.empty(0, np.int64))]
             t = e["time_ns"].astype(np.int64).tolist()
             held_until = [*t[1:], None]
             nxt = list(zip(e["next_pid"].tolist(), e["next_tid"].tolist(), e["next_comm"].tolist(), strict=True))
@@ -808,7 +815,7 @@ class Analysis:
         idle: dict[int, int] = {}
         w0, w1 = self.window()
         times, next_tid, prev_tid = ev["time_ns"], ev["next_tid"], ev["prev_tid"]
-        for cpu, at in group_by(ev["cpu"], np.arange(len(ev))):
+        for cpu, at in self._switches_on_cpu.items():
             t = times[at]
             to_idle = np.nonzero(next_tid[at] == 0)[0]
             from_idle = np.nonzero(prev_tid[at] == 0)[0]
