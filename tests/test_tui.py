@@ -241,7 +241,8 @@ def test_screens_of_a_new_user() -> None:
 
 
 def test_live_table_draws_what_it_holds() -> None:
-    """The kept renders of LiveTable are those of DataTable, and a changed value is drawn anew."""
+    """The kept renders of LiveTable are those of DataTable, a changed value is drawn anew, and rows removed
+    together leave the table as rows removed one by one do."""
     from rich.text import Text
     from textual.app import App
 
@@ -270,6 +271,15 @@ def test_live_table_draws_what_it_holds() -> None:
             await pilot.pause()
             assert lines(tables[0]) == lines(tables[1])
             assert any("12345" in line for line in lines(tables[0]))
+            # rows removed in one pass leave what removing them one by one leaves
+            tables[0].remove_rows(["f1", "f3"])
+            for key in ("f1", "f3"):
+                tables[1].remove_row(key)
+            for t in tables:
+                t.add_row(Text("f9"), Text("90", justify="right"), key="f9")
+            await pilot.pause()
+            assert lines(tables[0]) == lines(tables[1]) and tables[0].row_count == 4
+            assert [tables[0].get_row_index(k) for k in ("f0", "f2", "f4", "f9")] == [0, 1, 2, 3]
 
     asyncio.run(main())
 

@@ -160,7 +160,7 @@ class TableScreen(Screen):
     def refresh_from(self, an: Analysis | None) -> None:
         if an is None or not self.ready:  # refreshes can arrive before the screen is mounted
             return
-        table = self.query_one(DataTable)
+        table = self.query_one(LiveTable)
         rows = [(k, r) for k, r in self.rows(an) if not self.filter or self.filter.lower() in " ".join(
             str(c) for c in r).lower()]
         col = self.sort_column
@@ -181,8 +181,7 @@ class TableScreen(Screen):
         cells = {k: [cell(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
         # Change the table, do not rebuild it: Textual measures every cell of every row it adds.
         selected = self._cursor_key(table)
-        for key in self.cells.keys() - cells.keys():
-            table.remove_row(key)
+        table.remove_rows([key for key in self.cells if key not in cells])
         for key, row in cells.items():
             before = self.cells.get(key)
             if before is None:
