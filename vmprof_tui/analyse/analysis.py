@@ -69,8 +69,14 @@ def first_and_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarray]:
-    """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one sort."""
-    return dict(group_by(keys, np.nonzero(_member(keys, wanted))[0]))
+    """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one binary search
+    each and one sort of their ranks among the wanted (small integers: sorted by radix, not 64-bit keys)."""
+    if not len(wanted) or not len(keys):
+        return {}
+    wanted = np.unique(wanted)
+    rank = np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)
+    pos = np.flatnonzero(wanted[rank] == keys)
+    return {int(wanted[r]): at for r, at in group_by(rank, pos)}
 
 MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
