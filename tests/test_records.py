@@ -82,12 +82,14 @@ def test_a_table_chunk_that_does_not_decode_costs_only_its_rows(tmp_path: Path) 
             table = recording._encode_table(samples)
             (hlen,) = struct.unpack_from("<I", table)
             header = json.loads(table[4:4 + hlen])
-            header["rows"] += 5
-            h = json.dumps(header).encode()
-            w.chunk(recording.SAMPLES, struct.pack("<I", len(h)) + h + table[4 + hlen:])
+            for rows in (header["rows"] + 5, 10**12):  # a few more rows than the body holds; absurdly many
+                h = json.dumps(dict(header, rows=rows)).encode()
+                w.chunk(recording.SAMPLES, struct.pack("<I", len(h)) + h + table[4 + hlen:])
             w._pending_samples.clear()
         w.flush()
     w.close({"duration_s": 1.0})
     rec = recording.load(path)
-    assert rec.problems == ["unreadable samples chunk skipped: a table chunk is shorter than its header says"]
+    assert rec.problems == ["unreadable samples chunk skipped: a table chunk is shorter than its header says",
+                            "unreadable samples chunk skipped: a table chunk's header states 1000000000000 rows, "
+                            "more than its body can hold"]
     assert rec.samples["pid"].tolist() == [1] * 100 + [3] * 102

@@ -118,12 +118,15 @@ def _encode_table(table: np.ndarray) -> bytes:
     return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, b"".join(columns))
 
 
-def _table_rows(payload: bytes) -> int:
-    """The row count a table chunk's header states (checked against its body when it is decoded)."""
+def _table_rows(payload: bytes, dtype: np.dtype) -> int:
+    """The row count a table chunk's header states: at most what its body can inflate to (zlib's ratio is under
+    1032:1), as the arrays are made before the bodies are inflated; the exact count is checked then."""
     (hlen,) = struct.unpack_from("<I", payload)
     rows = json.loads(bytes(payload[4:4 + hlen]))["rows"]
     if not isinstance(rows, int) or rows < 0:
         raise RecordingError("a table chunk's header has no valid row count")
+    if rows * dtype.itemsize > 1032 * len(payload):
+        raise RecordingError(f"a table chunk's header states {rows} rows, more than its body can hold")
     return rows
 
 
@@ -430,7 +433,7 @@ def load(path: Path) -> Recording:
             if kind == META:
                 meta = json.loads(bytes(payload))
             elif kind in TABLE_DTYPES:
-                pending.append((kind, len(rec.problems), payload, _table_rows(payload)))
+                pending.append((kind, len(rec.problems), payload, _table_rows(payload, TABLE_DTYPES[kind])))
             elif kind == SNAPSHOT:
                 rec.snapshot.update(json.loads(zlib.decompressobj().decompress(payload, MAX_INFLATED)))
             elif kind == BUNDLE:
