@@ -95,7 +95,7 @@ static void *run(void *arg)
             pthread_mutex_unlock(&n->lock);
             ssize_t got = -1;
             if (send(n->peer, payload, sizeof(payload), 0) >= 0)
-                got = recv(n->sock, scratch, sizeof(scratch), 0);  /* a lost packet: the 1 s timeout */
+                got = recv(n->sock, scratch, MAX_PACKET, 0);  /* a lost packet: the 1 s timeout; longer ones cut */
             pthread_mutex_lock(&n->lock);
             if (got < 0)
                 continue;
