@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
-from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_split
+from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type, steal_split
 from vmprof_tui.collect import backends
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
@@ -47,15 +47,20 @@ from vmprof_tui.record.records import (
 )
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
-from vmprof_tui.resolve.spaces import group_by
+from vmprof_tui.resolve.spaces import dense_ranks, group_by
+
+
+def _rank_among(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the distinct wanted keys sorted, each key's rank among them, whether it is one of them): a binary search
+    each, where np.isin would sort both.  `wanted` must not be empty."""
+    wanted = np.unique(wanted)
+    rank = np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)
+    return wanted, rank, wanted[rank] == keys
 
 
 def _member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """keys that are in `wanted` (few): a binary search each, where np.isin would sort both."""
-    if not len(wanted):
-        return np.zeros(len(keys), bool)
-    wanted = np.sort(wanted)
-    return wanted[np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)] == keys
+    """keys that are in `wanted` (few)."""
+    return _rank_among(keys, wanted)[2] if len(wanted) else np.zeros(len(keys), bool)
 
 
 def first_and_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,10 +78,8 @@ def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndar
     each and one sort of their ranks among the wanted (small integers: sorted by radix, not 64-bit keys)."""
     if not len(wanted) or not len(keys):
         return {}
-    wanted = np.unique(wanted)
-    rank = np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)
-    pos = np.flatnonzero(wanted[rank] == keys)
-    return {int(wanted[r]): at for r, at in group_by(rank, pos)}
+    wanted, rank, found = _rank_among(keys, wanted)
+    return {int(wanted[r]): at for r, at in group_by(rank, np.flatnonzero(found))}
 
 MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
@@ -395,6 +398,7 @@ class Analysis:
         self._profiles: dict[tuple, Profile] = {}
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
         self._host_share_cache: dict[int | None, _HostShares] = {}
+        self._summaries: dict[tuple, HostSummary | GuestSummary] = {}
         self._polling: dict[int, np.ndarray] = {}  # vCPU thread (pid << 32 | tid) -> its polling samples
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         if time_range is not None:
@@ -480,12 +484,8 @@ class Analysis:
         def dense(code: np.ndarray) -> np.ndarray:
             """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""
             key = self.vm_code.astype(np.int64) * (int(code.max()) + 1 if len(code) else 1) + code
-            size = int(key.max()) + 1 if len(key) else 0
-            if size > 4 * len(key) + 4096:
-                return np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int32)
-            present = np.zeros(size, bool)
-            present[key] = True
-            return (np.cumsum(present, dtype=np.int32) - 1)[key]
+            ranks = dense_ranks(key)
+            return ranks if ranks is not None else np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int32)
         # int32: these and the other per-sample arrays are most of a large report's memory
         self.proc_key = dense(g.proc_code)
         self.key = dense(g.name_code)
@@ -854,9 +854,11 @@ class Analysis:
 
     def host_summary(self) -> HostSummary:
         """The host at a glance (the live overview) without its rows: shares and the top process and function."""
-        shares = self._host_shares(None)
-        top_process, top_function = self._top_names(shares.host, by_name=False)
-        return HostSummary(shares.ratios, shares.total, self.rec.lost_samples, top_process, top_function)
+        if ("host",) not in self._summaries:  # the overview's title, its host row and the history all ask
+            shares = self._host_shares(None)
+            self._summaries[("host",)] = HostSummary(shares.ratios, shares.total, self.rec.lost_samples,
+                                                     *self._top_names(shares.host, by_name=False))
+        return self._summaries[("host",)]
 
     def _host_shares(self, cpu: int | None) -> _HostShares:
         if cpu not in self._host_share_cache:
@@ -981,9 +983,12 @@ class Analysis:
         """What the live overview shows of a VM, without its rows (a VM's guest profile at 64 CPUs has tens of
         thousands): its shares, its steal of each type, and the process and the function (a row of its guest
         profile: process, pid, function, module) with the most resolved samples; ties go to the earlier row."""
-        shares = self._guest_shares(vm, vcpu)
-        steal = [sum(n for (kind, _v), n in shares.virtual.items() if kind.steal_type == t) for t in (1, 2)]
-        return GuestSummary(shares.ratios, shares.total, steal[0], steal[1], *self._top_names(shares.real_guest, True))
+        if ("guest", vm, vcpu) not in self._summaries:
+            shares = self._guest_shares(vm, vcpu)
+            self._summaries[("guest", vm, vcpu)] = GuestSummary(
+                shares.ratios, shares.total, steal_of_type(shares.virtual, 1), steal_of_type(shares.virtual, 2),
+                *self._top_names(shares.real_guest, by_name=True))
+        return self._summaries[("guest", vm, vcpu)]
 
     def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
         if (vm, vcpu) not in self._shares:

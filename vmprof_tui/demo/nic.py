@@ -18,10 +18,6 @@ doorbells (its page tables are hostile input) and hands the C side guest-physica
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 from vmprof_tui.demo import programs
@@ -44,18 +40,7 @@ class _Stats(ctypes.Structure):  # struct nic_stats
 
 def _library() -> ctypes.CDLL:
     """nic_io.c as a shared library, built once per source (cached by its hash, as the guest programs are)."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    out = programs.cache_dir() / digest / "nic_io.so"
-    if not out.exists():
-        cc = shutil.which("gcc") or shutil.which("cc")
-        if cc is None:
-            raise programs.BuildError("no C compiler found to build the demo NIC: apt-get install gcc")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-        proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise programs.BuildError(f"building the demo NIC failed: {proc.stderr.strip()[:500]}")
-        tmp.rename(out)
+    out = programs.compiled(SOURCE, CFLAGS, "nic_io.so", "the demo NIC")
     lib = ctypes.CDLL(str(out))
     lib.nic_start.restype = ctypes.c_void_p
     lib.nic_start.argtypes = [ctypes.c_void_p, ctypes.c_uint64]

@@ -160,12 +160,21 @@ def _small_ranks(k: np.ndarray) -> np.ndarray:
     lo, hi = int(k.min()), int(k.max())
     if hi - lo < 1 << 16:
         return (k - lo).astype(np.uint16)
-    if hi - lo > 4 * len(k) + (1 << 20):
-        return k
+    ranks = dense_ranks(k)
+    return ranks.astype(np.uint16) if ranks is not None and ranks.max() < 1 << 16 else k
+
+
+def dense_ranks(keys: np.ndarray) -> np.ndarray | None:
+    """The rank of each key among the distinct keys (np.unique's inverse, int32) by a table over their range,
+    without a sort; None where the range is too wide for a table (then sort)."""
+    if not len(keys):
+        return np.empty(0, np.int32)
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo > 4 * len(keys) + (1 << 20):
+        return None
     present = np.zeros(hi - lo + 1, bool)
-    present[k - lo] = True
-    rank = np.cumsum(present, dtype=np.int32)
-    return (rank[k - lo] - 1).astype(np.uint16) if rank[-1] <= 1 << 16 else k
+    present[keys - lo] = True
+    return (np.cumsum(present, dtype=np.int32) - 1)[keys - lo]
 
 
 def parse_proc_maps(text: str) -> list[Mapping]:
