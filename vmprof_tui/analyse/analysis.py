@@ -20,7 +20,6 @@ then
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,16 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
-from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type, steal_split
+from vmprof_tui.analyse.shares import (
+    GuestParts,
+    GuestSummary,
+    HostParts,
+    HostSummary,
+    NameCounts,
+    SpanSummary,
+    guest_summary,
+)
+from vmprof_tui.analyse.timeline import steal_split
 from vmprof_tui.collect import backends
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
@@ -150,11 +158,9 @@ class Row:
 
 @dataclass
 class _GuestShares:
-    """What a guest profile's shares are made of: its guest-mode samples (a mask) and its virtual samples."""
+    """What a guest profile's shares are made of: its guest-mode samples (a mask) and its parts."""
     real_guest: np.ndarray
-    virtual: dict[Cause, float]
-    total: float
-    ratios: dict[str, float]
+    parts: GuestParts
 
 
 @dataclass
@@ -164,29 +170,7 @@ class _HostShares:
     host: np.ndarray
     guest: np.ndarray
     idle_virtual: float
-    total: float
-    ratios: dict[str, float]
-
-
-@dataclass
-class HostSummary:
-    """The host at a glance (Analysis.host_summary)."""
-    ratios: dict[str, float]
-    total_samples: float
-    lost_samples: int
-    top_process: str
-    top_function: str
-
-
-@dataclass
-class GuestSummary:
-    """A VM at a glance (Analysis.guest_summary): its shares in %, steal of type 1 and 2 in samples, top names."""
-    ratios: dict[str, float]
-    total_samples: float
-    steal1: float
-    steal2: float
-    top_process: str
-    top_function: str
+    parts: HostParts
 
 
 @dataclass
@@ -370,11 +354,14 @@ class Analysis:
 
     def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
                  resolver: Resolver | None = None, time_range: tuple[float, float] | None = None,
-                 resolved: Resolved | None = None, keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 resolved: Resolved | None = None, keep: Callable[[np.ndarray], np.ndarray] | None = None,
+                 span_ns: tuple[int, int] | None = None) -> None:
         """resolver: symbol sources kept across analyses (the live screen's windows share one);
         time_range: (from, to) in seconds after the first record; the analysis covers only that span.
         resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
-        keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged."""
+        keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged.
+        span_ns: [lo, hi) on the host clock that timelines, blanks and idle are cut to, with the samples as given
+        (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext)."""
         self.rec = rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
@@ -393,7 +380,7 @@ class Analysis:
         # context switches; and apart, the wake-ups of vCPU threads and the ends of their halts
         self.sched, self.wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (
             sched, sched[:0])
-        self.range_ns: tuple[int, int] | None = None
+        self.range_ns: tuple[int, int] | None = span_ns
         self._window = recording_window(rec)
         self._profiles: dict[tuple, Profile] = {}
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
@@ -490,6 +477,8 @@ class Analysis:
         self.proc_key = dense(g.proc_code)
         self.key = dense(g.name_code)
         self.key_count = int(self.key.max()) + 1 if len(self.key) else 0
+        self.name_code_of_key = np.zeros(self.key_count, np.int64)  # the resolver's code of each key's name
+        self.name_code_of_key[self.key] = g.name_code
 
     # -- timelines -------------------------------------------------------------------
     @property
@@ -856,8 +845,8 @@ class Analysis:
         """The host at a glance (the live overview) without its rows: shares and the top process and function."""
         if ("host",) not in self._summaries:  # the overview's title, its host row and the history all ask
             shares = self._host_shares(None)
-            self._summaries[("host",)] = HostSummary(shares.ratios, shares.total, self.rec.lost_samples,
-                                                     *self._top_names(shares.host, by_name=False))
+            self._summaries[("host",)] = HostSummary(shares.parts.ratios(), shares.parts.total, self.rec.lost_samples,
+                                                     *self.top_names(np.flatnonzero(shares.host)).top(by_name=False))
         return self._summaries[("host",)]
 
     def _host_shares(self, cpu: int | None) -> _HostShares:
@@ -871,13 +860,12 @@ class Analysis:
             # with no such switch (idle throughout, or never idle) keeps its idle samples
             host &= ~((s["pid"] == 0) & np.isin(s["cpu"], list(idle_ns)))
             idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
-            total = float(np.count_nonzero(host | guest)) + idle_virtual
-            idle = idle_virtual + np.count_nonzero(host & (s["pid"] == 0))
-            kernel = np.count_nonzero(host & (s["pid"] != 0) & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
-            user = np.count_nonzero(host & ((s["flags"] & SAMPLE_HOST_KERNEL) == 0))
-            ratios = {k: 100.0 * v / total if total else 0.0 for k, v in
-                      (("os", kernel), ("user", user), ("idle", idle), ("vm", np.count_nonzero(guest)))}
-            self._host_share_cache[cpu] = _HostShares(sel, host, guest, idle_virtual, total, ratios)
+            idle = host & (s["pid"] == 0)
+            kernel = np.count_nonzero(host & ~idle & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
+            user = np.count_nonzero(host & ~idle & ((s["flags"] & SAMPLE_HOST_KERNEL) == 0))
+            parts = HostParts(float(kernel), float(user), idle_virtual + np.count_nonzero(idle),
+                              float(np.count_nonzero(guest)))
+            self._host_share_cache[cpu] = _HostShares(sel, host, guest, idle_virtual, parts)
         return self._host_share_cache[cpu]
 
     def _host_profile(self, cpu: int | None) -> Profile:
@@ -897,24 +885,17 @@ class Analysis:
         notes = list(self.notes)
         if cpu is not None:
             notes.append(f"CPU {cpu} only")
-        return Profile("host", None, None, shares.total, self.duration_s, self.rec.lost_samples, shares.ratios, rows,
+        return Profile("host", None, None, shares.parts.total, self.duration_s, self.rec.lost_samples,
+                       shares.parts.ratios(), rows,
                        int(np.count_nonzero(shares.selected & self.unresolved)), notes)
 
-    def _top_names(self, mask: np.ndarray, by_name: bool) -> tuple[str, str]:
-        """(process, function) of the profile row (process, pid, function, module) with the most resolved
-        samples among `mask`, ties to the earlier row; by_name: the process is instead the process name whose
-        resolved rows sum to the most.  "-" where nothing resolved."""
-        idx = np.flatnonzero(mask & ~self.unresolved)
-        if not len(idx):
-            return "-", "-"
-        _keys, first, counts = first_and_counts(self.key[idx], self.key_count)
-        top = idx[first[np.argmax(counts)]]
-        if not by_name:
-            return str(self.process[top]) or "-", str(self.func[top])
-        by_process: dict[str, int] = {}  # in the order of the rows, as the profile's rows would sum them
-        for name, n in zip(self.process[idx[first]].tolist(), counts.tolist(), strict=True):
-            by_process[name or "?"] = by_process.get(name or "?", 0) + n
-        return max(by_process, key=by_process.__getitem__), str(self.func[top])
+    def top_names(self, idx: np.ndarray) -> NameCounts:
+        """The resolved samples among `idx` (indices) counted by profile row (process, pid, function, module), under the
+        resolver's name codes (the same in every analysis that shares the resolver: counts of spans add)."""
+        idx = idx[~self.unresolved[idx]]
+        keys, first, counts = first_and_counts(self.key[idx], self.key_count)
+        at = idx[first]
+        return NameCounts(self.name_code_of_key[keys], counts.astype(float), self.process[at], self.func[at])
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
@@ -969,6 +950,21 @@ class Analysis:
         mask[self.thread_samples(tl)] = True
         return mask
 
+    def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
+        """(vCPU id, thread id) of each vCPU of a VM in the window, by vCPU id."""
+        return sorted((tl.vcpu, tl.tid) for tl in self.vm_timelines(vm))
+
+    def span_summary(self) -> SpanSummary:
+        """The overview's numbers of this analysis' span in parts that add across spans (the live screen keeps one
+        per drained chunk)."""
+        host = self._host_shares(None)
+        vcpus = {}
+        for tl in self.timelines.values():
+            real, parts = self.vcpu_parts(tl)
+            vcpus[(tl.vm, tl.vcpu)] = (tl.tid, parts, self.top_names(real))
+        return SpanSummary(self.window(), self.vm_names(), host.parts, self.top_names(np.flatnonzero(host.host)),
+                           vcpus)
+
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
 
@@ -977,7 +973,7 @@ class Analysis:
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         """A guest's OS:USER:IDLE:steal shares without its rows (the live screen's history of every VM)."""
-        return self._guest_shares(vm, vcpu).ratios
+        return self._guest_shares(vm, vcpu).parts.ratios()
 
     def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
         """What the live overview shows of a VM, without its rows (a VM's guest profile at 64 CPUs has tens of
@@ -985,66 +981,47 @@ class Analysis:
         profile: process, pid, function, module) with the most resolved samples; ties go to the earlier row."""
         if ("guest", vm, vcpu) not in self._summaries:
             shares = self._guest_shares(vm, vcpu)
-            self._summaries[("guest", vm, vcpu)] = GuestSummary(
-                shares.ratios, shares.total, steal_of_type(shares.virtual, 1), steal_of_type(shares.virtual, 2),
-                *self._top_names(shares.real_guest, by_name=True))
+            self._summaries[("guest", vm, vcpu)] = guest_summary(shares.parts,
+                                                                 self.top_names(np.flatnonzero(shares.real_guest)))
         return self._summaries[("guest", vm, vcpu)]
 
     def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
         if (vm, vcpu) not in self._shares:
-            self._shares[(vm, vcpu)] = self._measure_guest_shares(vm, vcpu)
+            if vm not in self.vm_by_pid.values():
+                raise KeyError(vm)
+            parts = GuestParts()
+            real_guest = np.zeros(len(self.samples), bool)
+            for tl in self.vm_timelines(vm, vcpu):
+                real, mine = self.vcpu_parts(tl)
+                real_guest[real] = True
+                parts.add(mine)
+            self._shares[(vm, vcpu)] = _GuestShares(real_guest, parts)
         return self._shares[(vm, vcpu)]
 
-    def _measure_guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
-        if vm not in self.vm_by_pid.values():
-            raise KeyError(vm)
-        tls = self.vm_timelines(vm, vcpu)
-        s = self.samples
-        sel = np.zeros(len(s), bool)
-        for tl in tls:
-            sel[self.thread_samples(tl)] = True
-        real_guest = sel & self.is_guest
-        # vCPU thread samples outside guest mode: the VMM/KVM working for the vCPU (type 2 steal), except
-        # KVM polling a halted vCPU (neither guest work nor idle); the rest of KVM's halt handling is type 2
-        vmm = sel & ~self.is_guest
-        polling = np.zeros(len(s), bool)
-        # virtual samples of the blanks by cause (in the order the blanks show them) and of halt polling, each
-        # vCPU's at its rate
-        virtual: dict[Cause, float] = defaultdict(float)
-        poll = 0.0
-        for tl in tls:
-            unit = self.sample_ns(tl)
-            for cause, n in steal_split(tl.blanks, unit).items():
-                virtual[cause] += n
-            polling[self.polling_samples(tl)] = True
-            poll += self.poll_ns(tl) / unit
-        vmm_samples = float(np.count_nonzero(vmm & ~polling))
-        if vmm_samples:
-            virtual[(RowKind.STEAL_VMM, None)] += vmm_samples
-        if poll:
-            virtual[(RowKind.HALT_POLL, None)] += poll
-        total = float(np.count_nonzero(real_guest)) + sum(virtual.values())
-        gk = np.count_nonzero(real_guest & ((s["flags"] & SAMPLE_GUEST_KERNEL) != 0))
-        gu = np.count_nonzero(real_guest) - gk
-        idle = virtual.get(IDLE_CAUSE, 0.0)
-        steal = sum(v for (kind, _v), v in virtual.items() if kind.is_steal)
-        parts = [("os", gk), ("user", gu), ("idle", idle), ("steal", steal)]
-        if (RowKind.HALT_POLL, None) in virtual:
-            parts.append(("halt_poll", virtual[(RowKind.HALT_POLL, None)]))
-        ratios = {k: 100.0 * v / total if total else 0.0 for k, v in parts}
-        return _GuestShares(real_guest, dict(virtual), total, ratios)
+    def vcpu_parts(self, tl: VcpuTimeline) -> tuple[np.ndarray, GuestParts]:
+        """One vCPU's guest-mode samples (indices) and its parts: its thread's samples outside guest mode are the
+        VMM/KVM working for the vCPU (type 2 steal), except KVM polling the halted vCPU (neither guest work nor
+        idle); its blanks are virtual samples by cause, at the thread's rate, and so is its halt polling."""
+        idx = self.thread_samples(tl)
+        real = idx[self.is_guest[idx]]
+        kernel = np.count_nonzero(self.samples["flags"][real] & SAMPLE_GUEST_KERNEL)
+        unit = self.sample_ns(tl)
+        parts = GuestParts(float(kernel), float(len(real) - kernel), steal_split(tl.blanks, unit),
+                           float(len(idx) - len(real) - len(self.polling_samples(tl))), self.poll_ns(tl) / unit)
+        return real, parts
 
     def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
         shares = self._guest_shares(vm, vcpu)
         rows = self.aggregate(shares.real_guest)
         for row in rows:
             row.vm = vm
-        for (kind, v), n in shares.virtual.items():
+        for (kind, v), n in shares.parts.virtual().items():
             rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
         notes = list(self.notes)
         if not len(self.sched):
             notes.append("no scheduler events in this recording: idle and steal are unknown")
-        return Profile("guest", vm, vcpu, shares.total, self.duration_s, self.rec.lost_samples, shares.ratios, rows,
+        return Profile("guest", vm, vcpu, shares.parts.total, self.duration_s, self.rec.lost_samples,
+                       shares.parts.ratios(), rows,
                        int(np.count_nonzero(shares.real_guest & self.unresolved)), notes)
 
     # -- steal attribution and corrected times -------------------------------------

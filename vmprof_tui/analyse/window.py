@@ -7,17 +7,27 @@ same thing, an ``Analysis`` of a sliding window, so `vmprof top` has no analysis
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.shares import GuestSummary, HostSummary, SpanSummary, WindowSummary
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
+from vmprof_tui.record.records import (
+    SAMPLE_DTYPE,
+    SCHED_DTYPE,
+    SCHED_NEXT_VCPU,
+    SCHED_NOT_SWITCH,
+    SCHED_PREV_VCPU,
+    STACK_DTYPE,
+)
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 from vmprof_tui.resolve.symtab import kallsyms_table
 
@@ -38,47 +48,126 @@ def _time_ordered(samples: np.ndarray) -> np.ndarray:
     return samples if np.all(t[1:] >= t[:-1]) else samples[np.argsort(t, kind="stable")]
 
 
-class ResolvedChunks:
-    """The chunks of a sliding window, each resolved once when it arrives: a refresh then only joins the
-    window's chunks and groups their name codes (the cost of a refresh does not grow with the resolving
-    of what earlier refreshes saw)."""
+class SwitchContext:
+    """The last recorded context switch on each CPU and of each vCPU thread, as of the end of the chunks seen so far:
+    what the analysis of the next chunk needs from before its span (who held each CPU as the span began, and
+    whether each vCPU was on a CPU or in a blank then, and why).  At most one record per CPU and per vCPU thread."""
 
     def __init__(self) -> None:
-        self.samples: deque[tuple[np.ndarray, Resolved]] = deque()
-        self.sched: deque[np.ndarray] = deque()
-        self.stacks: deque[np.ndarray] = deque()  # stack records of the samples (-g)
+        self.events = np.empty(0, SCHED_DTYPE)
 
-    def add(self, samples: np.ndarray, sched: np.ndarray, resolve: Callable[[np.ndarray], Resolved],
-            stacks: np.ndarray | None = None) -> None:
-        if len(samples):
-            samples = _time_ordered(samples)
-            self.samples.append((samples, resolve(samples)))
-        if len(sched):
-            self.sched.append(sched)
-        if stacks is not None and len(stacks):
-            self.stacks.append(stacks)
+    def advance(self, sched: np.ndarray) -> None:
+        """Take in a chunk's sched events (in time order)."""
+        ev = np.concatenate([self.events, sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]])
+        if not len(ev):
+            return
+        n = len(ev)
+        _cpus, from_end = np.unique(ev["cpu"][::-1], return_index=True)
+        keep = [n - 1 - from_end]
+        for side, flag in (("prev", SCHED_PREV_VCPU), ("next", SCHED_NEXT_VCPU)):
+            at = np.flatnonzero(ev["flags"] & flag)
+            thread = ev[f"{side}_pid"][at].astype(np.int64) << 32 | ev[f"{side}_tid"][at]
+            _threads, from_end = np.unique(thread[::-1], return_index=True)
+            keep.append(at[len(at) - 1 - from_end])
+        self.events = ev[np.unique(np.concatenate(keep))]
+
+
+@dataclass
+class Chunk:
+    """A drained stretch of records covering [lo, hi) of the host clock, resolved once when it arrived, and the
+    overview's numbers of it (its span analysed with the switches before it)."""
+    lo: int
+    hi: int
+    samples: np.ndarray
+    resolved: Resolved | None
+    sched: np.ndarray
+    stacks: np.ndarray | None
+    summary: SpanSummary
+
+
+# (samples, their names, sched events with the switches before the span, the span) -> the span's summary
+Summarise = Callable[[np.ndarray, "Resolved | None", np.ndarray, tuple[int, int]], SpanSummary]
+
+
+class ResolvedChunks:
+    """The chunks of a sliding window, each resolved and summarised once when it arrives: a refresh sums the
+    summaries of the window's chunks for the overview, and joins the chunks into one Analysis only for the
+    screens that need more (the cost of a refresh does not grow with what earlier refreshes saw)."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[Chunk] = deque()
+        self.context = SwitchContext()
+
+    def add(self, lo: int, hi: int, samples: np.ndarray, sched: np.ndarray,
+            resolve: Callable[[np.ndarray], Resolved], summarise: Summarise, stacks: np.ndarray | None = None) -> None:
+        """Take in the records of [lo, hi)."""
+        samples, sched = _time_ordered(samples), _time_ordered(sched)
+        resolved = resolve(samples) if len(samples) else None
+        # the switches before the span say what each CPU and vCPU was doing as it began
+        summary = summarise(samples, resolved, np.concatenate([self.context.events, sched]), (lo, hi))
+        self.context.advance(sched)
+        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, stacks, summary))
 
     def pids(self) -> set[int]:
-        return {int(pid) for chunk, _names in self.samples for pid in np.unique(chunk["pid"]).tolist()}
+        return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist()}
 
-    def window(self, horizon: int) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
-        """(samples, their names, sched events, stack records) from `horizon` (ns) on; older chunks are forgotten."""
-        while self.stacks and self.stacks[0]["time_ns"].max() < horizon:
-            self.stacks.popleft()
-        while self.samples and self.samples[0][0]["time_ns"][-1] < horizon:
-            self.samples.popleft()
-        while self.sched and self.sched[0]["time_ns"][-1] < horizon:
-            self.sched.popleft()
-        if self.samples:
-            samples = np.concatenate([c[0] for c in self.samples])
-            resolved = Resolved.concatenate([c[1] for c in self.samples])
-            keep = samples["time_ns"] >= horizon
-            samples, resolved = samples[keep], resolved.take(keep)
-        else:
-            samples, resolved = np.empty(0, SAMPLE_DTYPE), None
-        sched = np.concatenate(self.sched) if self.sched else np.empty(0, SCHED_DTYPE)
-        stacks = np.concatenate(self.stacks) if self.stacks else np.empty(0, STACK_DTYPE)
-        return samples, resolved, sched[sched["time_ns"] >= horizon], stacks[stacks["time_ns"] >= horizon]
+    def current(self, horizon: int) -> tuple[list[Chunk], int]:
+        """The window's chunks and where the first begins: the window is made of whole chunks, those with the
+        larger part of their span after `horizon` (ns), so that its summaries add up exactly (older chunks are
+        forgotten)."""
+        while self.chunks and self.chunks[0].lo + self.chunks[0].hi < 2 * horizon:
+            self.chunks.popleft()
+        return list(self.chunks), self.chunks[0].lo if self.chunks else horizon
+
+
+def joined(chunks: list[Chunk], horizon: int) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
+    """(samples, their names, sched events, stack records) of the chunks from `horizon` (ns) on."""
+    with_samples = [c for c in chunks if c.resolved is not None]
+    if with_samples:
+        samples = np.concatenate([c.samples for c in with_samples])
+        resolved = Resolved.concatenate([c.resolved for c in with_samples if c.resolved is not None])
+        keep = samples["time_ns"] >= horizon
+        samples, resolved = samples[keep], resolved.take(keep)
+    else:
+        samples, resolved = np.empty(0, SAMPLE_DTYPE), None
+    sched = np.concatenate([c.sched for c in chunks] or [np.empty(0, SCHED_DTYPE)])
+    stacks = np.concatenate([c.stacks for c in chunks if c.stacks is not None] or [np.empty(0, STACK_DTYPE)])
+    return samples, resolved, sched[sched["time_ns"] >= horizon], stacks[stacks["time_ns"] >= horizon]
+
+
+class WindowView:
+    """One refresh of the live screen.  The overview's numbers (host and guest summaries, each VM's shares and
+    vCPUs) come from the summaries of the window's chunks; everything else is the window's whole Analysis,
+    joined and analysed the first time a screen asks for it (attributes not defined here are the Analysis')."""
+
+    def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis]) -> None:
+        self.summary = summary
+        self._analyse = analysis
+
+    @functools.cached_property
+    def analysis(self) -> Analysis:
+        return self._analyse()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.analysis, name)
+
+    def window(self) -> tuple[int, int]:
+        return self.summary.window()
+
+    def vm_names(self) -> list[str]:
+        return self.summary.vm_names()
+
+    def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
+        return self.summary.vcpu_threads(vm)
+
+    def host_summary(self) -> HostSummary:
+        return self.summary.host_summary()
+
+    def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
+        return self.summary.guest_summary(vm, vcpu)
+
+    def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
+        return self.summary.guest_ratios(vm, vcpu)
 
 
 class LiveWindow:
@@ -96,6 +185,7 @@ class LiveWindow:
         self.host_stacks: dict[int, np.ndarray] = {}  # host stack-map id -> addresses, for the session's life
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
         self._last_forget = time.monotonic()
+        self._chunk_end: int | None = None  # where the last chunk's span ended (the next one begins there)
 
     @property
     def meta(self) -> dict:
@@ -124,9 +214,9 @@ class LiveWindow:
     def bundles(self) -> dict[str, Path]:
         return {vm.name: Path(vm.bundle) for vm in self.session.vms.values() if vm.bundle}
 
-    def poll(self) -> Analysis:
-        now_ns = time.monotonic_ns()
+    def poll(self) -> WindowView:
         chunk = self.session.poll(discover_every_s=2.0)
+        hi = time.monotonic_ns()  # after the drain: the chunk's records are all before it
         if chunk.new_vms or chunk.gone_vms:
             if self.vms is not None:  # the first discovery is no news
                 self.messages += [f"VM {vm.name} (pid {vm.pid}) started" for vm in chunk.new_vms]
@@ -139,17 +229,31 @@ class LiveWindow:
         vm_of_pid = {int(vm["pid"]): vm["name"] for vm in self.vms}
         if len(chunk.samples):
             self.resolver.load_guests(vm_of_pid.values(), self.bundles(), {})
-        self.chunks.add(chunk.samples, chunk.sched, lambda s: self.resolver.resolve(s, self.processes, vm_of_pid),
-                        chunk.stacks)
+        lo = self._chunk_end if self._chunk_end is not None else hi - int(chunk.elapsed_s * 1e9)
+        self.chunks.add(lo, hi, chunk.samples, chunk.sched,
+                        lambda s: self.resolver.resolve(s, self.processes, vm_of_pid), self._summarise, chunk.stacks)
+        self._chunk_end = hi
         self.host_stacks.update(chunk.host_stacks)
-        samples, resolved, sched, stacks = self.chunks.window(now_ns - int(self.window_s * 1e9))
-        seconds = min(self.window_s, chunk.elapsed_s)
-        if not self.session.collector.stacks:
-            stacks = None
-        rec = _window_recording(Path("(live)"), self.meta, samples, sched,
-                                recording.snapshot(vms=self.vms, processes=self.processes), {}, seconds,
-                                self.session.lost(), stacks, self.host_stacks)
-        return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved)
+        horizon = hi - int(self.window_s * 1e9)
+        chunks, horizon = self.chunks.current(horizon)
+        lost = self.session.lost()
+        vms, processes, bundles = self.vms, dict(self.processes), self.bundles()
+        seconds = (hi - horizon) / 1e9
+
+        def analyse() -> Analysis:
+            samples, resolved, sched, stacks = joined(chunks, horizon)
+            rec = _window_recording(Path("(live)"), self.meta, samples, sched,
+                                    recording.snapshot(vms=vms, processes=processes), {}, seconds, lost,
+                                    stacks if self.session.collector.stacks else None, self.host_stacks)
+            return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved)
+
+        return WindowView(WindowSummary([c.summary for c in chunks], int(sum(lost.get("samples", [])))), analyse)
+
+    def _summarise(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
+                   span: tuple[int, int]) -> SpanSummary:
+        rec = _window_recording(Path("(live)"), self.meta, samples, sched, recording.snapshot(vms=self.vms), {},
+                                (span[1] - span[0]) / 1e9)
+        return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved, span_ns=span).span_summary()
 
     def close(self) -> None:
         self.session.close()
@@ -195,25 +299,42 @@ class ReplayWindow:
         t = table["time_ns"]
         return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
 
-    def poll(self, step_s: float = 1.0) -> Analysis:
+    def poll(self, step_s: float = 1.0) -> WindowView:
         self.now = min(self.now + int(step_s * 1e9), self.t_end)
         lo = max(self.t0, self.now - int(self.window_s * 1e9))
-        fresh = self._fresh or self.now < self._loaded_ns or lo > self._loaded_ns
-        if fresh:  # the first poll, or a jump back or past a whole window: start over
+        if self._fresh or self.now < self._loaded_ns or lo > self._loaded_ns:
+            # the first poll, or a jump back or past a whole window: start over, from the window's start
             self.chunks = ResolvedChunks()
             self._loaded_ns, self._fresh = lo, False
             self.resolver.load_guests(self._vm_of_pid.values(), {}, self.rec.bundles)
-        # as on a live host, each new stretch of records is resolved once, when it arrives
-        self.chunks.add(self._between(self.samples, self._loaded_ns, self.now, fresh),
-                        self._between(self.sched, self._loaded_ns, self.now, fresh),
-                        lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid),
-                        None if self.stacks is None else self._between(self.stacks, self._loaded_ns, self.now, fresh))
-        self._loaded_ns = self.now
-        s, resolved, e, st = self.chunks.window(lo)
-        rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, (self.now - lo) / 1e9,
-                                stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
-        rec.problems = list(self.rec.problems)
-        return Analysis(rec, resolver=self.resolver, resolved=resolved)
+        # as on a live host, each new stretch of records is resolved and summarised once, when it arrives, a
+        # refresh interval at a time
+        step = max(int(step_s * 1e9), 1)
+        while self._loaded_ns < self.now or not self.chunks.chunks:
+            hi = min(self._loaded_ns + step, self.now)
+            first = not self.chunks.chunks
+            self.chunks.add(self._loaded_ns, hi, self._between(self.samples, self._loaded_ns, hi, first),
+                            self._between(self.sched, self._loaded_ns, hi, first),
+                            lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid), self._summarise,
+                            None if self.stacks is None else self._between(self.stacks, self._loaded_ns, hi, first))
+            self._loaded_ns = hi
+        chunks, lo = self.chunks.current(lo)
+        seconds = (self.now - lo) / 1e9
+
+        def analyse() -> Analysis:
+            s, resolved, e, st = joined(chunks, lo)
+            rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, seconds,
+                                    stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
+            rec.problems = list(self.rec.problems)
+            return Analysis(rec, resolver=self.resolver, resolved=resolved)
+
+        return WindowView(WindowSummary([c.summary for c in chunks], 0), analyse)  # a replay loses nothing
+
+    def _summarise(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
+                   span: tuple[int, int]) -> SpanSummary:
+        rec = _window_recording(self.rec.path, self.meta, samples, sched, self.snapshot, self.rec.bundles,
+                                (span[1] - span[0]) / 1e9)
+        return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=span).span_summary()
 
     def close(self) -> None:
         pass

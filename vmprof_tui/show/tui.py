@@ -27,6 +27,7 @@ from vmprof_tui.analyse.callgraph import WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
+from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show import flame
 from vmprof_tui.show.live_table import LiveTable
@@ -68,7 +69,7 @@ class VmSummary:
 def vm_summary(an: Analysis, vm: str) -> VmSummary:
     g = an.guest_summary(vm)
     total = g.total_samples or 1.0
-    return VmSummary(len(an.vm_timelines(vm)), g.ratios["user"], g.ratios["os"], 100 * g.steal1 / total,
+    return VmSummary(len(an.vcpu_threads(vm)), g.ratios["user"], g.ratios["os"], 100 * g.steal1 / total,
                      100 * g.steal2 / total, g.ratios["idle"], g.top_process, demangle(g.top_function))
 
 
@@ -374,10 +375,10 @@ class VmScreen(VmTableScreen):
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         out = []
-        for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
-            g = an.guest_summary(self.vm, tl.vcpu)
-            out.append((str(tl.vcpu), (f"vcpu{tl.vcpu}", tl.tid, g.ratios["user"] + g.ratios["os"],
-                                       g.ratios["idle"], g.ratios["steal"], demangle(g.top_function))))
+        for vcpu, tid in an.vcpu_threads(self.vm):
+            g = an.guest_summary(self.vm, vcpu)
+            out.append((str(vcpu), (f"vcpu{vcpu}", tid, g.ratios["user"] + g.ratios["os"],
+                                    g.ratios["idle"], g.ratios["steal"], demangle(g.top_function))))
         return out
 
     def drill(self, key: str | None) -> None:
@@ -634,7 +635,7 @@ class VmprofTop(App):
         self.should_stop = should_stop or (lambda: False)
         self.refresh_s = refresh_s
         self.paused = False
-        self.analysis: Analysis | None = None
+        self.analysis: WindowView | None = None  # what every screen reads: the summaries, else the Analysis
         self.history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=60))
         # per VM: (end of the window in s, user+kernel %, steal %, idle %) of each refresh, for the overview's plot
         self.usage: dict[str, deque[tuple[float, float, float, float]]] = defaultdict(lambda: deque(maxlen=600))
@@ -681,7 +682,7 @@ class VmprofTop(App):
         self._polling = True
         self.run_worker(self._poll, thread=True, group="poll")
 
-    def poll_window(self) -> tuple[Analysis, list[tuple[str, float]], list[tuple[str, float, float, float, float]]]:
+    def poll_window(self) -> tuple[WindowView, list[tuple[str, float]], list[tuple[str, float, float, float, float]]]:
         """One refresh's analysis (off the UI thread): the window, each VM's load and its usage point."""
         an = self.window.poll()
         loads = [(HOST_KEY, 100.0 - an.host_summary().ratios["idle"])]
@@ -707,7 +708,7 @@ class VmprofTop(App):
         self.paused = True
         self._refresh_screen()
 
-    def _show(self, an: Analysis, loads: list[tuple[str, float]],
+    def _show(self, an: WindowView, loads: list[tuple[str, float]],
               usage: list[tuple[str, float, float, float, float]]) -> None:
         self._polling = False
         self.analysis = an

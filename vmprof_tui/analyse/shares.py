@@ -1,0 +1,229 @@
+"""What a profile's percentages are made of, as parts in samples that add: across the vCPUs of a VM, and across
+spans of time (the live screen sums each chunk's parts instead of analysing its whole window every refresh).
+
+The one place where parts become the shares shown (OS:USER:IDLE:steal of a guest, OS:USER:IDLE:VM of the host).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type
+
+
+def _percent(parts: list[tuple[str, float]], total: float) -> dict[str, float]:
+    return {k: 100.0 * v / total if total else 0.0 for k, v in parts}
+
+
+@dataclass
+class GuestParts:
+    """A guest's (or one vCPU's) time in samples: real guest samples in its kernel and in user mode, blank time by
+    cause (virtual samples at each vCPU's rate, in the order the blanks first show the causes), samples of its
+    vCPU threads in the VMM or KVM (type 2 steal) and KVM's halt polling."""
+    kernel: float = 0.0
+    user: float = 0.0
+    blank: dict[Cause, float] = field(default_factory=lambda: defaultdict(float))
+    vmm: float = 0.0
+    poll: float = 0.0
+
+    def add(self, other: GuestParts) -> None:
+        self.kernel += other.kernel
+        self.user += other.user
+        for cause, n in other.blank.items():
+            self.blank[cause] += n
+        self.vmm += other.vmm
+        self.poll += other.poll
+
+    def virtual(self) -> dict[Cause, float]:
+        """The virtual rows of the guest profile: blank causes, then the VMM's samples, then halt polling."""
+        out = dict(self.blank)
+        if self.vmm:
+            out[(RowKind.STEAL_VMM, None)] = out.get((RowKind.STEAL_VMM, None), 0.0) + self.vmm
+        if self.poll:
+            out[(RowKind.HALT_POLL, None)] = out.get((RowKind.HALT_POLL, None), 0.0) + self.poll
+        return out
+
+    @property
+    def total(self) -> float:
+        return self.kernel + self.user + sum(self.virtual().values())
+
+    def ratios(self) -> dict[str, float]:
+        virtual = self.virtual()
+        steal = sum(v for (kind, _v), v in virtual.items() if kind.is_steal)
+        parts = [("os", self.kernel), ("user", self.user), ("idle", virtual.get(IDLE_CAUSE, 0.0)), ("steal", steal)]
+        if (RowKind.HALT_POLL, None) in virtual:
+            parts.append(("halt_poll", virtual[(RowKind.HALT_POLL, None)]))
+        return _percent(parts, self.total)
+
+    def steal_of_type(self, steal_type: int) -> float:
+        return steal_of_type(self.virtual(), steal_type)
+
+
+@dataclass
+class HostParts:
+    """The host's samples: its kernel and user mode, idle (samples, and idle time from the sched events as virtual
+    samples), and the vCPU threads of the VMs."""
+    kernel: float = 0.0
+    user: float = 0.0
+    idle: float = 0.0
+    vm: float = 0.0
+
+    def add(self, other: HostParts) -> None:
+        self.kernel += other.kernel
+        self.user += other.user
+        self.idle += other.idle
+        self.vm += other.vm
+
+    @property
+    def total(self) -> float:
+        return self.kernel + self.user + self.idle + self.vm
+
+    def ratios(self) -> dict[str, float]:
+        return _percent([("os", self.kernel), ("user", self.user), ("idle", self.idle), ("vm", self.vm)], self.total)
+
+
+@dataclass
+class NameCounts:
+    """Resolved samples by profile row (process, pid, function, module) under the resolver's name codes, with
+    each row's process and function names: the top process and function of a summary, and what adds across
+    spans (the codes are the same in every analysis that shares a resolver)."""
+    codes: np.ndarray  # int64
+    counts: np.ndarray  # float
+    process: np.ndarray  # str objects
+    function: np.ndarray
+    by_process: dict[str, float] | None = None  # the counts summed by process name (by default in row order)
+
+    def __post_init__(self) -> None:
+        if self.by_process is None:
+            self.by_process = {}
+            for name, n in zip(self.process.tolist(), self.counts.tolist(), strict=True):
+                self.by_process[name or "?"] = self.by_process.get(name or "?", 0.0) + n
+
+    @staticmethod
+    def combine(parts: list[NameCounts]) -> NameCounts:
+        """The sum of counts, in the order of the codes (the sums by process name add the parts' sums)."""
+        if not parts:
+            return NameCounts(np.empty(0, np.int64), np.empty(0), np.empty(0, object), np.empty(0, object))
+        codes = np.concatenate([p.codes for p in parts])
+        uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        counts = np.bincount(inverse.reshape(-1), np.concatenate([p.counts for p in parts]), minlength=len(uniq))
+        by_process: dict[str, float] = {}
+        for p in parts:
+            for name, n in (p.by_process or {}).items():
+                by_process[name] = by_process.get(name, 0.0) + n
+        return NameCounts(uniq, counts, np.concatenate([p.process for p in parts])[first],
+                          np.concatenate([p.function for p in parts])[first], by_process)
+
+    def top(self, by_name: bool) -> tuple[str, str]:
+        """(process, function) of the row with the most samples, ties to the earlier row; by_name: the process is
+        instead the process name whose rows sum to the most.  "-" where nothing resolved."""
+        if not len(self.codes) or not self.counts.max() > 0:
+            return "-", "-"
+        top = int(np.argmax(self.counts))
+        if not by_name:
+            return str(self.process[top]) or "-", str(self.function[top])
+        by_process = self.by_process or {}
+        return max(by_process, key=by_process.__getitem__), str(self.function[top])
+
+
+@dataclass
+class HostSummary:
+    """The host at a glance (Analysis.host_summary)."""
+    ratios: dict[str, float]
+    total_samples: float
+    lost_samples: int
+    top_process: str
+    top_function: str
+
+
+@dataclass
+class GuestSummary:
+    """A VM at a glance (Analysis.guest_summary): its shares in %, steal of type 1 and 2 in samples, top names."""
+    ratios: dict[str, float]
+    total_samples: float
+    steal1: float
+    steal2: float
+    top_process: str
+    top_function: str
+
+
+def guest_summary(parts: GuestParts, names: NameCounts) -> GuestSummary:
+    return GuestSummary(parts.ratios(), parts.total, parts.steal_of_type(1), parts.steal_of_type(2),
+                        *names.top(by_name=True))
+
+
+@dataclass
+class SpanSummary:
+    """The overview's numbers of one span [lo, hi) of the host clock, in parts that add (Analysis.span_summary)."""
+    span_ns: tuple[int, int]
+    vms: list[str]
+    host: HostParts
+    host_names: NameCounts
+    vcpus: dict[tuple[str, int], tuple[int, GuestParts, NameCounts]]  # (VM, vCPU id) -> (thread id, parts, names)
+
+
+class WindowSummary:
+    """The overview of a sliding window from the summaries of the spans it is made of (the live screen's drained
+    chunks, each summarised once): what Analysis.host_summary / guest_summary / guest_ratios / vm_names /
+    vcpu_threads give for the whole window."""
+
+    def __init__(self, spans: list[SpanSummary], lost_samples: int) -> None:
+        self.spans = spans
+        self.lost_samples = lost_samples
+        self.host = HostParts()
+        self.vcpus: dict[str, dict[int, int]] = {}  # VM -> vCPU id -> its thread (the latest span's)
+        self.parts: dict[tuple[str, int], GuestParts] = {}
+        vms: dict[str, None] = {}
+        for span in spans:
+            self.host.add(span.host)
+            vms.update(dict.fromkeys(span.vms))
+            for (vm, vcpu), (tid, parts, _names) in span.vcpus.items():
+                self.vcpus.setdefault(vm, {})[vcpu] = tid
+                self.parts.setdefault((vm, vcpu), GuestParts()).add(parts)
+        self._vms = sorted(vms)
+        self._summaries: dict[tuple[str, int | None], GuestSummary] = {}
+        self._host_summary: HostSummary | None = None
+
+    def window(self) -> tuple[int, int]:
+        if not self.spans:
+            return 0, 0
+        return self.spans[0].span_ns[0], self.spans[-1].span_ns[1]
+
+    def vm_names(self) -> list[str]:
+        return self._vms
+
+    def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
+        return sorted(self.vcpus.get(vm, {}).items())
+
+    def host_summary(self) -> HostSummary:
+        if self._host_summary is None:  # the overview's title, its host row and the history all ask
+            names = NameCounts.combine([span.host_names for span in self.spans])
+            self._host_summary = HostSummary(self.host.ratios(), self.host.total, self.lost_samples,
+                                             *names.top(by_name=False))
+        return self._host_summary
+
+    def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
+        if (vm, vcpu) not in self._summaries:
+            if vm not in self._vms:
+                raise KeyError(vm)
+            names = [span.vcpus[(vm, v)][2] for span in self.spans for v in self._vcpus(vm, vcpu)
+                     if (vm, v) in span.vcpus]
+            self._summaries[(vm, vcpu)] = guest_summary(self._guest_parts(vm, vcpu), NameCounts.combine(names))
+        return self._summaries[(vm, vcpu)]
+
+    def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
+        return self._guest_parts(vm, vcpu).ratios()
+
+    def _vcpus(self, vm: str, vcpu: int | None) -> list[int]:
+        return sorted(self.vcpus.get(vm, {})) if vcpu is None else [vcpu]
+
+    def _guest_parts(self, vm: str, vcpu: int | None) -> GuestParts:
+        parts = GuestParts()
+        for v in self._vcpus(vm, vcpu):
+            if (vm, v) in self.parts:
+                parts.add(self.parts[(vm, v)])
+        return parts
