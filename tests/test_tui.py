@@ -309,3 +309,40 @@ def test_overview_summary_agrees_with_the_guest_profile() -> None:
             by_proc[r.process or "?"] = by_proc.get(r.process or "?", 0) + r.samples
         assert s.top_function == max(funcs, key=lambda r: r.samples).function
         assert s.top_process == max(by_proc, key=by_proc.__getitem__)
+
+
+@pytest.mark.parametrize("step_s", [1.0, 0.7])
+def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
+    """The live overview sums the summaries of the window's chunks (each analysed once, with the switches before
+    it) instead of analysing the whole window each refresh.  On one span the sum is the whole analysis exactly;
+    over a sliding window of whole chunks it agrees with the window's whole Analysis to a fraction of a percentage
+    point (each chunk prices a vCPU's blank time at that chunk's sampling rate) and names the same top names."""
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.shares import WindowSummary
+    from vmprof_tui.record import recording
+
+    golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
+    an = Analysis(recording.load(golden))
+    one = WindowSummary([an.span_summary()], an.rec.lost_samples)
+    assert one.host_summary() == an.host_summary()
+    for vm in an.vm_names():
+        assert one.vcpu_threads(vm) == an.vcpu_threads(vm)
+        for vcpu in [None, *(v for v, _tid in an.vcpu_threads(vm))]:
+            got, want = one.guest_summary(vm, vcpu), an.guest_summary(vm, vcpu)
+            assert got.ratios == pytest.approx(want.ratios, abs=1e-9)
+            assert (got.top_process, got.top_function) == (want.top_process, want.top_function)
+            assert got.steal1 == pytest.approx(want.steal1) and got.steal2 == pytest.approx(want.steal2)
+
+    window = ReplayWindow(golden, window_s=2.0)
+    window.start()
+    while not window.at_end:
+        view = window.poll(step_s=step_s)
+        whole = view.analysis  # the window's Analysis, as the other screens see it
+        assert view.vm_names() == whole.vm_names() and view.window() == whole.window()
+        pairs = [(view.host_summary(), whole.host_summary())] + [
+            (view.guest_summary(vm, vcpu), whole.guest_summary(vm, vcpu))
+            for vm in whole.vm_names() for vcpu in [None, *(v for v, _tid in whole.vcpu_threads(vm))]]
+        for got, want in pairs:
+            assert got.ratios == pytest.approx(want.ratios, abs=0.3)
+            assert got.total_samples == pytest.approx(want.total_samples, rel=0.01)
+            assert (got.top_process, got.top_function) == (want.top_process, want.top_function)

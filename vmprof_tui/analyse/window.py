@@ -81,6 +81,7 @@ class Chunk:
     samples: np.ndarray
     resolved: Resolved | None
     sched: np.ndarray
+    before: np.ndarray  # the switches before the span (SwitchContext)
     stacks: np.ndarray | None
     summary: SpanSummary
 
@@ -104,9 +105,10 @@ class ResolvedChunks:
         samples, sched = _time_ordered(samples), _time_ordered(sched)
         resolved = resolve(samples) if len(samples) else None
         # the switches before the span say what each CPU and vCPU was doing as it began
-        summary = summarise(samples, resolved, np.concatenate([self.context.events, sched]), (lo, hi))
+        before = self.context.events
+        summary = summarise(samples, resolved, np.concatenate([before, sched]), (lo, hi))
         self.context.advance(sched)
-        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, stacks, summary))
+        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary))
 
     def pids(self) -> set[int]:
         return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist()}
@@ -121,7 +123,8 @@ class ResolvedChunks:
 
 
 def joined(chunks: list[Chunk], horizon: int) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
-    """(samples, their names, sched events, stack records) of the chunks from `horizon` (ns) on."""
+    """(samples, their names, sched events, stack records) of the chunks from `horizon` (ns) on; the sched events
+    begin with the switches before the first chunk."""
     with_samples = [c for c in chunks if c.resolved is not None]
     if with_samples:
         samples = np.concatenate([c.samples for c in with_samples])
@@ -131,8 +134,9 @@ def joined(chunks: list[Chunk], horizon: int) -> tuple[np.ndarray, Resolved | No
     else:
         samples, resolved = np.empty(0, SAMPLE_DTYPE), None
     sched = np.concatenate([c.sched for c in chunks] or [np.empty(0, SCHED_DTYPE)])
+    sched = np.concatenate([chunks[0].before if chunks else sched[:0], sched[sched["time_ns"] >= horizon]])
     stacks = np.concatenate([c.stacks for c in chunks if c.stacks is not None] or [np.empty(0, STACK_DTYPE)])
-    return samples, resolved, sched[sched["time_ns"] >= horizon], stacks[stacks["time_ns"] >= horizon]
+    return samples, resolved, sched, stacks[stacks["time_ns"] >= horizon]
 
 
 class WindowView:
@@ -245,7 +249,7 @@ class LiveWindow:
             rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                     recording.snapshot(vms=vms, processes=processes), {}, seconds, lost,
                                     stacks if self.session.collector.stacks else None, self.host_stacks)
-            return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved)
+            return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
 
         return WindowView(WindowSummary([c.summary for c in chunks], int(sum(lost.get("samples", [])))), analyse)
 
@@ -319,14 +323,15 @@ class ReplayWindow:
                             None if self.stacks is None else self._between(self.stacks, self._loaded_ns, hi, first))
             self._loaded_ns = hi
         chunks, lo = self.chunks.current(lo)
-        seconds = (self.now - lo) / 1e9
+        now = self.now
+        seconds = (now - lo) / 1e9
 
         def analyse() -> Analysis:
             s, resolved, e, st = joined(chunks, lo)
             rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, seconds,
                                     stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
             rec.problems = list(self.rec.problems)
-            return Analysis(rec, resolver=self.resolver, resolved=resolved)
+            return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now))
 
         return WindowView(WindowSummary([c.summary for c in chunks], 0), analyse)  # a replay loses nothing
 
