@@ -26,8 +26,16 @@ import numpy as np
 
 from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
-from vmprof_tui.resolve.elf import ElfSymbols
-from vmprof_tui.resolve.spaces import AddressSpace, GuestSymbols, ObjectCache, group_by, guest_symbols
+from vmprof_tui.resolve.elf import ET_EXEC, ElfSymbols
+from vmprof_tui.resolve.spaces import (
+    USER_LIMIT,
+    AddressSpace,
+    GuestSymbols,
+    ObjectCache,
+    group_by,
+    guest_symbols,
+    locate,
+)
 from vmprof_tui.resolve.symtab import EMPTY_KERNEL, KernelSymbols, kallsyms_table
 
 KERNEL_MODULE = "[kernel.kallsyms]"
@@ -194,14 +202,16 @@ class Resolver:
             self._kernel_ids(self.kallsyms, s["host_ip"], np.nonzero(kernel)[0], KERNEL_MODULE, func, module)
         groups = _Groups(n)  # (process, pid) of every sample, group by group
         pids = s["pid"]
+        host_spaces: list[tuple[AddressSpace, np.ndarray]] = []  # user samples of each host process
         for pid, idx in group_by(pids, np.nonzero(~guest)[0]):
             snap = processes.get(pid)
             name = "swapper" if pid == 0 else (snap["comm"] if snap else str(pid))
             groups.add(idx, st.intern(name), name, pid)
             user = idx[~kernel[idx]]
             if len(user) and snap:
-                space = self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids"))
-                self._space_ids(space, s["host_ip"], user, func, module)
+                host_spaces.append((self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids")), user))
+        self._spaces_ids(host_spaces, s["host_ip"], func, module)
+        guest_spaces: list[tuple[AddressSpace, np.ndarray]] = []  # user samples of each guest process
         cr3s = normalise_cr3_array(s["guest_cr3"])
         rip_unknown = (flags & SAMPLE_GUEST_UNKNOWN) != 0
         gkernel = (flags & SAMPLE_GUEST_KERNEL) != 0
@@ -225,7 +235,8 @@ class Resolver:
                     continue
                 groups.add(cidx, st.intern(space.name), space.name, space.pid if space.pid is not None else -1)
                 if len(user):
-                    self._space_ids(space, s["guest_ip"], user, func, module)
+                    guest_spaces.append((space, user))
+        self._spaces_ids(guest_spaces, s["guest_ip"], func, module)
         if notes is not None:  # stored symbol tables unusable, local files of another build
             notes += self.objects.notes
         self.objects.notes.clear()
@@ -239,6 +250,42 @@ class Resolver:
         sym = ks.lookup(ips[idx])
         func[idx] = self.strings.ids(ks.names_or_unknown, sym)
         module[idx] = self.strings.ids(ks.module_label_table(image), sym)
+
+    def _spaces_ids(self, spaces: list[tuple[AddressSpace, np.ndarray]], ips: np.ndarray, func: np.ndarray,
+                    module: np.ndarray) -> None:
+        """Function and module ids of the user samples of many processes ((address space, sample indices) pairs),
+        all at once: one search for their mappings (spaces.locate), then per mapping hit its module and symbol
+        table, and per symbol table one lookup of all its samples, whichever process mapped it where."""
+        if not spaces:
+            return
+        idx = np.concatenate([i for _space, i in spaces])
+        which = np.repeat(np.arange(len(spaces)), [len(i) for _space, i in spaces])
+        addrs = ips[idx]
+        maps, at = locate([space for space, _i in spaces], which, addrs)
+        high = np.flatnonzero(addrs >= USER_LIMIT)  # e.g. [vsyscall]: through the space's own search
+        for rank, pos in group_by(which, high):
+            self._space_ids(spaces[rank][0], ips, idx[pos], func, module)
+        hit = np.flatnonzero(at >= 0)
+        module_id = np.zeros(len(maps), np.int32)
+        table = np.full(len(maps), -1, np.int64)  # the index in `tables` of each mapping's symbols
+        delta = np.zeros(len(maps), np.uint64)  # address -> file offset (mod 2**64), for position-independent files
+        tables: dict[int, tuple[int, ElfSymbols]] = {}
+        for mi in np.unique(at[hit]).tolist():
+            m = maps[mi]
+            module_id[mi] = self.strings.intern(m.module_name)
+            obj = self.objects.symbols(m)
+            if obj is not None:
+                table[mi] = tables.setdefault(id(obj), (len(tables), obj))[0]
+                if obj.elf_type != ET_EXEC:
+                    delta[mi] = (m.offset - m.start) % (1 << 64)
+        module[idx[hit]] = module_id[at[hit]]
+        objs = [obj for _i, obj in tables.values()]
+        for ti, pos in group_by(table[at[hit]], np.flatnonzero(table[at[hit]] >= 0)):
+            obj, mine = objs[ti], hit[pos]
+            link = addrs[mine].astype(np.uint64)
+            if obj.elf_type != ET_EXEC:
+                link = obj.file_offsets_to_vaddrs(link + delta[at[mine]])
+            func[idx[mine]] = self._name_ids(obj, obj.lookup(link))
 
     def _space_ids(self, space: AddressSpace, ips: np.ndarray, idx: np.ndarray, func: np.ndarray,
                    module: np.ndarray) -> None:

@@ -142,6 +142,36 @@ class AddressSpace:
         return functions.tolist(), modules.tolist()
 
 
+USER_LIMIT = 1 << 47  # x86-64 user addresses (4-level paging) lie below this: 17 bits are left for a space's rank
+
+
+def locate(spaces: list[AddressSpace], which: np.ndarray, ips: np.ndarray) -> tuple[list[Mapping], np.ndarray]:
+    """The mapping of each user address, for the addresses of many address spaces at once (`which`: the index in
+    `spaces` of each address's space): one binary search over every space's mappings keyed (space, start), not one
+    per space (a 64-CPU host has hundreds of processes in each second's samples).  Returns (the mappings, the
+    index among them of each address's mapping, -1 where none holds it or the address is not below USER_LIMIT)."""
+    maps: list[Mapping] = []
+    keys, ends, owner = [], [], []
+    for rank, space in enumerate(spaces):
+        sorted_maps, starts, space_ends = space._sorted_maps
+        low = np.flatnonzero(space_ends <= USER_LIMIT)
+        maps += [sorted_maps[i] for i in low.tolist()]
+        keys.append(np.uint64(rank) << np.uint64(47) | starts[low])
+        ends.append(space_ends[low])
+        owner.append(np.full(len(low), rank, np.int64))
+    at = np.full(len(ips), -1, np.int64)
+    if not maps or len(spaces) >= 1 << 16:
+        return maps, at
+    key, end, own = np.concatenate(keys), np.concatenate(ends), np.concatenate(owner)
+    user = np.flatnonzero(ips < USER_LIMIT)
+    ip = ips[user].astype(np.uint64)
+    found = np.searchsorted(key, which[user].astype(np.uint64) << np.uint64(47) | ip, side="right") - 1
+    k = found.clip(0)
+    ok = (found >= 0) & (own[k] == which[user]) & (ip < end[k])
+    at[user[ok]] = found[ok]
+    return maps, at
+
+
 def group_by(keys: np.ndarray, pos: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     """(key, the positions `pos` with that key, in their order) for each distinct keys[pos], with one sort."""
     if not len(pos):

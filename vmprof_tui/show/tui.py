@@ -110,6 +110,7 @@ class TableScreen(Screen):
     # Rows handed to the table, the first by the sort: Textual lays out every row it holds, and a 64-CPU host
     # has ~65,000 host functions in a 10 s window (minutes a refresh); the rest are reached with / or o.
     max_rows = 500
+    summaries_only = False  # the screen reads only the window's summaries (no whole-window Analysis)
 
     def __init__(self) -> None:
         super().__init__()
@@ -159,7 +160,8 @@ class TableScreen(Screen):
         return ""
 
     def refresh_from(self, an: Analysis | None) -> None:
-        if an is None or not self.ready:  # refreshes can arrive before the screen is mounted
+        # refreshes can arrive before the screen is mounted, and after the app began to exit
+        if an is None or not self.ready or not self.is_attached:
             return
         table = self.query_one(LiveTable)
         rows = [(k, r) for k, r in self.rows(an) if not self.filter or self.filter.lower() in " ".join(
@@ -269,6 +271,7 @@ class OverviewScreen(TableScreen):
     columns = ("VM", "vCPUs", "user %", "kernel %", "steal % (t1/t2)", "idle %", "top process",
                "top function", "history (busy %)")
     default_sort = "VM"
+    summaries_only = True
 
     def below_table(self) -> ComposeResult:
         yield PlotextPlot(id="plot")
@@ -369,6 +372,7 @@ class VmScreen(VmTableScreen):
     BINDINGS = [Binding("enter", "drill", "processes")]
     columns = ("vCPU", "tid", "guest %", "idle %", "steal %", "top function")
     default_sort = "vCPU"
+    summaries_only = True
 
     def title_text(self, an: Analysis) -> str:
         return f"VM {self.vm}: vCPUs (Enter: processes on the vCPU)"
@@ -692,6 +696,8 @@ class VmprofTop(App):
             r = an.guest_ratios(vm)
             loads.append((vm, r["user"] + r["os"]))
             usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
+        if not getattr(self.screen, "summaries_only", False):
+            an.analysis  # noqa: B018 - analysed here, in the worker thread, not while drawing
         return an, loads, usage
 
     def _poll(self) -> None:
