@@ -342,6 +342,13 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
         pairs = [(view.host_summary(), whole.host_summary())] + [
             (view.guest_summary(vm, vcpu), whole.guest_summary(vm, vcpu))
             for vm in whole.vm_names() for vcpu in [None, *(v for v, _tid in whole.vcpu_threads(vm))]]
+        rows, count = view.host_rows(10**6)  # the host view's rows, sorted by samples
+        want_rows = whole.host_profile().shown_rows
+        assert count == len(rows) == len(want_rows)
+        assert [r.samples for r in rows] == sorted((r.samples for r in want_rows), reverse=True)
+        assert {(r.function, r.module, r.process, r.pid, r.kind): pytest.approx(r.samples) for r in rows} == {
+            (r.function, r.module, r.process, r.pid, r.kind): r.samples for r in want_rows}
+        assert view.host_rows(5) == (rows[:5], count)
         for got, want in pairs:
             assert got.ratios == pytest.approx(want.ratios, abs=0.3)
             assert got.total_samples == pytest.approx(want.total_samples, rel=0.01)

@@ -31,6 +31,7 @@ from vmprof_tui.analyse.shares import (
     GuestParts,
     GuestSummary,
     HostParts,
+    HostRows,
     HostSummary,
     NameCounts,
     SpanSummary,
@@ -870,10 +871,21 @@ class Analysis:
 
     def _host_profile(self, cpu: int | None) -> Profile:
         shares = self._host_shares(cpu)
-        s, guest = self.samples, shares.guest
         rows = self.aggregate(shares.host)
         for row in rows:  # host rows carry no VM, only the VMM process name
             row.vm = None
+        rows += self._host_other_rows(shares)
+        notes = list(self.notes)
+        if cpu is not None:
+            notes.append(f"CPU {cpu} only")
+        return Profile("host", None, None, shares.parts.total, self.duration_s, self.rec.lost_samples,
+                       shares.parts.ratios(), rows,
+                       int(np.count_nonzero(shares.selected & self.unresolved)), notes)
+
+    def _host_other_rows(self, shares: _HostShares) -> list[Row]:
+        """The host profile's rows that are no function: CPU idle from the sched events, and one per VM."""
+        s, guest = self.samples, shares.guest
+        rows = []
         if shares.idle_virtual:
             rows.append(Row(shares.idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
         vmm_comm = {pid: p.get("comm") or None for pid, p in self.rec.processes().items()}
@@ -882,12 +894,7 @@ class Analysis:
             n = int(np.count_nonzero(guest & (s["pid"] == pid)))
             rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), vmm_comm.get(pid),
                             pid, name, RowKind.VM))
-        notes = list(self.notes)
-        if cpu is not None:
-            notes.append(f"CPU {cpu} only")
-        return Profile("host", None, None, shares.parts.total, self.duration_s, self.rec.lost_samples,
-                       shares.parts.ratios(), rows,
-                       int(np.count_nonzero(shares.selected & self.unresolved)), notes)
+        return rows
 
     def top_names(self, idx: np.ndarray) -> NameCounts:
         """The resolved samples among `idx` (indices) counted by profile row (process, pid, function, module), under the
@@ -962,8 +969,12 @@ class Analysis:
         for tl in self.timelines.values():
             real, parts = self.vcpu_parts(tl)
             vcpus[(tl.vm, tl.vcpu)] = (tl.tid, parts, self.top_names(real))
-        return SpanSummary(self.window(), self.vm_names(), host.parts, self.top_names(np.flatnonzero(host.host)),
-                           vcpus)
+        idx = np.flatnonzero(host.host)
+        keys, first, counts = first_and_counts(self.key[idx], self.key_count)
+        at = idx[first]
+        rows = HostRows(self.name_code_of_key[keys], counts.astype(float), self.func[at], self.module[at],
+                        self.process[at], self.proc_pid[at], self.unresolved[at], self._host_other_rows(host))
+        return SpanSummary(self.window(), self.vm_names(), host.parts, self.top_names(idx), rows, vcpus)
 
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))

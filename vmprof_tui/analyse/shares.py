@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type
+
+if TYPE_CHECKING:
+    from vmprof_tui.analyse.analysis import Row
 
 
 def _percent(parts: list[tuple[str, float]], total: float) -> dict[str, float]:
@@ -157,12 +161,60 @@ def guest_summary(parts: GuestParts, names: NameCounts) -> GuestSummary:
 
 
 @dataclass
+class HostRows:
+    """The host profile's rows of a span: its function rows by name code, with their names (as arrays), and the
+    others (CPU idle, one per VM).  Rows add across spans; the top rows of a window come out without making a
+    Row of every function (a 64-CPU host has tens of thousands a window)."""
+    codes: np.ndarray  # int64 name codes
+    counts: np.ndarray  # float
+    function: np.ndarray  # str objects
+    module: np.ndarray
+    process: np.ndarray
+    pid: np.ndarray  # -1: none
+    unknown: np.ndarray  # bool: the function is not resolved
+    others: list[Row]
+
+    @staticmethod
+    def top(parts: list[HostRows], limit: int) -> tuple[list[Row], int]:
+        """The `limit` rows with the most samples of the sum of `parts` (rows under half a sample left out, as
+        Profile.shown_rows does), and how many rows there are in all."""
+        from vmprof_tui.analyse.analysis import Row  # analysis builds on this module
+
+        others: dict[tuple, Row] = {}
+        for p in parts:
+            for r in p.others:
+                key = (r.kind, r.function, r.module, r.pid)
+                if key in others:
+                    others[key].samples += r.samples
+                else:
+                    others[key] = Row(r.samples, r.function, r.module, r.process, r.pid, r.vm, r.kind)
+        rows = [r for r in others.values() if r.samples >= 0.5]
+        total = len(rows)
+        if parts:
+            codes = np.concatenate([p.codes for p in parts])
+            uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+            counts = np.bincount(inverse.reshape(-1), np.concatenate([p.counts for p in parts]), minlength=len(uniq))
+            shown = np.flatnonzero(counts >= 0.5)
+            best = shown[np.argsort(-counts[shown], kind="stable")[:limit]]
+            at = first[best]
+            names = [np.concatenate([getattr(p, f) for p in parts])[at].tolist()
+                     for f in ("function", "module", "process", "pid", "unknown")]
+            kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
+            rows += [Row(n, f, m, p or None, pid if pid >= 0 else None, None, kinds[u])
+                     for n, f, m, p, pid, u in zip(counts[best].tolist(), *names, strict=True)]
+            total += len(shown)
+        rows.sort(key=lambda r: -r.samples)
+        return rows[:limit], total
+
+
+@dataclass
 class SpanSummary:
     """The overview's numbers of one span [lo, hi) of the host clock, in parts that add (Analysis.span_summary)."""
     span_ns: tuple[int, int]
     vms: list[str]
     host: HostParts
     host_names: NameCounts
+    host_rows: HostRows
     vcpus: dict[tuple[str, int], tuple[int, GuestParts, NameCounts]]  # (VM, vCPU id) -> (thread id, parts, names)
 
 
@@ -205,6 +257,10 @@ class WindowSummary:
             self._host_summary = HostSummary(self.host.ratios(), self.host.total, self.lost_samples,
                                              *names.top(by_name=False))
         return self._host_summary
+
+    def host_rows(self, limit: int) -> tuple[list[Row], int]:
+        """The host profile's `limit` rows with the most samples, and how many rows it has."""
+        return HostRows.top([span.host_rows for span in self.spans], limit)
 
     def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
         if (vm, vcpu) not in self._summaries:

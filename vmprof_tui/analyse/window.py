@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import Analysis, Row
 from vmprof_tui.analyse.shares import GuestSummary, HostSummary, SpanSummary, WindowSummary
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
@@ -169,6 +169,9 @@ class WindowView:
 
     def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
         return self.summary.guest_summary(vm, vcpu)
+
+    def host_rows(self, limit: int) -> tuple[list[Row], int]:
+        return self.summary.host_rows(limit)
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self.summary.guest_ratios(vm, vcpu)

@@ -111,6 +111,7 @@ class TableScreen(Screen):
     # has ~65,000 host functions in a 10 s window (minutes a refresh); the rest are reached with / or o.
     max_rows = 500
     summaries_only = False  # the screen reads only the window's summaries (no whole-window Analysis)
+    hidden_rows = 0  # rows the window has beyond those rows() gave (it gave the first by the sort)
 
     def __init__(self) -> None:
         super().__init__()
@@ -164,6 +165,7 @@ class TableScreen(Screen):
         if an is None or not self.ready or not self.is_attached:
             return
         table = self.query_one(LiveTable)
+        self.hidden_rows = 0
         rows = [(k, r) for k, r in self.rows(an) if not self.filter or self.filter.lower() in " ".join(
             str(c) for c in r).lower()]
         col = self.sort_column
@@ -174,7 +176,7 @@ class TableScreen(Screen):
             return (0, -v) if isinstance(v, int | float) else (1, str(v))
 
         rows.sort(key=sort_key)
-        matching = len(rows)
+        matching = len(rows) + self.hidden_rows
         del rows[self.max_rows:]
         seen: Counter[str] = Counter()
         keys: list[str] = []
@@ -360,12 +362,22 @@ class HostScreen(TableScreen):
     def title_text(self, an: Analysis) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
 
+    @property
+    def summaries_only(self) -> bool:  # type: ignore[override]
+        """Sorted by samples and not filtered, the rows shown are the window's top rows (WindowView.host_rows)."""
+        return self.columns[self.sort_column] in ("samples", "%") and not self.filter
+
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        p = an.host_profile()
-        total = p.total_samples or 1.0
+        if self.summaries_only:
+            shown, all_rows = an.host_rows(self.max_rows)
+            self.hidden_rows = all_rows - len(shown)
+            total = an.host_summary().total_samples or 1.0
+        else:
+            p = an.host_profile()
+            shown, total = p.shown_rows, p.total_samples or 1.0
         return [(f"{r.function}\0{r.module}\0{r.pid}", (int(round(r.samples)), 100 * r.samples / total,
                                                       process_name(r) or "", r.module, demangle(r.function)))
-                for r in p.shown_rows]
+                for r in shown]
 
 
 class VmScreen(VmTableScreen):
