@@ -348,13 +348,16 @@ async def main():
     app = VmprofTop(window, refresh_s=3600)
     out = {}
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.pause(0.5)
+        while app.analysis is None or app._polling:  # the first poll (in a worker) fills the window
+            await pilot.pause(0.1)
         async def measure(name):
             await pilot.pause(0.2)
             costs = []
             for _ in range(REFRESHES):
-                if window.at_end:
+                if window.at_end:  # start over: one untimed refresh fills the window (a live window never does)
                     window.now = window.t0 + int((float(sys.argv[2]) - 1) * 1e9)
+                    app._show(*app.poll_window())
+                    await pilot.pause()
                 c = time.process_time()
                 app._show(*app.poll_window())
                 await pilot.pause()
@@ -479,9 +482,9 @@ def presets(args: argparse.Namespace) -> None:
           f"{info['bytes'] >> 20} MB)")
     time_reports(big, "vm00", args.baseline, 1, None)
     top = work / "top64.vmprof"
-    make(top, 64, 20, 4, 12, 1000)
+    make(top, 64, 20, 4, 16, 1000)
     print("== top: 64 CPUs, 1 kHz, 20 VMs x 4 vCPUs")
-    time_top(top, args.baseline, 10.0, 3)
+    time_top(top, args.baseline, 10.0, 5)
 
 
 if __name__ == "__main__":
