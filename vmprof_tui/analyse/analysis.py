@@ -74,7 +74,10 @@ def _member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 def first_and_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """np.unique(keys, return_index=True, return_counts=True) for small non-negative keys (below `size`, as
-    the dense ranks Analysis.key are): by counting, ten times faster than unique's sort on a large report."""
+    the dense ranks Analysis.key are): by counting, ten times faster than unique's sort on a large report; by
+    sorting where the keys are few beside `size` (one vCPU's samples in one second: the table would cost more)."""
+    if len(keys) * 8 < size:
+        return np.unique(keys, return_index=True, return_counts=True)
     counts = np.bincount(keys, minlength=size)
     first = np.full(size, len(keys), np.int64)
     np.minimum.at(first, keys, np.arange(len(keys)))
@@ -356,13 +359,16 @@ class Analysis:
     def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
                  resolver: Resolver | None = None, time_range: tuple[float, float] | None = None,
                  resolved: Resolved | None = None, keep: Callable[[np.ndarray], np.ndarray] | None = None,
-                 span_ns: tuple[int, int] | None = None) -> None:
+                 span_ns: tuple[int, int] | None = None, shares_only: bool = False) -> None:
         """resolver: symbol sources kept across analyses (the live screen's windows share one);
         time_range: (from, to) in seconds after the first record; the analysis covers only that span.
         resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
         keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged.
         span_ns: [lo, hi) on the host clock that timelines, blanks and idle are cut to, with the samples as given
-        (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext)."""
+        (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext).
+        shares_only: the timelines carry what the shares need and no more (the live screen's chunk summaries):
+        no holder of each blank, no co-stop."""
+        self.shares_only = shares_only
         self.rec = rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
@@ -588,8 +594,9 @@ class Analysis:
         if self.range_ns is not None:  # before the holders: those of a cut blank are what held it in the range
             timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
         self._split_preemptions(timelines, on_intervals)
-        self._host_holders(timelines)
-        self._skew(timelines, on_intervals)
+        if not self.shares_only:
+            self._host_holders(timelines)
+            self._skew(timelines, on_intervals)
         return timelines
 
     def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
@@ -742,18 +749,24 @@ class Analysis:
         tl.start_ns, tl.end_ns = max(tl.start_ns, lo), min(tl.end_ns, hi)
         if tl.end_ns <= tl.start_ns:
             return False
-        blanks = []
-        for b in tl.blanks:
+        def cut(b: Blank) -> bool:
             full = b.duration_ns
             b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
             if 0 < b.duration_ns < full:  # IRQ time is known for the whole wait only: its share in the range
                 b.irq_ns = b.irq_ns * b.duration_ns // full
             b.wakeup_ns, b.throttled_wakeup_ns = (None if t is None or t >= b.end_ns else max(t, b.start_ns)
                                                   for t in (b.wakeup_ns, b.throttled_wakeup_ns))
-            if b.end_ns > b.start_ns:
-                blanks.append(b)
-        tl.blanks = blanks
-        tl.on_cpu_ns = tl.wall_ns - sum(b.duration_ns for b in blanks)
+            return b.end_ns > b.start_ns
+
+        # blanks are in time order and do not overlap: only a run at either end can reach past the range
+        blanks, first = tl.blanks, 0
+        while first < len(blanks) and blanks[first].start_ns < lo:
+            first += 1
+        last = len(blanks)
+        while last > first and blanks[last - 1].end_ns > hi:
+            last -= 1
+        tl.blanks = [b for b in blanks[:first] if cut(b)] + blanks[first:last] + [b for b in blanks[last:] if cut(b)]
+        tl.on_cpu_ns = tl.wall_ns - (sum(b.end_ns for b in tl.blanks) - sum(b.start_ns for b in tl.blanks))
         return True
 
     def _blanks(self, starts: np.ndarray, ends: np.ndarray, events: np.ndarray) -> list[Blank]:
@@ -762,7 +775,8 @@ class Analysis:
         flags = e["flags"]
         kinds = np.select([(flags & SCHED_PREV_HALTED) != 0, (flags & SCHED_PREV_THROTTLED) != 0,
                            (flags & SCHED_PREV_RUNNABLE) != 0], [0, 1, 2], 3)
-        holders = [self._holder(p, c) for p, c in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
+        holders = [""] * len(e) if self.shares_only else [
+            self._holder(p, c) for p, c in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
         kind_of = (BlankKind.IDLE, BlankKind.THROTTLED, BlankKind.PREEMPTED, BlankKind.BLOCKED)
         return [Blank(a, z, kind_of[k], r, c, h) for a, z, k, r, c, h in zip(
             starts.tolist(), ends.tolist(), kinds.tolist(), e["prev_exit_reason"].tolist(), e["cpu"].tolist(),

@@ -260,7 +260,8 @@ class LiveWindow:
                    span: tuple[int, int]) -> SpanSummary:
         rec = _window_recording(Path("(live)"), self.meta, samples, sched, recording.snapshot(vms=self.vms), {},
                                 (span[1] - span[0]) / 1e9)
-        return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved, span_ns=span).span_summary()
+        return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved, span_ns=span,
+                        shares_only=True).span_summary()
 
     def close(self) -> None:
         self.session.close()
@@ -342,7 +343,7 @@ class ReplayWindow:
                    span: tuple[int, int]) -> SpanSummary:
         rec = _window_recording(self.rec.path, self.meta, samples, sched, self.snapshot, self.rec.bundles,
                                 (span[1] - span[0]) / 1e9)
-        return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=span).span_summary()
+        return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=span, shares_only=True).span_summary()
 
     def close(self) -> None:
         pass

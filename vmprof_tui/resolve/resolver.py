@@ -99,6 +99,7 @@ class StringTable:
         self.strings: list[str] = [""]
         self._ids: dict[str, int] = {"": 0}
         self._array: np.ndarray | None = None
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(names) -> (names, id of each, -1: not yet)
 
     def __len__(self) -> int:
         return len(self.strings)
@@ -111,14 +112,22 @@ class StringTable:
         return i
 
     def ids(self, names: np.ndarray, index: np.ndarray) -> np.ndarray:
-        """The ids of names[index] (index -1: the last name), interning only the distinct names the index hits:
-        through a table as long as `names` (a symbol table), not a sort of the index (millions of samples)."""
-        hit = np.zeros(len(names), bool)
-        hit[index] = True
-        used = np.flatnonzero(hit)
-        table = np.zeros(len(names), np.int32)
-        table[used] = [self.intern(x) for x in names[used].tolist()]
-        return table[index]
+        """The ids of names[index] (index -1: the last name).  Each array of names (a symbol table) keeps the ids
+        of the names interned so far, so a later call (the live screen's next chunk) interns only names it had not
+        hit; those are found through a table as long as `names`, not a sort of the index (millions of samples)."""
+        known, table = self._tables.get(id(names), (None, None))
+        if known is not names or table is None:
+            table = np.full(len(names), -1, np.int32)
+            self._tables[id(names)] = (names, table)
+        ids = table[index]
+        missing = ids < 0
+        if missing.any():
+            hit = np.zeros(len(names), bool)
+            hit[index[missing]] = True
+            used = np.flatnonzero(hit)
+            table[used] = [self.intern(x) for x in names[used].tolist()]
+            ids = table[index]
+        return ids
 
     def array(self) -> np.ndarray:
         """All strings as an object array, index = id."""
@@ -154,7 +163,6 @@ class Resolver:
     kallsyms: KernelSymbols | None = None
     codes: NameCodes = field(default_factory=NameCodes)
     strings: StringTable = field(default_factory=StringTable)
-    _object_ids: dict[int, tuple[ElfSymbols, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def load_guests(self, vms: Iterable[str], explicit: Mapping[str, Path],
                     stored: Mapping[str, bytes]) -> list[str]:
@@ -285,7 +293,7 @@ class Resolver:
             link = addrs[mine].astype(np.uint64)
             if obj.elf_type != ET_EXEC:
                 link = obj.file_offsets_to_vaddrs(link + delta[at[mine]])
-            func[idx[mine]] = self._name_ids(obj, obj.lookup(link))
+            func[idx[mine]] = self.strings.ids(obj.names_or_unknown, obj.lookup(link))
 
     def _space_ids(self, space: AddressSpace, ips: np.ndarray, idx: np.ndarray, func: np.ndarray,
                    module: np.ndarray) -> None:
@@ -294,21 +302,8 @@ class Resolver:
             at = idx[pos]
             module[at] = self.strings.intern(mapping.module_name)
             if obj is not None:
-                func[at] = self._name_ids(obj, sym)
+                func[at] = self.strings.ids(obj.names_or_unknown, sym)
 
-    def _name_ids(self, obj: ElfSymbols, sym: np.ndarray) -> np.ndarray:
-        """String ids of obj's symbols `sym` (-1: [unknown]); each name is interned the first time it is hit."""
-        key = id(obj)
-        if key not in self._object_ids or self._object_ids[key][0] is not obj:
-            self._object_ids[key] = (obj, np.full(len(obj) + 1, -1, np.int32))
-        table = self._object_ids[key][1]
-        ids = table[sym]
-        missing = ids < 0
-        if missing.any():
-            new = np.unique(sym[missing])
-            table[new] = [self.strings.intern(x) for x in obj.names_or_unknown[new].tolist()]
-            ids = table[sym]
-        return ids
 
 
 class _Groups:
