@@ -318,6 +318,7 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     over a sliding window of whole chunks it agrees with the window's whole Analysis to a fraction of a percentage
     point (each chunk prices a vCPU's blank time at that chunk's sampling rate) and names the same top names."""
     from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.kinds import RowKind
     from vmprof_tui.analyse.shares import WindowSummary
     from vmprof_tui.record import recording
 
@@ -349,6 +350,17 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
         assert {(r.function, r.module, r.process, r.pid, r.kind): pytest.approx(r.samples) for r in rows} == {
             (r.function, r.module, r.process, r.pid, r.kind): r.samples for r in want_rows}
         assert view.host_rows(5) == (rows[:5], count)
+        for vm in whole.vm_names():  # the processes and functions screens' rows
+            for vcpu in [None, *(v for v, _tid in whole.vcpu_threads(vm))]:
+                got_rows = {(r.function, r.module, r.process, r.pid, r.kind): r.samples
+                            for r in view.guest_rows(vm, vcpu)}
+                want_rows = {(r.function, r.module, r.process, r.pid, r.kind): r.samples
+                             for r in whole.guest_profile(vm, vcpu).shown_rows}
+                functions = {k: n for k, n in want_rows.items() if k[-1] in (RowKind.FUNCTION, RowKind.UNKNOWN)}
+                assert {k: n for k, n in got_rows.items() if k in functions} == functions  # counted: exact
+                total = whole.guest_profile(vm, vcpu).total_samples
+                for k in set(got_rows) | set(want_rows):  # virtual: each chunk at its own sampling rate
+                    assert got_rows.get(k, 0.0) == pytest.approx(want_rows.get(k, 0.0), abs=0.003 * total + 1)
         for got, want in pairs:
             assert got.ratios == pytest.approx(want.ratios, abs=0.3)
             assert got.total_samples == pytest.approx(want.total_samples, rel=0.01)

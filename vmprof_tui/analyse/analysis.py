@@ -31,9 +31,9 @@ from vmprof_tui.analyse.shares import (
     GuestParts,
     GuestSummary,
     HostParts,
-    HostRows,
     HostSummary,
-    NameCounts,
+    Row,
+    RowCounts,
     SpanSummary,
     guest_summary,
 )
@@ -54,7 +54,6 @@ from vmprof_tui.record.records import (
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
 )
-from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 from vmprof_tui.resolve.spaces import dense_ranks, group_by
 
@@ -139,25 +138,6 @@ def task_name(comm: bytes) -> str:
     ring-buffer slot that is not cleared, so after the string's NUL the slot keeps bytes of an older record
     ("ksoftirqd/1\\0-91" after "memfd:sealed-91"), and numpy's S16 strips only trailing NULs: cut at the first."""
     return comm.split(b"\0", 1)[0].decode(errors="replace")
-
-
-@dataclass(slots=True)
-class Row:
-    """One line of a profile.  `kind` says what it counts; function and module are only what users read
-    (exports keep their keys: the kind is not written out)."""
-    samples: float
-    function: str
-    module: str
-    process: str | None = None
-    pid: int | None = None
-    vm: str | None = None
-    kind: RowKind = RowKind.FUNCTION
-
-    def to_json(self, total: float) -> dict:
-        return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
-                "function": demangle(self.function), "symbol": self.function, "module": self.module,
-                "process": self.process, "pid": self.pid,
-                "vm": self.vm}
 
 
 @dataclass
@@ -861,7 +841,7 @@ class Analysis:
         if ("host",) not in self._summaries:  # the overview's title, its host row and the history all ask
             shares = self._host_shares(None)
             self._summaries[("host",)] = HostSummary(shares.parts.ratios(), shares.parts.total, self.rec.lost_samples,
-                                                     *self.top_names(np.flatnonzero(shares.host)).top(by_name=False))
+                                                     *self.row_counts(np.flatnonzero(shares.host)).top(by_name=False))
         return self._summaries[("host",)]
 
     def _host_shares(self, cpu: int | None) -> _HostShares:
@@ -910,13 +890,13 @@ class Analysis:
                             pid, name, RowKind.VM))
         return rows
 
-    def top_names(self, idx: np.ndarray) -> NameCounts:
-        """The resolved samples among `idx` (indices) counted by profile row (process, pid, function, module), under the
-        resolver's name codes (the same in every analysis that shares the resolver: counts of spans add)."""
-        idx = idx[~self.unresolved[idx]]
+    def row_counts(self, idx: np.ndarray) -> RowCounts:
+        """The samples `idx` (indices) by profile row (process, pid, function, module) under the resolver's name
+        codes (the same in every analysis that shares the resolver: counts of spans add)."""
         keys, first, counts = first_and_counts(self.key[idx], self.key_count)
         at = idx[first]
-        return NameCounts(self.name_code_of_key[keys], counts.astype(float), self.process[at], self.func[at])
+        return RowCounts(self.name_code_of_key[keys], counts.astype(float), self.func[at], self.module[at],
+                         self.process[at], self.proc_pid[at], self.unresolved[at])
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
@@ -982,13 +962,9 @@ class Analysis:
         vcpus = {}
         for tl in self.timelines.values():
             real, parts = self.vcpu_parts(tl)
-            vcpus[(tl.vm, tl.vcpu)] = (tl.tid, parts, self.top_names(real))
-        idx = np.flatnonzero(host.host)
-        keys, first, counts = first_and_counts(self.key[idx], self.key_count)
-        at = idx[first]
-        rows = HostRows(self.name_code_of_key[keys], counts.astype(float), self.func[at], self.module[at],
-                        self.process[at], self.proc_pid[at], self.unresolved[at], self._host_other_rows(host))
-        return SpanSummary(self.window(), self.vm_names(), host.parts, self.top_names(idx), rows, vcpus)
+            vcpus[(tl.vm, tl.vcpu)] = (tl.tid, parts, self.row_counts(real))
+        return SpanSummary(self.window(), self.vm_names(), host.parts, self.row_counts(np.flatnonzero(host.host)),
+                           self._host_other_rows(host), vcpus)
 
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
@@ -1007,7 +983,7 @@ class Analysis:
         if ("guest", vm, vcpu) not in self._summaries:
             shares = self._guest_shares(vm, vcpu)
             self._summaries[("guest", vm, vcpu)] = guest_summary(shares.parts,
-                                                                 self.top_names(np.flatnonzero(shares.real_guest)))
+                                                                 self.row_counts(np.flatnonzero(shares.real_guest)))
         return self._summaries[("guest", vm, vcpu)]
 
     def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:

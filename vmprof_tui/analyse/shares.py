@@ -7,16 +7,32 @@ The one place where parts become the shares shown (OS:USER:IDLE:steal of a guest
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type
+from vmprof_tui.resolve.demangle import demangle
 
-if TYPE_CHECKING:
-    from vmprof_tui.analyse.analysis import Row
+
+@dataclass(slots=True)
+class Row:
+    """One line of a profile.  `kind` says what it counts; function and module are only what users read
+    (exports keep their keys: the kind is not written out)."""
+    samples: float
+    function: str
+    module: str
+    process: str | None = None
+    pid: int | None = None
+    vm: str | None = None
+    kind: RowKind = RowKind.FUNCTION
+
+    def to_json(self, total: float) -> dict:
+        return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
+                "function": demangle(self.function), "symbol": self.function, "module": self.module,
+                "process": self.process, "pid": self.pid,
+                "vm": self.vm}
 
 
 def _percent(parts: list[tuple[str, float]], total: float) -> dict[str, float]:
@@ -91,27 +107,33 @@ class HostParts:
 
 
 @dataclass
-class NameCounts:
-    """Resolved samples by profile row (process, pid, function, module) under the resolver's name codes, with
-    each row's process and function names: the top process and function of a summary, and what adds across
-    spans (the codes are the same in every analysis that shares a resolver)."""
-    codes: np.ndarray  # int64
+class RowCounts:
+    """Samples by profile row (process, pid, function, module) under the resolver's name codes, with each row's
+    names as arrays: what adds across spans (the codes are the same in every analysis that shares a resolver), the
+    top process and function of a summary, and a window's rows without a Row per function until they are shown."""
+    codes: np.ndarray  # int64, ascending within an analysis (the order of its rows)
     counts: np.ndarray  # float
-    process: np.ndarray  # str objects
-    function: np.ndarray
-    by_process: dict[str, float] | None = None  # the counts summed by process name (by default in row order)
+    function: np.ndarray  # str objects
+    module: np.ndarray
+    process: np.ndarray
+    pid: np.ndarray  # -1: none
+    unknown: np.ndarray  # bool: the function is not resolved
+    by_process: dict[str, float] | None = None  # resolved rows summed by process name (by default in row order)
 
     def __post_init__(self) -> None:
         if self.by_process is None:
             self.by_process = {}
-            for name, n in zip(self.process.tolist(), self.counts.tolist(), strict=True):
-                self.by_process[name or "?"] = self.by_process.get(name or "?", 0.0) + n
+            for name, n, u in zip(self.process.tolist(), self.counts.tolist(), self.unknown.tolist(), strict=True):
+                if not u:
+                    self.by_process[name or "?"] = self.by_process.get(name or "?", 0.0) + n
 
     @staticmethod
-    def combine(parts: list[NameCounts]) -> NameCounts:
+    def combine(parts: list[RowCounts]) -> RowCounts:
         """The sum of counts, in the order of the codes (the sums by process name add the parts' sums)."""
         if not parts:
-            return NameCounts(np.empty(0, np.int64), np.empty(0), np.empty(0, object), np.empty(0, object))
+            return RowCounts(*(np.empty(0, t) for t in (np.int64, float, object, object, object, np.int64, bool)))
+        if len(parts) == 1:
+            return parts[0]
         codes = np.concatenate([p.codes for p in parts])
         uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
         counts = np.bincount(inverse.reshape(-1), np.concatenate([p.counts for p in parts]), minlength=len(uniq))
@@ -119,19 +141,31 @@ class NameCounts:
         for p in parts:
             for name, n in (p.by_process or {}).items():
                 by_process[name] = by_process.get(name, 0.0) + n
-        return NameCounts(uniq, counts, np.concatenate([p.process for p in parts])[first],
-                          np.concatenate([p.function for p in parts])[first], by_process)
+        names = (np.concatenate([getattr(p, f) for p in parts])[first]
+                 for f in ("function", "module", "process", "pid", "unknown"))
+        return RowCounts(uniq, counts, *names, by_process=by_process)
 
     def top(self, by_name: bool) -> tuple[str, str]:
-        """(process, function) of the row with the most samples, ties to the earlier row; by_name: the process is
-        instead the process name whose rows sum to the most.  "-" where nothing resolved."""
-        if not len(self.codes) or not self.counts.max() > 0:
+        """(process, function) of the resolved row with the most samples, ties to the earlier row; by_name: the
+        process is instead the process name whose resolved rows sum to the most.  "-" where nothing resolved."""
+        resolved = np.where(self.unknown, -1.0, self.counts)
+        if not len(resolved) or not resolved.max() > 0:
             return "-", "-"
-        top = int(np.argmax(self.counts))
+        top = int(np.argmax(resolved))
         if not by_name:
             return str(self.process[top]) or "-", str(self.function[top])
         by_process = self.by_process or {}
         return max(by_process, key=by_process.__getitem__), str(self.function[top])
+
+    def rows(self, vm: str | None, limit: int | None = None) -> tuple[list[Row], int]:
+        """The rows of half a sample or more (what Profile.shown_rows shows) as Rows, the `limit` with the most
+        samples first, and how many there are."""
+        shown = np.flatnonzero(self.counts >= 0.5)
+        best = shown[np.argsort(-self.counts[shown], kind="stable")[:limit]]
+        kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
+        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u]) for n, f, m, p, pid, u in zip(
+            *(a[best].tolist() for a in (self.counts, self.function, self.module, self.process, self.pid,
+                                         self.unknown)), strict=True)], len(shown)
 
 
 @dataclass
@@ -155,56 +189,9 @@ class GuestSummary:
     top_function: str
 
 
-def guest_summary(parts: GuestParts, names: NameCounts) -> GuestSummary:
+def guest_summary(parts: GuestParts, names: RowCounts) -> GuestSummary:
     return GuestSummary(parts.ratios(), parts.total, parts.steal_of_type(1), parts.steal_of_type(2),
                         *names.top(by_name=True))
-
-
-@dataclass
-class HostRows:
-    """The host profile's rows of a span: its function rows by name code, with their names (as arrays), and the
-    others (CPU idle, one per VM).  Rows add across spans; the top rows of a window come out without making a
-    Row of every function (a 64-CPU host has tens of thousands a window)."""
-    codes: np.ndarray  # int64 name codes
-    counts: np.ndarray  # float
-    function: np.ndarray  # str objects
-    module: np.ndarray
-    process: np.ndarray
-    pid: np.ndarray  # -1: none
-    unknown: np.ndarray  # bool: the function is not resolved
-    others: list[Row]
-
-    @staticmethod
-    def top(parts: list[HostRows], limit: int) -> tuple[list[Row], int]:
-        """The `limit` rows with the most samples of the sum of `parts` (rows under half a sample left out, as
-        Profile.shown_rows does), and how many rows there are in all."""
-        from vmprof_tui.analyse.analysis import Row  # analysis builds on this module
-
-        others: dict[tuple, Row] = {}
-        for p in parts:
-            for r in p.others:
-                key = (r.kind, r.function, r.module, r.pid)
-                if key in others:
-                    others[key].samples += r.samples
-                else:
-                    others[key] = Row(r.samples, r.function, r.module, r.process, r.pid, r.vm, r.kind)
-        rows = [r for r in others.values() if r.samples >= 0.5]
-        total = len(rows)
-        if parts:
-            codes = np.concatenate([p.codes for p in parts])
-            uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
-            counts = np.bincount(inverse.reshape(-1), np.concatenate([p.counts for p in parts]), minlength=len(uniq))
-            shown = np.flatnonzero(counts >= 0.5)
-            best = shown[np.argsort(-counts[shown], kind="stable")[:limit]]
-            at = first[best]
-            names = [np.concatenate([getattr(p, f) for p in parts])[at].tolist()
-                     for f in ("function", "module", "process", "pid", "unknown")]
-            kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
-            rows += [Row(n, f, m, p or None, pid if pid >= 0 else None, None, kinds[u])
-                     for n, f, m, p, pid, u in zip(counts[best].tolist(), *names, strict=True)]
-            total += len(shown)
-        rows.sort(key=lambda r: -r.samples)
-        return rows[:limit], total
 
 
 @dataclass
@@ -213,15 +200,15 @@ class SpanSummary:
     span_ns: tuple[int, int]
     vms: list[str]
     host: HostParts
-    host_names: NameCounts
-    host_rows: HostRows
-    vcpus: dict[tuple[str, int], tuple[int, GuestParts, NameCounts]]  # (VM, vCPU id) -> (thread id, parts, names)
+    host_rows: RowCounts  # the host profile's function rows
+    host_others: list[Row]  # and its other rows: CPU idle, one per VM
+    vcpus: dict[tuple[str, int], tuple[int, GuestParts, RowCounts]]  # (VM, vCPU id) -> (thread id, parts, rows)
 
 
 class WindowSummary:
-    """The overview of a sliding window from the summaries of the spans it is made of (the live screen's drained
-    chunks, each summarised once): what Analysis.host_summary / guest_summary / guest_ratios / vm_names /
-    vcpu_threads give for the whole window."""
+    """A sliding window from the summaries of the spans it is made of (the live screen's drained chunks, each
+    summarised once): what Analysis.host_summary / guest_summary / guest_ratios / vm_names / vcpu_threads give
+    for the whole window, and the rows of its host and guest profiles."""
 
     def __init__(self, spans: list[SpanSummary], lost_samples: int) -> None:
         self.spans = spans
@@ -239,7 +226,7 @@ class WindowSummary:
         self._vms = sorted(vms)
         self._summaries: dict[tuple[str, int | None], GuestSummary] = {}
         self._host_summary: HostSummary | None = None
-
+        self._rows: dict[tuple[str, int | None] | None, RowCounts] = {}  # None: the host
     def window(self) -> tuple[int, int]:
         if not self.spans:
             return 0, 0
@@ -253,23 +240,50 @@ class WindowSummary:
 
     def host_summary(self) -> HostSummary:
         if self._host_summary is None:  # the overview's title, its host row and the history all ask
-            names = NameCounts.combine([span.host_names for span in self.spans])
             self._host_summary = HostSummary(self.host.ratios(), self.host.total, self.lost_samples,
-                                             *names.top(by_name=False))
+                                             *self._row_counts(None).top(by_name=False))
         return self._host_summary
 
     def host_rows(self, limit: int) -> tuple[list[Row], int]:
-        """The host profile's `limit` rows with the most samples, and how many rows it has."""
-        return HostRows.top([span.host_rows for span in self.spans], limit)
+        """The host profile's `limit` rows with the most samples (of those Profile.shown_rows shows), and how many
+        rows it shows."""
+        others: dict[tuple, Row] = {}
+        for span in self.spans:
+            for r in span.host_others:
+                key = (r.kind, r.function, r.module, r.pid)
+                if key in others:
+                    others[key].samples += r.samples
+                else:
+                    others[key] = replace(r)
+        shown = [r for r in others.values() if r.samples >= 0.5]
+        rows, count = self._row_counts(None).rows(None, limit)
+        return sorted(rows + shown, key=lambda r: -r.samples)[:limit], count + len(shown)
+
+    def guest_rows(self, vm: str, vcpu: int | None = None) -> list[Row]:
+        """The rows of a guest profile that Profile.shown_rows shows: functions, and the virtual rows by cause."""
+        rows, _count = self._row_counts((vm, vcpu)).rows(vm)
+        virtual = [Row(n, *kind.label(vcpu=v), None, None, vm, kind)
+                   for (kind, v), n in self._guest_parts(vm, vcpu).virtual().items()]
+        return rows + [r for r in virtual if r.samples >= 0.5]
 
     def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
         if (vm, vcpu) not in self._summaries:
             if vm not in self._vms:
                 raise KeyError(vm)
-            names = [span.vcpus[(vm, v)][2] for span in self.spans for v in self._vcpus(vm, vcpu)
-                     if (vm, v) in span.vcpus]
-            self._summaries[(vm, vcpu)] = guest_summary(self._guest_parts(vm, vcpu), NameCounts.combine(names))
+            self._summaries[(vm, vcpu)] = guest_summary(self._guest_parts(vm, vcpu), self._row_counts((vm, vcpu)))
         return self._summaries[(vm, vcpu)]
+
+    def _row_counts(self, of: tuple[str, int | None] | None) -> RowCounts:
+        """The rows of the host (None) or of a guest (VM, vCPU or None), summed over the spans."""
+        if of not in self._rows:
+            if of is None:
+                parts = [span.host_rows for span in self.spans]
+            else:
+                vm, vcpu = of
+                parts = [span.vcpus[(vm, v)][2] for span in self.spans for v in self._vcpus(vm, vcpu)
+                         if (vm, v) in span.vcpus]
+            self._rows[of] = RowCounts.combine(parts)
+        return self._rows[of]
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self._guest_parts(vm, vcpu).ratios()

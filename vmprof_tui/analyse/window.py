@@ -173,6 +173,9 @@ class WindowView:
     def host_rows(self, limit: int) -> tuple[list[Row], int]:
         return self.summary.host_rows(limit)
 
+    def guest_rows(self, vm: str, vcpu: int | None = None) -> list[Row]:
+        return self.summary.guest_rows(vm, vcpu)
+
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self.summary.guest_ratios(vm, vcpu)
 

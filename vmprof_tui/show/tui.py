@@ -409,6 +409,7 @@ class ProcessScreen(VmTableScreen):
         key = self.selected()
         self.app.push_screen(FlameScreen(self.vm, key if key in self.processes else None))
     columns = ("process", "pid", "samples", "%")
+    summaries_only = True
 
     def __init__(self, vm: str, vcpu: int | None) -> None:
         super().__init__(vm)
@@ -419,11 +420,10 @@ class ProcessScreen(VmTableScreen):
         return f"VM {self.vm} vcpu{self.vcpu}: guest processes, steal and idle (Enter: functions)"
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        p = an.guest_profile(self.vm, self.vcpu)
-        total = p.total_samples or 1.0
+        total = an.guest_summary(self.vm, self.vcpu).total_samples or 1.0
         agg: dict[tuple[str, int | None], float] = defaultdict(float)
         self.processes.clear()
-        for r in p.rows:
+        for r in an.guest_rows(self.vm, self.vcpu):
             agg[(r.process or f"{r.function} {r.module}", r.pid)] += r.samples
             if r.process and r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN):
                 self.processes.add(r.process)
@@ -439,6 +439,7 @@ class ProcessScreen(VmTableScreen):
 class FunctionScreen(VmTableScreen):
     BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
     columns = ("function", "module", "samples", "% of process")
+    summaries_only = True
 
     def action_callers(self) -> None:
         if key := self.selected():
@@ -455,7 +456,7 @@ class FunctionScreen(VmTableScreen):
         return f"VM {self.vm} vcpu{self.vcpu} process {self.process}: functions"
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        mine = [r for r in an.guest_profile(self.vm, self.vcpu).shown_rows if r.process == self.process]
+        mine = [r for r in an.guest_rows(self.vm, self.vcpu) if r.process == self.process]
         total = sum(r.samples for r in mine) or 1.0
         return [(r.function, (demangle(r.function), r.module, int(round(r.samples)), 100 * r.samples / total))
                 for r in mine]
