@@ -1,8 +1,10 @@
-"""Sliding windows that feed the live screen: the last N seconds as an Analysis.
+"""Sliding windows that feed the live screen: the last N seconds, a chunk at a time.
 
 ``LiveWindow`` keeps the chunks of a collection session on this host (the same session as
-`vmprof record`); ``ReplayWindow`` plays a recording at its own pace.  Both hand out the
-same thing, an ``Analysis`` of a sliding window, so `vmprof top` has no analysis code of its own.
+`vmprof record`); ``ReplayWindow`` plays a recording at its own pace.  Each chunk is resolved and
+analysed once, when it arrives, into a summary of its span (analyse/shares.py); both windows hand out
+the same thing, a ``WindowView``: the summed summaries, and the window's whole ``Analysis`` when a
+screen needs more, so `vmprof top` has no analysis code of its own (docs/analysis.md).
 """
 
 from __future__ import annotations
