@@ -956,8 +956,8 @@ class Analysis:
         return sorted((tl.vcpu, tl.tid) for tl in self.vm_timelines(vm))
 
     def span_summary(self) -> SpanSummary:
-        """The overview's numbers of this analysis' span in parts that add across spans (the live screen keeps one
-        per drained chunk)."""
+        """This analysis' span in parts and rows that add across spans (the live screen keeps one per drained
+        chunk): the host's and each vCPU's."""
         host = self._host_shares(None)
         vcpus = {}
         for tl in self.timelines.values():

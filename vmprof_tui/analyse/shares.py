@@ -196,7 +196,7 @@ def guest_summary(parts: GuestParts, names: RowCounts) -> GuestSummary:
 
 @dataclass
 class SpanSummary:
-    """The overview's numbers of one span [lo, hi) of the host clock, in parts that add (Analysis.span_summary)."""
+    """One span [lo, hi) of the host clock in parts and rows that add (Analysis.span_summary)."""
     span_ns: tuple[int, int]
     vms: list[str]
     host: HostParts
@@ -227,6 +227,7 @@ class WindowSummary:
         self._summaries: dict[tuple[str, int | None], GuestSummary] = {}
         self._host_summary: HostSummary | None = None
         self._rows: dict[tuple[str, int | None] | None, RowCounts] = {}  # None: the host
+
     def window(self) -> tuple[int, int]:
         if not self.spans:
             return 0, 0
