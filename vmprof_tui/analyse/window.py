@@ -263,7 +263,9 @@ class LiveWindow:
 
     def _summarise(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
                    span: tuple[int, int]) -> SpanSummary:
-        rec = _window_recording(Path("(live)"), self.meta, samples, sched, recording.snapshot(vms=self.vms), {},
+        vmms = {int(vm["pid"]): self.processes[int(vm["pid"])] for vm in self.vms or []
+                if int(vm["pid"]) in self.processes}  # the host view's VM rows name the VMM process
+        rec = _window_recording(Path("(live)"), self.meta, samples, sched, recording.snapshot(self.vms, vmms), {},
                                 (span[1] - span[0]) / 1e9)
         return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved, span_ns=span,
                         shares_only=True).span_summary()
@@ -288,6 +290,7 @@ class ReplayWindow:
         self.samples = _time_ordered(self.rec.samples)  # load gives them in time order already
         self.sched = np.sort(self.rec.sched, order="time_ns")
         self.stacks = None if self.rec.stacks is None else np.sort(self.rec.stacks, order="time_ns")
+        self._times: dict[int, np.ndarray] = {}  # id of one of the tables above -> its times
         self.meta = self.rec.meta
         # kallsyms is parsed once into the resolver (start); without it in the snapshot no window re-parses it
         self.snapshot = {k: v for k, v in self.rec.snapshot.items() if k != recording.KALLSYMS_KEY}
@@ -309,7 +312,9 @@ class ReplayWindow:
 
     def _between(self, table: np.ndarray, lo: int, hi: int, fresh: bool) -> np.ndarray:
         """The records of a time-sorted table in (lo, hi], or [lo, hi] for a fresh window."""
-        t = table["time_ns"]
+        t = self._times.get(id(table))
+        if t is None:  # searched in a contiguous copy of the times: the field of a table is strided
+            t = self._times[id(table)] = np.ascontiguousarray(table["time_ns"])
         return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
 
     def poll(self, step_s: float = 1.0) -> WindowView:
