@@ -320,6 +320,7 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     from vmprof_tui.analyse.analysis import Analysis
     from vmprof_tui.analyse.kinds import RowKind
     from vmprof_tui.analyse.shares import WindowSummary
+    from vmprof_tui.analyse.steal import vcpu_steal
     from vmprof_tui.record import recording
 
     golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
@@ -361,6 +362,18 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
                 total = whole.guest_profile(vm, vcpu).total_samples
                 for k in set(got_rows) | set(want_rows):  # virtual: each chunk at its own sampling rate
                     assert got_rows.get(k, 0.0) == pytest.approx(want_rows.get(k, 0.0), abs=0.003 * total + 1)
+        for vm in whole.vm_names():  # the steal screen: each chunk's detail, summed
+            for got_v, want_v in zip(view.vcpu_steal(vm), vcpu_steal(whole, vm), strict=True):
+                assert (got_v["vcpu"], got_v["tid"]) == (want_v["vcpu"], want_v["tid"])
+                # a vCPU on a CPU as a chunk ends is counted to its last record there (a sample period at most)
+                assert got_v["wall_s"] == pytest.approx(want_v["wall_s"], rel=0.003)
+                tol = 0.005 * want_v["wall_s"]
+                for key in ("idle_s", "steal_type1_s", "steal_type2_s", "skew_s", "halt_poll_s"):
+                    assert got_v[key] == pytest.approx(want_v[key], abs=tol), key
+                for key in ("type1_by_cause_s", "type1_by_holder_s", "type2_by_exit_s"):
+                    for name in set(got_v[key]) | set(want_v[key]):
+                        assert got_v[key].get(name, 0.0) == pytest.approx(want_v[key].get(name, 0.0), abs=tol), name
+                assert got_v["ratios"] == pytest.approx(want_v["ratios"], abs=0.5)
         for got, want in pairs:
             assert got.ratios == pytest.approx(want.ratios, abs=0.3)
             assert got.total_samples == pytest.approx(want.total_samples, rel=0.01)

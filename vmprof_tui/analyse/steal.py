@@ -104,11 +104,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
             "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
             "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
             "steal_type2_s": type2 / 1e9,
-            "ratios": {"guest": 100 * guest_ns / wall, "idle": 100 * idle / wall,
-                       "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall,
-                       "steal_type2": 100 * type2 / wall,
-                       **{f"steal_{k}": 100 * v / wall for k, v in causes.items()},
-                       "skew": 100 * tl.skew_ns / wall, "halt_poll": 100 * poll_ns / wall},
+            "ratios": _ratios(wall, guest_ns, idle, type1, type2, causes, tl.skew_ns, poll_ns),
             "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
@@ -129,6 +125,44 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
                 "difference_s": (host[2] - sum(mine_then.values())) / 1e9},
         })
     return vcpus
+
+
+def _ratios(wall: float, guest: float, idle: float, type1: float, type2: float, causes: dict[str, float],
+            skew: float, poll: float) -> dict[str, float]:
+    """A vCPU's shares of its wall time, in %, from its times (all in one unit)."""
+    return {"guest": 100 * guest / wall, "idle": 100 * idle / wall,
+            "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall, "steal_type2": 100 * type2 / wall,
+            **{f"steal_{k}": 100 * n / wall for k, n in causes.items()},
+            "skew": 100 * skew / wall, "halt_poll": 100 * poll / wall}
+
+
+_ADDED = ("wall_s", "on_cpu_s", "guest_s", "idle_s", "steal_type1_s", "steal_type2_s", "skew_s", "irq_while_running_s",
+          "halt_poll_s", "halts", "halts_ended_by_polling", "host_reported_steal_s")
+_ADDED_BY = ("type1_by_cause_s", "type1_by_holder_s", "type2_by_exit_s", "type2_in_kvm_by_exit_name_s")
+
+
+def add_vcpu_steal(spans: list[list[dict]]) -> list[dict]:
+    """vcpu_steal of back-to-back spans (the live screen's chunks) as one: times and breakdowns add, shares are of
+    the summed wall time; the host's run-queue readings are of a recording, not of a window (None)."""
+    out: dict[int, dict] = {}
+    for span in spans:
+        for v in span:
+            total = out.get(v["vcpu"])
+            if total is None:
+                out[v["vcpu"]] = {**v, **{k: dict(v[k]) for k in _ADDED_BY}, "host_run_delay": None}
+                continue
+            total["tid"] = v["tid"]
+            for k in _ADDED:
+                total[k] += v[k]
+            for k in _ADDED_BY:
+                for name, n in v[k].items():
+                    total[k][name] = total[k].get(name, 0.0) + n
+    for v in out.values():
+        for k in _ADDED_BY[1:]:  # by holder and by exit: the largest first, as vcpu_steal gives them
+            v[k] = dict(sorted(v[k].items(), key=lambda kv: -kv[1]))
+        v["ratios"] = _ratios(*(v[k] for k in ("wall_s", "guest_s", "idle_s", "steal_type1_s", "steal_type2_s",
+                                                "type1_by_cause_s", "skew_s", "halt_poll_s")))
+    return [out[k] for k in sorted(out)]
 
 
 def steal_report(an: Analysis, vm: str) -> dict:

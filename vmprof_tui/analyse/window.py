@@ -13,13 +13,14 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis, Row
 from vmprof_tui.analyse.shares import GuestSummary, HostSummary, SpanSummary, WindowSummary
+from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import (
@@ -74,10 +75,14 @@ class SwitchContext:
         self.events = ev[np.unique(np.concatenate(keep))]
 
 
+# (samples, their names, sched events with the switches before the span, the span, shares_only) -> its Analysis
+AnalyseSpan = Callable[[np.ndarray, "Resolved | None", np.ndarray, tuple[int, int], bool], Analysis]
+
+
 @dataclass
 class Chunk:
     """A drained stretch of records covering [lo, hi) of the host clock, resolved once when it arrived, and the
-    overview's numbers of it (its span analysed with the switches before it)."""
+    summary of its span (analysed with the switches before it)."""
     lo: int
     hi: int
     samples: np.ndarray
@@ -86,10 +91,17 @@ class Chunk:
     before: np.ndarray  # the switches before the span (SwitchContext)
     stacks: np.ndarray | None
     summary: SpanSummary
+    analyse: AnalyseSpan
+    _steal: dict[str, list[dict]] = field(default_factory=dict)  # VM -> vcpu_steal of the span, once asked for
 
-
-# (samples, their names, sched events with the switches before the span, the span) -> the span's summary
-Summarise = Callable[[np.ndarray, "Resolved | None", np.ndarray, tuple[int, int]], SpanSummary]
+    def steal(self, vm: str) -> list[dict]:
+        """The steal detail of a VM over this span (analysed in full the first time a screen asks)."""
+        if vm not in self._steal:
+            an = self.analyse(self.samples, self.resolved, np.concatenate([self.before, self.sched]),
+                              (self.lo, self.hi), False)
+            for name in an.vm_names():
+                self._steal[name] = vcpu_steal(an, name)
+        return self._steal.get(vm, [])
 
 
 class ResolvedChunks:
@@ -102,15 +114,15 @@ class ResolvedChunks:
         self.context = SwitchContext()
 
     def add(self, lo: int, hi: int, samples: np.ndarray, sched: np.ndarray,
-            resolve: Callable[[np.ndarray], Resolved], summarise: Summarise, stacks: np.ndarray | None = None) -> None:
+            resolve: Callable[[np.ndarray], Resolved], analyse: AnalyseSpan, stacks: np.ndarray | None = None) -> None:
         """Take in the records of [lo, hi)."""
         samples, sched = _time_ordered(samples), _time_ordered(sched)
         resolved = resolve(samples) if len(samples) else None
         # the switches before the span say what each CPU and vCPU was doing as it began
         before = self.context.events
-        summary = summarise(samples, resolved, np.concatenate([before, sched]), (lo, hi))
+        summary = analyse(samples, resolved, np.concatenate([before, sched]), (lo, hi), True).span_summary()
         self.context.advance(sched)
-        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary))
+        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse))
 
     def pids(self) -> set[int]:
         return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist()}
@@ -146,9 +158,10 @@ class WindowView:
     vCPUs) come from the summaries of the window's chunks; everything else is the window's whole Analysis,
     joined and analysed the first time a screen asks for it (attributes not defined here are the Analysis')."""
 
-    def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis]) -> None:
+    def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis], chunks: list[Chunk]) -> None:
         self.summary = summary
         self._analyse = analysis
+        self._chunks = chunks
 
     @functools.cached_property
     def analysis(self) -> Analysis:
@@ -177,6 +190,10 @@ class WindowView:
 
     def guest_rows(self, vm: str, vcpu: int | None = None) -> list[Row]:
         return self.summary.guest_rows(vm, vcpu)
+
+    def vcpu_steal(self, vm: str) -> list[dict]:
+        """steal.vcpu_steal of the window, summed from each chunk's (each analysed once, the first time asked)."""
+        return add_vcpu_steal([c.steal(vm) for c in self._chunks])
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self.summary.guest_ratios(vm, vcpu)
@@ -243,7 +260,7 @@ class LiveWindow:
             self.resolver.load_guests(vm_of_pid.values(), self.bundles(), {})
         lo = self._chunk_end if self._chunk_end is not None else hi - int(chunk.elapsed_s * 1e9)
         self.chunks.add(lo, hi, chunk.samples, chunk.sched,
-                        lambda s: self.resolver.resolve(s, self.processes, vm_of_pid), self._summarise, chunk.stacks)
+                        lambda s: self.resolver.resolve(s, self.processes, vm_of_pid), self._analyse_span, chunk.stacks)
         self._chunk_end = hi
         self.host_stacks.update(chunk.host_stacks)
         horizon = hi - int(self.window_s * 1e9)
@@ -259,16 +276,17 @@ class LiveWindow:
                                     stacks if self.session.collector.stacks else None, self.host_stacks)
             return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
 
-        return WindowView(WindowSummary([c.summary for c in chunks], int(sum(lost.get("samples", [])))), analyse)
+        return WindowView(WindowSummary([c.summary for c in chunks], int(sum(lost.get("samples", [])))), analyse,
+                          chunks)
 
-    def _summarise(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
-                   span: tuple[int, int]) -> SpanSummary:
+    def _analyse_span(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
+                      span: tuple[int, int], shares_only: bool) -> Analysis:
         vmms = {int(vm["pid"]): self.processes[int(vm["pid"])] for vm in self.vms or []
                 if int(vm["pid"]) in self.processes}  # the host view's VM rows name the VMM process
         rec = _window_recording(Path("(live)"), self.meta, samples, sched, recording.snapshot(self.vms, vmms), {},
                                 (span[1] - span[0]) / 1e9)
         return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved, span_ns=span,
-                        shares_only=True).span_summary()
+                        shares_only=shares_only)
 
     def close(self) -> None:
         self.session.close()
@@ -333,7 +351,7 @@ class ReplayWindow:
             first = not self.chunks.chunks
             self.chunks.add(self._loaded_ns, hi, self._between(self.samples, self._loaded_ns, hi, first),
                             self._between(self.sched, self._loaded_ns, hi, first),
-                            lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid), self._summarise,
+                            lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid), self._analyse_span,
                             None if self.stacks is None else self._between(self.stacks, self._loaded_ns, hi, first))
             self._loaded_ns = hi
         chunks, lo = self.chunks.current(lo)
@@ -347,13 +365,13 @@ class ReplayWindow:
             rec.problems = list(self.rec.problems)
             return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now))
 
-        return WindowView(WindowSummary([c.summary for c in chunks], 0), analyse)  # a replay loses nothing
+        return WindowView(WindowSummary([c.summary for c in chunks], 0), analyse, chunks)  # a replay loses nothing
 
-    def _summarise(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
-                   span: tuple[int, int]) -> SpanSummary:
+    def _analyse_span(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
+                      span: tuple[int, int], shares_only: bool) -> Analysis:
         rec = _window_recording(self.rec.path, self.meta, samples, sched, self.snapshot, self.rec.bundles,
                                 (span[1] - span[0]) / 1e9)
-        return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=span, shares_only=True).span_summary()
+        return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=span, shares_only=shares_only)
 
     def close(self) -> None:
         pass

@@ -25,7 +25,6 @@ from textual_plotext import PlotextPlot
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
-from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
 from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.resolve.demangle import demangle
@@ -153,6 +152,12 @@ class TableScreen(Screen):
             self.filter = value or ""
             self.refresh_from(self.app.analysis)
         self.app.push_screen(FilterScreen(), done)
+
+    def prepare(self, an: WindowView) -> None:
+        """What rows() will read, computed in the poll's worker thread: the whole window's Analysis, unless the
+        screen reads only summaries."""
+        if not self.summaries_only:
+            an.analysis  # noqa: B018
 
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         raise NotImplementedError
@@ -466,13 +471,16 @@ class StealScreen(VmTableScreen):
     columns = ("vCPU", "kind", "cause", "seconds", "% of wall")
     default_sort = "seconds"
 
+    def prepare(self, an: WindowView) -> None:
+        an.vcpu_steal(self.vm)  # each chunk's steal detail, computed once (WindowView.vcpu_steal)
+
     def title_text(self, an: Analysis) -> str:
         return (f"VM {self.vm}: steal by cause and by who held the pCPU (type 1), by exit reason (type 2); "
                 "co-stop and halt polling")
 
     def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         out = []
-        for v in vcpu_steal(an, self.vm):
+        for v in an.vcpu_steal(self.vm):
             wall = v["wall_s"] or 1.0
             for cause, sec in v["type1_by_cause_s"].items():
                 if sec:
@@ -709,8 +717,11 @@ class VmprofTop(App):
             r = an.guest_ratios(vm)
             loads.append((vm, r["user"] + r["os"]))
             usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
-        if not getattr(self.screen, "summaries_only", False):
-            an.analysis  # noqa: B018 - analysed here, in the worker thread, not while drawing
+        prepare = getattr(self.screen, "prepare", None)
+        if prepare is not None:
+            prepare(an)  # analysed here, in the worker thread, not while drawing
+        else:
+            an.analysis  # noqa: B018 - drawings read the whole window's Analysis
         return an, loads, usage
 
     def _poll(self) -> None:
