@@ -321,6 +321,7 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     from vmprof_tui.analyse.kinds import RowKind
     from vmprof_tui.analyse.shares import WindowSummary
     from vmprof_tui.analyse.steal import vcpu_steal
+    from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
     from vmprof_tui.record import recording
 
     golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
@@ -374,6 +375,15 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
                     for name in set(got_v[key]) | set(want_v[key]):
                         assert got_v[key].get(name, 0.0) == pytest.approx(want_v[key].get(name, 0.0), abs=tol), name
                 assert got_v["ratios"] == pytest.approx(want_v["ratios"], abs=0.5)
+        for vm in whole.vm_names():  # the timeline screen: each chunk's segments, one after the other
+            got_segments = view.vcpu_segments(vm)
+            assert sorted(got_segments) == sorted(tl.vcpu for tl in whole.vm_timelines(vm))
+            for tl in whole.vm_timelines(vm):
+                want_segments = vcpu_segments(whole, tl)
+                for kind in SegmentKind:
+                    got_ns, want_ns = (sum(g.end_ns - g.start_ns for g in segs if g.kind is kind)
+                                       for segs in (got_segments[tl.vcpu], want_segments))
+                    assert got_ns == pytest.approx(want_ns, abs=0.005 * tl.wall_ns), kind
         for got, want in pairs:
             assert got.ratios == pytest.approx(want.ratios, abs=0.3)
             assert got.total_samples == pytest.approx(want.total_samples, rel=0.01)

@@ -21,6 +21,7 @@ import numpy as np
 from vmprof_tui.analyse.analysis import Analysis, Row
 from vmprof_tui.analyse.shares import GuestSummary, HostSummary, SpanSummary, WindowSummary
 from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
+from vmprof_tui.analyse.timeline import Segment, vcpu_segments
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import (
@@ -92,16 +93,30 @@ class Chunk:
     stacks: np.ndarray | None
     summary: SpanSummary
     analyse: AnalyseSpan
-    _steal: dict[str, list[dict]] = field(default_factory=dict)  # VM -> vcpu_steal of the span, once asked for
+    _detail: Analysis | None = field(default=None, repr=False)
+    _steal: dict[str, list[dict]] = field(default_factory=dict, repr=False)  # VM -> vcpu_steal of the span
+    _segments: dict[str, dict[int, list[Segment]]] = field(default_factory=dict, repr=False)  # VM -> vCPU -> ...
+
+    def detail(self) -> Analysis:
+        """The span analysed in full (holders, co-stop), the first time a screen asks for more than its summary."""
+        if self._detail is None:
+            self._detail = self.analyse(self.samples, self.resolved, np.concatenate([self.before, self.sched]),
+                                        (self.lo, self.hi), False)
+        return self._detail
 
     def steal(self, vm: str) -> list[dict]:
-        """The steal detail of a VM over this span (analysed in full the first time a screen asks)."""
+        """The steal detail of a VM over this span."""
         if vm not in self._steal:
-            an = self.analyse(self.samples, self.resolved, np.concatenate([self.before, self.sched]),
-                              (self.lo, self.hi), False)
-            for name in an.vm_names():
-                self._steal[name] = vcpu_steal(an, name)
-        return self._steal.get(vm, [])
+            an = self.detail()
+            self._steal[vm] = vcpu_steal(an, vm) if vm in an.vm_names() else []
+        return self._steal[vm]
+
+    def segments(self, vm: str) -> dict[int, list[Segment]]:
+        """What each vCPU of a VM did over this span, in segments (timeline.vcpu_segments)."""
+        if vm not in self._segments:
+            an = self.detail()
+            self._segments[vm] = {tl.vcpu: vcpu_segments(an, tl) for tl in an.vm_timelines(vm)}
+        return self._segments[vm]
 
 
 class ResolvedChunks:
@@ -194,6 +209,14 @@ class WindowView:
     def vcpu_steal(self, vm: str) -> list[dict]:
         """steal.vcpu_steal of the window, summed from each chunk's (each analysed once, the first time asked)."""
         return add_vcpu_steal([c.steal(vm) for c in self._chunks])
+
+    def vcpu_segments(self, vm: str) -> dict[int, list[Segment]]:
+        """Per vCPU of a VM, its segments over the window: those of each chunk, one after the other."""
+        out: dict[int, list[Segment]] = {}
+        for c in self._chunks:
+            for vcpu, segments in c.segments(vm).items():
+                out.setdefault(vcpu, []).extend(segments)
+        return out
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self.summary.guest_ratios(vm, vcpu)

@@ -25,7 +25,7 @@ from textual_plotext import PlotextPlot
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
-from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
+from vmprof_tui.analyse.timeline import SegmentKind
 from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show import flame
@@ -604,20 +604,22 @@ class TimelineScreen(VmKeys, DrawingScreen):
     # what a column shows when several segments share it: samples over blanks, guest code over the VMM
     PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
 
+    def prepare(self, an: WindowView) -> None:
+        an.vcpu_segments(self.vm)  # each chunk's segments, computed once (WindowView.vcpu_segments)
+
     def draw(self, an: Analysis) -> Text | str:
         width = max(self.size.width - 12, 20)
-        text = Text(f"VM {self.vm}: last {an.rec.duration_s:.0f}s, one column = "
-                    f"{an.rec.duration_s / width:.2f}s   ")
+        w0, w1 = an.window()
+        seconds = (w1 - w0) / 1e9
+        text = Text(f"VM {self.vm}: last {seconds:.0f}s, one column = {seconds / width:.2f}s   ")
         for code, label in self.LEGEND:
             ch, style = self.STATES[code]
             text.append(ch * 2, style=style)
             text.append(f" {label}  ")
         text.append("\n\n")
-        w0, w1 = an.window()
         span = max(w1 - w0, 1)
-        for tl in sorted(an.vm_timelines(self.vm), key=lambda t: t.vcpu):
+        for vcpu, segments in sorted(an.vcpu_segments(self.vm).items()):
             strip = np.zeros(width, np.int8)  # unsampled on-CPU time stays blank
-            segments = vcpu_segments(an, tl)
             for kind in self.PAINT_ORDER:
                 for seg in segments:
                     if seg.kind is not kind:
@@ -634,7 +636,7 @@ class TimelineScreen(VmKeys, DrawingScreen):
                         a = min(max(int((thr[0] - w0) * width // span), lo), hi - 1)  # woken into a throttled group
                         strip[a:min(max(int((thr[1] - w0) * width // span), a + 1), hi)] = self.BLANK_STATES[
                             BlankKind.THROTTLED]
-            text.append(f"vcpu{tl.vcpu:<3} ")
+            text.append(f"vcpu{vcpu:<3} ")
             for code in strip.tolist():
                 ch, style = self.STATES[code]
                 text.append(ch, style=style)
