@@ -2,7 +2,8 @@
 
 Screens: overview (one row per VM and one for the host) → VM (vCPUs) →
 processes → functions; host view; steal detail; per-vCPU timeline.  Every
-number on screen comes from vmprof_tui.analyse.analysis on the session's window.
+number on screen comes from the session's window (analyse/window.py: each chunk's
+summary and analysis, summed; the whole window's Analysis where a screen needs it).
 """
 
 from __future__ import annotations
