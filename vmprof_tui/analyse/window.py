@@ -107,8 +107,7 @@ class Chunk:
     def steal(self, vm: str) -> list[dict]:
         """The steal detail of a VM over this span."""
         if vm not in self._steal:
-            an = self.detail()
-            self._steal[vm] = vcpu_steal(an, vm) if vm in an.vm_names() else []
+            self._steal[vm] = vcpu_steal(self.detail(), vm)
         return self._steal[vm]
 
     def segments(self, vm: str) -> dict[int, list[Segment]]:
@@ -151,21 +150,15 @@ class ResolvedChunks:
         return list(self.chunks), self.chunks[0].lo if self.chunks else horizon
 
 
-def joined(chunks: list[Chunk], horizon: int) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
-    """(samples, their names, sched events, stack records) of the chunks from `horizon` (ns) on; the sched events
-    begin with the switches before the first chunk."""
-    with_samples = [c for c in chunks if c.resolved is not None]
-    if with_samples:
-        samples = np.concatenate([c.samples for c in with_samples])
-        resolved = Resolved.concatenate([c.resolved for c in with_samples if c.resolved is not None])
-        keep = samples["time_ns"] >= horizon
-        samples, resolved = samples[keep], resolved.take(keep)
-    else:
-        samples, resolved = np.empty(0, SAMPLE_DTYPE), None
-    sched = np.concatenate([c.sched for c in chunks] or [np.empty(0, SCHED_DTYPE)])
-    sched = np.concatenate([chunks[0].before if chunks else sched[:0], sched[sched["time_ns"] >= horizon]])
+def joined(chunks: list[Chunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
+    """(samples, their names, sched events, stack records) of the window's chunks, whole (as their summaries
+    count them); the sched events begin with the switches before the first chunk."""
+    names = [c.resolved for c in chunks if c.resolved is not None]
+    samples = np.concatenate([c.samples for c in chunks if c.resolved is not None] or [np.empty(0, SAMPLE_DTYPE)])
+    resolved = Resolved.concatenate(names) if names else None
+    sched = np.concatenate([chunks[0].before] + [c.sched for c in chunks] if chunks else [np.empty(0, SCHED_DTYPE)])
     stacks = np.concatenate([c.stacks for c in chunks if c.stacks is not None] or [np.empty(0, STACK_DTYPE)])
-    return samples, resolved, sched, stacks[stacks["time_ns"] >= horizon]
+    return samples, resolved, sched, stacks
 
 
 class WindowView:
@@ -293,7 +286,7 @@ class LiveWindow:
         seconds = (hi - horizon) / 1e9
 
         def analyse() -> Analysis:
-            samples, resolved, sched, stacks = joined(chunks, horizon)
+            samples, resolved, sched, stacks = joined(chunks)
             rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                     recording.snapshot(vms=vms, processes=processes), {}, seconds, lost,
                                     stacks if self.session.collector.stacks else None, self.host_stacks)
@@ -382,7 +375,7 @@ class ReplayWindow:
         seconds = (now - lo) / 1e9
 
         def analyse() -> Analysis:
-            s, resolved, e, st = joined(chunks, lo)
+            s, resolved, e, st = joined(chunks)
             rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, seconds,
                                     stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
             rec.problems = list(self.rec.problems)

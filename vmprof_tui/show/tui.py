@@ -558,6 +558,10 @@ class DrawingScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
+    def prepare(self, an: WindowView) -> None:
+        """What draw() will read, computed in the poll's worker thread: the whole window's Analysis."""
+        an.analysis  # noqa: B018
+
     def refresh_from(self, an: Analysis | None) -> None:
         if an is not None and self.ready:
             self.query_one(f"#{self.drawing_id}", Static).update(self.draw(an))
@@ -720,11 +724,8 @@ class VmprofTop(App):
             r = an.guest_ratios(vm)
             loads.append((vm, r["user"] + r["os"]))
             usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
-        prepare = getattr(self.screen, "prepare", None)
-        if prepare is not None:
-            prepare(an)  # analysed here, in the worker thread, not while drawing
-        else:
-            an.analysis  # noqa: B018 - drawings read the whole window's Analysis
+        if hasattr(self.screen, "prepare"):  # analysed here, in the worker thread, not while drawing
+            self.screen.prepare(an)
         return an, loads, usage
 
     def _poll(self) -> None:
