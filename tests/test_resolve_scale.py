@@ -98,3 +98,15 @@ def test_replay_window_resolved_by_stretches_reads_as_the_whole_window() -> None
             got = an.host_profile() if vm is None else an.guest_profile(vm)
             want = whole.host_profile() if vm is None else whole.guest_profile(vm)
             assert sorted(map(json.dumps, got.to_json()["rows"])) == sorted(map(json.dumps, want.to_json()["rows"]))
+
+
+def test_processes_past_one_search_resolve_through_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More address spaces than one search keys (spaces.MAX_SPACES) are resolved space by space, to the same names."""
+    from vmprof_tui.record.recording import load
+    from vmprof_tui.resolve import resolver, spaces
+
+    together = Analysis(load(GOLDEN))
+    monkeypatch.setattr(resolver, "MAX_SPACES", 0)
+    monkeypatch.setattr(spaces, "MAX_SPACES", 0)
+    one_by_one = Analysis(load(GOLDEN))
+    assert (together.func == one_by_one.func).all() and (together.module == one_by_one.module).all()

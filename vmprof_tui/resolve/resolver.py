@@ -28,6 +28,7 @@ from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
 from vmprof_tui.resolve.elf import ET_EXEC, ElfSymbols
 from vmprof_tui.resolve.spaces import (
+    MAX_SPACES,
     USER_LIMIT,
     AddressSpace,
     GuestSymbols,
@@ -270,8 +271,9 @@ class Resolver:
         which = np.repeat(np.arange(len(spaces)), [len(i) for _space, i in spaces])
         addrs = ips[idx]
         maps, at = locate([space for space, _i in spaces], which, addrs)
-        high = np.flatnonzero(addrs >= USER_LIMIT)  # e.g. [vsyscall]: through the space's own search
-        for rank, pos in group_by(which, high):
+        # what locate leaves (e.g. [vsyscall], above USER_LIMIT): through each space's own search
+        left = np.flatnonzero(addrs >= USER_LIMIT) if len(spaces) <= MAX_SPACES else np.arange(len(addrs))
+        for rank, pos in group_by(which, left):
             self._space_ids(spaces[rank][0], ips, idx[pos], func, module)
         hit = np.flatnonzero(at >= 0)
         module_id = np.zeros(len(maps), np.int32)

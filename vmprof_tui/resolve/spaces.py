@@ -143,13 +143,15 @@ class AddressSpace:
 
 
 USER_LIMIT = 1 << 47  # x86-64 user addresses (4-level paging) lie below this: 17 bits are left for a space's rank
+MAX_SPACES = 1 << 17  # so locate() searches the addresses of at most this many address spaces at once
 
 
 def locate(spaces: list[AddressSpace], which: np.ndarray, ips: np.ndarray) -> tuple[list[Mapping], np.ndarray]:
     """The mapping of each user address, for the addresses of many address spaces at once (`which`: the index in
     `spaces` of each address's space): one binary search over every space's mappings keyed (space, start), not one
     per space (a 64-CPU host has hundreds of processes in each second's samples).  Returns (the mappings, the
-    index among them of each address's mapping, -1 where none holds it or the address is not below USER_LIMIT)."""
+    index among them of each address's mapping, -1 where none holds it; an address at or above USER_LIMIT, or any
+    address of more than MAX_SPACES spaces, is left to AddressSpace.hits, -1 here too)."""
     maps: list[Mapping] = []
     keys, ends, owner = [], [], []
     for rank, space in enumerate(spaces):
@@ -160,7 +162,7 @@ def locate(spaces: list[AddressSpace], which: np.ndarray, ips: np.ndarray) -> tu
         ends.append(space_ends[low])
         owner.append(np.full(len(low), rank, np.int64))
     at = np.full(len(ips), -1, np.int64)
-    if not maps or len(spaces) >= 1 << 16:
+    if not maps or len(spaces) > MAX_SPACES:
         return maps, at
     key, end, own = np.concatenate(keys), np.concatenate(ends), np.concatenate(owner)
     user = np.flatnonzero(ips < USER_LIMIT)
