@@ -1,9 +1,10 @@
 """CPU used by `vmprof top` at 1 kHz on all CPUs with three demo VMs (target: at most 5% of one core).
 
-Runs the steal3 demo, starts `vmprof top` in a tmux terminal, lets it settle, then measures the
-process's CPU time (utime + stime from /proc) over a steady interval.  `--screen host` first
-presses Enter on the overview's first row, the host: the longest table (every host function).
-Usage: python benchmarks/tui.py [--seconds 30] [--screen overview|host] [--baseline TREE --repeat N]
+Runs the steal3 demo, starts `vmprof top` in a tmux terminal, lets it settle, opens the screen to
+measure with the keys a user would press, then measures the process's CPU time (utime + stime from
+/proc) over a steady interval.  Screens: the overview, the host (Enter on the first row: the longest
+table, every host function), and the first VM's vCPUs, processes, functions, steal and timeline.
+Usage: python benchmarks/tui.py [--seconds 30] [--screen NAME|all] [--baseline TREE --repeat N]
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ from pathlib import Path
 from vmprof_tui.demo import runner
 
 ROOT = Path(__file__).resolve().parent.parent
+# screen: (keys from the overview, with the cursor on its first row (the host), text the screen then shows)
+SCREENS = {
+    "overview": ((), "OS:USER:IDLE:VM"),
+    "host": (("Enter",), "Host:"),
+    "vm": (("Down", "Enter"), ": vCPUs"),
+    "process": (("Down", "Enter", "Enter"), "guest processes, steal and idle"),
+    "function": (("Down", "Enter", "Enter", "Enter"), ": functions"),
+    "steal": (("Down", "s"), "steal by cause"),
+    "timeline": (("Down", "t"), "one column ="),
+}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -45,13 +56,15 @@ def measure(tree: Path, screen: str, seconds: float) -> float:
         try:
             pid = find_top()
             time.sleep(8)  # compile, first frames, symbol caches warm
-            if screen == "host":
-                subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
-                time.sleep(3)
-                shown = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
-                                       text=True).stdout
-                if "Host:" not in shown:
-                    raise RuntimeError("the host screen did not open:\n" + shown)
+            keys, shows = SCREENS[screen]
+            for key in keys:
+                subprocess.run(["tmux", "send-keys", "-t", session, key], check=True)
+                time.sleep(1)  # the next screen and its first refresh
+            time.sleep(2)
+            shown = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                                   text=True).stdout
+            if shows not in shown:
+                raise RuntimeError(f"the {screen} screen did not open:\n" + shown)
             c0, t0 = cpu_seconds(pid), time.monotonic()
             time.sleep(seconds)
             c1, t1 = cpu_seconds(pid), time.monotonic()
@@ -63,7 +76,7 @@ def measure(tree: Path, screen: str, seconds: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--screen", choices=("overview", "host"), default="overview")
+    ap.add_argument("--screen", choices=(*SCREENS, "all"), default="overview")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another source tree (e.g. `git archive` of an older commit), measured in turn with this one")
     ap.add_argument("--repeat", type=int, default=1, help="rounds (one run of each tree a round)")
@@ -72,17 +85,19 @@ def main() -> int:
         print("tmux is needed (apt-get install tmux)")
         return 1
     trees = {"this": ROOT} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
-    used: dict[str, list[float]] = {name: [] for name in trees}
-    for _ in range(args.repeat):
-        for name, tree in trees.items():
-            used[name].append(measure(tree, args.screen, args.seconds))
-            print(f"  {name}: {used[name][-1]:.1f}%", flush=True)
-    this = sum(used["this"]) / len(used["this"])
-    print(f"vmprof top at 1 kHz, 3 VMs, {args.screen} screen: {this:.1f}% of one core over {args.seconds:.0f} s, "
-          f"mean of {args.repeat} (target <= 5%)")
-    if args.baseline:
-        base = sum(used["baseline"]) / len(used["baseline"])
-        print(f"baseline {base:.1f}%: this / baseline = {this / base:.2f}")
+    for screen in SCREENS if args.screen == "all" else (args.screen,):
+        used: dict[str, list[float]] = {name: [] for name in trees}
+        for _ in range(args.repeat):
+            for name, tree in trees.items():
+                used[name].append(measure(tree, screen, args.seconds))
+                print(f"  {screen} {name}: {used[name][-1]:.1f}%", flush=True)
+        this = sum(used["this"]) / len(used["this"])
+        line = (f"vmprof top at 1 kHz, 3 VMs, {screen} screen: {this:.1f}% of one core over {args.seconds:.0f} s, "
+                f"mean of {args.repeat} (target <= 5%)")
+        if args.baseline:
+            base = sum(used["baseline"]) / len(used["baseline"])
+            line += f"; baseline {base:.1f}%: this / baseline = {this / base:.2f}"
+        print(line, flush=True)
     return 0
 
 
