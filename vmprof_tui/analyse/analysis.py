@@ -894,9 +894,18 @@ class Analysis:
         """The samples `idx` (indices) by profile row (process, pid, function, module) under the resolver's name
         codes (the same in every analysis that shares the resolver: counts of spans add)."""
         keys, first, counts = first_and_counts(self.key[idx], self.key_count)
-        at = idx[first]
-        return RowCounts(self.name_code_of_key[keys], counts.astype(float), self.func[at], self.module[at],
-                         self.process[at], self.proc_pid[at], self.unresolved[at])
+        codes = self.name_code_of_key[keys]
+        order = np.argsort(codes)  # keys rank by VM first: the host's rows, by code only (a window's sums merge)
+        codes, counts, at = codes[order], counts[order], idx[first[order]]
+        resolved = ~self.unresolved[at]
+        procs, first_row, inverse = np.unique(self.proc_key[at[resolved]], return_index=True, return_inverse=True)
+        sums = np.bincount(inverse.reshape(-1), counts[resolved], minlength=len(procs))
+        by_process: dict[str, float] = {}  # by name (a name can have several pids), in row order
+        order = np.argsort(first_row)
+        for name, n in zip(self.process[at[resolved][first_row[order]]].tolist(), sums[order].tolist(), strict=True):
+            by_process[name or "?"] = by_process.get(name or "?", 0.0) + n
+        return RowCounts(codes, counts.astype(float), self.func[at], self.module[at], self.process[at],
+                         self.proc_pid[at], ~resolved, by_process)
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""

@@ -7,6 +7,7 @@ The one place where parts become the shares shown (OS:USER:IDLE:steal of a guest
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -106,44 +107,71 @@ class HostParts:
         return _percent([("os", self.kernel), ("user", self.user), ("idle", self.idle), ("vm", self.vm)], self.total)
 
 
+NAME_FIELDS = ("function", "module", "process", "pid", "unknown")
+
+
+def _added(sums: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Sums by name added (names whose sum comes to zero go: whole samples, exact in floats)."""
+    out: dict[str, float] = {}
+    for one in sums:
+        for name, n in one.items():
+            out[name] = out.get(name, 0.0) + n
+    return {name: n for name, n in out.items() if n != 0}
+
+
 @dataclass
 class RowCounts:
     """Samples by profile row (process, pid, function, module) under the resolver's name codes, with each row's
     names as arrays: what adds across spans (the codes are the same in every analysis that shares a resolver), the
     top process and function of a summary, and a window's rows without a Row per function until they are shown."""
-    codes: np.ndarray  # int64, ascending within an analysis (the order of its rows)
-    counts: np.ndarray  # float
+    codes: np.ndarray  # int64, ascending, each once (the order of the rows)
+    counts: np.ndarray  # float, whole samples
     function: np.ndarray  # str objects
     module: np.ndarray
     process: np.ndarray
     pid: np.ndarray  # -1: none
     unknown: np.ndarray  # bool: the function is not resolved
-    by_process: dict[str, float] | None = None  # resolved rows summed by process name (by default in row order)
+    by_process: dict[str, float] = field(default_factory=dict)  # resolved samples by process name
 
-    def __post_init__(self) -> None:
-        if self.by_process is None:
-            self.by_process = {}
-            for name, n, u in zip(self.process.tolist(), self.counts.tolist(), self.unknown.tolist(), strict=True):
-                if not u:
-                    self.by_process[name or "?"] = self.by_process.get(name or "?", 0.0) + n
+    def negated(self) -> RowCounts:
+        """The same rows with their counts taken away (a span leaving a window)."""
+        return replace(self, counts=-self.counts, by_process={k: -v for k, v in self.by_process.items()})
 
     @staticmethod
     def combine(parts: list[RowCounts]) -> RowCounts:
-        """The sum of counts, in the order of the codes (the sums by process name add the parts' sums)."""
+        """The sum of counts, in the order of the codes; rows whose counts cancel out (negated parts) go."""
         if not parts:
             return RowCounts(*(np.empty(0, t) for t in (np.int64, float, object, object, object, np.int64, bool)))
         if len(parts) == 1:
             return parts[0]
         codes = np.concatenate([p.codes for p in parts])
-        uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
-        counts = np.bincount(inverse.reshape(-1), np.concatenate([p.counts for p in parts]), minlength=len(uniq))
-        by_process: dict[str, float] = {}
-        for p in parts:
-            for name, n in (p.by_process or {}).items():
-                by_process[name] = by_process.get(name, 0.0) + n
-        names = (np.concatenate([getattr(p, f) for p in parts])[first]
-                 for f in ("function", "module", "process", "pid", "unknown"))
-        return RowCounts(uniq, counts, *names, by_process=by_process)
+        uniq, inverse = np.unique(codes, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        counts = np.bincount(inverse, np.concatenate([p.counts for p in parts]), minlength=len(uniq))
+        one = np.empty(len(uniq), np.intp)  # a row of each code (all of them hold the same names)
+        one[inverse] = np.arange(len(codes))
+        names = (np.concatenate([getattr(p, f) for p in parts])[one] for f in NAME_FIELDS)
+        return RowCounts(uniq, counts, *names, by_process=_added(p.by_process for p in parts))._nonzero()
+
+    def plus(self, other: RowCounts) -> RowCounts:
+        """self + other without sorting self again: other's rows are added to or inserted among self's (the
+        live window's sum of the last refresh, plus what changed since)."""
+        pos = np.searchsorted(self.codes, other.codes)
+        hit = pos < len(self.codes)
+        hit[hit] = self.codes[pos[hit]] == other.codes[hit]
+        counts = self.counts.copy()
+        counts[pos[hit]] += other.counts[hit]  # codes are each once: no position twice
+        at, new = pos[~hit], ~hit
+        return RowCounts(np.insert(self.codes, at, other.codes[new]), np.insert(counts, at, other.counts[new]),
+                         *(np.insert(getattr(self, f), at, getattr(other, f)[new]) for f in NAME_FIELDS),
+                         by_process=_added([self.by_process, other.by_process]))._nonzero()
+
+    def _nonzero(self) -> RowCounts:
+        keep = self.counts != 0  # whole samples: exact in floats
+        if keep.all():
+            return self
+        return RowCounts(self.codes[keep], self.counts[keep], *(getattr(self, f)[keep] for f in NAME_FIELDS),
+                         by_process=self.by_process)
 
     def top(self, by_name: bool) -> tuple[str, str]:
         """(process, function) of the resolved row with the most samples, ties to the earlier row; by_name: the
@@ -154,7 +182,7 @@ class RowCounts:
         top = int(np.argmax(resolved))
         if not by_name:
             return str(self.process[top]) or "-", str(self.function[top])
-        by_process = self.by_process or {}
+        by_process = self.by_process
         return max(by_process, key=by_process.__getitem__), str(self.function[top])
 
     def rows(self, vm: str | None, limit: int | None = None) -> tuple[list[Row], int]:
@@ -205,12 +233,22 @@ class SpanSummary:
     vcpus: dict[tuple[str, int], tuple[int, GuestParts, RowCounts]]  # (VM, vCPU id) -> (thread id, parts, rows)
 
 
+def _rows_of(span: SpanSummary, of: tuple[str, int | None] | None) -> list[RowCounts]:
+    """A span's rows of the host (None) or of a guest (VM, vCPU or None: each of its vCPUs')."""
+    if of is None:
+        return [span.host_rows]
+    vm, vcpu = of
+    return [names for (v_vm, v), (_tid, _parts, names) in span.vcpus.items() if v_vm == vm and vcpu in (None, v)]
+
+
 class WindowSummary:
     """A sliding window from the summaries of the spans it is made of (the live screen's drained chunks, each
     summarised once): what Analysis.host_summary / guest_summary / guest_ratios / vm_names / vcpu_threads give
     for the whole window, and the rows of its host and guest profiles."""
 
-    def __init__(self, spans: list[SpanSummary], lost_samples: int) -> None:
+    def __init__(self, spans: list[SpanSummary], lost_samples: int, previous: WindowSummary | None = None) -> None:
+        """previous: the last refresh's summary; the row sums it made are slid (the spans that came in added, those
+        that left taken out) instead of summing every span again."""
         self.spans = spans
         self.lost_samples = lost_samples
         self.host = HostParts()
@@ -227,6 +265,7 @@ class WindowSummary:
         self._summaries: dict[tuple[str, int | None], GuestSummary] = {}
         self._host_summary: HostSummary | None = None
         self._rows: dict[tuple[str, int | None] | None, RowCounts] = {}  # None: the host
+        self._before = (previous.spans, previous._rows) if previous is not None else None
 
     def window(self) -> tuple[int, int]:
         if not self.spans:
@@ -275,15 +314,21 @@ class WindowSummary:
         return self._summaries[(vm, vcpu)]
 
     def _row_counts(self, of: tuple[str, int | None] | None) -> RowCounts:
-        """The rows of the host (None) or of a guest (VM, vCPU or None), summed over the spans."""
+        """The rows of the host (None) or of a guest (VM, vCPU or None), summed over the spans: the previous
+        refresh's sum with the spans that came in since added and those that left taken out, when that is less to
+        sum than the window (a refresh then costs what changed, not the window)."""
         if of not in self._rows:
-            if of is None:
-                parts = [span.host_rows for span in self.spans]
-            else:
-                vm, vcpu = of
-                parts = [span.vcpus[(vm, v)][2] for span in self.spans for v in self._vcpus(vm, vcpu)
-                         if (vm, v) in span.vcpus]
-            self._rows[of] = RowCounts.combine(parts)
+            if self._before is not None and of in self._before[1]:
+                spans_before, rows_before = self._before
+                now, then = {id(span) for span in self.spans}, {id(span) for span in spans_before}
+                came = [span for span in self.spans if id(span) not in then]
+                left = [span for span in spans_before if id(span) not in now]
+                if len(came) + len(left) < len(self.spans):
+                    changed = [p for span in came for p in _rows_of(span, of)]
+                    changed += [p.negated() for span in left for p in _rows_of(span, of)]
+                    self._rows[of] = rows_before[of].plus(RowCounts.combine(changed))
+                    return self._rows[of]
+            self._rows[of] = RowCounts.combine([p for span in self.spans for p in _rows_of(span, of)])
         return self._rows[of]
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:

@@ -126,6 +126,7 @@ class ResolvedChunks:
     def __init__(self) -> None:
         self.chunks: deque[Chunk] = deque()
         self.context = SwitchContext()
+        self._summary: WindowSummary | None = None
 
     def add(self, lo: int, hi: int, samples: np.ndarray, sched: np.ndarray,
             resolve: Callable[[np.ndarray], Resolved], analyse: AnalyseSpan, stacks: np.ndarray | None = None) -> None:
@@ -137,6 +138,11 @@ class ResolvedChunks:
         summary = analyse(samples, resolved, np.concatenate([before, sched]), (lo, hi), True).span_summary()
         self.context.advance(sched)
         self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse))
+
+    def summary(self, chunks: list[Chunk], lost_samples: int) -> WindowSummary:
+        """The summary of the window made of `chunks`, slid from the last one this made."""
+        self._summary = WindowSummary([c.summary for c in chunks], lost_samples, self._summary)
+        return self._summary
 
     def pids(self) -> set[int]:
         return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist()}
@@ -292,8 +298,7 @@ class LiveWindow:
                                     stacks if self.session.collector.stacks else None, self.host_stacks)
             return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
 
-        return WindowView(WindowSummary([c.summary for c in chunks], int(sum(lost.get("samples", [])))), analyse,
-                          chunks)
+        return WindowView(self.chunks.summary(chunks, int(sum(lost.get("samples", [])))), analyse, chunks)
 
     def _analyse_span(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
                       span: tuple[int, int], shares_only: bool) -> Analysis:
@@ -381,7 +386,7 @@ class ReplayWindow:
             rec.problems = list(self.rec.problems)
             return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now))
 
-        return WindowView(WindowSummary([c.summary for c in chunks], 0), analyse, chunks)  # a replay loses nothing
+        return WindowView(self.chunks.summary(chunks, 0), analyse, chunks)  # a replay loses nothing
 
     def _analyse_span(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
                       span: tuple[int, int], shares_only: bool) -> Analysis:
