@@ -883,9 +883,8 @@ class Analysis:
         if shares.idle_virtual:
             rows.append(Row(shares.idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
         vmm_comm = {pid: p.get("comm") or None for pid, p in self.rec.processes().items()}
-        for pid in np.unique(s["pid"][guest]).tolist():
+        for pid, n in zip(*(a.tolist() for a in np.unique(s["pid"][guest], return_counts=True)), strict=True):
             name = self.vm_by_pid.get(pid, f"vm-{pid}")
-            n = int(np.count_nonzero(guest & (s["pid"] == pid)))
             rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), vmm_comm.get(pid),
                             pid, name, RowKind.VM))
         return rows
