@@ -72,12 +72,10 @@ class NameCodes:
         found = self.keys[pos] == uniq if len(self.keys) else np.zeros(len(uniq), bool)
         code = np.where(found, self.codes[pos] if len(self.codes) else 0, -1)
         new = np.nonzero(~found)[0]
-        new = new[np.argsort(first[new], kind="stable")]
-        code[new] = len(self.keys) + np.arange(len(new))
-        keys = np.concatenate([self.keys, uniq[new]])
-        codes = np.concatenate([self.codes, code[new]])
-        order = np.argsort(keys, kind="stable")
-        self.keys, self.codes = keys[order], codes[order]
+        code[new[np.argsort(first[new], kind="stable")]] = len(self.keys) + np.arange(len(new))
+        # merged into the sorted table where they belong (uniq is sorted): no sort of every name seen so far
+        at = np.searchsorted(self.keys, uniq[new])
+        self.keys, self.codes = np.insert(self.keys, at, uniq[new]), np.insert(self.codes, at, code[new])
         return code[inverse.reshape(-1)]
 
     def _encode_slowly(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:

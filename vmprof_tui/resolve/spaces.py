@@ -116,6 +116,13 @@ class AddressSpace:
         maps = sorted(self.maps, key=lambda m: m.start)
         return maps, np.array([m.start for m in maps], np.uint64), np.array([m.end for m in maps], np.uint64)
 
+    @cached_property
+    def _user_maps(self) -> tuple[list[Mapping], np.ndarray, np.ndarray]:
+        """_sorted_maps below USER_LIMIT (what locate searches; a process is met again every second)."""
+        maps, starts, ends = self._sorted_maps
+        low = np.flatnonzero(ends <= USER_LIMIT)
+        return [maps[i] for i in low.tolist()], starts[low], ends[low]
+
     def hits(self, ips: np.ndarray, objects: ObjectCache) -> Iterator[tuple[np.ndarray, Mapping,
                                                                          ElfSymbols | None, np.ndarray | None]]:
         """For each mapping some of `ips` fall in: (their positions in ips, the mapping, its file's symbols or
@@ -155,12 +162,11 @@ def locate(spaces: list[AddressSpace], which: np.ndarray, ips: np.ndarray) -> tu
     maps: list[Mapping] = []
     keys, ends, owner = [], [], []
     for rank, space in enumerate(spaces):
-        sorted_maps, starts, space_ends = space._sorted_maps
-        low = np.flatnonzero(space_ends <= USER_LIMIT)
-        maps += [sorted_maps[i] for i in low.tolist()]
-        keys.append(np.uint64(rank) << np.uint64(47) | starts[low])
-        ends.append(space_ends[low])
-        owner.append(np.full(len(low), rank, np.int64))
+        user_maps, starts, space_ends = space._user_maps
+        maps += user_maps
+        keys.append(np.uint64(rank) << np.uint64(47) | starts)
+        ends.append(space_ends)
+        owner.append(np.full(len(starts), rank, np.int64))
     at = np.full(len(ips), -1, np.int64)
     if not maps or len(spaces) > MAX_SPACES:
         return maps, at
