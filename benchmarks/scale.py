@@ -15,6 +15,8 @@ Usage:
   python benchmarks/scale.py demo DIR [--seconds 30 --rate 10000]   (root: steal3 demo, vmprof + perf)
   python benchmarks/scale.py time REC [--perf-data P] [--baseline SRC] [--vm NAME] [--repeat 3]
   python benchmarks/scale.py top REC [--baseline SRC]      replayed refresh of every screen
+  python benchmarks/scale.py poll REC [--baseline SRC] [--window 10]   a refresh without Textual: the poll, the
+        overview's summaries, and coding a chunk's names once millions are known (a long session)
   python benchmarks/scale.py presets [--baseline SRC] [--demo DIR]   the issue's two cases
 `--baseline SRC` times a second vmprof source tree (e.g. `git archive` of main unpacked in /tmp) in the same
 run, side by side: the printed ratios are baseline / this tree.
@@ -400,6 +402,64 @@ def time_top(rec: Path, baseline: Path | None, window_s: float, refreshes: int) 
     return res
 
 
+POLL_SCRIPT = r"""
+import json, statistics, sys, time
+from pathlib import Path
+import numpy as np
+from vmprof_tui.analyse.window import ReplayWindow
+from vmprof_tui.resolve.resolver import NameCodes
+
+window_s, refreshes = float(sys.argv[2]), int(sys.argv[3])
+window = ReplayWindow(Path(sys.argv[1]), window_s)
+window.start()
+window.now = window.t0 + int((window_s - 1) * 1e9)
+window.poll()  # fills the window: every timed refresh slides a full one
+polls, sums = [], []
+while not window.at_end and len(polls) < refreshes:
+    c0 = time.process_time()
+    view = window.poll()
+    c1 = time.process_time()
+    view.host_summary(), view.host_rows(500), [view.guest_summary(vm) for vm in view.vm_names()]
+    polls.append(c1 - c0)
+    sums.append(time.process_time() - c1)
+# names of a long session: 2,000 processes, a million functions, met 64k samples at a time
+rng = np.random.default_rng(1)
+codes = NameCodes()
+codes.procs = {("p", i): i for i in range(2000)}
+def chunk():
+    size = 64000
+    return (rng.integers(0, 2000, size), rng.integers(0, 1 << 20, size).astype(np.int32),
+            rng.integers(0, 50, size).astype(np.int32))
+for _ in range(30):
+    codes.encode(*chunk())
+c0 = time.process_time()
+for _ in range(5):
+    codes.encode(*chunk())
+print(json.dumps({"poll": statistics.median(polls), "summaries": statistics.median(sums),
+                  f"codes ({len(codes.keys) // 1000}k names)": (time.process_time() - c0) / 5}))
+"""
+
+
+def time_poll(rec: Path, baseline: Path | None, window_s: float, refreshes: int) -> dict:
+    """CPU seconds of a replayed refresh without Textual (median): the poll (resolving and summarising the new
+    chunk), the overview's summaries of the window, and coding one chunk's names in a long session."""
+    res = {}
+    for tree, env in trees(baseline).items():
+        out = subprocess.run([sys.executable, "-c", POLL_SCRIPT, str(rec), str(window_s), str(refreshes)],
+                             capture_output=True, text=True, env=env, cwd="/")
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-3000:])
+        res[tree] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"replayed refresh without Textual, {window_s:g} s window (CPU ms, median of {refreshes})")
+    print(f"{'part':24}" + "".join(f"{t:>10}" for t in res) + ("     ratio" if baseline else ""))
+    for part in next(iter(res.values())):
+        line = f"{part:24}" + "".join(f"{1000 * res[t][part]:10.1f}" for t in res)
+        if baseline:
+            line += f"  {res['before'][part] / max(res['after'][part], 1e-9):7.2f}x"
+        print(line)
+    return res
+
+
 def demo(out: Path, seconds: float, rate: int) -> None:
     """vmprof record and perf kvm record side by side while the steal3 demo runs (root)."""
     from vmprof_tui.demo import runner
@@ -432,7 +492,7 @@ def main() -> int:
     d.add_argument("out", type=Path)
     d.add_argument("--seconds", type=float, default=30.0)
     d.add_argument("--rate", type=int, default=10000)
-    for name in ("time", "top"):
+    for name in ("time", "top", "poll"):
         t = sub.add_parser(name)
         t.add_argument("rec", type=Path)
         t.add_argument("--baseline", type=Path, default=None)
@@ -455,6 +515,8 @@ def main() -> int:
         time_reports(args.rec, args.vm or first_vm(args.rec), args.baseline, args.repeat, args.perf_data)
     elif args.cmd == "top":
         time_top(args.rec, args.baseline, args.window, args.repeat * 3)
+    elif args.cmd == "poll":
+        time_poll(args.rec, args.baseline, args.window, args.repeat * 8)
     else:
         presets(args)
     return 0
