@@ -31,6 +31,16 @@ struct vmprof_sample {
 	__u16 pad;
 };
 
+/* vmprof top --host-counts: samples of host tasks (no vCPU loaded, not a vCPU thread, not idle) are
+ * counted in a hash map by (process, privilege, IP) instead of each one going through the ring buffer,
+ * as bcc's profile counts stacks; user space takes and clears the counts on every drain. */
+struct vmprof_host_count_key {
+	__u32 pid;         /* host process (tgid) */
+	__u16 flags;       /* SAMPLE_HOST_KERNEL or 0 */
+	__u16 pad;
+	__u64 ip;          /* host IP */
+};
+
 /* vmprof_stack.flags */
 #define STACK_GUEST_WALKED  0x01  /* the guest frame-pointer chain was walked (a guest sample) */
 #define STACK_GUEST_PARTIAL 0x02  /* the walk stopped early: a read failed, a frame was inconsistent, or depth ran out */

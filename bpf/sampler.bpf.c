@@ -37,31 +37,62 @@ static __always_inline void remember_comm(u32 pid, u32 tid)
 #include "stacks.h"
 #endif
 
+#ifdef HOST_COUNTS
+BPF_HASH(host_counts, struct vmprof_host_count_key, u64, HOST_COUNT_ENTRIES);
+BPF_PERCPU_ARRAY(host_counts_lost, u64, 1);
+
+/* A host task's sample, counted here; false for a sample the ring buffer must carry (a vCPU thread's:
+ * the guest profile and the steal split need each one with its time; the idle task's: CPU idle comes from
+ * the sched events, per CPU). */
+static __always_inline bool counted(u32 pid, u32 tid, u16 flags, u64 ip, void *vcpu)
+{
+	if (vcpu || !pid || vcpu_tids.lookup(&tid))
+		return false;
+	struct vmprof_host_count_key key = {.pid = pid, .flags = flags, .ip = ip};
+	u64 one = 1;
+	u64 *n = host_counts.lookup(&key);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else if (host_counts.update(&key, &one) != 0) { /* full until user space takes the counts */
+		int zero = 0;
+		host_counts_lost.increment(zero);
+	}
+	return true;
+}
+#endif
+
 int on_sample(struct bpf_perf_event_data *ctx)
 {
+	u64 ip = PT_REGS_IP(&ctx->regs); /* the context read once, up front (the verifier refuses a moved ctx pointer) */
+	u16 flags = (ctx->regs.cs & 3) ? 0 : SAMPLE_HOST_KERNEL;
+	u64 id = bpf_get_current_pid_tgid();
+	u32 pid = id >> 32, tid = (u32)id;
+	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
+	if (pid)
+		remember_comm(pid, tid);
+#ifdef HOST_COUNTS
+	if (counted(pid, tid, flags, ip, vcpu))
+		return 0;
+#endif
 	struct vmprof_sample *s = samples.ringbuf_reserve(sizeof(struct vmprof_sample));
 	if (!s) {
 		int zero = 0;
 		samples_lost.increment(zero);
 		return 0;
 	}
-	u64 id = bpf_get_current_pid_tgid();
 	s->time_ns = bpf_ktime_get_ns();
-	s->host_ip = PT_REGS_IP(&ctx->regs);
+	s->host_ip = ip;
 	s->guest_ip = 0;
 	s->guest_cr3 = 0;
-	s->pid = id >> 32;
-	s->tid = (u32)id;
+	s->pid = pid;
+	s->tid = tid;
 	s->exit_reason = 0;
 	s->stack_id = -1;
 	s->cpu = bpf_get_smp_processor_id();
 	s->vcpu_id = 0;
-	s->flags = (ctx->regs.cs & 3) ? 0 : SAMPLE_HOST_KERNEL;
+	s->flags = flags;
 	s->pad = 0;
-	if (s->pid)
-		remember_comm(s->pid, s->tid);
 
-	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
 	if (vcpu) {
 		s->flags |= SAMPLE_VCPU;
 		s->vcpu_id = read_u32(vcpu + VCPU_VCPU_ID);

@@ -35,6 +35,7 @@ from vmprof_tui.analyse.shares import (
     Row,
     RowCounts,
     SpanSummary,
+    by_process_name,
     guest_summary,
 )
 from vmprof_tui.analyse.timeline import steal_split
@@ -898,15 +899,9 @@ class Analysis:
         codes = self.name_code_of_key[keys]
         order = np.argsort(codes)  # keys rank by VM first: the host's rows, by code only (a window's sums merge)
         codes, counts, at = codes[order], counts[order], idx[first[order]]
-        resolved = ~self.unresolved[at]
-        procs, first_row, inverse = np.unique(self.proc_key[at[resolved]], return_index=True, return_inverse=True)
-        sums = np.bincount(inverse.reshape(-1), counts[resolved], minlength=len(procs))
-        by_process: dict[str, float] = {}  # by name (a name can have several pids), in row order
-        order = np.argsort(first_row)
-        for name, n in zip(self.process[at[resolved][first_row[order]]].tolist(), sums[order].tolist(), strict=True):
-            by_process[name or "?"] = by_process.get(name or "?", 0.0) + n
-        return RowCounts(codes, counts.astype(float), self.func[at], self.module[at], self.process[at],
-                         self.proc_pid[at], ~resolved, by_process)
+        counts, unknown = counts.astype(float), self.unresolved[at]
+        return RowCounts(codes, counts, self.func[at], self.module[at], self.process[at], self.proc_pid[at], unknown,
+                         by_process_name(self.process[at], counts, unknown))
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""

@@ -110,6 +110,15 @@ class HostParts:
 NAME_FIELDS = ("function", "module", "process", "pid", "unknown")
 
 
+def by_process_name(process: np.ndarray, counts: np.ndarray, unknown: np.ndarray) -> dict[str, float]:
+    """Rows' counts summed by process name (a name can have several pids), resolved rows only, in row order."""
+    out: dict[str, float] = {}
+    for name, n, u in zip(process.tolist(), counts.tolist(), unknown.tolist(), strict=True):
+        if not u:
+            out[name or "?"] = out.get(name or "?", 0.0) + n
+    return out
+
+
 def _added(sums: Iterable[dict[str, float]]) -> dict[str, float]:
     """Sums by name added (names whose sum comes to zero go: whole samples, exact in floats)."""
     out: dict[str, float] = {}
@@ -284,9 +293,9 @@ class WindowSummary:
                                              *self._row_counts(None).top(by_name=False))
         return self._host_summary
 
-    def host_rows(self, limit: int) -> tuple[list[Row], int]:
-        """The host profile's `limit` rows with the most samples (of those Profile.shown_rows shows), and how many
-        rows it shows."""
+    def host_rows(self, limit: int | None) -> tuple[list[Row], int]:
+        """The host profile's `limit` rows (None: all) with the most samples (of those Profile.shown_rows shows), and
+        how many rows it shows."""
         others: dict[tuple, Row] = {}
         for span in self.spans:
             for r in span.host_others:

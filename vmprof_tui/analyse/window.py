@@ -13,26 +13,35 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis, Row
-from vmprof_tui.analyse.shares import GuestSummary, HostSummary, SpanSummary, WindowSummary
+from vmprof_tui.analyse.shares import (
+    GuestSummary,
+    HostParts,
+    HostSummary,
+    RowCounts,
+    SpanSummary,
+    WindowSummary,
+    by_process_name,
+)
 from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
 from vmprof_tui.analyse.timeline import Segment, vcpu_segments
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import (
     SAMPLE_DTYPE,
+    SAMPLE_HOST_KERNEL,
     SCHED_DTYPE,
     SCHED_NEXT_VCPU,
     SCHED_NOT_SWITCH,
     SCHED_PREV_VCPU,
     STACK_DTYPE,
 )
-from vmprof_tui.resolve.resolver import Resolved, Resolver
+from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 from vmprof_tui.resolve.symtab import kallsyms_table
 
 
@@ -93,6 +102,7 @@ class Chunk:
     stacks: np.ndarray | None
     summary: SpanSummary
     analyse: AnalyseSpan
+    counted_pids: np.ndarray  # the processes of the host tasks' samples counted in the kernel (--host-counts)
     _detail: Analysis | None = field(default=None, repr=False)
     _steal: dict[str, list[dict]] = field(default_factory=dict, repr=False)  # VM -> vcpu_steal of the span
     _segments: dict[str, dict[int, list[Segment]]] = field(default_factory=dict, repr=False)  # VM -> vCPU -> ...
@@ -129,15 +139,19 @@ class ResolvedChunks:
         self._summary: WindowSummary | None = None
 
     def add(self, lo: int, hi: int, samples: np.ndarray, sched: np.ndarray,
-            resolve: Callable[[np.ndarray], Resolved], analyse: AnalyseSpan, stacks: np.ndarray | None = None) -> None:
-        """Take in the records of [lo, hi)."""
+            resolve: Callable[[np.ndarray], Resolved], analyse: AnalyseSpan, stacks: np.ndarray | None = None,
+            host_counts: np.ndarray | None = None) -> None:
+        """Take in the records of [lo, hi) (and the host tasks' samples the kernel counted meanwhile)."""
         samples, sched = _time_ordered(samples), _time_ordered(sched)
         resolved = resolve(samples) if len(samples) else None
         # the switches before the span say what each CPU and vCPU was doing as it began
         before = self.context.events
         summary = analyse(samples, resolved, np.concatenate([before, sched]), (lo, hi), True).span_summary()
+        if host_counts is not None and len(host_counts):
+            summary = with_host_counts(summary, host_counts, resolve)
         self.context.advance(sched)
-        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse))
+        counted = np.unique(host_counts["pid"]) if host_counts is not None else np.empty(0, np.uint32)
+        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted))
 
     def summary(self, chunks: list[Chunk], lost_samples: int) -> WindowSummary:
         """The summary of the window made of `chunks`, slid from the last one this made."""
@@ -145,7 +159,7 @@ class ResolvedChunks:
         return self._summary
 
     def pids(self) -> set[int]:
-        return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist()}
+        return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist() + c.counted_pids.tolist()}
 
     def current(self, horizon: int) -> tuple[list[Chunk], int]:
         """The window's chunks and where the first begins: the window is made of whole chunks, those with the
@@ -154,6 +168,26 @@ class ResolvedChunks:
         while self.chunks and self.chunks[0].lo + self.chunks[0].hi < 2 * horizon:
             self.chunks.popleft()
         return list(self.chunks), self.chunks[0].lo if self.chunks else horizon
+
+
+def with_host_counts(summary: SpanSummary, counts: np.ndarray,
+                     resolve: Callable[[np.ndarray], Resolved]) -> SpanSummary:
+    """A span's summary with the host tasks' samples the kernel counted (collect.bpf.HOST_COUNTS_DTYPE) added to its
+    host parts and rows: each (process, privilege, IP) is resolved once, as a sample of its own, and weighs its
+    count.  (The ring buffer then carries only vCPU threads' and the idle task's samples.)"""
+    keys = np.zeros(len(counts), SAMPLE_DTYPE)
+    keys["pid"] = keys["tid"] = counts["pid"]
+    keys["host_ip"], keys["flags"] = counts["ip"], counts["flags"]
+    names = resolve(keys)
+    codes, first, inverse = np.unique(names.name_code, return_index=True, return_inverse=True)
+    weights = np.bincount(inverse.reshape(-1), counts["count"].astype(float), minlength=len(codes))
+    unknown, process = names.func[first] == UNKNOWN, names.process[first]
+    rows = RowCounts(codes, weights, names.func[first], names.module[first], process,
+                     names.proc_pid[first].astype(np.int64), unknown, by_process_name(process, weights, unknown))
+    kernel = float(counts["count"][(counts["flags"] & SAMPLE_HOST_KERNEL) != 0].sum())
+    host = summary.host
+    parts = HostParts(host.kernel + kernel, host.user + float(counts["count"].sum()) - kernel, host.idle, host.vm)
+    return replace(summary, host=parts, host_rows=RowCounts.combine([summary.host_rows, rows]))
 
 
 def joined(chunks: list[Chunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
@@ -199,7 +233,7 @@ class WindowView:
     def guest_summary(self, vm: str, vcpu: int | None = None) -> GuestSummary:
         return self.summary.guest_summary(vm, vcpu)
 
-    def host_rows(self, limit: int) -> tuple[list[Row], int]:
+    def host_rows(self, limit: int | None) -> tuple[list[Row], int]:
         return self.summary.host_rows(limit)
 
     def guest_rows(self, vm: str, vcpu: int | None = None) -> list[Row]:
@@ -282,7 +316,8 @@ class LiveWindow:
             self.resolver.load_guests(vm_of_pid.values(), self.bundles(), {})
         lo = self._chunk_end if self._chunk_end is not None else hi - int(chunk.elapsed_s * 1e9)
         self.chunks.add(lo, hi, chunk.samples, chunk.sched,
-                        lambda s: self.resolver.resolve(s, self.processes, vm_of_pid), self._analyse_span, chunk.stacks)
+                        lambda s: self.resolver.resolve(s, self.processes, vm_of_pid), self._analyse_span, chunk.stacks,
+                        chunk.host_counts)
         self._chunk_end = hi
         self.host_stacks.update(chunk.host_stacks)
         horizon = hi - int(self.window_s * 1e9)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from vmprof_tui.cli.common import Failure, stop_on_signals
+from vmprof_tui.cli.common import Failure, Usage, stop_on_signals
+
+HOST_COUNTS_FROM = 64_000  # samples/s (rate x CPUs) from which --host-counts auto counts in the kernel
 
 HELP = "the live screen: what every VM, vCPU, guest process and function is doing now"
 EXAMPLES = """examples:
@@ -15,6 +18,8 @@ EXAMPLES = """examples:
   vmprof top -F 499 --window 30   lower rate, longer window
   vmprof top --replay run.vmprof  play a recording through the same screens
   vmprof top -g                   + call stacks: flame view (f), callers (c)
+  vmprof top --host-counts on     host tasks' samples counted in the kernel
+                                  (the default from 64,000 samples/s up)
   vmprof top --store /srv/store   step through the windows of a fleet store"""
 
 
@@ -28,10 +33,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
     p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
                    help="collect call stacks, for the flame view (f) and the callers view (c)")
+    p.add_argument("--host-counts", choices=("auto", "on", "off"), default="auto",
+                   help="count host tasks' samples in a BPF map by process and IP instead of sending each one "
+                        "(the host view's rows; vCPU threads' samples still come one by one): auto is on from "
+                        f"{HOST_COUNTS_FROM:,} samples/s (rate x CPUs) up, and off with -g")
 
 
 def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
-            should_stop: Callable[[], bool] | None = None, stacks: bool = False) -> None:
+            should_stop: Callable[[], bool] | None = None, stacks: bool = False, host_counts: bool = False) -> None:
     from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
     from vmprof_tui.show.tui import VmprofTop
 
@@ -48,7 +57,8 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         from vmprof_tui.collect.session import CollectionSession
 
         try:  # checks privileges, BTF and KVM here; BPF loads in the app
-            window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks), window_s)
+            window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks, host_counts=host_counts),
+                                window_s)
         except (BackendError, CollectError) as e:
             raise Failure(str(e)) from None
     try:
@@ -58,6 +68,7 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
 
 
 def run(args: argparse.Namespace) -> int:
+    counted = host_counts(args.host_counts, args.frequency, args.stacks)
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise Failure("the live screen needs a terminal (stdout and stdin); for text use `vmprof record` "
                       "and `vmprof report`")
@@ -76,5 +87,12 @@ def run(args: argparse.Namespace) -> int:
         if not discover.discover_vms():
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)
-    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks)
+    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks, counted)
     return 0
+
+
+def host_counts(mode: str, frequency: int, stacks: bool) -> bool:
+    """Whether host tasks' samples are counted in the kernel (--host-counts)."""
+    if mode == "on" and stacks:
+        raise Usage("--host-counts on keeps no host call stacks: leave out -g or --host-counts on")
+    return mode == "on" or (mode == "auto" and not stacks and frequency * (os.cpu_count() or 1) >= HOST_COUNTS_FROM)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.collect.backends import Backend
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
+from vmprof_tui.record.records import HOST_COUNT_KEY_DTYPE, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 HELPER_DIR = Path(__file__).resolve().parents[2] / "helper_kmod"
@@ -122,12 +122,15 @@ class Drained:
     sched: np.ndarray
     stacks: np.ndarray | None = None  # STACK_DTYPE rows (-g)
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # stack-map ids first seen now -> addresses
+    host_counts: np.ndarray | None = None  # HOST_COUNTS_DTYPE: host tasks' samples counted since the last drain
 
 
 # Host stack-map entries (ids of kernel and user chains).  The map is a hash table of buckets that are
 # never replaced: a chain whose bucket another chain holds gets no id (never a wrong one).  A host user
 # chain then goes into its stack record (STACK_HOST_USER_INLINE); a kernel chain is left out.
 HOST_STACK_ENTRIES = 16384
+HOST_COUNT_ENTRIES = 65536  # distinct (process, privilege, IP) of host tasks between two drains
+HOST_COUNTS_DTYPE = np.dtype([("pid", "<u4"), ("flags", "<u2"), ("ip", "<u8"), ("count", "<u8")])
 
 
 @dataclass
@@ -139,6 +142,7 @@ class Collector:
     ring_pages: int = 1024  # per ring buffer, a power of two
     stacks: bool = False  # record -g: host and guest call stacks
     stack_map_entries: int = HOST_STACK_ENTRIES  # host chains kept by id (more: fewer bucket collisions)
+    host_counts: bool = False  # host tasks' samples counted in a BPF map, not sent one by one (top --host-counts)
     _bpf: object = None
     _rings: list[RingReader] = field(default_factory=list)
     _known_stacks: set[int] = field(default_factory=set)
@@ -160,6 +164,8 @@ class Collector:
             # a stack record is 14x a sample: its ring gets 4x the pages (drained on the same timer)
             cflags += ["-DWITH_STACKS", f"-DSTACK_RING_PAGES={self.ring_pages * 4}",
                        f"-DHOST_STACK_ENTRIES={self.stack_map_entries}"]
+        if self.host_counts:
+            cflags += ["-DHOST_COUNTS", f"-DHOST_COUNT_ENTRIES={HOST_COUNT_ENTRIES}"]
         if os.environ.get("VMPROF_STEAL_CAUSES") == "0":  # benchmarks/overhead.py: the cost of these programs
             cflags.append("-DNO_STEAL_CAUSES")
         text = bpf_source()
@@ -207,9 +213,36 @@ class Collector:
         """Everything recorded since the last call (records are submitted without
         wake-ups, so the caller drains on its own timer: no feedback from wake-ups)."""
         samples, sched, *stacks = (ring.read() for ring in self._rings)
+        counts = self._take_host_counts() if self.host_counts else None
         if not stacks:
-            return Drained(samples, sched)
-        return Drained(samples, sched, stacks[0], self._new_host_stacks(stacks[0]))
+            return Drained(samples, sched, host_counts=counts)
+        return Drained(samples, sched, stacks[0], self._new_host_stacks(stacks[0]), counts)
+
+    def _take_host_counts(self) -> np.ndarray:
+        """The host tasks' sample counts, taken out of the map (it starts again from empty): one batched
+        lookup-and-delete straight into numpy arrays, not a Python object per entry."""
+        from bcc.libbcc import lib
+
+        table = self._bpf["host_counts"]
+        keys = np.zeros(table.max_entries, HOST_COUNT_KEY_DTYPE)
+        values = np.zeros(table.max_entries, np.uint64)
+        batch, count, total = ctypes.c_uint32(0), ctypes.c_uint32(0), 0
+        while total < len(keys):
+            count.value = len(keys) - total
+            res = lib.bpf_lookup_and_delete_batch(table.map_fd, ctypes.byref(batch) if total else None,
+                                                  ctypes.byref(batch), keys[total:].ctypes.data,
+                                                  values[total:].ctypes.data, ctypes.byref(count))
+            errno = ctypes.get_errno()
+            total += count.value
+            if res != 0 and errno != 2:  # ENOENT: the map is done
+                raise CollectError(f"reading the host sample counts failed: {os.strerror(errno)}")
+            if res != 0 or count.value == 0:
+                break
+        out = np.zeros(total, HOST_COUNTS_DTYPE)
+        for name in ("pid", "flags", "ip"):
+            out[name] = keys[name][:total]
+        out["count"] = values[:total]
+        return out
 
     def _new_host_stacks(self, stacks: np.ndarray) -> dict[int, np.ndarray]:
         """Addresses of the stack-map ids these stacks use that earlier drains did not return
@@ -232,7 +265,8 @@ class Collector:
     def lost(self) -> dict[str, list[int]]:
         """Records dropped because a ring buffer was full, per CPU."""
         return {name: [int(v) for v in self._bpf[f"{name}_lost"][ctypes.c_int(0)]]
-                for name in ("samples", "sched", *(("stacks",) if self.stacks else ()))}
+                for name in ("samples", "sched", *(("stacks",) if self.stacks else ()),
+                             *(("host_counts",) if self.host_counts else ()))}
 
     @property
     def started(self) -> bool:

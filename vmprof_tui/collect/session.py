@@ -54,6 +54,7 @@ class Chunk:
     elapsed_s: float = 0.0  # from the start of the session to the drain (what the records cover)
     stacks: np.ndarray | None = None  # STACK_DTYPE rows of the chunk's samples (-g)
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # new stack-map ids -> addresses (-g)
+    host_counts: np.ndarray | None = None  # host tasks' samples counted in the kernel (collect.bpf.HOST_COUNTS_DTYPE)
 
 
 @lru_cache(maxsize=4096)
@@ -102,7 +103,7 @@ class CollectionSession:
 
     def __init__(self, frequency: int = 1000, *, vm_names: Iterable[str] = (), pid: int | None = None,
                  lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None,
-                 stacks: bool = False, stack_map_entries: int = HOST_STACK_ENTRIES) -> None:
+                 stacks: bool = False, stack_map_entries: int = HOST_STACK_ENTRIES, host_counts: bool = False) -> None:
         check_privileges()  # before anything else, so the user hears the real reason
         self.backend = backend or load_backend()
         self.frequency = frequency
@@ -110,7 +111,7 @@ class CollectionSession:
         self.pid = pid
         self.build_ids = build_ids
         self.collector = Collector(self.backend, frequency=frequency, stacks=stacks,
-                                   stack_map_entries=stack_map_entries)
+                                   stack_map_entries=stack_map_entries, host_counts=host_counts)
         self.lbr = LbrCollector(lbr) if lbr is not None else None
         if lbr is not None and not lbr.standin:
             caps = detect(lbr.effective.branch_filter)
@@ -206,7 +207,11 @@ class CollectionSession:
         if time.monotonic() - self._last_discover >= discover_every_s:
             self._discover()
         samples = self._keep(drained.samples) if len(drained.samples) else np.empty(0, SAMPLE_DTYPE)
-        new_pids = set(np.unique(samples["pid"]).tolist()) - self.pids_seen - {0}
+        counts = drained.host_counts
+        if counts is not None and (self.pid is not None or self.vm_names):  # host tasks are in no VM
+            counts = counts[counts["pid"] == self.pid] if self.pid is not None and not self.vm_names else counts[:0]
+        pids = np.unique(samples["pid"] if counts is None else np.concatenate([samples["pid"], counts["pid"]]))
+        new_pids = set(pids.tolist()) - self.pids_seen - {0}
         processes = {}
         now = time.monotonic()
         self._recent = {pid: seen for pid, seen in self._recent.items() if now - seen[1] < EXEC_RECHECK_S}
@@ -222,7 +227,7 @@ class CollectionSession:
             rows = stack_rows(samples, stacks)
             stacks = stacks[np.unique(rows[rows >= 0])]  # the kept samples' stacks only
         chunk = Chunk(samples, drained.sched, lbr, processes, self._pending_new, self._pending_gone, elapsed_s,
-                      stacks, drained.host_stacks)
+                      stacks, drained.host_stacks, counts)
         self._pending_new, self._pending_gone = [], []
         return chunk
 

@@ -20,6 +20,9 @@ STACK_DTYPE = np.dtype([
     ("guest_depth", "u1"), ("flags", "u1"), ("pad", "<u4"), ("guest", "<u8", STACK_GUEST_MAX),
 ])
 
+# vmprof top --host-counts: the key of a host task's sample counts (the map's value is the count)
+HOST_COUNT_KEY_DTYPE = np.dtype([("pid", "<u4"), ("flags", "<u2"), ("pad", "<u2"), ("ip", "<u8")])
+
 SCHED_DTYPE = np.dtype([
     ("time_ns", "<u8"), ("prev_pid", "<u4"), ("prev_tid", "<u4"), ("next_pid", "<u4"), ("next_tid", "<u4"),
     ("prev_exit_reason", "<u4"), ("cpu", "<u2"), ("prev_vcpu_id", "<u2"), ("flags", "u1"), ("pad", "u1", 3),
@@ -61,7 +64,8 @@ SCHED_HALT_END = 0x80  # not a switch: a vCPU's halt ended (kvm_vcpu_wakeup)
 SCHED_NOT_SWITCH = SCHED_WAKEUP | SCHED_HALT_END
 SCHED_THROTTLE_END = SCHED_NOT_SWITCH  # both bits: the throttled time of a vCPU thread that takes a CPU again
 
-C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE, "vmprof_stack": STACK_DTYPE}
+C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE, "vmprof_stack": STACK_DTYPE,
+             "vmprof_host_count_key": HOST_COUNT_KEY_DTYPE}
 
 
 def context_switches(sched: np.ndarray) -> np.ndarray:

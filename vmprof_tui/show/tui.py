@@ -368,19 +368,14 @@ class HostScreen(TableScreen):
     def title_text(self, an: Analysis) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
 
-    @property
-    def summaries_only(self) -> bool:  # type: ignore[override]
-        """Sorted by samples and not filtered, the rows shown are the window's top rows (WindowView.host_rows)."""
-        return self.columns[self.sort_column] in ("samples", "%") and not self.filter
+    summaries_only = True  # the rows are the window's (WindowView.host_rows), with host samples counted in the kernel
 
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
-        if self.summaries_only:
-            shown, all_rows = an.host_rows(self.max_rows)
-            self.hidden_rows = all_rows - len(shown)
-            total = an.host_summary().total_samples or 1.0
-        else:
-            p = an.host_profile()
-            shown, total = p.shown_rows, p.total_samples or 1.0
+        # sorted by samples and not filtered, the first rows are all the table holds; otherwise every row
+        by_samples = self.columns[self.sort_column] in ("samples", "%") and not self.filter
+        shown, all_rows = an.host_rows(self.max_rows if by_samples else None)
+        self.hidden_rows = all_rows - len(shown)
+        total = an.host_summary().total_samples or 1.0
         return [(f"{r.function}\0{r.module}\0{r.pid}", (int(round(r.samples)), 100 * r.samples / total,
                                                       process_name(r) or "", r.module, demangle(r.function)))
                 for r in shown]
