@@ -333,7 +333,8 @@ class LiveWindow:
                                     stacks if self.session.collector.stacks else None, self.host_stacks)
             return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
 
-        return WindowView(self.chunks.summary(chunks, int(sum(lost.get("samples", [])))), analyse, chunks)
+        lost_samples = sum(lost.get("samples", [])) + sum(lost.get("host_counts", []))  # sent or counted
+        return WindowView(self.chunks.summary(chunks, int(lost_samples)), analyse, chunks)
 
     def _analyse_span(self, samples: np.ndarray, resolved: Resolved | None, sched: np.ndarray,
                       span: tuple[int, int], shares_only: bool) -> Analysis:
