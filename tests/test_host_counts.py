@@ -4,9 +4,9 @@ each one going through the ring buffer (issue 14), on the real sampler beside a 
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
 
 RATE = 1000
+BUSY = "import time\nwhile time.process_time() < 3.0: pass\nprint('spun', flush=True)\nwhile True: pass"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -29,18 +30,17 @@ def test_host_tasks_are_counted_in_the_kernel_and_vcpu_threads_still_come_one_by
     """A busy host process is counted as often as it ran (its CPU time from /proc times the rate), it is the host's
     top process, the ring buffer carries only vCPU threads and the idle task, and the guest profile is intact."""
     with runner.DemoRun(runner.scenario_specs("alone"), duration_s=60):
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         window = LiveWindow(CollectionSession(RATE, build_ids=False, host_counts=True), 60.0)
+        busy = None
         try:
             window.start()
+            busy = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
             cpu0 = cpu_seconds(busy.pid)
-            deadline = time.monotonic() + 60
-            while True:  # until the busy process has run 3 s of CPU time inside the window
-                time.sleep(0.5)
-                view = window.poll()
-                cpu = cpu_seconds(busy.pid) - cpu0
-                if cpu >= 3.0 or time.monotonic() > deadline:
-                    break
+            # ready when the busy process says it has run 3 s of CPU time (under sampling all along)
+            assert select.select([busy.stdout], [], [], 60)[0], "the busy process did not run 3 s of CPU in 60 s"
+            assert busy.stdout.readline().strip() == "spun"
+            view = window.poll()  # one chunk: everything since sampling began
+            cpu = cpu_seconds(busy.pid) - cpu0
             rows, _count = view.host_rows(None)
             counted = sum(r.samples for r in rows if r.pid == busy.pid)
             # cpu-clock samples of a busy task run a few % above its /proc CPU time here (1.06 measured): this host
@@ -55,8 +55,9 @@ def test_host_tasks_are_counted_in_the_kernel_and_vcpu_threads_still_come_one_by
             assert guest.total_samples > 0 and guest.top_process == "compute"
             assert window.session.lost().get("host_counts") == [0] * len(window.session.lost()["host_counts"])
         finally:
-            busy.kill()
-            busy.wait()
+            if busy is not None:
+                busy.kill()
+                busy.wait()
             window.close()
 
 

@@ -843,8 +843,9 @@ class Analysis:
         """The host at a glance (the live overview) without its rows: shares and the top process and function."""
         if ("host",) not in self._summaries:  # the overview's title, its host row and the history all ask
             shares = self._host_shares(None)
+            rows = self.row_counts(np.flatnonzero(shares.host), by_process=False)
             self._summaries[("host",)] = HostSummary(shares.parts.ratios(), shares.parts.total, self.rec.lost_samples,
-                                                     *self.row_counts(np.flatnonzero(shares.host)).top(by_name=False))
+                                                     *rows.top(by_name=False))
         return self._summaries[("host",)]
 
     def _host_shares(self, cpu: int | None) -> _HostShares:
@@ -892,16 +893,17 @@ class Analysis:
                             pid, name, RowKind.VM))
         return rows
 
-    def row_counts(self, idx: np.ndarray) -> RowCounts:
+    def row_counts(self, idx: np.ndarray, by_process: bool = True) -> RowCounts:
         """The samples `idx` (indices) by profile row (process, pid, function, module) under the resolver's name
-        codes (the same in every analysis that shares the resolver: counts of spans add)."""
+        codes (the same in every analysis that shares the resolver: counts of spans add).  by_process: with the
+        sums by process name a guest's top process is chosen by (the host's is its top row's)."""
         keys, first, counts = first_and_counts(self.key[idx], self.key_count)
         codes = self.name_code_of_key[keys]
         order = np.argsort(codes)  # keys rank by VM first: the host's rows, by code only (a window's sums merge)
         codes, counts, at = codes[order], counts[order], idx[first[order]]
         counts, unknown = counts.astype(float), self.unresolved[at]
         return RowCounts(codes, counts, self.func[at], self.module[at], self.process[at], self.proc_pid[at], unknown,
-                         by_process_name(self.process[at], counts, unknown))
+                         by_process_name(self.process[at], counts, unknown) if by_process else {})
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
@@ -968,8 +970,8 @@ class Analysis:
         for tl in self.timelines.values():
             real, parts = self.vcpu_parts(tl)
             vcpus[(tl.vm, tl.vcpu)] = (tl.tid, parts, self.row_counts(real))
-        return SpanSummary(self.window(), self.vm_names(), host.parts, self.row_counts(np.flatnonzero(host.host)),
-                           self._host_other_rows(host), vcpus)
+        host_rows = self.row_counts(np.flatnonzero(host.host), by_process=False)
+        return SpanSummary(self.window(), self.vm_names(), host.parts, host_rows, self._host_other_rows(host), vcpus)
 
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))

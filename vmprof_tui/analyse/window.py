@@ -26,7 +26,6 @@ from vmprof_tui.analyse.shares import (
     RowCounts,
     SpanSummary,
     WindowSummary,
-    by_process_name,
 )
 from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
 from vmprof_tui.analyse.timeline import Segment, vcpu_segments
@@ -181,9 +180,8 @@ def with_host_counts(summary: SpanSummary, counts: np.ndarray,
     names = resolve(keys)
     codes, first, inverse = np.unique(names.name_code, return_index=True, return_inverse=True)
     weights = np.bincount(inverse.reshape(-1), counts["count"].astype(float), minlength=len(codes))
-    unknown, process = names.func[first] == UNKNOWN, names.process[first]
-    rows = RowCounts(codes, weights, names.func[first], names.module[first], process,
-                     names.proc_pid[first].astype(np.int64), unknown, by_process_name(process, weights, unknown))
+    rows = RowCounts(codes, weights, names.func[first], names.module[first], names.process[first],
+                     names.proc_pid[first].astype(np.int64), names.func[first] == UNKNOWN)
     kernel = float(counts["count"][(counts["flags"] & SAMPLE_HOST_KERNEL) != 0].sum())
     host = summary.host
     parts = HostParts(host.kernel + kernel, host.user + float(counts["count"].sum()) - kernel, host.idle, host.vm)
@@ -210,6 +208,8 @@ class WindowView:
         self.summary = summary
         self._analyse = analysis
         self._chunks = chunks
+        self._steal: dict[str, list[dict]] = {}  # VM -> vcpu_steal, summed once a refresh (prepare, then drawing)
+        self._segments: dict[str, dict[int, list[Segment]]] = {}
 
     @functools.cached_property
     def analysis(self) -> Analysis:
@@ -241,15 +241,19 @@ class WindowView:
 
     def vcpu_steal(self, vm: str) -> list[dict]:
         """steal.vcpu_steal of the window, summed from each chunk's (each analysed once, the first time asked)."""
-        return add_vcpu_steal([c.steal(vm) for c in self._chunks])
+        if vm not in self._steal:
+            self._steal[vm] = add_vcpu_steal([c.steal(vm) for c in self._chunks])
+        return self._steal[vm]
 
     def vcpu_segments(self, vm: str) -> dict[int, list[Segment]]:
         """Per vCPU of a VM, its segments over the window: those of each chunk, one after the other."""
-        out: dict[int, list[Segment]] = {}
-        for c in self._chunks:
-            for vcpu, segments in c.segments(vm).items():
-                out.setdefault(vcpu, []).extend(segments)
-        return out
+        if vm not in self._segments:
+            out: dict[int, list[Segment]] = {}
+            for c in self._chunks:
+                for vcpu, segments in c.segments(vm).items():
+                    out.setdefault(vcpu, []).extend(segments)
+            self._segments[vm] = out
+        return self._segments[vm]
 
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self.summary.guest_ratios(vm, vcpu)

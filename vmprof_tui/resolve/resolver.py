@@ -305,7 +305,6 @@ class Resolver:
                 func[at] = self.strings.ids(obj.names_or_unknown, sym)
 
 
-
 class _Groups:
     """The (process, pid) of each sample, set group by group, and the NameCodes of the samples."""
 

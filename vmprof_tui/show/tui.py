@@ -357,6 +357,7 @@ class OverviewScreen(TableScreen):
 class HostScreen(TableScreen):
     BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
     columns = ("samples", "%", "process", "module", "function")
+    summaries_only = True  # the rows are the window's (WindowView.host_rows), with host samples counted in the kernel
 
     def action_callers(self) -> None:
         if key := self.selected():
@@ -367,8 +368,6 @@ class HostScreen(TableScreen):
 
     def title_text(self, an: Analysis) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
-
-    summaries_only = True  # the rows are the window's (WindowView.host_rows), with host samples counted in the kernel
 
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         # sorted by samples and not filtered, the first rows are all the table holds; otherwise every row
