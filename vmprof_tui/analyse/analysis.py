@@ -35,7 +35,6 @@ from vmprof_tui.analyse.shares import (
     Row,
     RowCounts,
     SpanSummary,
-    by_process_name,
     guest_summary,
 )
 from vmprof_tui.analyse.timeline import steal_split
@@ -447,6 +446,7 @@ class Analysis:
         if g is None:
             g = self.resolver.resolve(s, self.rec.processes(), self.vm_by_pid, self.rec.kallsyms(), self.notes)
         self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
+        self.process_id = g.process_id
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
@@ -843,7 +843,7 @@ class Analysis:
         """The host at a glance (the live overview) without its rows: shares and the top process and function."""
         if ("host",) not in self._summaries:  # the overview's title, its host row and the history all ask
             shares = self._host_shares(None)
-            rows = self.row_counts(np.flatnonzero(shares.host), by_process=False)
+            rows = self.row_counts(np.flatnonzero(shares.host))
             self._summaries[("host",)] = HostSummary(shares.parts.ratios(), shares.parts.total, self.rec.lost_samples,
                                                      *rows.top(by_name=False))
         return self._summaries[("host",)]
@@ -893,17 +893,26 @@ class Analysis:
                             pid, name, RowKind.VM))
         return rows
 
-    def row_counts(self, idx: np.ndarray, by_process: bool = True) -> RowCounts:
+    def row_counts(self, idx: np.ndarray) -> RowCounts:
         """The samples `idx` (indices) by profile row (process, pid, function, module) under the resolver's name
-        codes (the same in every analysis that shares the resolver: counts of spans add).  by_process: with the
-        sums by process name a guest's top process is chosen by (the host's is its top row's)."""
-        keys, first, counts = first_and_counts(self.key[idx], self.key_count)
-        codes = self.name_code_of_key[keys]
-        order = np.argsort(codes)  # keys rank by VM first: the host's rows, by code only (a window's sums merge)
-        codes, counts, at = codes[order], counts[order], idx[first[order]]
-        counts, unknown = counts.astype(float), self.unresolved[at]
-        return RowCounts(codes, counts, self.func[at], self.module[at], self.process[at], self.proc_pid[at], unknown,
-                         by_process_name(self.process[at], counts, unknown) if by_process else {})
+        codes (the same in every analysis that shares the resolver: counts of spans add)."""
+        return self.row_counts_of([idx])[0]
+
+    def row_counts_of(self, groups: list[np.ndarray]) -> list[RowCounts]:
+        """row_counts of each array of indices, all at once (a span's vCPUs: one grouping, not one per vCPU)."""
+        size = max(self.key_count, 1)
+        idx = np.concatenate(groups) if len(groups) > 1 else groups[0]
+        owner = np.repeat(np.arange(len(groups), dtype=np.int64), [len(g) for g in groups])
+        keys, first, counts = first_and_counts(owner * size + self.key[idx] if len(groups) > 1 else self.key[idx],
+                                               size * len(groups))
+        owner, codes = keys // size, self.name_code_of_key[keys % size]
+        order = np.lexsort((codes, owner))  # each group's rows by code (a window's sums merge by code)
+        owner, codes, counts, at = owner[order], codes[order], counts[order].astype(float), idx[first[order]]
+        names = (self.func[at], self.module[at], self.process[at], self.process_id[at], self.proc_pid[at],
+                 self.unresolved[at])
+        bounds = np.searchsorted(owner, np.arange(len(groups) + 1)).tolist()
+        return [RowCounts(codes[a:b], counts[a:b], *(x[a:b] for x in names))
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
@@ -966,11 +975,12 @@ class Analysis:
         """This analysis' span in parts and rows that add across spans (the live screen keeps one per drained
         chunk): the host's and each vCPU's."""
         host = self._host_shares(None)
-        vcpus = {}
-        for tl in self.timelines.values():
-            real, parts = self.vcpu_parts(tl)
-            vcpus[(tl.vm, tl.vcpu)] = (tl.tid, parts, self.row_counts(real))
-        host_rows = self.row_counts(np.flatnonzero(host.host), by_process=False)
+        timelines = list(self.timelines.values())
+        parts = [self.vcpu_parts(tl) for tl in timelines]
+        rows = self.row_counts_of([real for real, _parts in parts] + [np.flatnonzero(host.host)])
+        vcpus = {(tl.vm, tl.vcpu): (tl.tid, mine, names)
+                 for tl, (_real, mine), names in zip(timelines, parts, rows[:-1], strict=True)}
+        host_rows = rows[-1]
         return SpanSummary(self.window(), self.vm_names(), host.parts, host_rows, self._host_other_rows(host), vcpus)
 
     def vm_names(self) -> list[str]:

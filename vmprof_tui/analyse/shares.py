@@ -7,7 +7,6 @@ The one place where parts become the shares shown (OS:USER:IDLE:steal of a guest
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -107,25 +106,7 @@ class HostParts:
         return _percent([("os", self.kernel), ("user", self.user), ("idle", self.idle), ("vm", self.vm)], self.total)
 
 
-NAME_FIELDS = ("function", "module", "process", "pid", "unknown")
-
-
-def by_process_name(process: np.ndarray, counts: np.ndarray, unknown: np.ndarray) -> dict[str, float]:
-    """Rows' counts summed by process name (a name can have several pids), resolved rows only, in row order."""
-    out: dict[str, float] = {}
-    for name, n, u in zip(process.tolist(), counts.tolist(), unknown.tolist(), strict=True):
-        if not u:
-            out[name or "?"] = out.get(name or "?", 0.0) + n
-    return out
-
-
-def _added(sums: Iterable[dict[str, float]]) -> dict[str, float]:
-    """Sums by name added (names whose sum comes to zero go: whole samples, exact in floats)."""
-    out: dict[str, float] = {}
-    for one in sums:
-        for name, n in one.items():
-            out[name] = out.get(name, 0.0) + n
-    return {name: n for name, n in out.items() if n != 0}
+NAME_FIELDS = ("function", "module", "process", "process_id", "pid", "unknown")
 
 
 @dataclass
@@ -138,19 +119,20 @@ class RowCounts:
     function: np.ndarray  # str objects
     module: np.ndarray
     process: np.ndarray
+    process_id: np.ndarray  # int32: the process name's id (resolver.StringTable), to sum rows by name
     pid: np.ndarray  # -1: none
     unknown: np.ndarray  # bool: the function is not resolved
-    by_process: dict[str, float] = field(default_factory=dict)  # resolved samples by process name
 
     def negated(self) -> RowCounts:
         """The same rows with their counts taken away (a span leaving a window)."""
-        return replace(self, counts=-self.counts, by_process={k: -v for k, v in self.by_process.items()})
+        return replace(self, counts=-self.counts)
 
     @staticmethod
     def combine(parts: list[RowCounts]) -> RowCounts:
         """The sum of counts, in the order of the codes; rows whose counts cancel out (negated parts) go."""
         if not parts:
-            return RowCounts(*(np.empty(0, t) for t in (np.int64, float, object, object, object, np.int64, bool)))
+            return RowCounts(*(np.empty(0, t) for t in (np.int64, float, object, object, object, np.int32, np.int64,
+                                                         bool)))
         if len(parts) == 1:
             return parts[0]
         codes = np.concatenate([p.codes for p in parts])
@@ -160,7 +142,7 @@ class RowCounts:
         one = np.empty(len(uniq), np.intp)  # a row of each code (all of them hold the same names)
         one[inverse] = np.arange(len(codes))
         names = (np.concatenate([getattr(p, f) for p in parts])[one] for f in NAME_FIELDS)
-        return RowCounts(uniq, counts, *names, by_process=_added(p.by_process for p in parts))._nonzero()
+        return RowCounts(uniq, counts, *names)._nonzero()
 
     def plus(self, other: RowCounts) -> RowCounts:
         """self + other without sorting self again: other's rows are added to or inserted among self's (the
@@ -172,15 +154,13 @@ class RowCounts:
         counts[pos[hit]] += other.counts[hit]  # codes are each once: no position twice
         at, new = pos[~hit], ~hit
         return RowCounts(np.insert(self.codes, at, other.codes[new]), np.insert(counts, at, other.counts[new]),
-                         *(np.insert(getattr(self, f), at, getattr(other, f)[new]) for f in NAME_FIELDS),
-                         by_process=_added([self.by_process, other.by_process]))._nonzero()
+                         *(np.insert(getattr(self, f), at, getattr(other, f)[new]) for f in NAME_FIELDS))._nonzero()
 
     def _nonzero(self) -> RowCounts:
         keep = self.counts != 0  # whole samples: exact in floats
         if keep.all():
             return self
-        return RowCounts(self.codes[keep], self.counts[keep], *(getattr(self, f)[keep] for f in NAME_FIELDS),
-                         by_process=self.by_process)
+        return RowCounts(self.codes[keep], self.counts[keep], *(getattr(self, f)[keep] for f in NAME_FIELDS))
 
     def top(self, by_name: bool) -> tuple[str, str]:
         """(process, function) of the resolved row with the most samples, ties to the earlier row; by_name: the
@@ -191,8 +171,13 @@ class RowCounts:
         top = int(np.argmax(resolved))
         if not by_name:
             return str(self.process[top]) or "-", str(self.function[top])
-        by_process = self.by_process
-        return max(by_process, key=by_process.__getitem__), str(self.function[top])
+        # summed by name over the rows here (a window's: the same as summing each span's sums)
+        rows = np.flatnonzero(~self.unknown)
+        _ids, first, inverse = np.unique(self.process_id[rows], return_index=True, return_inverse=True)
+        sums = np.bincount(inverse.reshape(-1), self.counts[rows])
+        best = np.flatnonzero(sums == sums.max())
+        name = str(self.process[rows[first[best[np.argmin(first[best])]]]])  # ties: the name of the earlier row
+        return name or "?", str(self.function[top])
 
     def rows(self, vm: str | None, limit: int | None = None) -> tuple[list[Row], int]:
         """The rows of half a sample or more (what Profile.shown_rows shows) as Rows, the `limit` with the most

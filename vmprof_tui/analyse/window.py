@@ -139,18 +139,22 @@ class ResolvedChunks:
 
     def add(self, lo: int, hi: int, samples: np.ndarray, sched: np.ndarray,
             resolve: Callable[[np.ndarray], Resolved], analyse: AnalyseSpan, stacks: np.ndarray | None = None,
-            host_counts: np.ndarray | None = None) -> None:
-        """Take in the records of [lo, hi) (and the host tasks' samples the kernel counted meanwhile)."""
+            host_counts: np.ndarray | None = None, detail: bool = False) -> None:
+        """Take in the records of [lo, hi) (and the host tasks' samples the kernel counted meanwhile).  detail: a
+        screen will ask for the span's detail (Chunk.detail), so it is analysed in full now, once, and summarised
+        from that (the summary's parts do not depend on the detail: holders and co-stop)."""
         samples, sched = _time_ordered(samples), _time_ordered(sched)
         resolved = resolve(samples) if len(samples) else None
         # the switches before the span say what each CPU and vCPU was doing as it began
         before = self.context.events
-        summary = analyse(samples, resolved, np.concatenate([before, sched]), (lo, hi), True).span_summary()
+        an = analyse(samples, resolved, np.concatenate([before, sched]), (lo, hi), not detail)
+        summary = an.span_summary()
         if host_counts is not None and len(host_counts):
             summary = with_host_counts(summary, host_counts, resolve)
         self.context.advance(sched)
         counted = np.unique(host_counts["pid"]) if host_counts is not None else np.empty(0, np.uint32)
-        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted))
+        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted,
+                                 _detail=an if detail else None))
 
     def summary(self, chunks: list[Chunk], lost_samples: int) -> WindowSummary:
         """The summary of the window made of `chunks`, slid from the last one this made."""
@@ -181,7 +185,7 @@ def with_host_counts(summary: SpanSummary, counts: np.ndarray,
     codes, first, inverse = np.unique(names.name_code, return_index=True, return_inverse=True)
     weights = np.bincount(inverse.reshape(-1), counts["count"].astype(float), minlength=len(codes))
     rows = RowCounts(codes, weights, names.func[first], names.module[first], names.process[first],
-                     names.proc_pid[first].astype(np.int64), names.func[first] == UNKNOWN)
+                     names.process_id[first], names.proc_pid[first].astype(np.int64), names.func[first] == UNKNOWN)
     kernel = float(counts["count"][(counts["flags"] & SAMPLE_HOST_KERNEL) != 0].sum())
     host = summary.host
     parts = HostParts(host.kernel + kernel, host.user + float(counts["count"].sum()) - kernel, host.idle, host.vm)
@@ -303,7 +307,9 @@ class LiveWindow:
     def bundles(self) -> dict[str, Path]:
         return {vm.name: Path(vm.bundle) for vm in self.session.vms.values() if vm.bundle}
 
-    def poll(self) -> WindowView:
+    def poll(self, detail: bool = False) -> WindowView:
+        """The window after draining what came since the last poll; detail: the screen shown asks for each
+        chunk's detail (steal detail, segments), so the new chunk is analysed in full at once."""
         chunk = self.session.poll(discover_every_s=2.0)
         hi = time.monotonic_ns()  # after the drain: the chunk's records are all before it
         if chunk.new_vms or chunk.gone_vms:
@@ -321,7 +327,7 @@ class LiveWindow:
         lo = self._chunk_end if self._chunk_end is not None else hi - int(chunk.elapsed_s * 1e9)
         self.chunks.add(lo, hi, chunk.samples, chunk.sched,
                         lambda s: self.resolver.resolve(s, self.processes, vm_of_pid), self._analyse_span, chunk.stacks,
-                        chunk.host_counts)
+                        chunk.host_counts, detail)
         self._chunk_end = hi
         self.host_stacks.update(chunk.host_stacks)
         horizon = hi - int(self.window_s * 1e9)
@@ -396,7 +402,7 @@ class ReplayWindow:
             t = self._times[id(table)] = np.ascontiguousarray(table["time_ns"])
         return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
 
-    def poll(self, step_s: float = 1.0) -> WindowView:
+    def poll(self, step_s: float = 1.0, detail: bool = False) -> WindowView:
         self.now = min(self.now + int(step_s * 1e9), self.t_end)
         lo = max(self.t0, self.now - int(self.window_s * 1e9))
         if self._fresh or self.now < self._loaded_ns or lo > self._loaded_ns:
@@ -413,7 +419,8 @@ class ReplayWindow:
             self.chunks.add(self._loaded_ns, hi, self._between(self.samples, self._loaded_ns, hi, first),
                             self._between(self.sched, self._loaded_ns, hi, first),
                             lambda s: self.resolver.resolve(s, self._processes, self._vm_of_pid), self._analyse_span,
-                            None if self.stacks is None else self._between(self.stacks, self._loaded_ns, hi, first))
+                            None if self.stacks is None else self._between(self.stacks, self._loaded_ns, hi, first),
+                            detail=detail)
             self._loaded_ns = hi
         chunks, lo = self.chunks.current(lo)
         now = self.now

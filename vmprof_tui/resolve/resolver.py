@@ -137,10 +137,12 @@ class StringTable:
 
 @dataclass
 class Resolved:
-    """Per-sample names: function, module, process and its pid (-1 when none), and their NameCodes."""
+    """Per-sample names: function, module, process (and the id of its name in the StringTable) and its pid (-1 when
+    none), and their NameCodes."""
     func: np.ndarray
     module: np.ndarray
     process: np.ndarray
+    process_id: np.ndarray
     proc_pid: np.ndarray
     name_code: np.ndarray
     proc_code: np.ndarray
@@ -249,7 +251,8 @@ class Resolver:
         self.objects.notes.clear()
         name_code, proc_code = groups.codes(self.codes, func, module)
         names = st.array()
-        return Resolved(names[func], names[module], names[groups.process], groups.pid, name_code, proc_code)
+        return Resolved(names[func], names[module], names[groups.process], groups.process, groups.pid, name_code,
+                        proc_code)
 
     def _kernel_ids(self, ks: KernelSymbols, ips: np.ndarray, idx: np.ndarray, image: str, func: np.ndarray,
                     module: np.ndarray) -> None:

@@ -465,6 +465,7 @@ class FunctionScreen(VmTableScreen):
 class StealScreen(VmTableScreen):
     columns = ("vCPU", "kind", "cause", "seconds", "% of wall")
     default_sort = "seconds"
+    detail = True  # each new chunk analysed in full once (window.poll)
 
     def prepare(self, an: WindowView) -> None:
         an.vcpu_steal(self.vm)  # each chunk's steal detail, computed once (WindowView.vcpu_steal)
@@ -602,6 +603,7 @@ class TimelineScreen(VmKeys, DrawingScreen):
                     BlankKind.THROTTLED: 6}
     # what a column shows when several segments share it: samples over blanks, guest code over the VMM
     PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
+    detail = True  # each new chunk analysed in full once (window.poll)
 
     def prepare(self, an: WindowView) -> None:
         an.vcpu_segments(self.vm)  # each chunk's segments, computed once (WindowView.vcpu_segments)
@@ -710,7 +712,7 @@ class VmprofTop(App):
 
     def poll_window(self) -> tuple[WindowView, list[tuple[str, float]], list[tuple[str, float, float, float, float]]]:
         """One refresh's analysis (off the UI thread): the window, each VM's load and its usage point."""
-        an = self.window.poll()
+        an = self.window.poll(detail=getattr(self.screen, "detail", False))
         loads = [(HOST_KEY, 100.0 - an.host_summary().ratios["idle"])]
         usage = []
         now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
