@@ -451,22 +451,38 @@ class Analysis:
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
         self.in_vm = guest | _member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
-        self._encode_keys(g)
+        # a live chunk's summary groups its samples by name code and needs no keys (made if something asks)
+        self._codes = g
+        if not self.shares_only:
+            self._encode_keys()
 
-    def _encode_keys(self, g: Resolved) -> None:
+    @property
+    def key(self) -> np.ndarray:
+        if self._codes is not None:
+            self._encode_keys()
+        return self._key
+
+    @property
+    def proc_key(self) -> np.ndarray:
+        if self._codes is not None:
+            self._encode_keys()
+        return self._proc_key
+
+    def _encode_keys(self) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
         grouping without Python loops."""
+        g, self._codes = self._codes, None  # their memory is freed: int64 per sample each
         def dense(code: np.ndarray) -> np.ndarray:
             """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""
             key = self.vm_code.astype(np.int64) * (int(code.max()) + 1 if len(code) else 1) + code
             ranks = dense_ranks(key)
             return ranks if ranks is not None else np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int32)
         # int32: these and the other per-sample arrays are most of a large report's memory
-        self.proc_key = dense(g.proc_code)
-        self.key = dense(g.name_code)
-        self.key_count = int(self.key.max()) + 1 if len(self.key) else 0
+        self._proc_key = dense(g.proc_code)
+        self._key = dense(g.name_code)
+        self.key_count = int(self._key.max()) + 1 if len(self._key) else 0
         self.name_code_of_key = np.zeros(self.key_count, np.int64)  # the resolver's code of each key's name
-        self.name_code_of_key[self.key] = g.name_code
+        self.name_code_of_key[self._key] = g.name_code
 
     # -- timelines -------------------------------------------------------------------
     @property
@@ -900,12 +916,17 @@ class Analysis:
 
     def row_counts_of(self, groups: list[np.ndarray]) -> list[RowCounts]:
         """row_counts of each array of indices, all at once (a span's vCPUs: one grouping, not one per vCPU)."""
-        size = max(self.key_count, 1)
         idx = np.concatenate(groups) if len(groups) > 1 else groups[0]
         owner = np.repeat(np.arange(len(groups), dtype=np.int64), [len(g) for g in groups])
-        keys, first, counts = first_and_counts(owner * size + self.key[idx] if len(groups) > 1 else self.key[idx],
-                                               size * len(groups))
-        owner, codes = keys // size, self.name_code_of_key[keys % size]
+        if self._codes is not None:  # no keys made: by (group, VM, name code), one sort (name codes count names)
+            vms = int(self.vm_code.max(initial=0)) + 1
+            packed = (owner * vms + self.vm_code[idx]) << 32 | self._codes.name_code[idx]
+            keys, first, counts = np.unique(packed, return_index=True, return_counts=True)
+            owner, codes = (keys >> 32) // vms, keys & 0xFFFFFFFF
+        else:  # by the dense keys: counted, not sorted, on a large recording
+            size = max(self.key_count, 1)
+            keys, first, counts = first_and_counts(owner * size + self.key[idx], size * len(groups))
+            owner, codes = keys // size, self.name_code_of_key[keys % size]
         order = np.lexsort((codes, owner))  # each group's rows by code (a window's sums merge by code)
         owner, codes, counts, at = owner[order], codes[order], counts[order].astype(float), idx[first[order]]
         names = (self.func[at], self.module[at], self.process[at], self.process_id[at], self.proc_pid[at],
