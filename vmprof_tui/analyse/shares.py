@@ -106,7 +106,7 @@ class HostParts:
         return _percent([("os", self.kernel), ("user", self.user), ("idle", self.idle), ("vm", self.vm)], self.total)
 
 
-NAME_FIELDS = ("function", "module", "process", "process_id", "pid", "unknown")
+NAME_FIELDS = ("function", "module", "process", "process_name_code", "pid", "unknown")
 
 
 @dataclass
@@ -119,7 +119,7 @@ class RowCounts:
     function: np.ndarray  # str objects
     module: np.ndarray
     process: np.ndarray
-    process_id: np.ndarray  # int32: the process name's id (resolver.StringTable), to sum rows by name
+    process_name_code: np.ndarray  # int32: the code of the process name (resolver.NameCodes), to sum rows by name
     pid: np.ndarray  # -1: none
     unknown: np.ndarray  # bool: the function is not resolved
 
@@ -171,23 +171,28 @@ class RowCounts:
         top = int(np.argmax(resolved))
         if not by_name:
             return str(self.process[top]) or "-", str(self.function[top])
-        # summed by name over the rows here (a window's: the same as summing each span's sums)
+        # summed by name over the rows here (a window's: the same as summing each span's sums); names are few
         rows = np.flatnonzero(~self.unknown)
-        _ids, first, inverse = np.unique(self.process_id[rows], return_index=True, return_inverse=True)
-        sums = np.bincount(inverse.reshape(-1), self.counts[rows])
+        names = self.process_name_code[rows]
+        sums = np.bincount(names, self.counts[rows])
         best = np.flatnonzero(sums == sums.max())
-        name = str(self.process[rows[first[best[np.argmin(first[best])]]]])  # ties: the name of the earlier row
+        first = [int(np.argmax(names == b)) for b in best.tolist()]  # ties: the name of the earlier row
+        name = str(self.process[rows[min(first)]])
         return name or "?", str(self.function[top])
 
     def rows(self, vm: str | None, limit: int | None = None) -> tuple[list[Row], int]:
         """The rows of half a sample or more (what Profile.shown_rows shows) as Rows, the `limit` with the most
         samples first, and how many there are."""
         shown = np.flatnonzero(self.counts >= 0.5)
+        count = len(shown)
+        if limit is not None and limit < count:  # only rows that can be among the `limit` largest are sorted
+            cut = -np.partition(-self.counts[shown], limit - 1)[limit - 1]
+            shown = shown[self.counts[shown] >= cut]
         best = shown[np.argsort(-self.counts[shown], kind="stable")[:limit]]
         kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
         return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u]) for n, f, m, p, pid, u in zip(
             *(a[best].tolist() for a in (self.counts, self.function, self.module, self.process, self.pid,
-                                         self.unknown)), strict=True)], len(shown)
+                                         self.unknown)), strict=True)], count
 
 
 @dataclass

@@ -185,7 +185,8 @@ def with_host_counts(summary: SpanSummary, counts: np.ndarray,
     codes, first, inverse = np.unique(names.name_code, return_index=True, return_inverse=True)
     weights = np.bincount(inverse.reshape(-1), counts["count"].astype(float), minlength=len(codes))
     rows = RowCounts(codes, weights, names.func[first], names.module[first], names.process[first],
-                     names.process_id[first], names.proc_pid[first].astype(np.int64), names.func[first] == UNKNOWN)
+                     names.process_name_code[first], names.proc_pid[first].astype(np.int64),
+                     names.func[first] == UNKNOWN)
     kernel = float(counts["count"][(counts["flags"] & SAMPLE_HOST_KERNEL) != 0].sum())
     host = summary.host
     parts = HostParts(host.kernel + kernel, host.user + float(counts["count"].sum()) - kernel, host.idle, host.vm)

@@ -56,6 +56,7 @@ class NameCodes:
 
     def __init__(self) -> None:
         self.procs: dict[tuple, int] = {}
+        self.process_names: dict[str, int] = {}  # the code of each process name (rows sum by it)
         self.keys = np.empty(0, np.int64)  # sorted
         self.codes = np.empty(0, np.int64)  # the code of each key
         self._fallback: dict[tuple[int, int, int], int] = {}  # past 2**ID_BITS names or processes
@@ -137,12 +138,12 @@ class StringTable:
 
 @dataclass
 class Resolved:
-    """Per-sample names: function, module, process (and the id of its name in the StringTable) and its pid (-1 when
-    none), and their NameCodes."""
+    """Per-sample names: function, module, process and its pid (-1 when none), and their NameCodes (of the name,
+    of the process and pid, and of the process name alone)."""
     func: np.ndarray
     module: np.ndarray
     process: np.ndarray
-    process_id: np.ndarray
+    process_name_code: np.ndarray
     proc_pid: np.ndarray
     name_code: np.ndarray
     proc_code: np.ndarray
@@ -251,8 +252,8 @@ class Resolver:
         self.objects.notes.clear()
         name_code, proc_code = groups.codes(self.codes, func, module)
         names = st.array()
-        return Resolved(names[func], names[module], names[groups.process], groups.process, groups.pid, name_code,
-                        proc_code)
+        return Resolved(names[func], names[module], names[groups.process], groups.name_codes(self.codes), groups.pid,
+                        name_code, proc_code)
 
     def _kernel_ids(self, ks: KernelSymbols, ips: np.ndarray, idx: np.ndarray, image: str, func: np.ndarray,
                     module: np.ndarray) -> None:
@@ -328,6 +329,11 @@ class _Groups:
                 self.first.append(int(idx[0]))
             self.first[slot] = min(self.first[slot], int(idx[0]))
             self.slot[idx] = slot
+
+    def name_codes(self, codes: NameCodes) -> np.ndarray:
+        """The code of each sample's process name (NameCodes.process_names)."""
+        of_slot = [codes.process_names.setdefault(name, len(codes.process_names)) for name, _pid in self.slots]
+        return np.array(of_slot, np.int32)[self.slot] if of_slot else np.zeros(len(self.slot), np.int32)
 
     def codes(self, codes: NameCodes, func: np.ndarray, module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(name code, process code) of every sample; new (process, pid) pairs are numbered in the order of
