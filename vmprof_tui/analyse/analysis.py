@@ -446,7 +446,6 @@ class Analysis:
         if g is None:
             g = self.resolver.resolve(s, self.rec.processes(), self.vm_by_pid, self.rec.kallsyms(), self.notes)
         self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
-        self.process_name_code = g.process_name_code
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
@@ -483,6 +482,8 @@ class Analysis:
         self.key_count = int(self._key.max()) + 1 if len(self._key) else 0
         self.name_code_of_key = np.zeros(self.key_count, np.int64)  # the resolver's code of each key's name
         self.name_code_of_key[self._key] = g.name_code
+        self.process_name_code_of_proc_key = np.zeros(int(self._proc_key.max(initial=-1)) + 1, np.int32)
+        self.process_name_code_of_proc_key[self._proc_key] = g.process_name_code
 
     # -- timelines -------------------------------------------------------------------
     @property
@@ -929,7 +930,9 @@ class Analysis:
             owner, codes = keys // size, self.name_code_of_key[keys % size]
         order = np.lexsort((codes, owner))  # each group's rows by code (a window's sums merge by code)
         owner, codes, counts, at = owner[order], codes[order], counts[order].astype(float), idx[first[order]]
-        names = (self.func[at], self.module[at], self.process[at], self.process_name_code[at], self.proc_pid[at],
+        process_names = (self._codes.process_name_code[at] if self._codes is not None
+                         else self.process_name_code_of_proc_key[self.proc_key[at]])
+        names = (self.func[at], self.module[at], self.process[at], process_names, self.proc_pid[at],
                  self.unresolved[at])
         bounds = np.searchsorted(owner, np.arange(len(groups) + 1)).tolist()
         return [RowCounts(codes[a:b], counts[a:b], *(x[a:b] for x in names))
