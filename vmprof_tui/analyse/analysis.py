@@ -20,9 +20,10 @@ then
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -201,18 +202,29 @@ def _first_inside(blanks: list[Blank], times: np.ndarray) -> list[int | None]:
             for b, i in zip(blanks, k.tolist(), strict=True)]
 
 
-@dataclass
+NO_HOLDERS: Mapping = MappingProxyType({})
+
+
+def _plus(held: dict | None, who: object, ns: int) -> dict:
+    """A blank's table of holders with `ns` more for `who` (made on the first: most blanks have none)."""
+    held = {} if held is None else held
+    held[who] = held.get(who, 0) + ns
+    return held
+
+
+@dataclass(slots=True)
 class Blank:
-    """An interval in which a vCPU was not on a CPU."""
+    """An interval in which a vCPU was not on a CPU (tens of thousands a second at 64 CPUs: slots, and the
+    tables of holders made only for blanks that have some)."""
     start_ns: int
     end_ns: int
     kind: BlankKind
     exit_reason: int
     cpu: int
     first_holder: str  # the task that took the pCPU when the vCPU left it
-    same_vm_ns: dict[int, int] = field(default_factory=dict)  # vCPU id of the same VM -> ns it held the pCPU
-    other_vm_ns: dict[str, int] = field(default_factory=dict)  # another VM -> ns its vCPUs held the pCPU
-    host_ns: dict[str, int] = field(default_factory=dict)  # a task that is no vCPU -> ns it held the pCPU
+    _same_vm: dict[int, int] | None = None
+    _other_vm: dict[str, int] | None = None
+    _host: dict[str, int] | None = None
     # IDLE: when a wake-up made the thread runnable again (sched_wakeup); from then to the end it waited
     # for its pCPU (steal), not for work.  None: no wake-up recorded (then the whole blank is idle).
     wakeup_ns: int | None = None
@@ -223,6 +235,21 @@ class Blank:
     # IDLE or BLOCKED: the wake-up found its group throttled (it slept as the quota ran out); from then it
     # waited throttled_ns for the quota, then for its pCPU.  None: no such wake-up.
     throttled_wakeup_ns: int | None = None
+
+    @property
+    def same_vm_ns(self) -> Mapping[int, int]:
+        """vCPU id of the same VM -> ns it held the pCPU."""
+        return self._same_vm or NO_HOLDERS
+
+    @property
+    def other_vm_ns(self) -> Mapping[str, int]:
+        """Another VM -> ns its vCPUs held the pCPU."""
+        return self._other_vm or NO_HOLDERS
+
+    @property
+    def host_ns(self) -> Mapping[str, int]:
+        """A task that is no vCPU -> ns it held the pCPU."""
+        return self._host or NO_HOLDERS
 
     @property
     def throttled_part_ns(self) -> int:
@@ -632,9 +659,9 @@ class Analysis:
                     for i, n in zip(at[ns > 0].tolist(), ns[ns > 0].tolist(), strict=True):
                         b = waits[i]
                         if o.pid == tl.pid:
-                            b.same_vm_ns[o.vcpu] = b.same_vm_ns.get(o.vcpu, 0) + n
+                            b._same_vm = _plus(b._same_vm, o.vcpu, n)
                         else:
-                            b.other_vm_ns[o.vm] = b.other_vm_ns.get(o.vm, 0) + n
+                            b._other_vm = _plus(b._other_vm, o.vm, n)
 
     def _host_holders(self, timelines: dict[int, VcpuTimeline]) -> None:
         """The tasks that are no vCPU and held the pCPU while a vCPU waited: the sched events name the task
@@ -666,7 +693,7 @@ class Analysis:
                     ns = (b.end_ns if until is None else min(until, b.end_ns)) - max(t[k], b.start_ns)
                     if ns > 0:
                         holder = self._holder(pid, comm)
-                        b.host_ns[holder] = b.host_ns.get(holder, 0) + ns
+                        b._host = _plus(b._host, holder, ns)
 
     def _wakeups(self, tl: VcpuTimeline) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
