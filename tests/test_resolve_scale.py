@@ -21,16 +21,24 @@ from vmprof_tui.resolve.symtab import parse_kallsyms
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
 
 
-def test_name_codes_number_names_as_a_walk_over_the_samples_would() -> None:
+def test_name_codes_number_names_as_a_walk_over_the_samples_would(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(7)
     codes = NameCodes()
+    monkeypatch.setattr(NameCodes, "RECENT_MIN", 64)  # the recent names are merged into the others several times
     codes.procs = {("a", 1): 0, ("b", 2): 1, ("c", 3): 2}
     walk: dict[tuple, int] = {}
-    for size, names in ((1000, 50), (700, 90), (1, 3), (0, 1)):  # later calls meet old and new names
+    merges = 0
+    # later calls meet old and new names; the last ones have a function id past ID_BITS (then a dict codes them)
+    for size, names in ((1000, 50), (700, 90), (1, 3), (0, 1), (900, 400), (900, 800), (500, 2 << NameCodes.ID_BITS),
+                        (300, 900)):
         proc, func, module = rng.integers(0, 3, size), rng.integers(0, names, size), rng.integers(0, 4, size)
+        before = len(codes.keys)
         got = codes.encode(proc, func, module)
+        merges += len(codes.keys) > before
         want = [walk.setdefault(k, len(walk)) for k in zip(proc.tolist(), func.tolist(), module.tolist(), strict=True)]
         assert got.tolist() == want
+        assert len(codes) == len(walk)
+    assert merges >= 2 and codes._fallback
 
 
 def test_grouping_by_counting_gives_what_sorting_gave() -> None:

@@ -48,18 +48,27 @@ class NameCodes:
     """Integer codes for (process, pid, function, module) and for (process, pid), kept across analyses: the
     live screen encodes each new chunk once, and a refresh then groups integers instead of strings.
 
-    (process, pid) pairs are few: a dict.  Names are many (hundreds of thousands on a large host), so their
-    codes live in numpy: each name as one int64 (its process code and the StringTable ids of its function
-    and module, ID_BITS each), `keys` sorted, and looked up with searchsorted."""
+    (process, pid) pairs are few: a dict.  Names are many (millions over a long session on a large host), so
+    their codes live in numpy: each name as one int64 (its process code and the StringTable ids of its function
+    and module, ID_BITS each), looked up with searchsorted in two sorted tables: the names of the session so far,
+    and the recent ones.  New names go into the small recent table, which is merged into the large one once it
+    holds an eighth as many: a chunk's new names cost what they are, not a copy of every name known."""
 
     ID_BITS = 21
+    RECENT_MIN = 1 << 16  # names the recent table holds before it is merged, at least
 
     def __init__(self) -> None:
         self.procs: dict[tuple, int] = {}
         self.process_names: dict[str, int] = {}  # the code of each process name (rows sum by it)
         self.keys = np.empty(0, np.int64)  # sorted
         self.codes = np.empty(0, np.int64)  # the code of each key
+        self._recent_keys = np.empty(0, np.int64)  # sorted, none in `keys`
+        self._recent_codes = np.empty(0, np.int64)
         self._fallback: dict[tuple[int, int, int], int] = {}  # past 2**ID_BITS names or processes
+
+    def __len__(self) -> int:
+        """How many names have codes."""
+        return len(self._fallback) or len(self.keys) + len(self._recent_keys)
 
     def encode(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
         """The code of each sample's name (its proc code, function and module string ids); names not seen
@@ -69,19 +78,31 @@ class NameCodes:
             return self._encode_slowly(proc_code, func, module)
         packed = (proc_code << 2 * self.ID_BITS) | (func.astype(np.int64) << self.ID_BITS) | module
         uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
-        pos = np.searchsorted(self.keys, uniq).clip(0, max(len(self.keys) - 1, 0))
-        found = self.keys[pos] == uniq if len(self.keys) else np.zeros(len(uniq), bool)
-        code = np.where(found, self.codes[pos] if len(self.codes) else 0, -1)
-        new = np.nonzero(~found)[0]
-        code[new[np.argsort(first[new], kind="stable")]] = len(self.keys) + np.arange(len(new))
-        # merged into the sorted table where they belong (uniq is sorted): no sort of every name seen so far
-        at = np.searchsorted(self.keys, uniq[new])
-        self.keys, self.codes = np.insert(self.keys, at, uniq[new]), np.insert(self.codes, at, code[new])
+        code = np.full(len(uniq), -1, np.int64)
+        for keys, codes in ((self.keys, self.codes), (self._recent_keys, self._recent_codes)):
+            if len(keys):
+                pos = np.searchsorted(keys, uniq).clip(max=len(keys) - 1)
+                hit = keys[pos] == uniq
+                code[hit] = codes[pos[hit]]
+        new = np.flatnonzero(code < 0)
+        code[new[np.argsort(first[new], kind="stable")]] = len(self) + np.arange(len(new))
+        at = np.searchsorted(self._recent_keys, uniq[new])  # uniq is sorted: merged where they belong
+        self._recent_keys = np.insert(self._recent_keys, at, uniq[new])
+        self._recent_codes = np.insert(self._recent_codes, at, code[new])
+        if len(self._recent_keys) > max(len(self.keys) // 8, self.RECENT_MIN):
+            self._merge()
         return code[inverse.reshape(-1)]
+
+    def _merge(self) -> None:
+        at = np.searchsorted(self.keys, self._recent_keys)
+        self.keys, self.codes = np.insert(self.keys, at, self._recent_keys), np.insert(self.codes, at,
+                                                                                        self._recent_codes)
+        self._recent_keys, self._recent_codes = self._recent_keys[:0], self._recent_codes[:0]
 
     def _encode_slowly(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
         """Per sample, through a dict (once the ids outgrow ID_BITS: then every later call comes here)."""
         if not self._fallback:  # the names coded so far, as the dict's keys
+            self._merge()
             bits, mask = self.ID_BITS, (1 << self.ID_BITS) - 1
             self._fallback = {(k >> 2 * bits, (k >> bits) & mask, k & mask): c
                               for k, c in zip(self.keys.tolist(), self.codes.tolist(), strict=True)}
