@@ -802,8 +802,9 @@ class Analysis:
         kinds = np.where((flags & SCHED_PREV_RUNNABLE) != 0, 2, 3)
         kinds = np.where((flags & SCHED_PREV_THROTTLED) != 0, 1, kinds)
         kinds = np.where((flags & SCHED_PREV_HALTED) != 0, 0, kinds)
+        known = self._holders  # looked up here first: a call per blank costs more than the lookup
         holders = [""] * len(e) if self.shares_only else [
-            self._holder(p, c) for p, c in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
+            known.get(k) or self._holder(*k) for k in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
         kind_of = (BlankKind.IDLE, BlankKind.THROTTLED, BlankKind.PREEMPTED, BlankKind.BLOCKED)
         return [Blank(a, z, kind_of[k], r, c, h) for a, z, k, r, c, h in zip(
             starts.tolist(), ends.tolist(), kinds.tolist(), e["prev_exit_reason"].tolist(), e["cpu"].tolist(),
