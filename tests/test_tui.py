@@ -311,6 +311,22 @@ def test_overview_summary_agrees_with_the_guest_profile() -> None:
         assert s.top_process == max(by_proc, key=by_proc.__getitem__)
 
 
+def test_a_window_polled_for_detail_sums_the_same() -> None:
+    """While the steal or timeline screen is shown, each chunk is analysed in full once and summarised from that
+    analysis: the summaries and rows are the same as from the shares-only analysis, and the detail is kept."""
+    golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
+    plain, detailed = ReplayWindow(golden, window_s=2.0), ReplayWindow(golden, window_s=2.0)
+    plain.start()
+    detailed.start()
+    while not plain.at_end:
+        a, b = plain.poll(step_s=0.7), detailed.poll(step_s=0.7, detail=True)
+        assert all(c._detail is not None for c in detailed.chunks.chunks)
+        assert a.host_summary() == b.host_summary() and a.host_rows(None) == b.host_rows(None)
+        for vm in a.vm_names():
+            for vcpu in [None, *(v for v, _tid in a.vcpu_threads(vm))]:
+                assert a.guest_summary(vm, vcpu) == b.guest_summary(vm, vcpu)
+                assert a.guest_rows(vm, vcpu) == b.guest_rows(vm, vcpu)
+
 @pytest.mark.parametrize("step_s", [1.0, 0.7])
 def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     """The live overview sums the summaries of the window's chunks (each analysed once, with the switches before

@@ -231,18 +231,28 @@ class Resolver:
             self.kallsyms = kallsyms_table(kallsyms or "", notes)
         if kernel.any():
             self._kernel_ids(self.kallsyms, s["host_ip"], np.nonzero(kernel)[0], KERNEL_MODULE, func, module)
-        groups = _Groups(n)  # (process, pid) of every sample, group by group
+        groups = _Groups(n)  # (process, pid) of every sample, a group at a time
         pids = s["pid"]
-        host_spaces: list[tuple[AddressSpace, np.ndarray]] = []  # user samples of each host process
-        for pid, idx in group_by(pids, np.nonzero(~guest)[0]):
+        # host samples by process: Python per process, numpy per sample
+        host = np.flatnonzero(~guest)
+        upids, first, inverse = np.unique(pids[host], return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        with_user = np.bincount(inverse[~kernel[host]], minlength=len(upids)) > 0
+        slot_of, space_of = np.zeros(len(upids), np.int32), np.full(len(upids), -1, np.int64)
+        host_spaces: list[AddressSpace] = []
+        for u, pid in enumerate(upids.tolist()):
             snap = processes.get(pid)
             name = "swapper" if pid == 0 else (snap["comm"] if snap else str(pid))
-            groups.add(idx, st.intern(name), name, pid)
-            user = idx[~kernel[idx]]
-            if len(user) and snap:
-                host_spaces.append((self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids")), user))
-        self._spaces_ids(host_spaces, s["host_ip"], func, module)
-        guest_spaces: list[tuple[AddressSpace, np.ndarray]] = []  # user samples of each guest process
+            slot_of[u] = groups.slot_of(st.intern(name), name, pid, int(host[first[u]]))
+            if with_user[u] and snap:
+                space_of[u] = len(host_spaces)
+                host_spaces.append(self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids")))
+        groups.slot[host] = slot_of[inverse]
+        user = ~kernel[host] & (space_of[inverse] >= 0)
+        self._spaces_ids(host_spaces, host[user], space_of[inverse[user]], s["host_ip"], func, module)
+        # guest samples by VM, then by process (CR3)
+        guest_spaces: list[AddressSpace] = []
+        guest_user, guest_space = [], []  # sample indices and their space (rank in guest_spaces), a VM at a time
         cr3s = normalise_cr3_array(s["guest_cr3"])
         rip_unknown = (flags & SAMPLE_GUEST_UNKNOWN) != 0
         gkernel = (flags & SAMPLE_GUEST_KERNEL) != 0
@@ -251,30 +261,43 @@ class Resolver:
             g = self.guests.get(vm_of_pid.get(pid, f"vm-{pid}"))
             unknown = idx[rip_unknown[idx]]
             module[unknown] = st.intern("(guest RIP unknown)")
-            groups.add(unknown, 0, "", -1)
+            if len(unknown):
+                groups.slot[unknown] = groups.slot_of(0, "", -1, int(unknown[0]))
             known = idx[~rip_unknown[idx]]
             gk = known[gkernel[known]]
             if len(gk):
                 self._kernel_ids(g.kernel if g is not None else EMPTY_KERNEL, s["guest_ip"], gk, GUEST_KERNEL_MODULE,
                                  func, module)
-            for cr3, cidx in group_by(cr3s, known):
+            ucr3, first, inverse = np.unique(cr3s[known], return_index=True, return_inverse=True)
+            inverse = inverse.reshape(-1)
+            with_user = np.bincount(inverse[~gkernel[known]], minlength=len(ucr3)) > 0
+            slot_of, space_of = np.zeros(len(ucr3), np.int32), np.full(len(ucr3), -1, np.int64)
+            for u, cr3 in enumerate(ucr3.tolist()):
                 space = g.processes.get(cr3) if g is not None else None
-                user = cidx[~gkernel[cidx]]
                 if space is None:
                     label = f"[cr3 {cr3:#x}]"
-                    groups.add(cidx, st.intern(label), label, -1)
+                    slot_of[u] = groups.slot_of(st.intern(label), label, -1, int(known[first[u]]))
                     continue
-                groups.add(cidx, st.intern(space.name), space.name, space.pid if space.pid is not None else -1)
-                if len(user):
-                    guest_spaces.append((space, user))
-        self._spaces_ids(guest_spaces, s["guest_ip"], func, module)
+                slot_of[u] = groups.slot_of(st.intern(space.name), space.name,
+                                            space.pid if space.pid is not None else -1, int(known[first[u]]))
+                if with_user[u]:
+                    space_of[u] = len(guest_spaces)
+                    guest_spaces.append(space)
+            groups.slot[known] = slot_of[inverse]
+            user = ~gkernel[known] & (space_of[inverse] >= 0)
+            guest_user.append(known[user])
+            guest_space.append(space_of[inverse[user]])
+        if guest_spaces:
+            self._spaces_ids(guest_spaces, np.concatenate(guest_user), np.concatenate(guest_space), s["guest_ip"],
+                             func, module)
         if notes is not None:  # stored symbol tables unusable, local files of another build
             notes += self.objects.notes
         self.objects.notes.clear()
         name_code, proc_code = groups.codes(self.codes, func, module)
         names = st.array()
-        return Resolved(names[func], names[module], names[groups.process], groups.name_codes(self.codes), groups.pid,
-                        name_code, proc_code)
+        process, pid = groups.names()
+        return Resolved(names[func], names[module], names[process], groups.name_codes(self.codes), pid, name_code,
+                        proc_code)
 
     def _kernel_ids(self, ks: KernelSymbols, ips: np.ndarray, idx: np.ndarray, image: str, func: np.ndarray,
                     module: np.ndarray) -> None:
@@ -283,21 +306,20 @@ class Resolver:
         func[idx] = self.strings.ids(ks.names_or_unknown, sym)
         module[idx] = self.strings.ids(ks.module_label_table(image), sym)
 
-    def _spaces_ids(self, spaces: list[tuple[AddressSpace, np.ndarray]], ips: np.ndarray, func: np.ndarray,
-                    module: np.ndarray) -> None:
-        """Function and module ids of the user samples of many processes ((address space, sample indices) pairs),
-        all at once: one search for their mappings (spaces.locate), then per mapping hit its module and symbol
-        table, and per symbol table one lookup of all its samples, whichever process mapped it where."""
-        if not spaces:
+    def _spaces_ids(self, spaces: list[AddressSpace], idx: np.ndarray, which: np.ndarray, ips: np.ndarray,
+                    func: np.ndarray, module: np.ndarray) -> None:
+        """Function and module ids of the user samples `idx` of many processes (`which`: the index in `spaces` of
+        each sample's address space), all at once: one search for their mappings (spaces.locate), then per mapping
+        hit its module and symbol table, and per symbol table one lookup of all its samples, whichever process
+        mapped it where."""
+        if not len(idx):
             return
-        idx = np.concatenate([i for _space, i in spaces])
-        which = np.repeat(np.arange(len(spaces)), [len(i) for _space, i in spaces])
         addrs = ips[idx]
-        maps, at = locate([space for space, _i in spaces], which, addrs)
+        maps, at = locate(spaces, which, addrs)
         # what locate leaves (e.g. [vsyscall], above USER_LIMIT): through each space's own search
         left = np.flatnonzero(addrs >= USER_LIMIT) if len(spaces) <= MAX_SPACES else np.arange(len(addrs))
         for rank, pos in group_by(which, left):
-            self._space_ids(spaces[rank][0], ips, idx[pos], func, module)
+            self._space_ids(spaces[rank], ips, idx[pos], func, module)
         hit = np.flatnonzero(at >= 0)
         module_id = np.zeros(len(maps), np.int32)
         table = np.full(len(maps), -1, np.int64)  # the index in `tables` of each mapping's symbols
@@ -331,25 +353,30 @@ class Resolver:
 
 
 class _Groups:
-    """The (process, pid) of each sample, set group by group, and the NameCodes of the samples."""
+    """The (process, pid) of each sample, given a group of samples at a time, and the NameCodes of the samples."""
 
     def __init__(self, n: int) -> None:
-        self.process = np.zeros(n, np.int32)  # string ids; 0 is "" (StringTable)
-        self.pid = np.full(n, -1, np.int32)
-        self.slot = np.zeros(n, np.int32)  # which distinct (process, pid)
+        self.slot = np.zeros(n, np.int32)  # which distinct (process, pid), set by the caller from slot_of
         self.slots: dict[tuple[str, int], int] = {}
         self.first: list[int] = []  # first sample of each slot
+        self.process: list[int] = []  # each slot's process name as a string id (StringTable)
+        self.pid: list[int] = []
 
-    def add(self, idx: np.ndarray, process: int, name: str, pid: int) -> None:
-        """Samples idx (ascending) are of process `name` (string id `process`) with pid `pid`."""
-        if len(idx):
-            self.process[idx] = process
-            self.pid[idx] = pid
-            slot = self.slots.setdefault((name, pid), len(self.slots))
-            if slot == len(self.first):
-                self.first.append(int(idx[0]))
-            self.first[slot] = min(self.first[slot], int(idx[0]))
-            self.slot[idx] = slot
+    def slot_of(self, process: int, name: str, pid: int, first: int) -> int:
+        """The slot of samples of process `name` (string id `process`) with pid `pid`, the first of them at `first`."""
+        slot = self.slots.setdefault((name, pid), len(self.slots))
+        if slot == len(self.first):
+            self.first.append(first)
+            self.process.append(process)
+            self.pid.append(pid)
+        self.first[slot] = min(self.first[slot], first)
+        return slot
+
+    def names(self) -> tuple[np.ndarray, np.ndarray]:
+        """(process name string id, pid) of each sample."""
+        if not self.slots:
+            return np.zeros(len(self.slot), np.int32), np.full(len(self.slot), -1, np.int32)
+        return np.array(self.process, np.int32)[self.slot], np.array(self.pid, np.int32)[self.slot]
 
     def name_codes(self, codes: NameCodes) -> np.ndarray:
         """The code of each sample's process name (NameCodes.process_names)."""
