@@ -484,19 +484,19 @@ class Analysis:
 
     @property
     def key(self) -> np.ndarray:
-        if self._codes is not None:
-            self._encode_keys()
+        self._encode_keys()
         return self._key
 
     @property
     def proc_key(self) -> np.ndarray:
-        if self._codes is not None:
-            self._encode_keys()
+        self._encode_keys()
         return self._proc_key
 
     def _encode_keys(self) -> None:
         """One integer per sample for its (vm, process, pid) and for its (vm, process, pid, function, module):
-        grouping without Python loops."""
+        grouping without Python loops (made once: the name codes are then let go)."""
+        if self._codes is None:
+            return
         g, self._codes = self._codes, None  # their memory is freed: int64 per sample each
         def dense(code: np.ndarray) -> np.ndarray:
             """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""

@@ -58,41 +58,40 @@ def steal_split(blanks: Iterable[Blank], unit_ns: float = 1.0) -> dict[Cause, fl
     """
     # summed under small int keys (a Cause holds an Enum, whose hash is a Python call: tens of thousands of
     # blanks a second at 64 CPUs), turned into Causes at the end; a sibling vCPU v is key len(_CAUSES) + v
-    out: dict[int, float] = {}
+    out: dict[int, float] = defaultdict(float)
     for b in blanks:
         n = b.duration_ns / unit_ns
         if b.throttled_wakeup_ns is not None:  # slept, woken into a throttled group: throttled, then a pCPU wait
             slept = (b.throttled_wakeup_ns - b.start_ns) / unit_ns
             thr = b.throttled_wait_ns / unit_ns
             k = _IDLE if b.kind == BlankKind.IDLE else _BLOCKED
-            out[k] = out.get(k, 0.0) + slept
-            out[_THROTTLED] = out.get(_THROTTLED, 0.0) + thr
+            out[k] += slept
+            out[_THROTTLED] += thr
             if n > slept + thr:
                 k = _WAKEUP if b.kind == BlankKind.IDLE else _OUTSIDE
-                out[k] = out.get(k, 0.0) + n - slept - thr
+                out[k] += n - slept - thr
         elif b.kind == BlankKind.IDLE:
             woken = b.wakeup_wait_ns / unit_ns
-            out[_IDLE] = out.get(_IDLE, 0.0) + n - woken
+            out[_IDLE] += n - woken
             if woken:
-                out[_WAKEUP] = out.get(_WAKEUP, 0.0) + woken
+                out[_WAKEUP] += woken
         elif b.kind == BlankKind.PREEMPTED:
             same = b.same_vm_ns
             for v, ns in same.items():
-                k = len(_CAUSES) + v
-                out[k] = out.get(k, 0.0) + ns / unit_ns
+                out[len(_CAUSES) + v] += ns / unit_ns
             siblings = sum(same.values()) if same else 0
             irq = min(b.irq_ns, b.duration_ns - siblings) / unit_ns
             if irq > 0:
-                out[_IRQ] = out.get(_IRQ, 0.0) + irq
-            out[_OUTSIDE] = out.get(_OUTSIDE, 0.0) + n - siblings / unit_ns - max(irq, 0.0)
+                out[_IRQ] += irq
+            out[_OUTSIDE] += n - siblings / unit_ns - max(irq, 0.0)
         elif b.kind == BlankKind.THROTTLED:  # throttled, then (quota back) waiting for its pCPU
             part = b.throttled_part_ns / unit_ns
-            out[_THROTTLED] = out.get(_THROTTLED, 0.0) + part
+            out[_THROTTLED] += part
             if n > part:
-                out[_OUTSIDE] = out.get(_OUTSIDE, 0.0) + n - part
+                out[_OUTSIDE] += n - part
         else:
-            out[_BLOCKED] = out.get(_BLOCKED, 0.0) + n
-    return defaultdict(float, {(_CAUSES[k] if k < len(_CAUSES) else (RowKind.STEAL_SIBLING, k - len(_CAUSES))): v
+            out[_BLOCKED] += n
+    return defaultdict(float, {_CAUSES[k] if k < len(_CAUSES) else (RowKind.STEAL_SIBLING, k - len(_CAUSES)): v
                                for k, v in out.items()})
 
 

@@ -130,7 +130,7 @@ class Drained:
 # chain then goes into its stack record (STACK_HOST_USER_INLINE); a kernel chain is left out.
 HOST_STACK_ENTRIES = 16384
 HOST_COUNT_ENTRIES = 65536  # distinct (process, privilege, IP) of host tasks between two drains
-HOST_COUNTS_DTYPE = np.dtype([("pid", "<u4"), ("flags", "<u2"), ("ip", "<u8"), ("count", "<u8")])
+HOST_COUNTS_DTYPE = np.dtype(HOST_COUNT_KEY_DTYPE.descr + [("count", "<u8")])  # a map entry: its key, its count
 
 
 @dataclass
@@ -239,7 +239,7 @@ class Collector:
             if res != 0 or count.value == 0:
                 break
         out = np.zeros(total, HOST_COUNTS_DTYPE)
-        for name in ("pid", "flags", "ip"):
+        for name in HOST_COUNT_KEY_DTYPE.names:
             out[name] = keys[name][:total]
         out["count"] = values[:total]
         return out

@@ -207,9 +207,7 @@ class CollectionSession:
         if time.monotonic() - self._last_discover >= discover_every_s:
             self._discover()
         samples = self._keep(drained.samples) if len(drained.samples) else np.empty(0, SAMPLE_DTYPE)
-        counts = drained.host_counts
-        if counts is not None and (self.pid is not None or self.vm_names):  # host tasks are in no VM
-            counts = counts[counts["pid"] == self.pid] if self.pid is not None and not self.vm_names else counts[:0]
+        counts = drained.host_counts if drained.host_counts is None else self._keep(drained.host_counts)
         pids = np.unique(samples["pid"] if counts is None else np.concatenate([samples["pid"], counts["pid"]]))
         new_pids = set(pids.tolist()) - self.pids_seen - {0}
         processes = {}
