@@ -702,6 +702,28 @@ def test_finding_time_range_cuts_a_preemption(tmp_path: Path) -> None:
     assert ("[steal]", "(on vcpu1)", None) not in rows(an.guest_profile("web", vcpu=0))
 
 
+def test_finding_time_range_before_a_blank_open_at_the_end(tmp_path: Path) -> None:
+    """One CPU, 100 ms: web0 0-30 | kworker/0:1 30-40 (web0 preempted) | web0 40-80 | web0 halted 80-100 (the CPU
+    idles), analysed from 0 to 50.5 ms.  The halt still open at the end began after the range: nothing of it is in
+    the range, and the preemption is the only blank.  (It was kept, ending at the range's end before it began, and
+    stopped the cut of every blank after the range: reports of a time range on a long recording showed negative
+    steal and guest time over 100%.)"""
+    b = SynthRecording(frequency=1000, cpus=1)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=0, start_ns=0, end_ns=30 * MS)
+    b.preempt(web, 0, 30 * MS, 40 * MS)
+    b.host_task(40, "kworker/0:1", cpu=0, start_ns=30 * MS, end_ns=40 * MS, kernel=True)
+    b.run(web, 0, cpu=0, start_ns=40 * MS, end_ns=80 * MS)
+    b.halt(web, 0, 80 * MS, 100 * MS)
+    an = analyse(b, tmp_path, time_range=(0.0, 0.0505))
+    tl = timeline(an, "web", 0)
+    assert blanks(tl) == [(30, 40, BlankKind.PREEMPTED, VMX_EXTERNAL_INTERRUPT, 0, "kworker/0:1")]
+    assert (ms(tl.start_ns), ms(tl.end_ns), tl.on_cpu_ns) == (0, 50.5, 40.5 * MS)
+    # samples 0-29 and 40-50, and the preemption at the nominal period (too few samples to measure a rate)
+    assert rows(an.guest_profile("web")) == {("[unknown]", "[unknown]", "[cr3 0x1000]"): 41,
+                                             ("[steal]", "(outside)", None): 10}
+
+
 def test_finding_time_range_bounds_count_twice(tmp_path: Path) -> None:
     rec = load(host_mix().write(tmp_path / "x.vmprof"))
     first, second = Analysis(rec, time_range=(0.0, 0.05)), Analysis(rec, time_range=(0.05, 0.1))

@@ -11,7 +11,7 @@ import pytest
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
-from vmprof_tui.analyse.timeline import SegmentKind, steal_of_type, steal_split, vcpu_segments
+from vmprof_tui.analyse.timeline import SegmentKind, steal_of_type, vcpu_segments
 from vmprof_tui.record import recording
 
 STEAL3 = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -49,7 +49,7 @@ def test_steal_split_is_what_the_profile_and_the_steal_table_show(an: Analysis) 
     for vm in an.vm_names():
         for v in vcpu_steal(an, vm):
             tl = an.vm_timelines(vm, v["vcpu"])[0]
-            split = steal_split(tl.blanks)
+            split = an.blank_split(tl, in_ns=True)
             assert v["steal_type1_s"] == pytest.approx(steal_of_type(split, 1) / 1e9)
             assert v["idle_s"] == pytest.approx(sum(b.duration_ns for b in tl.blanks if b.kind == BlankKind.IDLE)
                                                 / 1e9)

@@ -20,13 +20,15 @@ then
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 
 import numpy as np
 
+from vmprof_tui.analyse import blanks as bt
+from vmprof_tui.analyse.blanks import NO_TIME, Blank, BlankTable
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.shares import (
     GuestParts,
@@ -38,7 +40,7 @@ from vmprof_tui.analyse.shares import (
     SpanSummary,
     guest_summary,
 )
-from vmprof_tui.analyse.timeline import steal_split
+from vmprof_tui.analyse.timeline import Cause, steal_split
 from vmprof_tui.collect import backends
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
@@ -193,110 +195,13 @@ class Profile:
                 "rows": [r.to_json(total) for r in self.shown_rows], "notes": self.notes}
 
 
-def _first_inside(blanks: list[Blank], times: np.ndarray) -> list[int | None]:
-    """Per blank (in time order), the first of the sorted `times` inside it, or None."""
-    if not blanks or not len(times):
-        return [None] * len(blanks)
-    k = np.searchsorted(times, np.array([b.start_ns for b in blanks], np.int64))
-    return [int(times[i]) if i < len(times) and times[i] <= b.end_ns else None
-            for b, i in zip(blanks, k.tolist(), strict=True)]
-
-
-NO_HOLDERS: Mapping = MappingProxyType({})
-
-
-def _plus(held: dict | None, who: object, ns: int) -> dict:
-    """A blank's table of holders with `ns` more for `who` (made on the first: most blanks have none)."""
-    held = {} if held is None else held
-    held[who] = held.get(who, 0) + ns
-    return held
-
-
-@dataclass(slots=True)
-class Blank:
-    """An interval in which a vCPU was not on a CPU (tens of thousands a second at 64 CPUs: slots, and the
-    tables of holders made only for blanks that have some)."""
-    start_ns: int
-    end_ns: int
-    kind: BlankKind
-    exit_reason: int
-    cpu: int
-    first_holder: str  # the task that took the pCPU when the vCPU left it
-    _same_vm: dict[int, int] | None = None
-    _other_vm: dict[str, int] | None = None
-    _host: dict[str, int] | None = None
-    # IDLE: when a wake-up made the thread runnable again (sched_wakeup); from then to the end it waited
-    # for its pCPU (steal), not for work.  None: no wake-up recorded (then the whole blank is idle).
-    wakeup_ns: int | None = None
-    irq_ns: int = 0  # PREEMPTED: IRQ time on its pCPU while it waited (known when it came back on that CPU)
-    # THROTTLED: how long its group stayed throttled (the kernel's count, SCHED_THROTTLE_END); the rest of the
-    # blank it waited for its pCPU after the group's quota came back.  None: not recorded (all throttled).
-    throttled_ns: int | None = None
-    # IDLE or BLOCKED: the wake-up found its group throttled (it slept as the quota ran out); from then it
-    # waited throttled_ns for the quota, then for its pCPU.  None: no such wake-up.
-    throttled_wakeup_ns: int | None = None
-
-    @property
-    def same_vm_ns(self) -> Mapping[int, int]:
-        """vCPU id of the same VM -> ns it held the pCPU."""
-        return self._same_vm or NO_HOLDERS
-
-    @property
-    def other_vm_ns(self) -> Mapping[str, int]:
-        """Another VM -> ns its vCPUs held the pCPU."""
-        return self._other_vm or NO_HOLDERS
-
-    @property
-    def host_ns(self) -> Mapping[str, int]:
-        """A task that is no vCPU -> ns it held the pCPU."""
-        return self._host or NO_HOLDERS
-
-    @property
-    def throttled_part_ns(self) -> int:
-        return self.duration_ns if self.throttled_ns is None else min(self.throttled_ns, self.duration_ns)
-
-    def throttled_interval(self) -> tuple[int, int] | None:
-        """When the blank waited for its group's quota: from its start (THROTTLED) or from a throttled
-        wake-up, for as long as the kernel kept the group throttled."""
-        if self.kind == BlankKind.THROTTLED:
-            return self.start_ns, self.start_ns + self.throttled_part_ns
-        if self.throttled_wakeup_ns is None:
-            return None
-        w = self.throttled_wakeup_ns
-        ns = self.end_ns - w if self.throttled_ns is None else min(self.throttled_ns, self.end_ns - w)
-        return w, w + ns
-
-    def throttled_after_wakeup(self) -> tuple[int, int] | None:
-        """throttled_interval of a blank woken into a throttled group; None for any other."""
-        return self.throttled_interval() if self.throttled_wakeup_ns is not None else None
-
-    @property
-    def throttled_wait_ns(self) -> int:
-        """Of the blank, the time spent waiting for its group's quota."""
-        iv = self.throttled_interval()
-        return iv[1] - iv[0] if iv else 0
-
-    @property
-    def wakeup_wait_ns(self) -> int:
-        """IDLE: from the wake-up until it ran, less a throttled wait (the rest is waiting for its pCPU)."""
-        if self.wakeup_ns is None:
-            return 0
-        return self.end_ns - self.wakeup_ns - self.throttled_wait_ns
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-    def holders(self) -> dict[str, int]:
-        """Who held the pCPU during the blank: vCPUs of the same VM, other VMs, the rest (host tasks)."""
-        out = {f"vcpu{v}": ns for v, ns in self.same_vm_ns.items()}
-        out.update(self.other_vm_ns)
-        for holder, ns in self.host_ns.items():
-            out[holder] = out.get(holder, 0) + ns
-        rest = self.duration_ns - sum(out.values())
-        if rest > 0:
-            out[self.first_holder] = out.get(self.first_holder, 0) + rest
-        return out
+def _first_inside(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Per interval [start, end] (in time order), the first of the sorted `times` inside it, or NO_TIME."""
+    if not len(times):
+        return np.full(len(starts), NO_TIME, np.int64)
+    k = np.searchsorted(times, starts)
+    t = times[k.clip(0, len(times) - 1)]
+    return np.where((k < len(times)) & (t <= ends), t, NO_TIME)
 
 
 @dataclass
@@ -308,7 +213,6 @@ class VcpuTimeline:
     start_ns: int
     end_ns: int
     on_cpu_ns: int = 0
-    blanks: list[Blank] = field(default_factory=list)
     irq_running_ns: int = 0  # IRQ time on its pCPU while it ran (inside its on-CPU time)
     skew_ns: int = 0  # co-stop: time it could not run (any blank but a halt) while a sibling vCPU ran
     halt_poll_ns: int = 0  # KVM polled its halts this long before blocking (or instead of blocking)
@@ -317,10 +221,20 @@ class VcpuTimeline:
     # [start, end) of each stretch KVM polled (None without kvm_vcpu_wakeup records: then every sample of KVM
     # with the vCPU halted counts as polling)
     poll_intervals: np.ndarray | None = None
+    table: BlankTable | None = field(default=None, repr=False, compare=False)  # the analysis' blanks
+    rows: tuple[int, int] = (0, 0)  # its blanks: these rows of `table`
+    _blanks: list[Blank] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def wall_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+    @property
+    def blanks(self) -> list[Blank]:
+        """Its blanks as objects, in time order (made when first asked for: the shares read the table)."""
+        if self._blanks is None:
+            self._blanks = self.table.blanks(*self.rows) if self.table is not None else []
+        return self._blanks
 
 
 @dataclass
@@ -400,6 +314,7 @@ class Analysis:
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
         self._host_share_cache: dict[int | None, _HostShares] = {}
         self._summaries: dict[tuple, HostSummary | GuestSummary] = {}
+        self._splits: dict[bool, dict[int, dict[Cause, float]]] = {}  # blank_split: in ns? -> vCPU thread -> ...
         self._polling: dict[int, np.ndarray] = {}  # vCPU thread (pid << 32 | tid) -> its polling samples
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
         if time_range is not None:
@@ -542,140 +457,205 @@ class Analysis:
         return dict(group_by(self.sched["cpu"], np.arange(len(self.sched))))
 
     def _build_timelines(self) -> dict[int, VcpuTimeline]:
-        """Per vCPU thread: on-CPU time and blank intervals from the sched events."""
+        """Per vCPU thread: on-CPU time and blank intervals from the sched events, for every thread at once (its
+        switches, in one table by thread and time)."""
         _w0, w1 = self.window()
-        timelines: dict[int, VcpuTimeline] = {}
-        on_intervals: dict[int, np.ndarray] = {}
         ev = self.sched
-        s = self.samples
-        wanted = self._thread_keys()
-        # every recorded switch of a thread counts, also those before it was known as a vCPU thread; the pid
-        # keeps out an earlier thread that had the same id
-        outs_of = _positions_by_key(ev["prev_pid"].astype(np.int64) << 32 | ev["prev_tid"], wanted)
-        ins_of = _positions_by_key(ev["next_pid"].astype(np.int64) << 32 | ev["next_tid"], wanted)
+        threads = sorted(self.vcpu_of_tid.items())
+        count = len(threads)
+        keys = np.array([pid << 32 | tid for tid, (pid, _v) in threads], np.int64)
         ev_time = ev["time_ns"].astype(np.int64)
         ev_cpu = ev["cpu"].astype(np.int64)
         ev_irq = ev["cpu_irq_ns"].astype(np.int64)
-        none = np.empty(0, np.int64)
-        for tid, (pid, vcpu) in sorted(self.vcpu_of_tid.items()):
-            vm = self.vm_by_pid.get(pid, f"vm-{pid}")
-            key = pid << 32 | tid
-            outs, ins = outs_of.get(key, none), ins_of.get(key, none)
-            own = s["time_ns"][self._thread_samples.get(key, none)]
-            firsts = [int(a[0]) for a in (ev_time[outs], ev_time[ins], own) if len(a)]
-            lasts = [int(a[-1]) for a in (ev_time[outs], ev_time[ins], own) if len(a)]
-            if not firsts:
-                continue
-            # The vCPU's life starts at its first record: a thread first seen leaving a CPU ran since its
-            # first sample (which comes within one sampling period of the start of the recording if it
-            # was already running then).
-            start = min(firsts)
-            tl = VcpuTimeline(vm, pid, tid, vcpu, start, max(lasts))
-            # switches in time order (a switch-out before a switch-in at the same time)
-            both = np.concatenate([outs, ins])
-            is_in = np.concatenate([np.zeros(len(outs), bool), np.ones(len(ins), bool)])
-            order = np.lexsort((is_in, ev_time[both]))
-            both, is_in = both[order], is_in[order]
-            t = ev_time[both]
-            # before the first switch the thread is on a CPU since `start` (as after a switch-in)
-            n = len(both)
-            after_in = np.concatenate([[True], is_in[:-1]])[:n]
-            since = np.concatenate([[start], t[:-1]])[:n]
-            # a thread first seen leaving a CPU ran there until then, wherever it is switched in later
-            first_cpu = int(ev_cpu[both[0]]) if n else -1
-            cpu_before = np.concatenate([[first_cpu], ev_cpu[both[:-1]]])[:n]
-            closes_run = ~is_in & after_in  # a switch-out after a switch-in ends an on-CPU interval
-            closes_blank = is_in & ~after_in  # a switch-in after a switch-out ends a blank
-            intervals = np.stack([since[closes_run], t[closes_run], cpu_before[closes_run]], axis=1)
-            blank_ev = both[np.nonzero(closes_blank)[0] - 1]
-            tl.blanks = self._blanks(ev_time[blank_ev], t[closes_blank], blank_ev)
-            tl.on_cpu_ns = int((intervals[:, 1] - intervals[:, 0]).sum())
-            # IRQ time on the pCPU (its IRQ clock at both ends, when both are on that CPU): while a preempted
-            # vCPU waited, and while it ran (not for the first interval: its start is not a recorded switch)
-            in_ev = both[closes_blank]
-            irq = np.minimum(irq_between(ev_irq[blank_ev], ev_irq[in_ev]), t[closes_blank] - ev_time[blank_ev])
-            for b, same, ns in zip(tl.blanks, (ev_cpu[blank_ev] == ev_cpu[in_ev]).tolist(), irq.tolist(),
-                                   strict=True):
-                if same and b.kind == BlankKind.PREEMPTED:
-                    b.irq_ns = ns
-            ends = np.nonzero(closes_run)[0]
-            ends = ends[ends > 0]  # runs that began with a switch-in (both[j - 1])
-            run_in, run_out = both[ends - 1], both[ends]
-            irq = np.minimum(irq_between(ev_irq[run_in], ev_irq[run_out]), ev_time[run_out] - ev_time[run_in])
-            tl.irq_running_ns = int(irq[ev_cpu[run_in] == ev_cpu[run_out]].sum())
-            # an open interval runs to the end of the window
-            if len(both) and not is_in[-1]:
-                if ev["flags"][both[-1]] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED):
-                    tl.blanks += self._blanks(ev_time[both[-1:]], np.array([w1]), both[-1:])
-                    tl.end_ns = w1
-            else:
-                on_since = int(t[-1]) if len(both) else start
-                on_cpu = int(ev_cpu[both[-1]]) if len(both) else first_cpu
-                tl.on_cpu_ns += tl.end_ns - on_since
-                intervals = np.concatenate([intervals, [[on_since, tl.end_ns, on_cpu]]])
-            on_intervals[tid] = intervals.reshape(-1, 3)
-            self._wakeups(tl)
-            timelines[tid] = tl
+        # every recorded switch of a thread counts, also those before it was known as a vCPU thread; the pid keeps
+        # out an earlier thread that had the same id.  A record: (thread, event, switched in)
+        thread, event, is_in = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, bool)
+        if count and len(ev):
+            by_key = np.argsort(keys)  # a thread's rank among the sorted keys -> its index
+            parts = []
+            for side, switched_in in (("prev", False), ("next", True)):
+                _keys, rank, found = _rank_among(ev[f"{side}_pid"].astype(np.int64) << 32 | ev[f"{side}_tid"], keys)
+                at = np.flatnonzero(found)
+                parts.append((by_key[rank[at]], at, np.full(len(at), switched_in)))
+            thread, event, is_in = (np.concatenate(c) for c in zip(*parts, strict=True))
+        # by thread, then in time order (a switch-out before a switch-in at the same time)
+        order = np.lexsort((is_in, ev_time[event], thread))
+        thread, event, is_in = thread[order], event[order], is_in[order]
+        t, cpu = ev_time[event], ev_cpu[event]
+        first = np.ones(len(event), bool)
+        first[1:] = thread[1:] != thread[:-1]
+        last = np.ones(len(event), bool)
+        last[:-1] = first[1:]
+        # The vCPU's life starts at its first record: a thread first seen leaving a CPU ran since its first sample
+        # (which comes within one sampling period of the start of the recording if it was already running then).
+        start = np.full(count, np.iinfo(np.int64).max)
+        end = np.full(count, np.iinfo(np.int64).min)
+        start[thread[first]], end[thread[last]] = t[first], t[last]
+        times = self.samples["time_ns"]
+        for i, key in enumerate(keys.tolist()):
+            own = self._thread_samples.get(key)
+            if own is not None:
+                start[i], end[i] = min(start[i], int(times[own[0]])), max(end[i], int(times[own[-1]]))
+        # before its first switch a thread is on a CPU since its start (as after a switch-in); one first seen
+        # leaving a CPU ran there until then, wherever it is switched in later
+        first_cpu = np.full(count, -1, np.int64)
+        first_cpu[thread[first]] = cpu[first]
+        after_in = np.where(first, True, np.roll(is_in, 1))
+        since = np.where(first, start[thread], np.roll(t, 1))
+        cpu_before = np.where(first, first_cpu[thread], np.roll(cpu, 1))
+        closes_run = ~is_in & after_in  # a switch-out after a switch-in ends an on-CPU interval
+        closes_blank = is_in & ~after_in  # a switch-in after a switch-out ends a blank (never a thread's first record)
+        on_cpu = np.zeros(count, np.int64)
+        np.add.at(on_cpu, thread[closes_run], t[closes_run] - since[closes_run])
+        # IRQ time on the pCPU while a vCPU ran (its IRQ clock at both ends, when both are on that CPU), for the runs
+        # that began with a recorded switch-in
+        ran = np.flatnonzero(closes_run & ~first)
+        run_in, run_out = event[ran - 1], event[ran]
+        irq = np.minimum(irq_between(ev_irq[run_in], ev_irq[run_out]), ev_time[run_out] - ev_time[run_in])
+        irq_running = np.zeros(count, np.int64)
+        same_cpu = ev_cpu[run_in] == ev_cpu[run_out]
+        np.add.at(irq_running, thread[ran][same_cpu], irq[same_cpu])
+        # what is open at a thread's last record runs to the end: a blank if it left runnable or halted, else nothing
+        # is known after a switch-out; after a switch-in (or with no switch at all) it is on a CPU until its end
+        ends = np.flatnonzero(last)
+        went = ends[~is_in[ends]]
+        tail = went[(ev["flags"][event[went]] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED)) != 0]
+        end[thread[tail]] = w1
+        on_since = np.where(np.isin(np.arange(count), thread), np.iinfo(np.int64).max, start)
+        on_where = np.full(count, -1, np.int64)
+        came = ends[is_in[ends]]
+        on_since[thread[came]], on_where[thread[came]] = t[came], cpu[came]
+        still = np.flatnonzero((on_since <= end) & (start <= end))
+        on_cpu[still] += end[still] - on_since[still]
+        # each thread's on-CPU intervals: (thread, from, to, CPU)
+        intervals = [np.concatenate(p) for p in zip((a[closes_run] for a in (thread, since, t, cpu_before)),
+                                                    (still, on_since[still], end[still], on_where[still]), strict=True)]
+        # the blanks: from the switch-out before each closing switch-in, and the open ones, by thread and time
+        closing = np.flatnonzero(closes_blank)
+        by_time = np.argsort(np.concatenate([closing, tail]), kind="stable")
+        began = np.concatenate([event[closing - 1], event[tail]])[by_time]
+        back_in = np.concatenate([event[closing], np.full(len(tail), -1, np.int64)])[by_time]
+        # (an open blank that began after the end of an analysed time range is empty there: _clip drops it)
+        table = self._blank_table(np.concatenate([thread[closing], thread[tail]])[by_time], began,
+                                  np.concatenate([t[closing], np.maximum(t[tail], w1)])[by_time])
+        # IRQ time on its pCPU while a preempted vCPU waited (when it came back on that CPU)
+        closed = np.flatnonzero(back_in >= 0)
+        out, back = began[closed], back_in[closed]
+        irq = np.minimum(irq_between(ev_irq[out], ev_irq[back]), ev_time[back] - ev_time[out])
+        table.irq[closed] = np.where((ev_cpu[out] == ev_cpu[back]) & (table.kind[closed] == bt.PREEMPTED), irq, 0)
+        alive = np.flatnonzero(start <= end)
+        timelines = [VcpuTimeline(self.vm_by_pid.get(pid, f"vm-{pid}"), pid, tid, vcpu, int(start[i]), int(end[i]),
+                                  int(on_cpu[i]), int(irq_running[i])) for i, (tid, (pid, vcpu)) in
+                     ((i, threads[i]) for i in alive.tolist())]
+        self._set_rows(timelines, alive, table)
+        self._wakeups(timelines, keys[alive], table)
         if self.range_ns is not None:  # before the holders: those of a cut blank are what held it in the range
-            timelines = {tid: tl for tid, tl in timelines.items() if self._clip(tl)}
-        self._split_preemptions(timelines, on_intervals)
+            timelines, alive, table = self._clip(timelines, alive, table)
+        # from here the table's timeline column is the index among the timelines kept (-1: none)
+        index = np.full(count, -1, np.int64)
+        index[alive] = np.arange(len(alive))
+        table.timeline = index[table.timeline]
+        intervals[0] = index[intervals[0]]
+        self._set_rows(timelines, np.arange(len(timelines)), table)
+        self._split_preemptions(timelines, table, *intervals)
+        for tl in timelines:
+            tl.table = table
+        self._blank_table = table
         if not self.shares_only:
             self._host_holders(timelines)
-            self._skew(timelines, on_intervals)
-        return timelines
+            self._skew(timelines, table, *intervals[:3])
+        return {tl.tid: tl for tl in timelines}
 
-    def _split_preemptions(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
-        """Who held the pCPU while each vCPU waited: overlap with the on-CPU intervals of every other vCPU
-        on the same CPU.
+    @staticmethod
+    def _set_rows(timelines: list[VcpuTimeline], index: np.ndarray, table: BlankTable) -> None:
+        """Each timeline's rows of the table (`index`: each one's value in the table's timeline column)."""
+        at = np.searchsorted(table.timeline, index).tolist()
+        upto = np.searchsorted(table.timeline, index, side="right").tolist()
+        for tl, a, z in zip(timelines, at, upto, strict=True):
+            tl.rows = a, z
 
-        A thread's on-CPU intervals do not overlap, so the time it ran before t is a step function F(t)
-        (cumulative durations); its overlap with [a, b) is F(b) - F(a), for all waits at once."""
-        on_cpu: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}  # CPU -> (tid, intervals there, F)
-        for other, iv in on_intervals.items():
-            for cpu in np.unique(iv[:, 2]).tolist():
-                part = iv[iv[:, 2] == cpu]
-                cum = np.concatenate([[0], np.cumsum(part[:, 1] - part[:, 0])])
-                on_cpu.setdefault(cpu, []).append((other, part, cum))
+    def _blank_table(self, timeline: np.ndarray, events: np.ndarray, ends: np.ndarray) -> BlankTable:
+        """The blanks that began with the sched events at indices `events` and end at `ends`."""
+        e = self.sched[events]
+        flags = e["flags"]
+        kind = np.full(len(e), bt.BLOCKED, np.int8)
+        kind[(flags & SCHED_PREV_RUNNABLE) != 0] = bt.PREEMPTED
+        kind[(flags & SCHED_PREV_THROTTLED) != 0] = bt.THROTTLED
+        kind[(flags & SCHED_PREV_HALTED) != 0] = bt.IDLE
+        known = self._holders  # looked up here first: a call per blank costs more than the lookup
+        holders = np.full(len(e), "", object)
+        if not self.shares_only:
+            holders[:] = [known.get(k) or self._holder(*k)
+                          for k in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
+        none = np.full(len(e), NO_TIME, np.int64)
+        held = np.empty(0, np.int64)
+        return BlankTable(timeline, e["time_ns"].astype(np.int64), ends, kind, e["prev_exit_reason"].astype(np.int64),
+                          e["cpu"].astype(np.int64), holders, none, np.zeros(len(e), np.int64), none.copy(),
+                          none.copy(), held, np.empty(0, bool), held, np.empty(0, object), held)
 
-        def ran_before(t: np.ndarray, part: np.ndarray, cum: np.ndarray) -> np.ndarray:
-            i = np.searchsorted(part[:, 0], t, side="right") - 1  # last interval started by t
-            k = i.clip(0)
-            return np.where(i >= 0, cum[k] + np.minimum(t, part[k, 1]) - part[k, 0], 0)
+    def _split_preemptions(self, timelines: list[VcpuTimeline], table: BlankTable, iv_tl: np.ndarray,
+                           iv_lo: np.ndarray, iv_hi: np.ndarray, iv_cpu: np.ndarray) -> None:
+        """Which vCPUs held the pCPU while each vCPU waited, and how long: overlap with the on-CPU intervals of every
+        other vCPU on the same CPU (intervals of timelines `iv_tl`, -1 for one not kept).
 
-        for tid, tl in timelines.items():
-            waits = [b for b in tl.blanks if b.kind == BlankKind.PREEMPTED]
-            if not waits:
+        On one CPU, vCPU threads take turns: their intervals there, in time order, do not overlap, and the
+        intervals a wait overlaps are a run of them, found with two binary searches.  Where the records say two
+        threads ran at once (lost events), each thread's own intervals (which never overlap) are searched apart."""
+        waits = np.flatnonzero(table.kind == bt.PREEMPTED)
+        w_cpu = table.cpu[waits]
+        mine = iv_tl >= 0
+        iv_tl, iv_lo, iv_hi, iv_cpu = iv_tl[mine], iv_lo[mine], iv_hi[mine], iv_cpu[mine]
+        on = dict(group_by(iv_cpu, np.arange(len(iv_cpu)))) if len(iv_cpu) else {}
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (wait's row, holder's timeline, ns)
+
+        def overlaps(rows: np.ndarray, ivs: np.ndarray) -> None:
+            """The overlaps of the waits `rows` with the intervals `ivs` (in time order, not overlapping)."""
+            a, b = table.start[rows], table.end[rows]
+            lo, hi = iv_lo[ivs], iv_hi[ivs]
+            first = np.searchsorted(hi, a, side="right")
+            many = (np.searchsorted(lo, b, side="left") - first).clip(0)
+            w = np.repeat(np.arange(len(rows)), many)
+            k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
+            ns = np.minimum(b[w], hi[k]) - np.maximum(a[w], lo[k])
+            holder = iv_tl[ivs][k]
+            ok = (ns > 0) & (holder != table.timeline[rows][w])
+            found.append((rows[w][ok], holder[ok], ns[ok]))
+
+        for c, at in group_by(w_cpu, np.arange(len(waits))) if len(waits) else ():
+            ivs = on.get(c)
+            if ivs is None:
                 continue
-            w_start = np.array([b.start_ns for b in waits], np.int64)
-            w_end = np.array([b.end_ns for b in waits], np.int64)
-            w_cpu = np.array([b.cpu for b in waits], np.int64)
-            for cpu in np.unique(w_cpu).tolist():
-                at = np.nonzero(w_cpu == cpu)[0]
-                for other, part, cum in on_cpu.get(cpu, ()):
-                    if other == tid or other not in timelines:
-                        continue
-                    o = timelines[other]
-                    ns = ran_before(w_end[at], part, cum) - ran_before(w_start[at], part, cum)
-                    for i, n in zip(at[ns > 0].tolist(), ns[ns > 0].tolist(), strict=True):
-                        b = waits[i]
-                        if o.pid == tl.pid:
-                            b._same_vm = _plus(b._same_vm, o.vcpu, n)
-                        else:
-                            b._other_vm = _plus(b._other_vm, o.vm, n)
+            ivs = ivs[np.argsort(iv_lo[ivs], kind="stable")]
+            if np.all(iv_lo[ivs][1:] >= iv_hi[ivs][:-1]):
+                overlaps(waits[at], ivs)
+            else:
+                for _tl, own in group_by(iv_tl, ivs):
+                    overlaps(waits[at], own)
+        if not found:
+            return
+        row, holder, ns = (np.concatenate(c) for c in zip(*found, strict=True))
+        order = np.lexsort((holder, row))  # by blank, then in the order of the timelines
+        row, holder, ns = row[order], holder[order], ns[order]
+        new = np.ones(len(row), bool)
+        new[1:] = (row[1:] != row[:-1]) | (holder[1:] != holder[:-1])
+        at = np.flatnonzero(new)
+        row, holder, ns = row[at], holder[at], np.add.reduceat(ns, at)
+        pid = np.array([tl.pid for tl in timelines], np.int64)
+        table.held_blank, table.held_same_vm, table.held_ns = row, pid[holder] == pid[table.timeline[row]], ns
+        table.held_vcpu = np.array([tl.vcpu for tl in timelines], np.int64)[holder]
+        table.held_vm = np.array([tl.vm for tl in timelines], object)[holder]
 
-    def _host_holders(self, timelines: dict[int, VcpuTimeline]) -> None:
+    def _host_holders(self, timelines: list[VcpuTimeline]) -> None:
         """The tasks that are no vCPU and held the pCPU while a vCPU waited: the sched events name the task
         each switch on that CPU gives it to, and host-to-host switches are not recorded, so a task holds
         it until the next recorded switch.  (vCPU threads are counted by exact overlap, above.)"""
-        vcpu_threads = {(tl.pid, tl.tid) for tl in timelines.values()}
+        vcpu_threads = {(tl.pid, tl.tid) for tl in timelines}
         waits_on: dict[int, list[Blank]] = {}
-        for tl in timelines.values():
+        for tl in timelines:
             for b in tl.blanks:
                 if b.kind == BlankKind.PREEMPTED:
                     waits_on.setdefault(b.cpu, []).append(b)
         ev = self.sched
-        if not waits_on:
-            return
         for cpu, waits in waits_on.items():
             e = ev[self._switches_on_cpu.get(cpu, np.empty(0, np.int64))]
             t = e["time_ns"].astype(np.int64).tolist()
@@ -692,123 +672,115 @@ class Analysis:
                     until = held_until[k]
                     ns = (b.end_ns if until is None else min(until, b.end_ns)) - max(t[k], b.start_ns)
                     if ns > 0:
-                        holder = self._holder(pid, comm)
-                        b._host = _plus(b._host, holder, ns)
+                        b.add_host_holder(self._holder(pid, comm), ns)
 
-    def _wakeups(self, tl: VcpuTimeline) -> None:
+    def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
         KVM polled its halts (kvm_vcpu_wakeup: the halt's length; it blocked or polling ended it), and how
-        long each throttled blank was really throttled (the kernel's count, when the thread ran again)."""
+        long each throttled blank was really throttled (the kernel's count, when the thread ran again).
+        `keys`: pid << 32 | tid of each timeline's thread."""
         ev = self.wake_events
-        mine = ev[(ev["prev_tid"] == tl.tid) & (ev["prev_pid"] == tl.pid)]
-        if not len(mine):
-            return
-        kind = mine["flags"] & SCHED_NOT_SWITCH
-        idle = [b for b in tl.blanks if b.kind == BlankKind.IDLE]
-        wakeups = mine[kind == SCHED_WAKEUP]
-        wake_t = wakeups["time_ns"].astype(np.int64)
-        for b, t in zip(idle, _first_inside(idle, wake_t), strict=True):
-            if t is not None:
-                b.wakeup_ns = t
-        # wake-ups into a throttled group, in blanks that began with a sleep (halted, or blocked in the VMM)
-        slept = [b for b in tl.blanks if b.kind in (BlankKind.IDLE, BlankKind.BLOCKED)]
-        thr_t = wake_t[(wakeups["flags"] & SCHED_PREV_THROTTLED) != 0]
-        for b, t in zip(slept, _first_inside(slept, thr_t), strict=True):
-            if t is not None:
-                b.throttled_wakeup_ns = t
-        # the kernel's throttled time, recorded as the thread took a CPU again: for the blank that ends there
-        ends = mine[kind == SCHED_THROTTLE_END]
-        if len(ends) and tl.blanks:
-            b_end = np.array([b.end_ns for b in tl.blanks], np.int64)
-            k = np.searchsorted(b_end, ends["time_ns"].astype(np.int64), side="right") - 1
-            for i, ns in zip(k.tolist(), ends["prev_exit_reason"].tolist(), strict=True):
-                b = tl.blanks[i] if i >= 0 else None
-                if b is not None and ns != HALT_NS_UNKNOWN and (
-                        b.kind == BlankKind.THROTTLED or b.throttled_wakeup_ns is not None):
-                    b.throttled_ns = int(ns)
-        ends = mine[kind == SCHED_HALT_END]
-        known = ends["prev_exit_reason"] != HALT_NS_UNKNOWN
-        t = ends["time_ns"].astype(np.int64)
-        halt_ns = ends["prev_exit_reason"].astype(np.int64)
-        ok = (ends["flags"] & SCHED_PREV_RUNNABLE) != 0
-        tl.halts = len(ends)
-        tl.halt_polls_ok = int(np.count_nonzero(ok))
-        poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
-        if idle:  # one that blocked polled from its start until it first left the CPU (a halt can span several
-            # blanks: the thread wakes, finds nothing to do and blocks again)
-            starts = np.array([b.start_ns for b in idle], np.int64)
-            halt_start = t - halt_ns
-            k = np.searchsorted(starts, halt_start)
-            first = starts[k.clip(0, len(starts) - 1)]
-            blocked = ~ok & (k < len(starts)) & (first <= t)
-            poll = np.where(blocked, np.clip(first - halt_start, 0, halt_ns), poll)
-        tl.halt_poll_ns = int(poll[known].sum())
-        start = (t - halt_ns)[known]
-        tl.poll_intervals = np.stack([start, start + poll[known]], axis=1)
+        of = _positions_by_key(ev["prev_pid"].astype(np.int64) << 32 | ev["prev_tid"], keys)
+        for tl, key in zip(timelines, keys.tolist(), strict=True):
+            if key not in of:
+                continue
+            mine = ev[of[key]]
+            lo, hi = tl.rows
+            kinds, starts, ends = table.kind[lo:hi], table.start[lo:hi], table.end[lo:hi]
+            kind = mine["flags"] & SCHED_NOT_SWITCH
+            idle = np.flatnonzero(kinds == bt.IDLE)
+            wakeups = mine[kind == SCHED_WAKEUP]
+            wake_t = wakeups["time_ns"].astype(np.int64)
+            table.wakeup[lo + idle] = _first_inside(starts[idle], ends[idle], wake_t)
+            # wake-ups into a throttled group, in blanks that began with a sleep (halted, or blocked in the VMM)
+            slept = np.flatnonzero((kinds == bt.IDLE) | (kinds == bt.BLOCKED))
+            thr_t = wake_t[(wakeups["flags"] & SCHED_PREV_THROTTLED) != 0]
+            table.throttled_wakeup[lo + slept] = _first_inside(starts[slept], ends[slept], thr_t)
+            # the kernel's throttled time, recorded as the thread took a CPU again: for the blank that ends there
+            done = mine[kind == SCHED_THROTTLE_END]
+            if len(done) and hi > lo:
+                k = np.searchsorted(ends, done["time_ns"].astype(np.int64), side="right") - 1
+                ns = done["prev_exit_reason"].astype(np.int64)
+                row = lo + k.clip(0)
+                ok = (k >= 0) & (ns != HALT_NS_UNKNOWN) & (
+                    (table.kind[row] == bt.THROTTLED) | (table.throttled_wakeup[row] != NO_TIME))
+                last, at = np.unique(row[ok][::-1], return_index=True)  # the last count of a blank holds
+                table.throttled[last] = ns[ok][::-1][at]
+            halt_ends = mine[kind == SCHED_HALT_END]
+            known = halt_ends["prev_exit_reason"] != HALT_NS_UNKNOWN
+            t = halt_ends["time_ns"].astype(np.int64)
+            halt_ns = halt_ends["prev_exit_reason"].astype(np.int64)
+            ok = (halt_ends["flags"] & SCHED_PREV_RUNNABLE) != 0
+            tl.halts = len(halt_ends)
+            tl.halt_polls_ok = int(np.count_nonzero(ok))
+            poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
+            if len(idle):  # one that blocked polled from its start until it first left the CPU (a halt can span
+                # several blanks: the thread wakes, finds nothing to do and blocks again)
+                idle_starts = starts[idle]
+                halt_start = t - halt_ns
+                k = np.searchsorted(idle_starts, halt_start)
+                first = idle_starts[k.clip(0, len(idle_starts) - 1)]
+                blocked = ~ok & (k < len(idle_starts)) & (first <= t)
+                poll = np.where(blocked, np.clip(first - halt_start, 0, halt_ns), poll)
+            tl.halt_poll_ns = int(poll[known].sum())
+            begun = (t - halt_ns)[known]
+            tl.poll_intervals = np.stack([begun, begun + poll[known]], axis=1)
 
-    def _skew(self, timelines: dict[int, VcpuTimeline], on_intervals: dict[int, np.ndarray]) -> None:
+    def _skew(self, timelines: list[VcpuTimeline], table: BlankTable, iv_tl: np.ndarray, iv_lo: np.ndarray,
+              iv_hi: np.ndarray) -> None:
         """Co-stop: how long each vCPU could not run though its guest had work (preempted, throttled, woken
         up, or its thread blocked in the VMM) while at least one sibling vCPU of its VM ran, on any pCPU:
         the union of the siblings' on-CPU intervals."""
-        for tid, tl in timelines.items():
-            waits = [(b.wakeup_ns if b.kind == BlankKind.IDLE else b.start_ns, b.end_ns) for b in tl.blanks
-                     if b.kind != BlankKind.IDLE or b.wakeup_ns is not None]
-            sib = [on_intervals[o][:, :2] for o, other in timelines.items()
-                   if o != tid and other.pid == tl.pid and len(on_intervals.get(o, ()))]
-            if not waits or not sib:
+        on = dict(group_by(iv_tl, np.flatnonzero(iv_tl >= 0))) if len(iv_tl) else {}
+        for i, tl in enumerate(timelines):
+            lo, hi = tl.rows
+            kinds, wake = table.kind[lo:hi], table.wakeup[lo:hi]
+            waiting = (kinds != bt.IDLE) | (wake != NO_TIME)
+            sib = [on[o] for o, other in enumerate(timelines) if o != i and other.pid == tl.pid and o in on]
+            if not waiting.any() or not sib:
                 continue
-            iv = np.concatenate(sib)
+            at = np.concatenate(sib)
+            iv = np.stack([iv_lo[at], iv_hi[at]], axis=1)
             iv = iv[np.argsort(iv[:, 0])]
             # merge overlapping intervals: a new run starts where an interval begins after all before ended
             reach = np.maximum.accumulate(iv[:, 1])
             new = np.ones(len(iv), bool)
             new[1:] = iv[1:, 0] > reach[:-1]
-            lo = iv[new, 0]
-            hi = np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
-            w = np.array(waits, np.int64)
-            tl.skew_ns = int(overlap(lo, hi, w[:, 0], w[:, 1]).sum())
+            run_lo = iv[new, 0]
+            run_hi = np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
+            a = np.where(kinds == bt.IDLE, wake, table.start[lo:hi])[waiting]
+            tl.skew_ns = int(overlap(run_lo, run_hi, a, table.end[lo:hi][waiting]).sum())
 
-    def _clip(self, tl: VcpuTimeline) -> bool:
-        """Restrict a timeline to the analysed time range; False if nothing is left."""
+    def _clip(self, timelines: list[VcpuTimeline], alive: np.ndarray,
+              table: BlankTable) -> tuple[list[VcpuTimeline], np.ndarray, BlankTable]:
+        """Restrict the timelines and their blanks (table rows by `alive`, each timeline's index among all threads)
+        to the analysed time range: what is left of them."""
         lo, hi = self.range_ns
-        tl.start_ns, tl.end_ns = max(tl.start_ns, lo), min(tl.end_ns, hi)
-        if tl.end_ns <= tl.start_ns:
-            return False
-        def cut(b: Blank) -> bool:
-            full = b.duration_ns
-            b.start_ns, b.end_ns = max(b.start_ns, lo), min(b.end_ns, hi)
-            if 0 < b.duration_ns < full:  # IRQ time is known for the whole wait only: its share in the range
-                b.irq_ns = b.irq_ns * b.duration_ns // full
-            b.wakeup_ns, b.throttled_wakeup_ns = (None if t is None or t >= b.end_ns else max(t, b.start_ns)
-                                                  for t in (b.wakeup_ns, b.throttled_wakeup_ns))
-            return b.end_ns > b.start_ns
-
-        # blanks are in time order and do not overlap: only a run at either end can reach past the range
-        blanks, first = tl.blanks, 0
-        while first < len(blanks) and blanks[first].start_ns < lo:
-            first += 1
-        last = len(blanks)
-        while last > first and blanks[last - 1].end_ns > hi:
-            last -= 1
-        tl.blanks = [b for b in blanks[:first] if cut(b)] + blanks[first:last] + [b for b in blanks[last:] if cut(b)]
-        tl.on_cpu_ns = tl.wall_ns - (sum(b.end_ns for b in tl.blanks) - sum(b.start_ns for b in tl.blanks))
-        return True
-
-    def _blanks(self, starts: np.ndarray, ends: np.ndarray, events: np.ndarray) -> list[Blank]:
-        """The blanks [starts, ends) that began with the sched events at indices `events`."""
-        e = self.sched[events]
-        flags = e["flags"]
-        # np.where, not np.select: called per vCPU with a few blanks, where select's setup is most of the cost
-        kinds = np.where((flags & SCHED_PREV_RUNNABLE) != 0, 2, 3)
-        kinds = np.where((flags & SCHED_PREV_THROTTLED) != 0, 1, kinds)
-        kinds = np.where((flags & SCHED_PREV_HALTED) != 0, 0, kinds)
-        known = self._holders  # looked up here first: a call per blank costs more than the lookup
-        holders = [""] * len(e) if self.shares_only else [
-            known.get(k) or self._holder(*k) for k in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
-        kind_of = (BlankKind.IDLE, BlankKind.THROTTLED, BlankKind.PREEMPTED, BlankKind.BLOCKED)
-        return [Blank(a, z, kind_of[k], r, c, h) for a, z, k, r, c, h in zip(
-            starts.tolist(), ends.tolist(), kinds.tolist(), e["prev_exit_reason"].tolist(), e["cpu"].tolist(),
-            holders, strict=True)]
+        kept = []
+        for tl in timelines:
+            tl.start_ns, tl.end_ns = max(tl.start_ns, lo), min(tl.end_ns, hi)
+            kept.append(tl.end_ns > tl.start_ns)
+        # blanks are in time order and do not overlap: only a run at either end of a timeline reaches past the range
+        cut = np.flatnonzero((table.start < lo) | (table.end > hi))
+        full = table.end[cut] - table.start[cut]
+        start, end = table.start[cut].clip(lo), table.end[cut].clip(None, hi)
+        table.start[cut], table.end[cut] = start, end
+        part = (end - start > 0) & (end - start < full)  # IRQ time is known for the whole wait only: its share here
+        table.irq[cut[part]] = table.irq[cut[part]] * (end - start)[part] // full[part]
+        for column in (table.wakeup, table.throttled_wakeup):
+            w = column[cut]
+            column[cut] = np.where((w == NO_TIME) | (w >= end), NO_TIME, np.maximum(w, start))
+        keep = np.ones(len(table), bool)
+        keep[cut] = end > start
+        keep &= np.isin(table.timeline, alive[np.array(kept, bool)])
+        table = table.take(np.flatnonzero(keep))
+        blank_ns = np.zeros(int(alive.max(initial=-1)) + 1, np.int64)
+        np.add.at(blank_ns, table.timeline, table.duration)
+        timelines = [tl for tl, k in zip(timelines, kept, strict=True) if k]
+        alive = alive[np.array(kept, bool)]
+        for tl, i in zip(timelines, alive.tolist(), strict=True):
+            tl.on_cpu_ns = tl.wall_ns - int(blank_ns[i])
+        return timelines, alive, table
 
     def _holder(self, pid: int, comm: bytes) -> str:
         """Who took the pCPU in a switch (the next task's pid and comm)."""
@@ -1076,9 +1048,19 @@ class Analysis:
         real = idx[self.is_guest[idx]]
         kernel = np.count_nonzero(self.samples["flags"][real] & SAMPLE_GUEST_KERNEL)
         unit = self.sample_ns(tl)
-        parts = GuestParts(float(kernel), float(len(real) - kernel), steal_split(tl.blanks, unit),
+        parts = GuestParts(float(kernel), float(len(real) - kernel), self.blank_split(tl),
                            float(len(idx) - len(real) - len(self.polling_samples(tl))), self.poll_ns(tl) / unit)
         return real, parts
+
+    def blank_split(self, tl: VcpuTimeline, in_ns: bool = False) -> dict[Cause, float]:
+        """timeline.steal_split of one vCPU's blanks, in virtual samples at its thread's rate (sample_ns) or in ns;
+        made for every vCPU at once."""
+        if in_ns not in self._splits:
+            timelines = list(self.timelines.values())  # in the order of the table's timeline column
+            units = np.ones(len(timelines)) if in_ns else np.array([self.sample_ns(t) for t in timelines], float)
+            self._splits[in_ns] = dict(zip((t.tid for t in timelines), steal_split(self._blank_table, units),
+                                           strict=True))
+        return defaultdict(float, self._splits[in_ns][tl.tid])
 
     def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
         shares = self._guest_shares(vm, vcpu)
@@ -1107,12 +1089,12 @@ class Analysis:
                 continue
             keys = (self.key if per_function else self.proc_key)[sel]
             steal = np.zeros((2, int(keys.max()) + 1))
-            steals = [b for b in tl.blanks if b.kind.steal_type]
-            if steals:
-                times = s["time_ns"][sel]
-                starts = np.array([b.start_ns for b in steals], np.uint64)
-                ends = np.array([b.end_ns for b in steals], np.uint64)
-                type1 = np.array([b.kind.steal_type == 1 for b in steals])
+            table, (lo, hi) = self._blank_table, tl.rows
+            steals = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
+            if len(steals):
+                times = s["time_ns"][sel].astype(np.int64)
+                starts, ends = table.start[steals], table.end[steals]
+                type1 = table.kind[steals] != bt.BLOCKED
                 before = np.searchsorted(times, starts, side="right") - 1
                 after = np.searchsorted(times, ends, side="left")
                 ok = (before >= 0) & (after < len(times))

@@ -146,15 +146,32 @@ class RowCounts:
 
     def plus(self, other: RowCounts) -> RowCounts:
         """self + other without sorting self again: other's rows are added to or inserted among self's (the
-        live window's sum of the last refresh, plus what changed since)."""
+        live window's sum of the last refresh, plus what changed since).  Rows whose counts cancel out stay until
+        they are a quarter of the rows (a window's rows come and go every second: dropping them is a copy of every
+        field), as no count of them is shown."""
         pos = np.searchsorted(self.codes, other.codes)
         hit = pos < len(self.codes)
         hit[hit] = self.codes[pos[hit]] == other.codes[hit]
         counts = self.counts.copy()
         counts[pos[hit]] += other.counts[hit]  # codes are each once: no position twice
-        at, new = pos[~hit], ~hit
-        return RowCounts(np.insert(self.codes, at, other.codes[new]), np.insert(counts, at, other.counts[new]),
-                         *(np.insert(getattr(self, f), at, getattr(other, f)[new]) for f in NAME_FIELDS))._nonzero()
+        new = np.flatnonzero(~hit)
+        if not len(new):
+            out = replace(self, counts=counts)
+        else:  # one merge of places for every field (np.insert works them out again for each)
+            size = len(self.codes) + len(new)
+            to_new = pos[new] + np.arange(len(new))  # other.codes are sorted, as self's: their places in the merge
+            to_old = np.ones(size, bool)
+            to_old[to_new] = False
+
+            def merged(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+                out = np.empty(size, mine.dtype)
+                out[to_old] = mine
+                out[to_new] = theirs[new]
+                return out
+
+            out = RowCounts(merged(self.codes, other.codes), merged(counts, other.counts),
+                            *(merged(getattr(self, f), getattr(other, f)) for f in NAME_FIELDS))
+        return out._nonzero() if 4 * np.count_nonzero(out.counts == 0) > len(out.counts) else out
 
     def _nonzero(self) -> RowCounts:
         keep = self.counts != 0  # whole samples: exact in floats

@@ -22,7 +22,6 @@ from vmprof_tui.analyse.timeline import (
     THROTTLED_CAUSE,
     WAKEUP_CAUSE,
     steal_of_type,
-    steal_split,
 )
 from vmprof_tui.record.records import SAMPLE_VCPU
 
@@ -81,7 +80,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
         if vmm_user:
             by_exit["vmm user space"] += float(vmm_user) * period
-        split = steal_split(tl.blanks)  # in ns
+        split = an.blank_split(tl, in_ns=True)
         idle = split.get(IDLE_CAUSE, 0.0)
         blocked = split.get(BLOCKED_CAUSE, 0.0)
         if blocked:

@@ -18,17 +18,18 @@ only reads them.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vmprof_tui.analyse.kinds import BlankKind, RowKind
+from vmprof_tui.analyse import blanks as bt
+from vmprof_tui.analyse.blanks import NO_TIME, Blank, BlankTable
+from vmprof_tui.analyse.kinds import RowKind
 
 if TYPE_CHECKING:
-    from vmprof_tui.analyse.analysis import Analysis, Blank, VcpuTimeline
+    from vmprof_tui.analyse.analysis import Analysis, VcpuTimeline
 
 # a cause of blank time: its row kind, and for STEAL_SIBLING the vCPU (of the same VM) that held the pCPU
 Cause = tuple[RowKind, int | None]
@@ -44,8 +45,9 @@ _CAUSES = (IDLE_CAUSE, WAKEUP_CAUSE, OUTSIDE_CAUSE, IRQ_CAUSE, THROTTLED_CAUSE, 
 _IDLE, _WAKEUP, _OUTSIDE, _IRQ, _THROTTLED, _BLOCKED = range(len(_CAUSES))
 
 
-def steal_split(blanks: Iterable[Blank], unit_ns: float = 1.0) -> dict[Cause, float]:
-    """Blank time by cause, in units of `unit_ns` (the sampling period gives virtual samples).
+def steal_split(table: BlankTable, units: np.ndarray) -> list[dict[Cause, float]]:
+    """Blank time by cause of each timeline of a table (`units`: one per timeline), in units of its entry in
+    `units` (a vCPU's sampling period gives virtual samples, 1 gives ns), for every timeline at once.
 
     A halt is idle until its wake-up, then ``wakeup`` steal until the vCPU ran.  A preemption counts
     the IRQ time of its pCPU meanwhile as ``irq``, for each vCPU of the same VM the time it held the
@@ -54,45 +56,63 @@ def steal_split(blanks: Iterable[Blank], unit_ns: float = 1.0) -> dict[Cause, fl
     count whole.  A halted or blocked vCPU woken into a throttled group (it slept as the quota ran out)
     is idle or blocked until the wake-up, ``throttled`` while the group stayed so, then ``wakeup`` or
     ``outside``.  Causes appear in the order blanks first show them: that is the order of the guest
-    profile's rows.
+    profile's rows.  Each cause's parts are added blank by blank (np.bincount), as a loop over blanks would.
     """
-    # summed under small int keys (a Cause holds an Enum, whose hash is a Python call: tens of thousands of
-    # blanks a second at 64 CPUs), turned into Causes at the end; a sibling vCPU v is key len(_CAUSES) + v
-    out: dict[int, float] = defaultdict(float)
-    for b in blanks:
-        n = b.duration_ns / unit_ns
-        if b.throttled_wakeup_ns is not None:  # slept, woken into a throttled group: throttled, then a pCPU wait
-            slept = (b.throttled_wakeup_ns - b.start_ns) / unit_ns
-            thr = b.throttled_wait_ns / unit_ns
-            k = _IDLE if b.kind == BlankKind.IDLE else _BLOCKED
-            out[k] += slept
-            out[_THROTTLED] += thr
-            if n > slept + thr:
-                k = _WAKEUP if b.kind == BlankKind.IDLE else _OUTSIDE
-                out[k] += n - slept - thr
-        elif b.kind == BlankKind.IDLE:
-            woken = b.wakeup_wait_ns / unit_ns
-            out[_IDLE] += n - woken
-            if woken:
-                out[_WAKEUP] += woken
-        elif b.kind == BlankKind.PREEMPTED:
-            same = b.same_vm_ns
-            for v, ns in same.items():
-                out[len(_CAUSES) + v] += ns / unit_ns
-            siblings = sum(same.values()) if same else 0
-            irq = min(b.irq_ns, b.duration_ns - siblings) / unit_ns
-            if irq > 0:
-                out[_IRQ] += irq
-            out[_OUTSIDE] += n - siblings / unit_ns - max(irq, 0.0)
-        elif b.kind == BlankKind.THROTTLED:  # throttled, then (quota back) waiting for its pCPU
-            part = b.throttled_part_ns / unit_ns
-            out[_THROTTLED] += part
-            if n > part:
-                out[_OUTSIDE] += n - part
-        else:
-            out[_BLOCKED] += n
-    return defaultdict(float, {_CAUSES[k] if k < len(_CAUSES) else (RowKind.STEAL_SIBLING, k - len(_CAUSES)): v
-                               for k, v in out.items()})
+    u = units[table.timeline]
+    dur = table.duration
+    n = dur / u
+    kind = table.kind
+    woken_throttled = table.throttled_wakeup != NO_TIME
+    parts: list[tuple[np.ndarray, int | np.ndarray, int | np.ndarray, np.ndarray]] = []  # (rows, order, cause, value)
+    # slept, woken into a throttled group: idle or blocked, throttled, then a pCPU wait
+    r = np.flatnonzero(woken_throttled)
+    w, end, thr_ns = table.throttled_wakeup[r], table.end[r], table.throttled[r]
+    slept = (w - table.start[r]) / u[r]
+    thr = np.where(thr_ns == NO_TIME, end - w, np.minimum(thr_ns, end - w)) / u[r]
+    idle = kind[r] == bt.IDLE
+    parts += [(r, 0, np.where(idle, _IDLE, _BLOCKED), slept), (r, 1, _THROTTLED, thr)]
+    rest = n[r] - slept - thr
+    more = n[r] > slept + thr
+    parts.append((r[more], 2, np.where(idle, _WAKEUP, _OUTSIDE)[more], rest[more]))
+    # halted: idle until the wake-up
+    r = np.flatnonzero(~woken_throttled & (kind == bt.IDLE))
+    wake = table.wakeup[r]
+    woken = np.where(wake == NO_TIME, 0, table.end[r] - wake) / u[r]
+    parts += [(r, 0, _IDLE, n[r] - woken), (r[woken != 0], 1, _WAKEUP, woken[woken != 0])]
+    # preempted: by each vCPU of the same VM (in the order found), the pCPU's IRQs, the rest outside
+    same = table.held_same_vm
+    hb, hv, hn = table.held_blank[same], table.held_vcpu[same], table.held_ns[same]
+    siblings = np.zeros(len(table), np.int64)
+    np.add.at(siblings, hb, hn)
+    parts.append((hb, np.arange(len(hb)) - np.searchsorted(hb, hb), len(_CAUSES) + hv, hn / u[hb]))
+    r = np.flatnonzero(~woken_throttled & (kind == bt.PREEMPTED))
+    irq = np.minimum(table.irq[r], dur[r] - siblings[r]) / u[r]
+    last = int(max(len(hb), 1))  # after every sibling of the blank
+    parts += [(r[irq > 0], last, _IRQ, irq[irq > 0]),
+              (r, last + 1, _OUTSIDE, n[r] - siblings[r] / u[r] - np.maximum(irq, 0.0))]
+    # throttled, then (quota back) waiting for its pCPU
+    r = np.flatnonzero(~woken_throttled & (kind == bt.THROTTLED))
+    thr_ns = table.throttled[r]
+    part = np.where(thr_ns == NO_TIME, dur[r], np.minimum(thr_ns, dur[r])) / u[r]
+    more = n[r] > part
+    parts += [(r, 0, _THROTTLED, part), (r[more], 1, _OUTSIDE, (n[r] - part)[more])]
+    r = np.flatnonzero(~woken_throttled & (kind == bt.BLOCKED))
+    parts.append((r, 0, _BLOCKED, n[r]))
+
+    rows = np.concatenate([p[0] for p in parts])
+    order_in_blank = np.concatenate([np.broadcast_to(p[1], len(p[0])) for p in parts])
+    cause = np.concatenate([np.broadcast_to(p[2], len(p[0])) for p in parts]).astype(np.int64)
+    value = np.concatenate([p[3] for p in parts]).astype(float)
+    order = np.lexsort((order_in_blank, rows))
+    width = len(_CAUSES) + int(hv.max(initial=-1)) + 1  # a sibling vCPU v is cause len(_CAUSES) + v
+    key = (table.timeline[rows] * width + cause)[order]
+    sums = np.bincount(key, value[order], minlength=len(units) * width)
+    keys, first = np.unique(key, return_index=True)
+    out: list[dict[Cause, float]] = [defaultdict(float) for _ in range(len(units))]
+    for k in keys[np.lexsort((first, keys // width))].tolist():
+        tl, c = divmod(k, width)
+        out[tl][_CAUSES[c] if c < len(_CAUSES) else (RowKind.STEAL_SIBLING, c - len(_CAUSES))] = float(sums[k])
+    return out
 
 
 def steal_of_type(split: dict[Cause, float], steal_type: int) -> float:

@@ -399,8 +399,9 @@ class ReplayWindow:
     def _between(self, table: np.ndarray, lo: int, hi: int, fresh: bool) -> np.ndarray:
         """The records of a time-sorted table in (lo, hi], or [lo, hi] for a fresh window."""
         t = self._times.get(id(table))
-        if t is None:  # searched in a contiguous copy of the times: the field of a table is strided
-            t = self._times[id(table)] = np.ascontiguousarray(table["time_ns"])
+        if t is None:  # a contiguous int64 copy of the times: the field of a table is strided, and a uint64 array
+            # searched for a Python int is converted to float whole, every time
+            t = self._times[id(table)] = table["time_ns"].astype(np.int64)
         return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
 
     def poll(self, step_s: float = 1.0, detail: bool = False) -> WindowView:
