@@ -29,7 +29,7 @@ import numpy as np
 
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import NO_TIME, Blank, BlankTable
-from vmprof_tui.analyse.kinds import BlankKind, RowKind
+from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import (
     GuestParts,
     GuestSummary,
@@ -562,7 +562,7 @@ class Analysis:
             tl.table = table
         self._blank_table = table
         if not self.shares_only:
-            self._host_holders(timelines)
+            self._host_holders(timelines, table)
             self._skew(timelines, table, *intervals[:3])
         return {tl.tid: tl for tl in timelines}
 
@@ -645,34 +645,37 @@ class Analysis:
         table.held_vcpu = np.array([tl.vcpu for tl in timelines], np.int64)[holder]
         table.held_vm = np.array([tl.vm for tl in timelines], object)[holder]
 
-    def _host_holders(self, timelines: list[VcpuTimeline]) -> None:
+    def _host_holders(self, timelines: list[VcpuTimeline], table: BlankTable) -> None:
         """The tasks that are no vCPU and held the pCPU while a vCPU waited: the sched events name the task
         each switch on that CPU gives it to, and host-to-host switches are not recorded, so a task holds
         it until the next recorded switch.  (vCPU threads are counted by exact overlap, above.)"""
-        vcpu_threads = {(tl.pid, tl.tid) for tl in timelines}
-        waits_on: dict[int, list[Blank]] = {}
-        for tl in timelines:
-            for b in tl.blanks:
-                if b.kind == BlankKind.PREEMPTED:
-                    waits_on.setdefault(b.cpu, []).append(b)
-        ev = self.sched
-        for cpu, waits in waits_on.items():
-            e = ev[self._switches_on_cpu.get(cpu, np.empty(0, np.int64))]
-            t = e["time_ns"].astype(np.int64).tolist()
-            held_until = [*t[1:], None]
-            nxt = list(zip(e["next_pid"].tolist(), e["next_tid"].tolist(), e["next_comm"].tolist(), strict=True))
+        waits = np.flatnonzero(table.kind == bt.PREEMPTED)
+        vcpu_threads = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (wait's row, holder, ns)
+        for c, at in group_by(table.cpu[waits], np.arange(len(waits))) if len(waits) else ():
+            e = self.sched[self._switches_on_cpu.get(c, np.empty(0, np.int64))]
+            if not len(e):
+                continue
+            t = e["time_ns"].astype(np.int64)
+            held_until = np.append(t[1:], np.iinfo(np.int64).max)
+            to_host = ~_member(e["next_pid"].astype(np.int64) << 32 | e["next_tid"], vcpu_threads)
+            rows = waits[at]
+            a, b = table.start[rows], table.end[rows]
             # the switches in each wait: from the one that began it (or the last before) to the last before its end
-            firsts = np.searchsorted(t, [b.start_ns for b in waits], side="right") - 1
-            lasts = np.searchsorted(t, [b.end_ns for b in waits], side="left")
-            for b, first, last in zip(waits, firsts.clip(0).tolist(), lasts.tolist(), strict=True):
-                for k in range(first, last):
-                    pid, tid, comm = nxt[k]
-                    if (pid, tid) in vcpu_threads:
-                        continue
-                    until = held_until[k]
-                    ns = (b.end_ns if until is None else min(until, b.end_ns)) - max(t[k], b.start_ns)
-                    if ns > 0:
-                        b.add_host_holder(self._holder(pid, comm), ns)
+            first = (np.searchsorted(t, a, side="right") - 1).clip(0)
+            many = (np.searchsorted(t, b, side="left") - first).clip(0)
+            w = np.repeat(np.arange(len(rows)), many)
+            k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
+            ns = np.minimum(held_until[k], b[w]) - np.maximum(t[k], a[w])
+            ok = to_host[k] & (ns > 0)
+            switch, name_of = np.unique(k[ok], return_inverse=True)
+            names = np.array([self._holder(pid, comm) for pid, comm in zip(
+                e["next_pid"][switch].tolist(), e["next_comm"][switch].tolist(), strict=True)] or [""], object)
+            found.append((rows[w][ok], names[name_of.reshape(-1)], ns[ok]))
+        if found:
+            row, holder, ns = (np.concatenate(c) for c in zip(*found, strict=True))
+            order = np.argsort(row, kind="stable")  # by blank, then in the order of the switches
+            table.host_blank, table.host_holder, table.host_ns = row[order], holder[order], ns[order]
 
     def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long

@@ -8,7 +8,7 @@ an export or the steal report looks at blanks one by one (VcpuTimeline.blanks).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -68,9 +68,6 @@ class Blank:
     def host_ns(self) -> Mapping[str, int]:
         """A task that is no vCPU -> ns it held the pCPU."""
         return self._host or NO_HOLDERS
-
-    def add_host_holder(self, holder: str, ns: int) -> None:
-        self._host = _plus(self._host, holder, ns)
 
     @property
     def throttled_part_ns(self) -> int:
@@ -142,6 +139,11 @@ class BlankTable:
     held_vcpu: np.ndarray
     held_vm: np.ndarray  # object (str)
     held_ns: np.ndarray
+    # (PREEMPTED) a task that is no vCPU and held the pCPU while a blank waited, one row per recorded switch to it,
+    # by blank and then in time order: the blank's row, the task, how long (several rows of one task add)
+    host_blank: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    host_holder: np.ndarray = field(default_factory=lambda: np.empty(0, object))
+    host_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.start)
@@ -152,8 +154,9 @@ class BlankTable:
 
     def take(self, rows: np.ndarray) -> BlankTable:
         """The blanks `rows` (ascending), before any holder is known."""
-        return BlankTable(*(getattr(self, f.name)[rows] if not f.name.startswith("held_") else getattr(self, f.name)
-                            for f in fields(self)))
+        assert not len(self.held_blank) and not len(self.host_blank)
+        return replace(self, **{f.name: getattr(self, f.name)[rows] for f in fields(self)
+                                if not f.name.startswith(("held_", "host_"))})
 
     def bounds(self, count: int) -> np.ndarray:
         """Where each of `count` timelines' rows begin, and (last) where the table ends."""
@@ -178,4 +181,9 @@ class BlankTable:
                 b._same_vm = _plus(b._same_vm, vcpu, ns)
             else:
                 b._other_vm = _plus(b._other_vm, vm, ns)
+        a, z = np.searchsorted(self.host_blank, [lo, hi]).tolist()
+        for row, holder, ns in zip(*(getattr(self, c)[a:z].tolist() for c in ("host_blank", "host_holder", "host_ns")),
+                                   strict=True):
+            b = out[row - lo]
+            b._host = _plus(b._host, holder, ns)
         return out
