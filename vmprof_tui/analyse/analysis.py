@@ -648,34 +648,44 @@ class Analysis:
     def _host_holders(self, timelines: list[VcpuTimeline], table: BlankTable) -> None:
         """The tasks that are no vCPU and held the pCPU while a vCPU waited: the sched events name the task
         each switch on that CPU gives it to, and host-to-host switches are not recorded, so a task holds
-        it until the next recorded switch.  (vCPU threads are counted by exact overlap, above.)"""
+        it until the next recorded switch.  (vCPU threads are counted by exact overlap, above.)
+
+        For every CPU at once: the switches and the waits' ends in one order by (CPU, time), where counting the
+        switches before each end finds the switches in each wait."""
         waits = np.flatnonzero(table.kind == bt.PREEMPTED)
+        ev = self.sched
+        if not len(waits) or not len(ev):
+            return
+        cpu = np.concatenate([ev["cpu"].astype(np.int64), table.cpu[waits], table.cpu[waits]])
+        time = np.concatenate([ev["time_ns"].astype(np.int64), table.start[waits], table.end[waits]])
+        # at one time: a wait's end before a switch (switches before its end: side="left"), a switch before a
+        # wait's start (the switch that began it, or the last before: side="right")
+        what = np.repeat(np.array([1, 2, 0], np.int8), [len(ev), len(waits), len(waits)])
+        order = np.lexsort((what, time, cpu))
+        is_switch = what[order] == 1
+        switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
+        at = np.empty(len(order), np.int64)
+        at[order] = switches_upto
+        switch = order[is_switch]  # the switches (indices into ev) by CPU and time
+        s_cpu, s_time = cpu[switch], time[switch]
+        cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
+        first = np.maximum(at[len(ev):len(ev) + len(waits)] - 1, cpu_first)
+        last = at[len(ev) + len(waits):]
+        held_until = np.append(s_time[1:], np.iinfo(np.int64).max)
+        held_until[:-1][s_cpu[1:] != s_cpu[:-1]] = np.iinfo(np.int64).max  # the last switch of a CPU: until the end
         vcpu_threads = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
-        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (wait's row, holder, ns)
-        for c, at in group_by(table.cpu[waits], np.arange(len(waits))) if len(waits) else ():
-            e = self.sched[self._switches_on_cpu.get(c, np.empty(0, np.int64))]
-            if not len(e):
-                continue
-            t = e["time_ns"].astype(np.int64)
-            held_until = np.append(t[1:], np.iinfo(np.int64).max)
-            to_host = ~_member(e["next_pid"].astype(np.int64) << 32 | e["next_tid"], vcpu_threads)
-            rows = waits[at]
-            a, b = table.start[rows], table.end[rows]
-            # the switches in each wait: from the one that began it (or the last before) to the last before its end
-            first = (np.searchsorted(t, a, side="right") - 1).clip(0)
-            many = (np.searchsorted(t, b, side="left") - first).clip(0)
-            w = np.repeat(np.arange(len(rows)), many)
-            k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
-            ns = np.minimum(held_until[k], b[w]) - np.maximum(t[k], a[w])
-            ok = to_host[k] & (ns > 0)
-            switch, name_of = np.unique(k[ok], return_inverse=True)
-            names = np.array([self._holder(pid, comm) for pid, comm in zip(
-                e["next_pid"][switch].tolist(), e["next_comm"][switch].tolist(), strict=True)] or [""], object)
-            found.append((rows[w][ok], names[name_of.reshape(-1)], ns[ok]))
-        if found:
-            row, holder, ns = (np.concatenate(c) for c in zip(*found, strict=True))
-            order = np.argsort(row, kind="stable")  # by blank, then in the order of the switches
-            table.host_blank, table.host_holder, table.host_ns = row[order], holder[order], ns[order]
+        to_host = ~_member(ev["next_pid"][switch].astype(np.int64) << 32 | ev["next_tid"][switch], vcpu_threads)
+        many = (last - first).clip(0)
+        w = np.repeat(np.arange(len(waits)), many)
+        k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
+        a, b = table.start[waits][w], table.end[waits][w]
+        ns = np.minimum(held_until[k], b) - np.maximum(s_time[k], a)
+        ok = to_host[k] & (ns > 0)
+        used, name_of = np.unique(switch[k[ok]], return_inverse=True)
+        names = np.array([self._holder(pid, comm) for pid, comm in zip(
+            ev["next_pid"][used].tolist(), ev["next_comm"][used].tolist(), strict=True)] + [""], object)
+        # by blank, then in time order
+        table.host_blank, table.host_holder, table.host_ns = waits[w][ok], names[name_of.reshape(-1)], ns[ok]
 
     def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
@@ -733,26 +743,32 @@ class Analysis:
               iv_hi: np.ndarray) -> None:
         """Co-stop: how long each vCPU could not run though its guest had work (preempted, throttled, woken
         up, or its thread blocked in the VMM) while at least one sibling vCPU of its VM ran, on any pCPU:
-        the union of the siblings' on-CPU intervals."""
-        on = dict(group_by(iv_tl, np.flatnonzero(iv_tl >= 0))) if len(iv_tl) else {}
-        for i, tl in enumerate(timelines):
-            lo, hi = tl.rows
-            kinds, wake = table.kind[lo:hi], table.wakeup[lo:hi]
-            waiting = (kinds != bt.IDLE) | (wake != NO_TIME)
-            sib = [on[o] for o, other in enumerate(timelines) if o != i and other.pid == tl.pid and o in on]
-            if not waiting.any() or not sib:
+        the union of the siblings' on-CPU intervals.  A vCPU's own intervals and its blanks never overlap, so that
+        is its waits' overlap with the union of all its VM's vCPUs' intervals: one union per VM."""
+        pid = np.array([tl.pid for tl in timelines], np.int64)
+        mine = iv_tl >= 0
+        iv_tl, iv_lo, iv_hi = iv_tl[mine], iv_lo[mine], iv_hi[mine]
+        on = pid[iv_tl]
+        for vm_pid, members in group_by(pid, np.arange(len(timelines))) if len(timelines) > 1 else ():
+            at = np.flatnonzero(on == vm_pid)
+            if len(members) < 2 or not len(at):
                 continue
-            at = np.concatenate(sib)
-            iv = np.stack([iv_lo[at], iv_hi[at]], axis=1)
-            iv = iv[np.argsort(iv[:, 0])]
+            order = np.argsort(iv_lo[at])
+            lo, hi = iv_lo[at][order], iv_hi[at][order]
             # merge overlapping intervals: a new run starts where an interval begins after all before ended
-            reach = np.maximum.accumulate(iv[:, 1])
-            new = np.ones(len(iv), bool)
-            new[1:] = iv[1:, 0] > reach[:-1]
-            run_lo = iv[new, 0]
+            reach = np.maximum.accumulate(hi)
+            new = np.ones(len(lo), bool)
+            new[1:] = lo[1:] > reach[:-1]
+            run_lo = lo[new]
             run_hi = np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
-            a = np.where(kinds == bt.IDLE, wake, table.start[lo:hi])[waiting]
-            tl.skew_ns = int(overlap(run_lo, run_hi, a, table.end[lo:hi][waiting]).sum())
+            for i in members.tolist():
+                tl = timelines[i]
+                a, z = tl.rows
+                kinds, wake = table.kind[a:z], table.wakeup[a:z]
+                waiting = (kinds != bt.IDLE) | (wake != NO_TIME)
+                if waiting.any():
+                    start = np.where(kinds == bt.IDLE, wake, table.start[a:z])[waiting]
+                    tl.skew_ns = int(overlap(run_lo, run_hi, start, table.end[a:z][waiting]).sum())
 
     def _clip(self, timelines: list[VcpuTimeline], alive: np.ndarray,
               table: BlankTable) -> tuple[list[VcpuTimeline], np.ndarray, BlankTable]:
