@@ -947,7 +947,9 @@ class Analysis:
             size = max(self.key_count, 1)
             keys, first, counts = first_and_counts(owner * size + self.key[idx], size * len(groups))
             owner, codes = keys // size, self.name_code_of_key[keys % size]
-        order = np.lexsort((codes, owner))  # each group's rows by code (a window's sums merge by code)
+        # each group's rows by code (a window's sums merge by code): so already where a group is of one VM
+        same = owner[1:] == owner[:-1]
+        order = np.lexsort((codes, owner)) if np.any(same & (codes[1:] <= codes[:-1])) else slice(None)
         owner, codes, counts, at = owner[order], codes[order], counts[order].astype(float), idx[first[order]]
         process_names = (self._codes.process_name_code[at] if self._codes is not None
                          else self.process_name_code_of_proc_key[self.proc_key[at]])
