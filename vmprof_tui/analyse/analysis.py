@@ -560,7 +560,6 @@ class Analysis:
         self._split_preemptions(timelines, table, *intervals)
         for tl in timelines:
             tl.table = table
-        self._blank_table = table
         if not self.shares_only:
             self._host_holders(timelines, table)
             self._skew(timelines, table, *intervals[:3])
@@ -1079,8 +1078,7 @@ class Analysis:
         if in_ns not in self._splits:
             timelines = list(self.timelines.values())  # in the order of the table's timeline column
             units = np.ones(len(timelines)) if in_ns else np.array([self.sample_ns(t) for t in timelines], float)
-            self._splits[in_ns] = dict(zip((t.tid for t in timelines), steal_split(self._blank_table, units),
-                                           strict=True))
+            self._splits[in_ns] = dict(zip((t.tid for t in timelines), steal_split(tl.table, units), strict=True))
         return defaultdict(float, self._splits[in_ns][tl.tid])
 
     def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
@@ -1110,7 +1108,7 @@ class Analysis:
                 continue
             keys = (self.key if per_function else self.proc_key)[sel]
             steal = np.zeros((2, int(keys.max()) + 1))
-            table, (lo, hi) = self._blank_table, tl.rows
+            table, (lo, hi) = tl.table, tl.rows
             steals = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
             if len(steals):
                 times = s["time_ns"][sel].astype(np.int64)
