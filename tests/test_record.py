@@ -16,7 +16,7 @@ from elftools.elf.elffile import ELFFile
 
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, SCHED_NEXT_VCPU, SCHED_PREV_VCPU, context_switches
+from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, context_switches
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +81,16 @@ def test_guest_samples_cover_the_vcpu_run_time(alone: Recorded) -> None:
 
 def _sched_run_ns(sched: np.ndarray, tid: int, first_sample_ns: int | None) -> int:
     """On-CPU time of a thread from switch-in/switch-out pairs (not the wake-up, halt-end and throttle
-    records the sched ring also carries: a wake-up of a running thread is no switch-out).  Its first
-    switch-in is no vCPU switch (the thread is not in KVM_RUN yet, and not yet known as a vCPU thread): a
-    thread first seen leaving a CPU ran there since its first sample, as the analysis counts it (a pinned
-    vCPU alone on its CPU can run tens of ms before anything preempts it)."""
+    records the sched ring also carries: a wake-up of a running thread is no switch-out).  Every recorded switch
+    of the thread counts, as in the analysis: its first ones may carry no vCPU flag (the thread is not in KVM_RUN
+    yet, and not yet known as a vCPU thread), and while two vCPU threads share a CPU one's switches are recorded
+    for the other's sake.  A thread first seen leaving a CPU ran there since its first sample, as the analysis
+    counts it (a pinned vCPU alone on its CPU can run tens of ms before anything preempts it)."""
     total, since = 0, first_sample_ns
     for e in context_switches(sched):
-        if e["next_tid"] == tid and e["flags"] & SCHED_NEXT_VCPU:
+        if e["next_tid"] == tid:
             since = int(e["time_ns"])
-        elif e["prev_tid"] == tid and e["flags"] & SCHED_PREV_VCPU and since is not None:
+        elif e["prev_tid"] == tid and since is not None:
             total += int(e["time_ns"]) - since
             since = None
     return total
