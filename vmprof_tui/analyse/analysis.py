@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import NO_TIME, Blank, BlankTable
 from vmprof_tui.analyse.kinds import RowKind
@@ -79,7 +80,7 @@ def first_and_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarra
     the dense ranks Analysis.key are): by counting, ten times faster than unique's sort on a large report; by
     sorting where the keys are few beside `size` (one vCPU's samples in one second: the table would cost more)."""
     if len(keys) * 8 < size:
-        return np.unique(keys, return_index=True, return_counts=True)
+        return arrays.unique(keys, return_index=True, return_counts=True)
     counts = np.bincount(keys, minlength=size)
     first = np.full(size, len(keys), np.int64)
     np.minimum.at(first, keys, np.arange(len(keys)))
@@ -176,7 +177,9 @@ class Profile:
 
     def __post_init__(self) -> None:
         if self.virtual_samples is None:
-            self.virtual_samples = sum(r.samples for r in self.rows if r.kind.is_virtual)
+            # most rows are functions: an identity test first (is_virtual hashes an Enum, a Python call)
+            self.virtual_samples = sum(r.samples for r in self.rows
+                                       if r.kind is not RowKind.FUNCTION and r.kind.is_virtual)
 
     @property
     def shown_rows(self) -> list[Row]:
@@ -417,7 +420,7 @@ class Analysis:
             """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""
             key = self.vm_code.astype(np.int64) * (int(code.max()) + 1 if len(code) else 1) + code
             ranks = dense_ranks(key)
-            return ranks if ranks is not None else np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int32)
+            return ranks if ranks is not None else arrays.unique(key, return_inverse=True)[1].astype(np.int32)
         # int32: these and the other per-sample arrays are most of a large report's memory
         self._proc_key = dense(g.proc_code)
         self._key = dense(g.name_code)
@@ -940,7 +943,7 @@ class Analysis:
         if self._codes is not None:  # no keys made: by (group, VM, name code), one sort (name codes count names)
             vms = int(self.vm_code.max(initial=0)) + 1
             packed = (owner * vms + self.vm_code[idx]) << 32 | self._codes.name_code[idx]
-            keys, first, counts = np.unique(packed, return_index=True, return_counts=True)
+            keys, first, counts = arrays.unique(packed, return_index=True, return_counts=True)
             owner, codes = (keys >> 32) // vms, keys & 0xFFFFFFFF
         else:  # by the dense keys: counted, not sorted, on a large recording
             size = max(self.key_count, 1)

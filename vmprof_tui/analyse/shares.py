@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type
 from vmprof_tui.resolve.demangle import demangle
@@ -136,8 +137,7 @@ class RowCounts:
         if len(parts) == 1:
             return parts[0]
         codes = np.concatenate([p.codes for p in parts])
-        uniq, inverse = np.unique(codes, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        uniq, inverse = arrays.unique(codes, return_inverse=True)
         counts = np.bincount(inverse, np.concatenate([p.counts for p in parts]), minlength=len(uniq))
         one = np.empty(len(uniq), np.intp)  # a row of each code (all of them hold the same names)
         one[inverse] = np.arange(len(codes))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, MAX_NAME, BundleError, Limits, safe_text
 
@@ -29,8 +30,12 @@ class SymbolTable:
         return len(self.starts)
 
     def lookup(self, addrs: np.ndarray) -> np.ndarray:
-        """Index of the symbol containing each address, -1 where none does."""
+        """Index of the symbol containing each address, -1 where none does.  Many addresses are looked up once
+        each, in order (a binary search for addresses in random order misses the cache at every step: 3x slower)."""
         a = np.asarray(addrs, dtype=np.uint64)
+        if len(a) > 4096:
+            distinct, inverse = arrays.unique(a, return_inverse=True)
+            return self.lookup(distinct)[inverse]
         idx = np.searchsorted(self.starts, a, side="right").astype(np.int64) - 1
         ok = idx >= 0
         ok[ok] &= a[ok] < self.ends[idx[ok]]
