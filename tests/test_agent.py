@@ -249,3 +249,15 @@ def test_prometheus_scrapes_the_agent(tmp_path: Path) -> None:
             p.send_signal(signal.SIGTERM)
             p.wait(60)
     print("steal type 1 seconds per VM, as Prometheus has them:", series)
+
+
+def test_status_leaves_the_window_in_progress(tmp_path: Path) -> None:
+    """`vmprof agent --status` reads a spool that a running agent writes: the window in progress (.tmp) stays
+    (a reader that cleaned up would make the agent's rename of that window fail)."""
+    spool = Spool(tmp_path, "h1")
+    in_progress = spool.windows / "W00000001-1764000000.tmp"
+    in_progress.write_bytes(b"being written")
+    assert vmprof("agent", "--spool", str(tmp_path), "--host", "h1", "--status").returncode == 0
+    assert windows(tmp_path) == [] and in_progress.exists()
+    spool.remove_unfinished()  # what an agent starting on this spool does
+    assert not in_progress.exists()

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         spool = Spool(Path(args.spool), args.host, keep_s, max_bytes)
+        spool.remove_unfinished()
     except OSError as e:
         raise Failure(f"cannot use the spool {args.spool}: {e.strerror or e}") from None
     metrics = None

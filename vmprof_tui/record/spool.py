@@ -104,7 +104,11 @@ class Spool:
         self.max_bytes = max_bytes
         self.windows.mkdir(parents=True, exist_ok=True)
         self.static.mkdir(exist_ok=True)
-        for tmp in self.windows.glob("*.tmp"):  # a window in progress when the agent was killed
+
+    def remove_unfinished(self) -> None:
+        """Delete the windows left in progress by an agent that was killed: for the agent starting on this spool
+        only (a reader, such as `vmprof agent --status`, would delete the window a running agent is writing)."""
+        for tmp in self.windows.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
 
     def complete_windows(self) -> list[Path]:
@@ -313,7 +317,8 @@ class Agent:
             tmp.unlink(missing_ok=True)
             self.not_stored += 1
             stats.stored, stats.file = False, ""
-            stats.error = ("the spool is full" if e.errno == errno.ENOSPC else (e.strerror or str(e)))
+            stats.error = ("the spool is full" if e.errno == errno.ENOSPC else
+                           f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}")
             stats.t0_s = time.monotonic() - t
         self._record(stats, final if stats.stored else None)
 
