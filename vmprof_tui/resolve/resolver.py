@@ -26,6 +26,7 @@ import numpy as np
 
 from vmprof_tui import arrays
 from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
+from vmprof_tui.resolve import spaces
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
 from vmprof_tui.resolve.elf import ET_EXEC, ElfSymbols
 from vmprof_tui.resolve.spaces import (
@@ -190,6 +191,9 @@ class Resolver:
     kallsyms: KernelSymbols | None = None
     codes: NameCodes = field(default_factory=NameCodes)
     strings: StringTable = field(default_factory=StringTable)
+    # id of a mapping -> (the mapping, its module's string id, its file's symbols, address -> file offset): the
+    # live screen meets the same thousands of mappings every second (the mapping is held so its id stays its own)
+    _mappings: dict[int, tuple[spaces.Mapping, int, ElfSymbols | None, int]] = field(default_factory=dict, repr=False)
 
     def load_guests(self, vms: Iterable[str], explicit: Mapping[str, Path],
                     stored: Mapping[str, bytes]) -> list[str]:
@@ -327,14 +331,18 @@ class Resolver:
         table = np.full(len(maps), -1, np.int64)  # the index in `tables` of each mapping's symbols
         delta = np.zeros(len(maps), np.uint64)  # address -> file offset (mod 2**64), for position-independent files
         tables: dict[int, tuple[int, ElfSymbols]] = {}
+        if len(self._mappings) > 1 << 16:  # a long live session meets ever new processes
+            self._mappings.clear()
         for mi in np.unique(at[hit]).tolist():
             m = maps[mi]
-            module_id[mi] = self.strings.intern(m.module_name)
-            obj = self.objects.symbols(m)
+            info = self._mappings.get(id(m))
+            if info is None:
+                obj = self.objects.symbols(m)
+                offset = (m.offset - m.start) % (1 << 64) if obj is not None and obj.elf_type != ET_EXEC else 0
+                info = self._mappings[id(m)] = (m, self.strings.intern(m.module_name), obj, offset)
+            _m, module_id[mi], obj, delta[mi] = info
             if obj is not None:
                 table[mi] = tables.setdefault(id(obj), (len(tables), obj))[0]
-                if obj.elf_type != ET_EXEC:
-                    delta[mi] = (m.offset - m.start) % (1 << 64)
         module[idx[hit]] = module_id[at[hit]]
         objs = [obj for _i, obj in tables.values()]
         for ti, pos in group_by(table[at[hit]], np.flatnonzero(table[at[hit]] >= 0)):

@@ -159,18 +159,15 @@ def locate(spaces: list[AddressSpace], which: np.ndarray, ips: np.ndarray) -> tu
     per space (a 64-CPU host has hundreds of processes in each second's samples).  Returns (the mappings, the
     index among them of each address's mapping, -1 where none holds it; an address at or above USER_LIMIT, or any
     address of more than MAX_SPACES spaces, is left to AddressSpace.hits, -1 here too)."""
-    maps: list[Mapping] = []
-    keys, ends, owner = [], [], []
-    for rank, space in enumerate(spaces):
-        user_maps, starts, space_ends = space._user_maps
-        maps += user_maps
-        keys.append(np.uint64(rank) << np.uint64(47) | starts)
-        ends.append(space_ends)
-        owner.append(np.full(len(starts), rank, np.int64))
+    parts = [space._user_maps for space in spaces]
+    maps = [m for user_maps, _starts, _ends in parts for m in user_maps]
     at = np.full(len(ips), -1, np.int64)
     if not maps or len(spaces) > MAX_SPACES:
         return maps, at
-    key, end, own = np.concatenate(keys), np.concatenate(ends), np.concatenate(owner)
+    # one concatenation for every space (numpy calls per space cost more than the search: thousands a second)
+    own = np.repeat(np.arange(len(spaces), dtype=np.int64), [len(starts) for _maps, starts, _ends in parts])
+    key = own.astype(np.uint64) << np.uint64(47) | np.concatenate([starts for _maps, starts, _ends in parts])
+    end = np.concatenate([ends for _maps, _starts, ends in parts])
     user = np.flatnonzero(ips < USER_LIMIT)
     ip = ips[user].astype(np.uint64)
     found = np.searchsorted(key, which[user].astype(np.uint64) << np.uint64(47) | ip, side="right") - 1
