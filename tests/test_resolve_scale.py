@@ -16,7 +16,7 @@ from vmprof_tui.analyse.window import ReplayWindow, _window_recording
 from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.elf import read_elf_symbols
 from vmprof_tui.resolve.resolver import NameCodes, Resolver, StringTable
-from vmprof_tui.resolve.symtab import parse_kallsyms
+from vmprof_tui.resolve.symtab import SymbolTable, parse_kallsyms
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
 
@@ -118,3 +118,18 @@ def test_processes_past_one_search_resolve_through_their_own(monkeypatch: pytest
     monkeypatch.setattr(spaces, "MAX_SPACES", 0)
     one_by_one = Analysis(load(GOLDEN))
     assert (together.func == one_by_one.func).all() and (together.module == one_by_one.module).all()
+
+
+@pytest.mark.parametrize("count, distinct", [(100, 100), (5_000, 20), (50_000, 10_000), (50_000, 50_000)])
+def test_symbol_lookup_of_many_addresses(count: int, distinct: int) -> None:
+    """Many addresses are searched once per distinct address, in order: the same symbols as a search of each
+    (addresses before, inside, between and after the symbols; more distinct ones than the threshold too)."""
+    rng = np.random.default_rng(count + distinct)
+    starts = np.sort(rng.choice(1 << 30, 20_000, replace=False)).astype(np.uint64) + np.uint64(1 << 20)
+    ends = starts + rng.integers(1, 64, len(starts)).astype(np.uint64)  # gaps between symbols
+    table = SymbolTable(starts, ends, np.array([f"f{i}" for i in range(len(starts))], object))
+    pool = rng.integers(0, (1 << 30) + (1 << 21), distinct).astype(np.uint64)
+    addrs = pool[rng.integers(0, distinct, count)]
+    idx = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
+    inside = (idx >= 0) & (addrs < ends[idx.clip(0)])
+    assert np.array_equal(table.lookup(addrs), np.where(inside, idx, -1))

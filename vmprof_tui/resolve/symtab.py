@@ -35,7 +35,10 @@ class SymbolTable:
         a = np.asarray(addrs, dtype=np.uint64)
         if len(a) > 4096:
             distinct, inverse = arrays.unique(a, return_inverse=True)
-            return self.lookup(distinct)[inverse]
+            return self._search(distinct)[inverse]
+        return self._search(a)
+
+    def _search(self, a: np.ndarray) -> np.ndarray:
         idx = np.searchsorted(self.starts, a, side="right").astype(np.int64) - 1
         ok = idx >= 0
         ok[ok] &= a[ok] < self.ends[idx[ok]]
