@@ -427,8 +427,6 @@ class Analysis:
         self.key_count = int(self._key.max()) + 1 if len(self._key) else 0
         self.name_code_of_key = np.zeros(self.key_count, np.int64)  # the resolver's code of each key's name
         self.name_code_of_key[self._key] = g.name_code
-        self.process_name_code_of_proc_key = np.zeros(int(self._proc_key.max(initial=-1)) + 1, np.int32)
-        self.process_name_code_of_proc_key[self._proc_key] = g.process_name_code
 
     # -- timelines -------------------------------------------------------------------
     @property
@@ -943,23 +941,19 @@ class Analysis:
         if self._codes is not None:  # no keys made: by (group, VM, name code), one sort (name codes count names)
             vms = int(self.vm_code.max(initial=0)) + 1
             packed = (owner * vms + self.vm_code[idx]) << 32 | self._codes.name_code[idx]
-            keys, first, counts = arrays.unique(packed, return_index=True, return_counts=True)
+            keys, counts = arrays.unique(packed, return_counts=True)
             owner, codes = (keys >> 32) // vms, keys & 0xFFFFFFFF
         else:  # by the dense keys: counted, not sorted, on a large recording
             size = max(self.key_count, 1)
-            keys, first, counts = first_and_counts(owner * size + self.key[idx], size * len(groups))
+            keys, _first, counts = first_and_counts(owner * size + self.key[idx], size * len(groups))
             owner, codes = keys // size, self.name_code_of_key[keys % size]
         # each group's rows by code (a window's sums merge by code): so already where a group is of one VM
         same = owner[1:] == owner[:-1]
         order = np.lexsort((codes, owner)) if np.any(same & (codes[1:] <= codes[:-1])) else slice(None)
-        owner, codes, counts, at = owner[order], codes[order], counts[order].astype(float), idx[first[order]]
-        process_names = (self._codes.process_name_code[at] if self._codes is not None
-                         else self.process_name_code_of_proc_key[self.proc_key[at]])
-        names = (self.func[at], self.module[at], self.process[at], process_names, self.proc_pid[at],
-                 self.unresolved[at])
+        owner, codes, counts = owner[order], codes[order], counts[order].astype(float)
         bounds = np.searchsorted(owner, np.arange(len(groups) + 1)).tolist()
-        return [RowCounts(codes[a:b], counts[a:b], *(x[a:b] for x in names))
-                for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        names = self.resolver.row_names  # the resolver's names of its codes
+        return [RowCounts(codes[a:b], counts[a:b], names) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""

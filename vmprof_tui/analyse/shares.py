@@ -15,6 +15,7 @@ from vmprof_tui import arrays
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type
 from vmprof_tui.resolve.demangle import demangle
+from vmprof_tui.resolve.resolver import RowNames
 
 
 @dataclass(slots=True)
@@ -107,22 +108,14 @@ class HostParts:
         return _percent([("os", self.kernel), ("user", self.user), ("idle", self.idle), ("vm", self.vm)], self.total)
 
 
-NAME_FIELDS = ("function", "module", "process", "process_name_code", "pid", "unknown")
-
-
 @dataclass
 class RowCounts:
-    """Samples by profile row (process, pid, function, module) under the resolver's name codes, with each row's
-    names as arrays: what adds across spans (the codes are the same in every analysis that shares a resolver), the
-    top process and function of a summary, and a window's rows without a Row per function until they are shown."""
+    """Samples by profile row (process, pid, function, module) under the resolver's name codes: what adds across spans
+    (the codes are the same in every analysis that shares a resolver), the top process and function of a summary,
+    and a window's rows.  Codes and counts only: the names are the resolver's (`RowNames`), read for the rows shown."""
     codes: np.ndarray  # int64, ascending, each once (the order of the rows)
     counts: np.ndarray  # float, whole samples
-    function: np.ndarray  # str objects
-    module: np.ndarray
-    process: np.ndarray
-    process_name_code: np.ndarray  # int32: the code of the process name (resolver.NameCodes), to sum rows by name
-    pid: np.ndarray  # -1: none
-    unknown: np.ndarray  # bool: the function is not resolved
+    names: RowNames | None  # None: no rows
 
     def negated(self) -> RowCounts:
         """The same rows with their counts taken away (a span leaving a window)."""
@@ -131,24 +124,22 @@ class RowCounts:
     @staticmethod
     def combine(parts: list[RowCounts]) -> RowCounts:
         """The sum of counts, in the order of the codes; rows whose counts cancel out (negated parts) go."""
+        parts = [p for p in parts if len(p.codes)]
         if not parts:
-            return RowCounts(*(np.empty(0, t) for t in (np.int64, float, object, object, object, np.int32, np.int64,
-                                                         bool)))
+            return RowCounts(np.empty(0, np.int64), np.empty(0), None)
         if len(parts) == 1:
             return parts[0]
-        codes = np.concatenate([p.codes for p in parts])
-        uniq, inverse = arrays.unique(codes, return_inverse=True)
+        uniq, inverse = arrays.unique(np.concatenate([p.codes for p in parts]), return_inverse=True)
         counts = np.bincount(inverse, np.concatenate([p.counts for p in parts]), minlength=len(uniq))
-        one = np.empty(len(uniq), np.intp)  # a row of each code (all of them hold the same names)
-        one[inverse] = np.arange(len(codes))
-        names = (np.concatenate([getattr(p, f) for p in parts])[one] for f in NAME_FIELDS)
-        return RowCounts(uniq, counts, *names)._nonzero()
+        return RowCounts(uniq, counts, parts[0].names)._nonzero()
 
     def plus(self, other: RowCounts) -> RowCounts:
         """self + other without sorting self again: other's rows are added to or inserted among self's (the
         live window's sum of the last refresh, plus what changed since).  Rows whose counts cancel out stay until
-        they are a quarter of the rows (a window's rows come and go every second: dropping them is a copy of every
-        field), as no count of them is shown."""
+        they are a quarter of the rows (a window's rows come and go every second: dropping them is a copy), as no
+        count of them is shown."""
+        if not len(self.codes):
+            return other
         pos = np.searchsorted(self.codes, other.codes)
         hit = pos < len(self.codes)
         hit[hit] = self.codes[pos[hit]] == other.codes[hit]
@@ -157,7 +148,7 @@ class RowCounts:
         new = np.flatnonzero(~hit)
         if not len(new):
             out = replace(self, counts=counts)
-        else:  # one merge of places for every field (np.insert works them out again for each)
+        else:  # one merge of places for both arrays (np.insert works them out again for each)
             size = len(self.codes) + len(new)
             to_new = pos[new] + np.arange(len(new))  # other.codes are sorted, as self's: their places in the merge
             to_old = np.ones(size, bool)
@@ -169,47 +160,54 @@ class RowCounts:
                 out[to_new] = theirs[new]
                 return out
 
-            out = RowCounts(merged(self.codes, other.codes), merged(counts, other.counts),
-                            *(merged(getattr(self, f), getattr(other, f)) for f in NAME_FIELDS))
+            out = RowCounts(merged(self.codes, other.codes), merged(counts, other.counts), self.names or other.names)
         return out._nonzero() if 4 * np.count_nonzero(out.counts == 0) > len(out.counts) else out
 
     def _nonzero(self) -> RowCounts:
         keep = self.counts != 0  # whole samples: exact in floats
         if keep.all():
             return self
-        return RowCounts(self.codes[keep], self.counts[keep], *(getattr(self, f)[keep] for f in NAME_FIELDS))
+        return RowCounts(self.codes[keep], self.counts[keep], self.names)
 
     def top(self, by_name: bool) -> tuple[str, str]:
         """(process, function) of the resolved row with the most samples, ties to the earlier row; by_name: the
         process is instead the process name whose resolved rows sum to the most.  "-" where nothing resolved."""
-        resolved = np.where(self.unknown, -1.0, self.counts)
-        if not len(resolved) or not resolved.max() > 0:
+        if not len(self.codes) or self.names is None:
             return "-", "-"
-        top = int(np.argmax(resolved))
+        unknown = self.names.unknown(self.codes)
+        resolved = np.where(unknown, -1.0, self.counts)
+        if not resolved.max() > 0:
+            return "-", "-"
+        top = self.codes[int(np.argmax(resolved)):][:1]
+        function = str(self.names.strings_of(top, "func")[0])
         if not by_name:
-            return str(self.process[top]) or "-", str(self.function[top])
+            return str(self.names.strings_of(top, "process")[0]) or "-", function
         # summed by name over the rows here (a window's: the same as summing each span's sums); names are few
-        rows = np.flatnonzero(~self.unknown)
-        names = self.process_name_code[rows]
+        rows = np.flatnonzero(~unknown)
+        names = self.names.ids(self.codes[rows], "process_name_code")
         sums = np.bincount(names, self.counts[rows])
         best = np.flatnonzero(sums == sums.max())
         first = [int(np.argmax(names == b)) for b in best.tolist()]  # ties: the name of the earlier row
-        name = str(self.process[rows[min(first)]])
-        return name or "?", str(self.function[top])
+        name = str(self.names.strings_of(self.codes[rows[min(first)]:][:1], "process")[0])
+        return name or "?", function
 
     def rows(self, vm: str | None, limit: int | None = None) -> tuple[list[Row], int]:
         """The rows of half a sample or more (what Profile.shown_rows shows) as Rows, the `limit` with the most
         samples first, and how many there are."""
         shown = np.flatnonzero(self.counts >= 0.5)
         count = len(shown)
+        if not count or self.names is None:
+            return [], count
         if limit is not None and limit < count:  # only rows that can be among the `limit` largest are sorted
             cut = -np.partition(-self.counts[shown], limit - 1)[limit - 1]
             shown = shown[self.counts[shown] >= cut]
         best = shown[np.argsort(-self.counts[shown], kind="stable")[:limit]]
+        codes = self.codes[best]
+        names = self.names
         kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
         return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u]) for n, f, m, p, pid, u in zip(
-            *(a[best].tolist() for a in (self.counts, self.function, self.module, self.process, self.pid,
-                                         self.unknown)), strict=True)], count
+            self.counts[best].tolist(), *(names.strings_of(codes, c).tolist() for c in ("func", "module", "process")),
+            names.ids(codes, "pid").tolist(), names.unknown(codes).tolist(), strict=True)], count
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import Analysis, Row
 from vmprof_tui.analyse.shares import (
     GuestSummary,
@@ -40,7 +41,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_VCPU,
     STACK_DTYPE,
 )
-from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
+from vmprof_tui.resolve.resolver import Resolved, Resolver, RowNames
 from vmprof_tui.resolve.symtab import kallsyms_table
 
 
@@ -150,7 +151,7 @@ class ResolvedChunks:
         an = analyse(samples, resolved, np.concatenate([before, sched]), (lo, hi), not detail)
         summary = an.span_summary()
         if host_counts is not None and len(host_counts):
-            summary = with_host_counts(summary, host_counts, resolve)
+            summary = with_host_counts(summary, host_counts, resolve, an.resolver.row_names)
         self.context.advance(sched)
         counted = np.unique(host_counts["pid"]) if host_counts is not None else np.empty(0, np.uint32)
         self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted,
@@ -173,8 +174,8 @@ class ResolvedChunks:
         return list(self.chunks), self.chunks[0].lo if self.chunks else horizon
 
 
-def with_host_counts(summary: SpanSummary, counts: np.ndarray,
-                     resolve: Callable[[np.ndarray], Resolved]) -> SpanSummary:
+def with_host_counts(summary: SpanSummary, counts: np.ndarray, resolve: Callable[[np.ndarray], Resolved],
+                     row_names: RowNames) -> SpanSummary:
     """A span's summary with the host tasks' samples the kernel counted (collect.bpf.HOST_COUNTS_DTYPE) added to its
     host parts and rows: each (process, privilege, IP) is resolved once, as a sample of its own, and weighs its
     count.  (The ring buffer then carries only vCPU threads' and the idle task's samples.)"""
@@ -182,11 +183,8 @@ def with_host_counts(summary: SpanSummary, counts: np.ndarray,
     keys["pid"] = keys["tid"] = counts["pid"]
     keys["host_ip"], keys["flags"] = counts["ip"], counts["flags"]
     names = resolve(keys)
-    codes, first, inverse = np.unique(names.name_code, return_index=True, return_inverse=True)
-    weights = np.bincount(inverse.reshape(-1), counts["count"].astype(float), minlength=len(codes))
-    rows = RowCounts(codes, weights, names.func[first], names.module[first], names.process[first],
-                     names.process_name_code[first], names.proc_pid[first].astype(np.int64),
-                     names.func[first] == UNKNOWN)
+    codes, inverse = arrays.unique(names.name_code, return_inverse=True)
+    rows = RowCounts(codes, np.bincount(inverse, counts["count"].astype(float), minlength=len(codes)), row_names)
     kernel = float(counts["count"][(counts["flags"] & SAMPLE_HOST_KERNEL) != 0].sum())
     host = summary.host
     parts = HostParts(host.kernel + kernel, host.user + float(counts["count"].sum()) - kernel, host.idle, host.vm)

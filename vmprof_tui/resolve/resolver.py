@@ -162,6 +162,47 @@ class StringTable:
         return self._array
 
 
+class RowNames:
+    """The names of every name code (NameCodes) given so far: function, module and process as StringTable ids, the
+    code of the process name and the pid, as arrays by code.  What the live screen's row sums carry is codes and
+    counts only; names are looked up here for the rows a screen shows (names per row merged every second were most of
+    summing a 64-CPU window)."""
+
+    FIELDS = ("func", "module", "process", "process_name_code", "pid")
+
+    def __init__(self, strings: StringTable) -> None:
+        self.strings = strings
+        self._columns = {f: np.zeros(1024, np.int32) for f in self.FIELDS}
+        self.known = 0  # codes below this have names
+
+    def add(self, codes: np.ndarray, **columns: np.ndarray) -> None:
+        """The names of `codes` (each column an array as long): codes at or above `known` are recorded."""
+        new = codes >= self.known
+        if not new.any():
+            return
+        top = int(codes.max()) + 1
+        size = len(self._columns["func"])
+        if top > size:
+            grown = max(top, 2 * size)
+            for f, a in self._columns.items():
+                self._columns[f] = np.concatenate([a, np.zeros(grown - size, np.int32)])
+        for f, a in self._columns.items():
+            a[codes[new]] = columns[f][new]
+        self.known = top
+
+    def ids(self, codes: np.ndarray, column: str) -> np.ndarray:
+        """A column of `codes` (string ids, codes or pids)."""
+        return self._columns[column][codes]
+
+    def unknown(self, codes: np.ndarray) -> np.ndarray:
+        """Whether the function of each code is unresolved."""
+        return self._columns["func"][codes] == self.strings.intern(UNKNOWN)
+
+    def strings_of(self, codes: np.ndarray, column: str) -> np.ndarray:
+        """A name column of `codes` as strings."""
+        return self.strings.array()[self._columns[column][codes]]
+
+
 @dataclass
 class Resolved:
     """Per-sample names: function, module, process and its pid (-1 when none), and their NameCodes (of the name,
@@ -194,6 +235,10 @@ class Resolver:
     # id of a mapping -> (the mapping, its module's string id, its file's symbols, address -> file offset): the
     # live screen meets the same thousands of mappings every second (the mapping is held so its id stays its own)
     _mappings: dict[int, tuple[spaces.Mapping, int, ElfSymbols | None, int]] = field(default_factory=dict, repr=False)
+    row_names: RowNames = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.row_names = RowNames(self.strings)
 
     def load_guests(self, vms: Iterable[str], explicit: Mapping[str, Path],
                     stored: Mapping[str, bytes]) -> list[str]:
@@ -302,8 +347,14 @@ class Resolver:
         name_code, proc_code = groups.codes(self.codes, func, module)
         names = st.array()
         process, pid = groups.names()
-        return Resolved(names[func], names[module], names[process], groups.name_codes(self.codes), pid, name_code,
-                        proc_code)
+        process_name_code = groups.name_codes(self.codes)
+        new = np.flatnonzero(name_code >= self.row_names.known)
+        if len(new):
+            _codes, first = arrays.unique(name_code[new], return_index=True)
+            at = new[first]
+            self.row_names.add(name_code[at], func=func[at], module=module[at], process=process[at],
+                               process_name_code=process_name_code[at], pid=pid[at])
+        return Resolved(names[func], names[module], names[process], process_name_code, pid, name_code, proc_code)
 
     def _kernel_ids(self, ks: KernelSymbols, ips: np.ndarray, idx: np.ndarray, image: str, func: np.ndarray,
                     module: np.ndarray) -> None:
