@@ -301,7 +301,7 @@ class Analysis:
         if np.all(t[1:] >= t[:-1]):  # the live screen's window usually is
             self.samples, self._given = rec.samples, resolved
         else:
-            order = np.argsort(t, kind="stable")
+            order = arrays.stable_argsort(t)
             self.samples = rec.samples[order]
             self._given = resolved.take(order) if resolved is not None else None
         ts = rec.sched["time_ns"]

@@ -58,7 +58,7 @@ def _window_recording(path: Path, meta: dict, samples: np.ndarray, sched: np.nda
 def _time_ordered(samples: np.ndarray) -> np.ndarray:
     """Samples in time order (a stable sort, as Analysis does; drained chunks usually are already)."""
     t = samples["time_ns"]
-    return samples if np.all(t[1:] >= t[:-1]) else samples[np.argsort(t, kind="stable")]
+    return samples if np.all(t[1:] >= t[:-1]) else samples[arrays.stable_argsort(t)]
 
 
 class SwitchContext:

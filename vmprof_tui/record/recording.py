@@ -29,6 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
 MAGIC = b"VMPROFREC\0"
@@ -456,7 +457,7 @@ def load(path: Path) -> Recording:
         rec.samples = joined[SAMPLES]
         t = rec.samples["time_ns"]
         if not np.all(t[1:] >= t[:-1]):  # chunks come per flush: in time order here, not one copy per analysis
-            rec.samples = rec.samples[np.argsort(t, kind="stable")]
+            rec.samples = rec.samples[arrays.stable_argsort(t)]
     if SCHED in joined:
         rec.sched = joined[SCHED]
     if lbr_parts:
