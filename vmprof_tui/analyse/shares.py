@@ -178,7 +178,8 @@ class RowCounts:
         resolved = np.where(unknown, -1.0, self.counts)
         if not resolved.max() > 0:
             return "-", "-"
-        top = self.codes[int(np.argmax(resolved)):][:1]
+        best_row = int(np.argmax(resolved))
+        top = self.codes[best_row:best_row + 1]
         function = str(self.names.strings_of(top, "func")[0])
         if not by_name:
             return str(self.names.strings_of(top, "process")[0]) or "-", function
@@ -188,7 +189,8 @@ class RowCounts:
         sums = np.bincount(names, self.counts[rows])
         best = np.flatnonzero(sums == sums.max())
         first = [int(np.argmax(names == b)) for b in best.tolist()]  # ties: the name of the earlier row
-        name = str(self.names.strings_of(self.codes[rows[min(first)]:][:1], "process")[0])
+        named = rows[min(first)]
+        name = str(self.names.strings_of(self.codes[named:named + 1], "process")[0])
         return name or "?", function
 
     def rows(self, vm: str | None, limit: int | None = None) -> tuple[list[Row], int]:
@@ -202,8 +204,7 @@ class RowCounts:
             cut = -np.partition(-self.counts[shown], limit - 1)[limit - 1]
             shown = shown[self.counts[shown] >= cut]
         best = shown[np.argsort(-self.counts[shown], kind="stable")[:limit]]
-        codes = self.codes[best]
-        names = self.names
+        codes, names = self.codes[best], self.names
         kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
         return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u]) for n, f, m, p, pid, u in zip(
             self.counts[best].tolist(), *(names.strings_of(codes, c).tolist() for c in ("func", "module", "process")),

@@ -75,9 +75,16 @@ class NameCodes:
     def encode(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
         """The code of each sample's name (its proc code, function and module string ids); names not seen
         before are numbered in the order of their first sample, as a walk over the samples would."""
+        return self.encode_new(proc_code, func, module)[0]
+
+    def encode_new(self, proc_code: np.ndarray, func: np.ndarray,
+                   module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """encode, and the positions of a sample of each name not seen before (RowNames records their names)."""
         limit = 1 << self.ID_BITS
         if self._fallback or max(len(self.procs), int(func.max(initial=0)) + 1, int(module.max(initial=0)) + 1) > limit:
-            return self._encode_slowly(proc_code, func, module)
+            known = len(self)
+            code = self._encode_slowly(proc_code, func, module)
+            return code, np.flatnonzero(code >= known)
         # distinct names found on a key as narrow as the ids are (a faster sort: arrays.unique), then keyed as stored
         f_bits, m_bits = (int(a.max(initial=0)).bit_length() for a in (func, module))
         narrow = (proc_code << f_bits + m_bits) | (func.astype(np.int64) << m_bits) | module
@@ -96,7 +103,7 @@ class NameCodes:
         self._recent_codes = np.insert(self._recent_codes, at, code[new])
         if len(self._recent_keys) > max(len(self.keys) // 8, self.RECENT_MIN):
             self._merge()
-        return code[inverse]
+        return code[inverse], first[new]
 
     def _merge(self) -> None:
         at = np.searchsorted(self.keys, self._recent_keys)
@@ -173,22 +180,18 @@ class RowNames:
     def __init__(self, strings: StringTable) -> None:
         self.strings = strings
         self._columns = {f: np.zeros(1024, np.int32) for f in self.FIELDS}
-        self.known = 0  # codes below this have names
 
     def add(self, codes: np.ndarray, **columns: np.ndarray) -> None:
-        """The names of `codes` (each column an array as long): codes at or above `known` are recorded."""
-        new = codes >= self.known
-        if not new.any():
+        """The names of `codes` (each column an array as long; a code may repeat, with the same names)."""
+        if not len(codes):
             return
-        top = int(codes.max()) + 1
-        size = len(self._columns["func"])
-        if top > size:
+        size, top = len(self._columns["func"]), int(codes.max()) + 1
+        if top > size:  # grown by doubling: codes come a chunk at a time
             grown = max(top, 2 * size)
             for f, a in self._columns.items():
                 self._columns[f] = np.concatenate([a, np.zeros(grown - size, np.int32)])
         for f, a in self._columns.items():
-            a[codes[new]] = columns[f][new]
-        self.known = top
+            a[codes] = columns[f]
 
     def ids(self, codes: np.ndarray, column: str) -> np.ndarray:
         """A column of `codes` (string ids, codes or pids)."""
@@ -344,16 +347,12 @@ class Resolver:
         if notes is not None:  # stored symbol tables unusable, local files of another build
             notes += self.objects.notes
         self.objects.notes.clear()
-        name_code, proc_code = groups.codes(self.codes, func, module)
+        name_code, proc_code, new = groups.codes(self.codes, func, module)
         names = st.array()
         process, pid = groups.names()
         process_name_code = groups.name_codes(self.codes)
-        new = np.flatnonzero(name_code >= self.row_names.known)
-        if len(new):
-            _codes, first = arrays.unique(name_code[new], return_index=True)
-            at = new[first]
-            self.row_names.add(name_code[at], func=func[at], module=module[at], process=process[at],
-                               process_name_code=process_name_code[at], pid=pid[at])
+        self.row_names.add(name_code[new], func=func[new], module=module[new], process=process[new],
+                           process_name_code=process_name_code[new], pid=pid[new])
         return Resolved(names[func], names[module], names[process], process_name_code, pid, name_code, proc_code)
 
     def _kernel_ids(self, ks: KernelSymbols, ips: np.ndarray, idx: np.ndarray, image: str, func: np.ndarray,
@@ -444,11 +443,13 @@ class _Groups:
         of_slot = [codes.process_names.setdefault(name, len(codes.process_names)) for name, _pid in self.slots]
         return np.array(of_slot, np.int32)[self.slot] if of_slot else np.zeros(len(self.slot), np.int32)
 
-    def codes(self, codes: NameCodes, func: np.ndarray, module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(name code, process code) of every sample; new (process, pid) pairs are numbered in the order of
-        their first sample."""
+    def codes(self, codes: NameCodes, func: np.ndarray,
+              module: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(name code, process code) of every sample, and the positions of a sample of each name new to `codes`;
+        new (process, pid) pairs are numbered in the order of their first sample."""
         slot_code = np.zeros(len(self.slots), np.int64)
         for slot, key in sorted(((s, k) for k, s in self.slots.items()), key=lambda x: self.first[x[0]]):
             slot_code[slot] = codes.procs.setdefault(key, len(codes.procs))
         proc_code = slot_code[self.slot]
-        return codes.encode(proc_code, func, module), proc_code
+        name_code, new = codes.encode_new(proc_code, func, module)
+        return name_code, proc_code, new
