@@ -14,6 +14,7 @@ import pytest
 
 from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
+from vmprof_tui.demo.scenarios import SHARED_CPU
 from vmprof_tui.record import recording
 from vmprof_tui.record.recorder import Recorder
 
@@ -64,9 +65,44 @@ def require_root() -> None:
         pytest.fail("this test needs root (CI runs as root); run the suite with sudo")
 
 
+def cpu_busy_ns(cpu: int) -> int:
+    """Time CPU `cpu` has spent running anything since boot (/proc/stat: user, nice, system, irq, softirq;
+    a guest's time is inside user)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{cpu} "):
+            user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in line.split()[1:8])
+            return (user + nice + system + irq + softirq) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    raise AssertionError(f"/proc/stat has no cpu{cpu}")
+
+
+def thread_cpu_ns(pid: int, tid: int) -> int:
+    """A thread's CPU time so far (its schedstat), 0 once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def require_quiet_pcpu(other_ns: float, wall_ns: float, why: str, limit_pct: float = 3.0) -> None:
+    """Some ground truths hold only while the demo VMs have their pCPU to themselves (KVM polls a halt out only
+    when nothing else is runnable; a VM alone sees no steal).  Other work on the pCPU (another job on a shared
+    machine) is measured independently of vmprof, from /proc/stat less the demo threads' own CPU time: past
+    `limit_pct` of the time the test says so and skips, rather than fail on what the machine did."""
+    pct = 100 * other_ns / max(wall_ns, 1)
+    print(f"other work on the demo pCPU: {pct:.1f}% of the time")
+    if pct > limit_pct:
+        pytest.skip(f"the demo VMs' pCPU was {pct:.0f}% busy with other work (limit {limit_pct}%): {why}; "
+                    "run it on a quiet machine")
+
+
 class Recorded:
-    def __init__(self, rec: recording.Recording, truth: dict, ready: dict, wall_s: float) -> None:
+    def __init__(self, rec: recording.Recording, truth: dict, ready: dict, wall_s: float,
+                 pcpu_other_ns: float = 0.0, pcpu_wall_ns: float = 1.0) -> None:
         self.rec, self.truth, self.ready, self.wall_s = rec, truth, ready, wall_s
+        self.pcpu_other_ns, self.pcpu_wall_ns = pcpu_other_ns, pcpu_wall_ns
+
+    def require_quiet_pcpu(self, why: str, limit_pct: float = 3.0) -> None:
+        require_quiet_pcpu(self.pcpu_other_ns, self.pcpu_wall_ns, why, limit_pct)
 
 
 def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequency: int = 1000,
@@ -93,10 +129,14 @@ def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequ
     thread.start()
     assert recorder.attached.wait(30) or errors, errors  # BPF compiled and attached
     t0 = time.monotonic()
+    busy0, wall0 = cpu_busy_ns(SHARED_CPU), time.monotonic_ns()
     with runner.DemoRun(specs, duration_s=seconds) as run:
         run.wait(seconds + 10)
+    busy, wall = cpu_busy_ns(SHARED_CPU) - busy0, time.monotonic_ns() - wall0
     time.sleep(0.3)
     stop.set()
     thread.join(30)
     assert not errors, errors
-    return Recorded(recording.load(out), run.truth, run.ready, time.monotonic() - t0)
+    demo_ns = sum(v["thread_cpu_ns"] for t in run.truth.values() for v in t.get("vcpus", ())
+                  if v.get("pin") in (None, SHARED_CPU))
+    return Recorded(recording.load(out), run.truth, run.ready, time.monotonic() - t0, max(busy - demo_ns, 0), wall)

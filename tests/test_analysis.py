@@ -132,7 +132,10 @@ def test_halt(tmp_path: Path) -> None:
     print(f"guest [idle] {idle:.1f}%, host idle on the VM's pCPU {host_idle:.1f}%, halted (truth) {halted:.1f}%, "
           f"until the wake-up {until_wakeup:.1f}%")
     assert abs(idle - until_wakeup) <= 3
-    assert abs(host_idle - until_wakeup) <= 3  # woken, the vCPU is runnable: its pCPU is not idle then
+    assert host_idle <= until_wakeup + 3  # woken, the vCPU is runnable: its pCPU is not idle then
+    # the pCPU idles for all of the halt only when nothing else wants it
+    r.require_quiet_pcpu("host idle equals the VM's halt only on a pCPU nothing else uses")
+    assert abs(host_idle - until_wakeup) <= 3
 
 
 def test_vcpu2_on_1(tmp_path: Path) -> None:

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, require_root, vmprof
+from conftest import ROOT, cpu_busy_ns, require_quiet_pcpu, require_root, thread_cpu_ns, vmprof
 from textual.widgets import DataTable, Static
 
 from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
+from vmprof_tui.demo.scenarios import SHARED_CPU
 from vmprof_tui.fleet.analyze import done_path, find_windows
 from vmprof_tui.fleet.history import Store
 from vmprof_tui.fleet.tasks import analyse_window_vm, window_vms
@@ -31,22 +32,41 @@ from vmprof_tui.show.store_app import StoreApp
 HOSTS = ("h1", "h2", "h3")
 
 
-def run_agent(spool_root: Path, window_s: float, scenario: list[tuple[float, list[dict]]], tail_s: float = 1.0) -> None:
-    """The agent on host h1 while demo VMs run: (delay from the previous start, specs) per group of VMs."""
+def run_agent(spool_root: Path, window_s: float, scenario: list[tuple[float, list[dict]]],
+              tail_s: float = 1.0) -> list[tuple[int, int]]:
+    """The agent on host h1 while demo VMs run: (delay from the previous start, specs) per group of VMs.
+    Returns, per group, the other work on the VMs' pCPU while it was the last group started (ns, wall ns)."""
     os.sched_setaffinity(0, {0})  # the profiler stays off the VMs' pCPU
     session = CollectionSession(1000)
     agent = Agent(session, Spool(spool_root, "h1"), window_s)
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop.is_set,))
     thread.start()
-    runs = []
+    runs: list[runner.DemoRun] = []
+    load: list[tuple[int, int]] = []
+    mark = (0, 0, 0)
+
+    def demo_cpu_ns() -> int:
+        return sum(thread_cpu_ns(proc.pid, v["tid"]) for r in runs for proc, spec in zip(r.procs, r.specs, strict=True)
+                   for v in r.ready[spec["name"]]["vcpus"] if v["pin"] in (None, SHARED_CPU))
+
+    def measure() -> tuple[int, int, int]:
+        return cpu_busy_ns(SHARED_CPU), demo_cpu_ns(), time.monotonic_ns()
+
     try:
         assert session.attached.wait(120)
         for delay, specs in scenario:
             stop.wait(delay)
+            if runs:
+                now = measure()
+                load.append((max(now[0] - mark[0] - (now[1] - mark[1]), 0), now[2] - mark[2]))
             runs.append(runner.DemoRun(specs, duration_s=None))
             runs[-1].start()
+            mark = measure()
         stop.wait(tail_s)
+        now = measure()
+        load.append((max(now[0] - mark[0] - (now[1] - mark[1]), 0), now[2] - mark[2]))
+        return load
     finally:
         for r in runs:
             r.stop()
@@ -228,7 +248,8 @@ def test_steal_burst_is_flagged_in_the_right_windows(tmp_path: Path) -> None:
     """One VM alone, then two disturbance VMs on its pCPU: the windows after they start stand out, no other."""
     require_root()
     specs = runner.scenario_specs("correction")
-    run_agent(tmp_path, 1.0, [(0.0, specs[:1]), (7.0, specs[1:])], tail_s=4.0)
+    alone, _ = run_agent(tmp_path, 1.0, [(0.0, specs[:1]), (7.0, specs[1:])], tail_s=4.0)
+    require_quiet_pcpu(*alone, "a VM alone on its pCPU has no steal only when nothing else uses that pCPU")
     store = tmp_path / "store"
     single_process(tmp_path / "h1", store)
     out = vmprof("history", "--store", str(store), "--vm", "measured", "--format", "json")
