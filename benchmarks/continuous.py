@@ -2,8 +2,8 @@
 
 Interleaved rounds of: no profiler; `vmprof record`; `vmprof agent` (1 s windows, so every round
 crosses several window cuts).  Prints the guest's work-rate drop under each, the agent's cost
-relative to record's, and the uncovered time between the agent's windows over all rounds (thesis
-ch. 4: 35% before its fix, 2.7% after; target 0%).
+relative to record's, and the uncovered time between the agent's windows over all rounds (the thesis,
+ch. 4: 35% before its fix, 13% after for one VM, 5.75% with two vCPUs per VM; target 0%).
 Usage: python benchmarks/continuous.py [--rounds 5] [--seconds 4] [--frequencies 1000,10000]
 """
 

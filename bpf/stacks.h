@@ -1,4 +1,4 @@
-/* Call stacks of a sample (vmprof record -g, DESIGN.md "Guest stacks from the host").
+/* Call stacks of a sample (vmprof record -g, docs/stacks.md "Guest stacks from the host").
  *
  * Host: kernel and user chains as ids in a BPF stack map (the kernel's own frame-pointer
  * unwinder; user chains stop where a binary has no frame pointers, which resolving marks).

@@ -1,5 +1,5 @@
 /* Finding the running kvm_vcpu from a BPF program without kprobes or fentry
- * (DESIGN.md section 3): while a vCPU is loaded, KVM's preempt notifier is on
+ * (docs/backends.md): while a vCPU is loaded, KVM's preempt notifier is on
  * the vCPU thread's task_struct.preempt_notifiers, with ops->sched_in ==
  * kvm_sched_in.  All offsets are -D macros computed from the running kernel's
  * BTF by vmprof_tui/backends.py; KVM_SCHED_IN comes from /proc/kallsyms. */

@@ -24,7 +24,7 @@
  * no VM entry can happen.  The module then only executes VMREAD (never
  * VMWRITE, never touches KVM state) and writes its own record.
  *
- * The vCPU is found exactly as the BPF side does (DESIGN.md section 3): the
+ * The vCPU is found exactly as the BPF side does (docs/backends.md): the
  * first preempt notifier of `current` whose ops->sched_in is kvm_sched_in.
  * kvm_sched_in is static in KVM and KVM's exports are being restricted to
  * KVM's own modules, so its address is a module parameter, taken from

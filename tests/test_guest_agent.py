@@ -192,7 +192,7 @@ def test_pgd_methods_agree_on_this_machine() -> None:
     require_root()
     from vmprof_guest import bpf
 
-    session = bpf.Session.open()  # BPF raw tracepoints load on these machines (DESIGN.md §4)
+    session = bpf.Session.open()  # BPF raw tracepoints load on these machines (docs/backends.md)
     try:
         results = {}
         for method in cr3.PGD_METHODS:

@@ -62,3 +62,18 @@ def test_imports_follow_the_data_flow() -> None:
                 continue
             wrong.append(f"{module} imports {name}")
     assert not wrong, "imports against the data flow:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_nothing_cites_files_outside_the_repository() -> None:
+    """The repository stands alone: what a reader needs is in docs/, not in a design file beside the checkout."""
+    import subprocess
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    citing = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix in {".py", ".md", ".c", ".h", ".S", ".sh", ".toml", ".txt"} and path.is_file():
+            text = path.read_text(errors="replace")
+            outside = ("DESIGN.md", "../shared", "shared/references")
+            if name != "tests/test_layout.py" and any(w in text for w in outside):
+                citing.append(name)
+    assert not citing, citing

@@ -1,6 +1,6 @@
 """The LBR collection path on these machines (issue 7).
 
-There is no PMU here (DESIGN.md section 4), so live collection cannot run.  What is
+There is no PMU here (docs/backends.md), so live collection cannot run.  What is
 checked: bpf/lbr.bpf.c compiles with bcc and passes the running kernel's verifier as a
 perf_event program for the patterns' variants; the capability probe reports the missing
 PMU in one clear line, consistent with independent evidence; the collector refuses to

@@ -1,4 +1,4 @@
-"""`vmprof blocks` as a user runs it (issue 7); exit codes follow DESIGN.md section 5."""
+"""`vmprof blocks` as a user runs it (issue 7); exit codes as every command's (README)."""
 
 from __future__ import annotations
 

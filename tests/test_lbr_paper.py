@@ -1,4 +1,4 @@
-"""The paper's own numbers (Yamamoto et al. 2014, shared/references/001_…): Table 6's
+"""The paper's own numbers (Yamamoto et al. 2014, docs/papers.md item 4): Table 6's
 counters give CPI ~0.626; its LBR register dump (TOS 11, LBR12-15 empty) gives the
 call/return chain of Table 7 and 11 blocks; Table 2's example row is CPI 0.81 x 38
 instructions = 30.78 cycles."""

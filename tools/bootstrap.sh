@@ -31,7 +31,7 @@ fi
 
 # bcc compiles BPF C against /lib/modules/$kver/build.  Our BPF C uses UAPI
 # headers only (kernel offsets come from BTF), so any Debian headers tree works
-# when the running kernel ships none (DESIGN.md section 4).
+# when the running kernel ships none (docs/backends.md).
 if [ ! -e "/lib/modules/$kver/build/Makefile" ]; then
   hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
   [ -n "$hdr" ] || die "no kernel headers tree found in /usr/src; apt-get install linux-headers-amd64"

@@ -1,4 +1,4 @@
-"""LBR block timing with measured CPI (Yamamoto et al. 2014; DESIGN.md section 1 item 4).
+"""LBR block timing with measured CPI (Yamamoto et al. 2014; docs/papers.md, item 4).
 
 For each sample, consecutive branch entries delimit instruction blocks: the target of
 entry N-1 to the source of entry N (both inclusive) ran without a recorded branch in

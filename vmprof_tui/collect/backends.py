@@ -1,5 +1,5 @@
 """Hypervisor backends: which KVM flavour runs here, and the kernel offsets the
-BPF programs need to read guest state from ``struct kvm_vcpu`` (DESIGN.md §3).
+BPF programs need to read guest state from ``struct kvm_vcpu`` (docs/backends.md).
 
 Every offset comes from the running kernel's BTF; ``kvm_sched_in`` comes from
 /proc/kallsyms.  Exit reasons are numbered per backend; analyse/exits.py maps them to the

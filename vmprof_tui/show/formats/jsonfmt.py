@@ -1,4 +1,4 @@
-"""JSON report (contract in DESIGN.md section 5)."""
+"""JSON report (contract in docs/formats.md)."""
 
 from __future__ import annotations
 
