@@ -217,3 +217,15 @@ def test_options_a_format_ignores_are_errors() -> None:
     one_line(vmprof("report", GOLDEN, "--format", "pprof", "--limit", "3", "-o", "/dev/null"), 2,
              "--limit does not apply to pprof")
     one_line(vmprof("report", GOLDEN, "--format", "chrome", "--comm", "python"), 2, "chrome output is the whole")
+
+
+def test_whole_rows_add_up_to_the_rounded_total() -> None:
+    """Rounded one by one, fractional rows add up to one sample off their rounded sum (issue 36.5)."""
+    from vmprof_tui.analyse.shares import Row, whole_rows
+
+    rows = [Row(5.0, "f", "m"), Row(0.6, "a", "m"), Row(0.6, "b", "m"), Row(0.8, "c", "m")]
+    assert sum(round(r.samples) for r in rows) == 8 and round(sum(r.samples for r in rows)) == 7
+    whole = whole_rows(rows)
+    assert [round(r.samples) for r in whole] == [5, 1, 0, 1] and whole[0] is rows[0]
+    same = [Row(2.4, "a", "m"), Row(1.6, "b", "m")]  # adds up already: plain rounding, rows unchanged
+    assert whole_rows(same) == same
