@@ -384,3 +384,46 @@ def test_callers_of_a_function_on_no_path_names_the_functions(stacks: Recorded) 
     res = vmprof("report", str(stacks.rec.path), "--vm", "stacks", "--callers", "nosuchfn")
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "--callers nosuchfn matches no function" in res.stderr and "kernel_a" in res.stderr
+
+
+def test_children_and_callers_honour_columns(stacks: Recorded) -> None:
+    """Issue 36.10: --children and --callers ignored COLUMNS (their header was laid out in 80, their rows whole)."""
+    path = str(stacks.rec.path)
+    for view in (["--children"], ["--callers", "kernel_a"]):
+        narrow = vmprof("report", path, "--vm", "stacks", *view, env={**os.environ, "COLUMNS": "60"})
+        assert narrow.returncode == 0 and max(len(line) for line in narrow.stdout.splitlines()) <= 60, narrow.stdout
+        wide = vmprof("report", path, "--vm", "stacks", *view, env={**os.environ, "COLUMNS": "300"})
+        assert "stacks → chain → _start → main → solve → sweep → kernel_a" in wide.stdout or view == ["--children"]
+        assert any(line.startswith("Level: guest stacks   Total samples:") and "Lost samples" in line
+                   for line in wide.stdout.splitlines()), "the header is laid out in COLUMNS too"
+
+
+def test_runs_of_unknown_host_frames_are_one_frame() -> None:
+    """Issue 36.13: a host user chain through code without frame pointers is ~125 guessed return addresses that
+    resolve to nothing; the stack model makes each run of them one `[unknown ×N]` frame."""
+    from vmprof_tui.analyse.callgraph import frame_label
+    from vmprof_tui.resolve.resolver import UNKNOWN, Resolver
+    from vmprof_tui.resolve.stacks import EMPTY_KERNEL, _host_stack
+
+    chain = np.arange(0x7000_0000, 0x7000_0000 + 125 * 16, 16, dtype=np.uint64)
+    stack = _host_stack(4242, np.empty(0, np.uint64), chain, EMPTY_KERNEL, Resolver(), {})
+    assert [frame_label(f) for f in stack.frames] == ["[unknown ×125]"] and stack.truncated
+    assert stack.frames[0].module == UNKNOWN
+
+
+def test_flame_graph_of_code_without_frame_pointers_has_no_unknown_runs(tmp_path: Path) -> None:
+    """Issue 36.13 on a real host recording: Debian's python3 is built without frame pointers; no format shows
+    two unknown frames of one object in a row, and the flame graph is not thousands of pixels tall."""
+    require_root()
+    out = tmp_path / "host.vmprof"
+    loop = "import re\nfor i in range(10**7): re.findall('a', 'banana' * 3)"
+    res = vmprof("record", "-g", "-o", str(out), "-d", "2", "--", "python3", "-c", loop, timeout=180)
+    assert out.exists(), res.stderr
+    folded = vmprof("report", str(out), "--format", "collapsed")
+    assert folded.returncode == 0 and folded.stdout, folded.stderr
+    for line in folded.stdout.splitlines():
+        frames = line.rpartition(" ")[0].split(";")
+        assert not any(a == b and a.startswith("[") and a.endswith("]") and a not in ("[truncated]", "[partial]")
+                       for a, b in zip(frames, frames[1:], strict=False)), line
+    svg = vmprof("report", str(out), "--format", "svg").stdout
+    assert int(re.search(r'height="(\d+)"', svg).group(1)) < 1000

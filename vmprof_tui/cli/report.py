@@ -14,6 +14,7 @@ from vmprof_tui.analyse.shares import whole_rows
 from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
+from vmprof_tui.show.text import MIN_WIDTH, report_width
 
 if TYPE_CHECKING:
     from vmprof_tui.analyse.analysis import Analysis, Profile, Row
@@ -63,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="table", metavar="FORMAT",
                    help=f"output format: {', '.join(FORMATS)} (docs/formats.md)")
     p.add_argument("--stdio", action="store_true", help="accepted for perf's habit: the table is text already")
+    p.add_argument("--width", type=int, default=None, metavar="N",
+                   help="lay tables out in N columns (default: COLUMNS, else the terminal's width; to a pipe or "
+                        "-o FILE whole names, as perf --stdio)")
     p.add_argument("--percentage", choices=("relative", "absolute"), default="relative",
                    help="with --comm, --pid, --dso, -K or -U: totals, ratios and percentages of the rows kept "
                         "(relative, the default, as perf) or of the whole level (absolute)")
@@ -90,13 +94,16 @@ def run(args: argparse.Namespace) -> int:
         raise Usage(f"--sort applies to {', '.join(ORDERED)}: {args.format} output has no row order")
     if args.limit is not None and args.format in ("pprof", "chrome"):
         raise Usage(f"--limit does not apply to {args.format}: it always holds every row")
+    if args.width is not None and args.width < MIN_WIDTH:
+        raise Usage(f"--width takes at least {MIN_WIDTH} columns, not {args.width}")
+    cols = report_width(args.width, bool(args.output))
     filters = row_filters(args)
     if filters and args.format == "chrome":
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
     an = load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
-        return _call_graph(args, an, level)
+        return _call_graph(args, an, level, cols)
     fmt = formats.module(args.format)
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
@@ -114,12 +121,12 @@ def run(args: argparse.Namespace) -> int:
         profiles = [filtered(p, filters, w) for p, w in zip(profiles, wholes, strict=True)]
     profiles = [dataclasses.replace(p, rows=whole_rows(p.rows)) for p in profiles]
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
-                              limit=args.limit)
+                              limit=args.limit, cols=cols)
     write_output(args, fmt.render(inp))
     return 0
 
 
-def _call_graph(args: argparse.Namespace, an: Analysis, level: str) -> int:
+def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | None) -> int:
     from vmprof_tui.analyse.callgraph import CallGraph, callers, children
     from vmprof_tui.show.callgraph_table import render_callers, render_children
 
@@ -138,8 +145,8 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str) -> int:
         if args.callers and not callers(ws, args.callers):
             known += [r.function for r in children(ws)[:KNOWN_SHOWN]]
             continue
-        parts.append(render_callers(profile, ws, args.callers, args.limit) if args.callers
-                     else render_children(profile, ws, args.limit))
+        parts.append(render_callers(profile, ws, args.callers, args.limit, cols) if args.callers
+                     else render_children(profile, ws, args.limit, cols))
     if not parts:
         some = ", ".join(dict.fromkeys(known)) or "none"
         raise Failure(f"--callers {args.callers} matches no function on a call path; the most sampled are: {some} "
