@@ -87,13 +87,13 @@ def render_profile(profile: Profile, sort: str = "samples", limit: int | None = 
     return "\n".join(header(profile, cols) + body) + "\n"
 
 
-def column_widths(longest: list[int], cols: int) -> list[int]:
+def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
     """The five columns' widths in `cols` columns (lines end 2 short of it): every column as wide as its longest
-    cell, capped; the function takes what is left, at least FUNCTION_MIN (or its longest) before the process and
-    module columns are narrowed to make room, and they no further than FLOORS; then the function is cut."""
+    cell, capped; the function takes what is left, at least `function_min` (or its longest) before the process
+    and module columns are narrowed to make room, and they no further than FLOORS; then the function is cut."""
     widths = [min(cap, n) for cap, n in zip(CAPS, longest, strict=False)]
     room = cols - sum(w + 2 for w in widths) - 2  # what the function column gets
-    need = min(FUNCTION_MIN, longest[4])
+    need = min(function_min, longest[4])
     for floors in (FLOORS, (4, 4)):  # then, in a very narrow terminal, narrower still
         for i, floor in zip((3, 2), floors[::-1], strict=True):  # module first: the longer names, the less read
             if room < need and widths[i] > floor:
