@@ -139,10 +139,11 @@ def test_report_filters_by_process_pid_and_module() -> None:
     rows = csv_rows(GOLDEN, "--pid", "2877", "--dso", "libc.so.6")
     assert rows and all(r["pid"] == "2877" and r["module"] == "libc.so.6" for r in rows)
     assert all(r["process"] == "compute" for r in csv_rows(GOLDEN, "--vm", "steal1", "--comm", "compute"))
-    table = vmprof("report", GOLDEN, "--comm", "kdamond.0").stdout  # perf's default: of the rows kept
+    wide = {**os.environ, "COLUMNS": "300"}
+    table = vmprof("report", GOLDEN, "--comm", "kdamond.0", env=wide).stdout  # perf's default: of the rows kept
     assert "note: rows only of process kdamond.0: totals, ratios and percentages are of these rows" in table
     assert "Total samples: 10 " in table
-    table = vmprof("report", GOLDEN, "--comm", "kdamond.0", "--percentage", "absolute").stdout
+    table = vmprof("report", GOLDEN, "--comm", "kdamond.0", "--percentage", "absolute", env=wide).stdout
     assert "are of the whole level (--percentage absolute)" in table and "Total samples: 5317" in table
     one_line(vmprof("report", GOLDEN, "--pid", "web"), 2, "--pid takes numbers")
 
@@ -217,6 +218,8 @@ def test_options_a_format_ignores_are_errors() -> None:
     one_line(vmprof("report", GOLDEN, "--format", "pprof", "--limit", "3", "-o", "/dev/null"), 2,
              "--limit does not apply to pprof")
     one_line(vmprof("report", GOLDEN, "--format", "chrome", "--comm", "python"), 2, "chrome output is the whole")
+    one_line(vmprof("report", GOLDEN, "--children", "--comm", "python"), 2, "--children and --callers show every")
+    one_line(vmprof("report", GOLDEN, "--width", "20"), 2, "--width takes at least 60 columns")
 
 
 def test_whole_rows_add_up_to_the_rounded_total() -> None:

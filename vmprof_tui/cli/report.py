@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 ORDERED = ("table", "json", "csv")  # the formats whose rows --sort orders
 KNOWN_SHOWN = 8  # functions named when --callers matches none
+Filters = list[tuple[str, Callable[["Row"], bool]]]  # (what, test) of a row filter
 
 HELP = "profile tables of a recording, at host or guest level"
 EXAMPLES = """examples:
@@ -98,12 +99,15 @@ def run(args: argparse.Namespace) -> int:
         raise Usage(f"--width takes at least {MIN_WIDTH} columns, not {args.width}")
     cols = report_width(args.width, bool(args.output))
     filters = row_filters(args)
+    if (args.children or args.callers) and (args.comm or args.pid or args.dso):
+        raise Usage("--comm, --pid and --dso select profile rows: --children and --callers show every call path "
+                    "(narrow them with --vm, --vcpu, --cpu, -K or -U)")
     if filters and args.format == "chrome":
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
     an = load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
-        return _call_graph(args, an, level, cols)
+        return _call_graph(args, an, level, cols, filters)
     fmt = formats.module(args.format)
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | None) -> int:
+def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | None, filters: Filters) -> int:
     from vmprof_tui.analyse.callgraph import CallGraph, callers, children
     from vmprof_tui.show.callgraph_table import render_callers, render_children
 
@@ -141,6 +145,8 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | 
     parts, known = [], []
     for vm in vms:
         profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)
+        if filters:  # -K/-U: the header's totals are of that mode's samples, as the call graph's
+            profile = filtered(profile, filters)
         ws = graph.weighted(level, vm, args.vcpu, args.cpu)
         if args.callers and not callers(ws, args.callers):
             known += [r.function for r in children(ws)[:KNOWN_SHOWN]]
@@ -207,9 +213,9 @@ def _of_a_mode(r: Row) -> bool:
     return r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN) and not (r.vm is None and r.pid == 0)
 
 
-def row_filters(args: argparse.Namespace) -> list[tuple[str, Callable[[Row], bool]]]:
+def row_filters(args: argparse.Namespace) -> Filters:
     """(what, test) of --comm, --pid, --dso and -K/-U; a row passes when it passes every one given."""
-    out: list[tuple[str, Callable[[Row], bool]]] = []
+    out: Filters = []
     for what, given in (("process", args.comm), ("pid", args.pid), ("module", args.dso)):
         values = _values(given)
         if what == "pid" and not all(v.isdigit() for v in values):
@@ -229,9 +235,6 @@ def _profiles(args: argparse.Namespace, an: Analysis, level: str) -> list[Profil
     if level == "host":
         return [an.host_profile(args.cpu)]
     return [an.guest_profile(vm, args.vcpu) for vm in ([args.vm] if args.vm else an.vm_names())]
-
-
-Filters = list[tuple[str, Callable[["Row"], bool]]]
 
 
 def filtered(profile: Profile, filters: Filters, whole: Profile | None = None) -> Profile:
