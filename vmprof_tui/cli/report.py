@@ -31,7 +31,9 @@ EXAMPLES = """examples:
   vmprof report -i run.vmprof --vm web1 --vcpu 0 --format json
   vmprof report run.vmprof --cpu 1    host level, one pCPU only
   vmprof report --comm qemu-system-x86 --dso '[kernel.kallsyms]' --sort pid
-  vmprof report run.vmprof -K         user-mode samples only (as perf)
+  vmprof report run.vmprof -K         user-mode samples only, % of them (perf)
+  vmprof report run.vmprof -K --percentage absolute   % of every sample
+  vmprof report run.vmprof | less -S  whole names (--width N: cut to N columns)
   vmprof report run.vmprof --vm web1 --format collapsed > web1.folded
   vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/web1.tar
   vmprof report run.vmprof --vm web1 --format pprof -o web1.pb.gz
