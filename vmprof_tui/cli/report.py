@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vmprof_tui.analyse.shares import whole_rows
+from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import row_ratios, whole_rows
 from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
@@ -208,8 +209,7 @@ def _values(given: list[str]) -> set[str]:
 
 
 def _of_a_mode(r: Row) -> bool:
-    from vmprof_tui.analyse.kinds import RowKind
-
+    """A row of code of a mode: a function, or at the host a VM's guest code (not the host's idle task)."""
     if r.kind is RowKind.VM:
         return True
     return r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN) and not (r.vm is None and r.pid == 0)
@@ -243,9 +243,6 @@ def filtered(profile: Profile, filters: Filters, whole: Profile | None = None) -
     """The profile with only the rows that pass.  Its totals, ratios and percentages are of the rows kept (perf's
     default, --percentage relative), or, given `whole` (the level without the filters), of the whole level
     (--percentage absolute); the header says which."""
-    from vmprof_tui.analyse.kinds import RowKind
-    from vmprof_tui.analyse.shares import row_ratios
-
     rows = [r for r in profile.rows if all(test(r) for _what, test in filters)]
     what = "rows only of " + "; ".join(what for what, _test in filters)
     if whole is not None:

@@ -1,6 +1,6 @@
 """The papers' table: a header with totals and ratios, then `Samples %Ratio Process Module Function` rows.
 
-At a terminal (or given --width N or COLUMNS) the table is exactly that wide, the long column last as perf puts
+At a terminal (or given --width N or COLUMNS) the table fits that width, never wider, the long column last as perf puts
 it: the function column gets its width first, the process and module columns what is left (down to a floor),
 and a name longer than its column ends in an ellipsis instead of widening every line.  To a pipe or a file
 (without --width or COLUMNS) every name is whole and each column as wide as its longest name, as perf --stdio.
