@@ -139,8 +139,12 @@ def test_report_filters_by_process_pid_and_module() -> None:
     rows = csv_rows(GOLDEN, "--pid", "2877", "--dso", "libc.so.6")
     assert rows and all(r["pid"] == "2877" and r["module"] == "libc.so.6" for r in rows)
     assert all(r["process"] == "compute" for r in csv_rows(GOLDEN, "--vm", "steal1", "--comm", "compute"))
-    table = vmprof("report", GOLDEN, "--comm", "kdamond.0").stdout
-    assert "note: rows only of process kdamond.0" in table and "Total samples: 5317" in table
+    wide = {**os.environ, "COLUMNS": "300"}
+    table = vmprof("report", GOLDEN, "--comm", "kdamond.0", env=wide).stdout  # perf's default: of the rows kept
+    assert "note: rows only of process kdamond.0: totals, ratios and percentages are of these rows" in table
+    assert "Total samples: 10 " in table
+    table = vmprof("report", GOLDEN, "--comm", "kdamond.0", "--percentage", "absolute", env=wide).stdout
+    assert "are of the whole level (--percentage absolute)" in table and "Total samples: 5317" in table
     one_line(vmprof("report", GOLDEN, "--pid", "web"), 2, "--pid takes numbers")
 
 
@@ -154,9 +158,59 @@ def test_report_kernel_or_user_only() -> None:
     guest_user = csv_rows(GOLDEN, "--vm", "steal1", "-K")
     assert {r["function"] for r in guest_user} >= {"compute_a", "compute_b"}
     assert not any(r["module"] in ("(outside)", "(vmm blocked)") for r in guest_user), "blank time is no mode's"
-    guest_kernel = csv_rows(GOLDEN, "--vm", "steal1", "-U")  # the demo guests run in user mode only:
-    assert guest_kernel and all(r["module"] == "(vmm)" for r in guest_kernel)  # KVM's work for the vCPU is left
+    # the demo guests run in user mode only; KVM's and the VMM's work for a vCPU is the guest's steal, no mode's
+    assert csv_rows(GOLDEN, "--vm", "steal1", "-U") == []
     assert vmprof("report", GOLDEN, "-K", "-U").returncode == 2
+
+
+def report_json(*args: str) -> dict:
+    import json
+    res = vmprof("report", *args, "--format", "json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_mode_filters_make_the_totals_and_ratios_of_what_they_keep() -> None:
+    """-K/-U (issue 36.4): as perf, percentages are of the samples kept, and the header says so; blank time
+    (idle, steal), KVM's and the VMM's work for a vCPU and halt polling are neither mode's and go."""
+    for args, zero in ((["-U"], ("user", "idle")), (["-K"], ("os", "idle")),
+                       (["--vm", "steal1", "-K"], ("os", "idle", "steal"))):
+        doc = report_json(GOLDEN, *args)
+        assert doc["rows"] and doc["total_samples"] == sum(r["samples"] for r in doc["rows"]), args
+        assert abs(sum(doc["ratios"].values()) - 100.0) < 0.01 and all(doc["ratios"][k] == 0 for k in zero), args
+        assert abs(sum(r["ratio"] for r in doc["rows"]) - 100.0) < 0.1, args
+        assert not any(r["function"] in ("[idle]", "[steal]", "[halt poll]") for r in doc["rows"]), args
+        assert any("totals, ratios and percentages are of these rows" in n for n in doc["notes"]), args
+    user = {(r["function"], r["module"]) for r in report_json(GOLDEN, "-K")["rows"]}
+    kernel = {(r["function"], r["module"]) for r in report_json(GOLDEN, "-U")["rows"]}
+    assert not (user & kernel) - {(f"[{vm}]", f"(VM{i})") for i, vm in enumerate(("steal1", "steal2", "steal3"), 1)}
+    whole = report_json(GOLDEN, "--vm", "steal1")
+    absolute = report_json(GOLDEN, "--vm", "steal1", "-K", "--percentage", "absolute")
+    assert absolute["total_samples"] == whole["total_samples"] and absolute["ratios"] == whole["ratios"]
+    assert any("of the whole level (--percentage absolute)" in n for n in absolute["notes"])
+    table = vmprof("report", GOLDEN, "-U", env={**os.environ, "COLUMNS": "200"}).stdout
+    assert "note: rows only of kernel mode: totals, ratios and percentages are of these rows" in table
+
+
+def test_ratios_made_from_the_rows_are_the_profiles_ratios() -> None:
+    """What a filtered profile's ratios are made of (its rows) gives the unfiltered ratios back."""
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.shares import row_ratios
+
+    an = Analysis(recording.load(ROOT / GOLDEN))
+    for p in [an.host_profile(), an.host_profile(1)] + [an.guest_profile(vm) for vm in an.vm_names()]:
+        made = row_ratios(p.level, p.rows)
+        assert made.keys() == p.ratios.keys() and all(abs(made[k] - p.ratios[k]) < 1e-6 for k in made)
+
+
+def test_vcpu_or_cpu_that_matches_nothing_names_the_valid_ones() -> None:
+    """--vcpu/--cpu the recording has not (issue 36.8): one line with the valid values, exit 1."""
+    one_line(vmprof("report", GOLDEN, "--vm", "steal1", "--vcpu", "7"), 1, "--vcpu 7 matches nothing")
+    assert "VM steal1 has vCPUs 0" in vmprof("report", GOLDEN, "--vm", "steal1", "--vcpu", "7").stderr
+    one_line(vmprof("report", GOLDEN, "--level", "guest", "--vcpu", "7"), 1, "VM steal3 has vCPUs 0")
+    one_line(vmprof("report", GOLDEN, "--cpu", "5"), 1, "--cpu 5 matches nothing: tests/data/golden/steal3.vmprof "
+                                                        "has CPUs 0-1")
+    assert vmprof("report", GOLDEN, "--cpu", "1").returncode == 0
 
 
 def test_options_a_format_ignores_are_errors() -> None:
@@ -164,3 +218,17 @@ def test_options_a_format_ignores_are_errors() -> None:
     one_line(vmprof("report", GOLDEN, "--format", "pprof", "--limit", "3", "-o", "/dev/null"), 2,
              "--limit does not apply to pprof")
     one_line(vmprof("report", GOLDEN, "--format", "chrome", "--comm", "python"), 2, "chrome output is the whole")
+    one_line(vmprof("report", GOLDEN, "--children", "--comm", "python"), 2, "--children and --callers show every")
+    one_line(vmprof("report", GOLDEN, "--width", "20"), 2, "--width takes at least 60 columns")
+
+
+def test_whole_rows_add_up_to_the_rounded_total() -> None:
+    """Rounded one by one, fractional rows add up to one sample off their rounded sum (issue 36.5)."""
+    from vmprof_tui.analyse.shares import Row, whole_rows
+
+    rows = [Row(5.0, "f", "m"), Row(0.6, "a", "m"), Row(0.6, "b", "m"), Row(0.8, "c", "m")]
+    assert sum(round(r.samples) for r in rows) == 8 and round(sum(r.samples for r in rows)) == 7
+    whole = whole_rows(rows)
+    assert [round(r.samples) for r in whole] == [5, 1, 0, 1] and whole[0] is rows[0]
+    same = [Row(2.4, "a", "m"), Row(1.6, "b", "m")]  # adds up already: plain rounding, rows unchanged
+    assert whole_rows(same) == same

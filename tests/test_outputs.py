@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -49,6 +50,58 @@ def test_report_fits_the_terminal(args: list, columns: int) -> None:
     assert max(len(line) for line in text.splitlines()) <= columns, text
     header = next(line for line in text.splitlines() if line.startswith("Samples"))
     assert header.split()[-1] == "Function", "the long column is the last"
+
+
+LONG = "clang::Sema::DiagnoseUseOfDecl(clang::NamedDecl*, llvm::ArrayRef<clang::SourceLocation>, " \
+       "clang::ObjCInterfaceDecl const*, bool, bool, clang::ObjCInterfaceDecl*)"
+
+
+def test_report_to_a_pipe_or_file_prints_whole_names(tmp_path: Path) -> None:
+    """Issue 36.10: as perf --stdio, a table to a pipe or -o FILE is not cut (without --width or COLUMNS)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run(f"{sys.executable} -m vmprof_tui report {CLANG} | cat", shell=True, capture_output=True,
+                           text=True, cwd=ROOT, env=env, timeout=120)
+    assert piped.returncode == 0 and LONG in piped.stdout and "…" not in piped.stdout, piped.stderr
+    assert max(len(line) for line in piped.stdout.splitlines()) > 200
+    res = subprocess.run([sys.executable, "-m", "vmprof_tui", "report", CLANG, "-o", tmp_path / "t.txt"], cwd=ROOT,
+                         env=env, timeout=120)
+    assert res.returncode == 0 and LONG in (tmp_path / "t.txt").read_text()
+    cut = subprocess.run([sys.executable, "-m", "vmprof_tui", "report", CLANG, "--width", "100"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert LONG not in cut and max(len(line) for line in cut.splitlines()) <= 100
+
+
+@pytest.mark.parametrize("args", [[CLANG], [STEAL3, "--level", "guest"], [STEAL3, "-U"],
+                                  [STEAL3, "--vm", "steal1", "-K", "--percentage", "absolute"]])
+def test_report_at_80_columns_is_never_wider_than_80(args: list) -> None:
+    """Issue 36.10: rows of 81-88 characters at COLUMNS=80 (process and module columns kept their widths);
+    now the function column gets its width first and notes wrap."""
+    text = out("report", *args, columns=80)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+
+
+def test_report_in_an_80_column_tmux_terminal_is_never_wider() -> None:
+    """Issue 36.10: at a real terminal (tmux, 80 columns, no COLUMNS) the table is laid out in its width;
+    capture-pane -J joins a line the terminal wrapped, so a line wider than 80 would show."""
+    if not shutil.which("tmux"):
+        pytest.fail("tmux is not installed (apt-get install tmux)")
+    server = f"vmprof-test-{os.getpid()}"
+    cmd = f"env -u COLUMNS {sys.executable} -m vmprof_tui report {CLANG} --limit 60; echo vmprof-done; read x"
+    subprocess.run(["tmux", "-L", server, "new-session", "-d", "-s", "t", "-x", "80", "-y", "100", cmd], cwd=ROOT,
+                   check=True, timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        screen = ""
+        while "vmprof-done" not in screen and time.monotonic() < deadline:  # until the report has been written
+            screen = subprocess.run(["tmux", "-L", server, "capture-pane", "-p", "-J", "-t", "t", "-S", "0",
+                                     "-E", "99"], capture_output=True, text=True, timeout=30).stdout
+    finally:
+        subprocess.run(["tmux", "-L", server, "kill-server"], timeout=30)
+    assert "vmprof-done" in screen, screen
+    lines = screen.splitlines()
+    assert lines[0].startswith("Level: host") and any(line.startswith("Samples") for line in lines)
+    assert max(len(line.rstrip()) for line in lines) <= 80, screen
+    assert any("clang::" in line and line.rstrip().endswith("…") for line in lines), "long names are cut"
 
 
 def test_table_demangles_and_says_what_total_counts() -> None:

@@ -3,6 +3,8 @@ compared with the call structure the demo programs have by construction (vmprof_
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 from collections import Counter
@@ -299,3 +301,129 @@ def test_pprof_and_speedscope_carry_the_stacks(stacks: Recorded, tmp_path: Path)
     sample_names = {tuple(names[i] for i in s) for p in doc["profiles"] for s in p["samples"]}
     assert ("[stacks]", "stacks/chain [1]", "_start", "main", "solve", "sweep", "kernel_a") in sample_names
     assert ("[stacks]", "stacks/clobber [3]", "[partial]", "clobbered") in sample_names
+
+
+def format_totals(rec: Path, vm: str, tmp_path: Path) -> dict[str, int]:
+    """The samples each format of one guest-level report adds up to."""
+    import csv
+    import io
+    import json
+    import re
+
+    from test_export_formats import Decoded
+
+    def report(fmt: str) -> str:
+        res = vmprof("report", str(rec), "--vm", vm, "--format", fmt)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    doc = json.loads(report("json"))
+    speed = json.loads(report("speedscope"))
+    period = 1e9 / int(recording.load(rec).meta["frequency"])
+    out = tmp_path / "totals.pb.gz"
+    assert vmprof("report", str(rec), "--vm", vm, "--format", "pprof", "-o", str(out)).returncode == 0
+    table = vmprof("report", str(rec), "--vm", vm, env={**os.environ, "COLUMNS": "200"}).stdout
+    rows = [line.split() for line in table.splitlines()[table.splitlines().index(
+        next(ln for ln in table.splitlines() if ln.startswith("Samples"))) + 1:]]
+    return {"json total": doc["total_samples"], "json rows": sum(r["samples"] for r in doc["rows"]),
+            "table header": int(re.search(r"Total samples: (\d+)", table).group(1)),
+            "table rows": sum(int(r[0]) for r in rows),
+            "csv": sum(int(r["samples"]) for r in csv.DictReader(io.StringIO(report("csv")))),
+            "collapsed": sum(int(line.rsplit(" ", 1)[1]) for line in report("collapsed").splitlines()),
+            "speedscope": round(sum(sum(p["weights"]) for p in speed["profiles"]) / period),
+            "svg": int(re.search(r"<title>all \((\d+) samples", report("svg")).group(1)),
+            "pprof": Decoded(out.read_bytes()).total()}
+
+
+def test_every_format_adds_up_to_the_same_total_of_a_g_recording(stacks: Recorded, tmp_path: Path) -> None:
+    """Issue 36.5: the guest level of a -g recording has fractional steal rows; rounded one by one they added up
+    to one sample less than the total in the table, CSV, collapsed, speedscope and SVG."""
+    totals = format_totals(stacks.rec.path, "stacks", tmp_path)
+    assert len(set(totals.values())) == 1, totals
+
+
+def test_pprof_labels_cpu_vcpu_and_tid_reach_go_tool_pprof(stacks: Recorded, tmp_path: Path) -> None:
+    """Issue 36.11: pprof drops a numeric label whose value and unit are both 0, so vcpu 0 (and cpu 0) were lost."""
+    out = tmp_path / "labels.pb.gz"
+    assert vmprof("report", str(stacks.rec.path), "--vm", "stacks", "--format", "pprof", "-o", str(out)).returncode == 0
+    tags = subprocess.run(["go", "tool", "pprof", "-tags", str(out)], capture_output=True, text=True, timeout=120)
+    assert tags.returncode == 0, tags.stderr
+    shown = {line.split(":")[0].strip() for line in tags.stdout.splitlines() if line.startswith(" ") and
+             "Total" in line}
+    assert {"cpu", "vcpu", "tid"} <= shown, tags.stdout
+    tid = stacks.ready["stacks"]["vcpus"][0]["tid"]
+    assert re.search(r"vcpu: Total .*\n\s+\S+ \(\s*100%\): 0\n", tags.stdout), tags.stdout
+    assert re.search(rf"tid: Total[^\n]*\n(\s+\S+ \([^)]*\): \d+\n)*\s+\S+ \([^)]*\): {tid}\n", tags.stdout)
+    focus = subprocess.run(["go", "tool", "pprof", "-tagfocus=vcpu=0", "-top", str(out)], capture_output=True,
+                           text=True, timeout=120)
+    assert "kernel_a" in focus.stdout, focus.stdout + focus.stderr
+
+
+def test_call_graph_notes_reach_json_and_pprof_comments(stacks: Recorded, tmp_path: Path) -> None:
+    """Issue 36.12: "N of M samples have a partial guest stack" was only in --children/--callers."""
+    import json
+
+    from test_export_formats import Decoded
+
+    path = str(stacks.rec.path)
+    doc = json.loads(vmprof("report", path, "--vm", "stacks", "--format", "json").stdout)
+    partial = [n for n in doc["notes"] if "have a partial guest stack" in n and "clobber" in n]
+    assert len(partial) == 1, doc["notes"]
+    out = tmp_path / "notes.pb.gz"
+    assert vmprof("report", path, "--vm", "stacks", "--format", "pprof", "-o", str(out)).returncode == 0
+    d = Decoded(out.read_bytes())
+    assert f"note: {partial[0]}" in [d.s[c] for c in d.p.comment]
+    table = vmprof("report", path, "--vm", "stacks", env={**os.environ, "COLUMNS": "400"}).stdout
+    assert f"note: {partial[0]}" in table
+    children = vmprof("report", path, "--vm", "stacks", "--children", env={**os.environ, "COLUMNS": "400"})
+    assert children.stdout.count(partial[0]) == 1, "the notes are said once"
+
+
+def test_callers_of_a_function_on_no_path_names_the_functions(stacks: Recorded) -> None:
+    """Issue 36.8: --callers nosuchfn printed an empty table with exit 0."""
+    res = vmprof("report", str(stacks.rec.path), "--vm", "stacks", "--callers", "nosuchfn")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "--callers nosuchfn matches no function" in res.stderr and "kernel_a" in res.stderr
+
+
+def test_children_and_callers_honour_columns(stacks: Recorded) -> None:
+    """Issue 36.10: --children and --callers ignored COLUMNS (their header was laid out in 80, their rows whole)."""
+    path = str(stacks.rec.path)
+    for view in (["--children"], ["--callers", "kernel_a"]):
+        narrow = vmprof("report", path, "--vm", "stacks", *view, env={**os.environ, "COLUMNS": "60"})
+        assert narrow.returncode == 0 and max(len(line) for line in narrow.stdout.splitlines()) <= 60, narrow.stdout
+        wide = vmprof("report", path, "--vm", "stacks", *view, env={**os.environ, "COLUMNS": "300"})
+        assert "stacks → chain → _start → main → solve → sweep → kernel_a" in wide.stdout or view == ["--children"]
+        assert any(line.startswith("Level: guest stacks   Total samples:") and "Lost samples" in line
+                   for line in wide.stdout.splitlines()), "the header is laid out in COLUMNS too"
+
+
+def test_runs_of_unknown_host_frames_are_one_frame() -> None:
+    """Issue 36.13: a host user chain through code without frame pointers is ~125 guessed return addresses that
+    resolve to nothing; the stack model makes each run of them one `[unknown ×N]` frame."""
+    from vmprof_tui.analyse.callgraph import frame_label
+    from vmprof_tui.resolve.resolver import UNKNOWN, Resolver
+    from vmprof_tui.resolve.stacks import EMPTY_KERNEL, _host_stack
+
+    chain = np.arange(0x7000_0000, 0x7000_0000 + 125 * 16, 16, dtype=np.uint64)
+    stack = _host_stack(4242, np.empty(0, np.uint64), chain, EMPTY_KERNEL, Resolver(), {})
+    assert [frame_label(f) for f in stack.frames] == ["[unknown ×125]"] and stack.truncated
+    assert stack.frames[0].module == UNKNOWN
+
+
+def test_flame_graph_of_code_without_frame_pointers_has_no_unknown_runs(tmp_path: Path) -> None:
+    """Issue 36.13 on a real host recording: Debian's python3 is built without frame pointers; no format shows
+    two unknown frames of one object in a row, and the flame graph is not thousands of pixels tall."""
+    require_root()
+    out = tmp_path / "host.vmprof"
+    loop = "import re\nfor i in range(10**7): re.findall('a', 'banana' * 3)"
+    res = vmprof("record", "-g", "-o", str(out), "-d", "2", "--", "python3", "-c", loop, timeout=180)
+    assert out.exists(), res.stderr
+    folded = vmprof("report", str(out), "--format", "collapsed")
+    assert folded.returncode == 0 and folded.stdout, folded.stderr
+    for line in folded.stdout.splitlines():
+        frames = line.rpartition(" ")[0].split(";")
+        assert not any(a == b and a.startswith("[") and a.endswith("]") and a not in ("[truncated]", "[partial]")
+                       for a, b in zip(frames, frames[1:], strict=False)), line
+    svg = vmprof("report", str(out), "--format", "svg").stdout
+    assert int(re.search(r'height="(\d+)"', svg).group(1)) < 1000

@@ -404,3 +404,75 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
             assert got.ratios == pytest.approx(want.ratios, abs=0.3)
             assert got.total_samples == pytest.approx(want.total_samples, rel=0.01)
             assert (got.top_process, got.top_function) == (want.top_process, want.top_function)
+
+
+def test_timeline_tells_steal_wakeup_wait_and_throttled_apart() -> None:
+    """Issue 36.15: the timeline drew steal, wake-up wait and throttled with one glyph (▒) and, in Textual's
+    256-colour output, one colour (38;5;197); each now has its own glyph and colour, and the legend says which."""
+    from rich.color import ColorSystem
+    from rich.style import Style
+
+    app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
+
+    async def go() -> None:
+        async with app.run_test(size=(120, 30)) as pilot:
+            await until(pilot, lambda: any(r[0] == "steal1" and r[1] not in ("0", "-") for r in cells(app)),
+                        timeout=15)
+            await pilot.press("space")
+            await select(pilot, app, "steal1")
+            await pilot.press("t")
+            await until(pilot, lambda: isinstance(app.screen, TimelineScreen)
+                        and "vcpu0" in str(app.screen.query_one("#timeline").render()))
+            text = app.screen.draw(app.analysis)
+            await pilot.press("q")
+        plain = text.plain
+
+        def style_at(i: int) -> Style:
+            return Style.combine(Style.parse(str(s.style)) for s in text.spans if s.start <= i < s.end)
+
+        shown = {}
+        for label in ("steal", "wake-up wait", "throttled", "guest", "VMM", "idle"):
+            at = plain.index(f" {label}  ") - 1  # the legend: two glyphs, then the label
+            shown[label] = (plain[at], style_at(at).color)
+        kinds = [shown[k] for k in ("steal", "wake-up wait", "throttled")]
+        assert len({glyph for glyph, _c in shown.values()}) == len(shown), shown
+        assert len({c.downgrade(ColorSystem.EIGHT_BIT).number for _g, c in kinds}) == 3, kinds
+        strips = [line for line in plain.splitlines() if line.startswith("vcpu")]
+        steal_glyph = shown["steal"][0]
+        assert strips and steal_glyph in strips[0], "steal3's vCPUs are preempted: the strip shows steal"
+        first = plain.index(strips[0]) + strips[0].index(steal_glyph)
+        assert style_at(first).color == shown["steal"][1], "the strip uses the legend's colour"
+
+    asyncio.run(go())
+
+
+def test_host_view_at_80x24_gives_the_function_column_its_width() -> None:
+    """Issue 36.16: at 80x24 the host view's module (and process) column, sized to its longest name, pushed
+    the function column off the screen; now process and module names are cut first."""
+    from vmprof_tui.show.tui import SCROLLBAR
+
+    app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "lbr.vmprof", window_s=1.0), refresh_s=0.3)
+
+    async def go() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: any(r[0] == "(host)" for r in cells(app)), timeout=15)
+            await pilot.press("space")
+            await select(pilot, app, "(host)")
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, HostScreen) and len(cells(app)) > 5)
+            await pilot.pause(0.3)
+            table = app.screen.query_one(DataTable)
+            widths = {c.label.plain: c.get_render_width(table) for c in table.columns.values()}
+            assert sum(widths.values()) <= 80 - SCROLLBAR, widths
+            assert widths["function"] >= 80 // 3, widths
+            assert table.virtual_size.width <= 80, "nothing to scroll sideways to"
+            functions = [r[4] for r in cells(app)]
+            assert any(f.startswith("clang::") and len(f) > 20 for f in functions), functions
+            shot = app.export_screenshot().replace("&#160;", " ")
+            assert "clang::ASTContext::getDec" in shot, "the function is on the screen"
+            await pilot.press("slash")  # the filter reads whole names, not the cut cells
+            await pilot.press(*"getDeclAttrs", "enter")
+            await until(pilot, lambda: len(cells(app)) == 1 and cells(app)[0][4].startswith("clang::ASTContext"))
+            await pilot.press("q")
+
+    asyncio.run(go())

@@ -146,7 +146,11 @@ def irq_between(a: int, b: int) -> int:
 
 def in_kernel(samples: np.ndarray) -> np.ndarray:
     """The samples taken in kernel mode: the guest's kernel for guest samples, the host's for the others."""
-    flags = samples["flags"]
+    return kernel_mode(samples["flags"])
+
+
+def kernel_mode(flags: np.ndarray) -> np.ndarray:
+    """in_kernel of the samples' flags."""
     return np.where((flags & SAMPLE_GUEST) != 0, (flags & SAMPLE_GUEST_KERNEL) != 0, (flags & SAMPLE_HOST_KERNEL) != 0)
 
 
@@ -839,17 +843,21 @@ class Analysis:
         """One Row per distinct (vm, process, pid, function, module) among the selected samples (as row()
         makes them, from the names of each group's first sample)."""
         idx = np.nonzero(sel)[0]
-        _, first, counts = first_and_counts(self.key[idx], self.key_count)
+        keys, first, counts = first_and_counts(self.key[idx], self.key_count)
+        # each row's kernel-mode samples: what a filtered profile's OS:USER split is made of
+        kernel_keys, kernel_counts = counts_of(self.key[idx[kernel_mode(self.samples["flags"][idx])]], self.key_count)
+        kernel = np.zeros(len(keys))
+        kernel[np.searchsorted(keys, kernel_keys)] = kernel_counts
         at = idx[first]
         pids = self.proc_pid[at]
         kinds = np.where(self.unresolved[at], 1, 0)
         vms = self.vm_name_of_code[self.vm_code[at]]
         kind_of = (RowKind.FUNCTION, RowKind.UNKNOWN)
-        return [Row(c, str(f), str(m), str(p) or None, pid if pid >= 0 else None, vm or None, kind_of[k])
-                for c, f, m, p, pid, vm, k in zip(counts.astype(float).tolist(), self.func[at].tolist(),
-                                                   self.module[at].tolist(), self.process[at].tolist(),
-                                                   pids.tolist(), vms.tolist(), kinds.tolist(),
-                                                   strict=True)]
+        return [Row(c, str(f), str(m), str(p) or None, pid if pid >= 0 else None, vm or None, kind_of[k], kc)
+                for c, f, m, p, pid, vm, k, kc in zip(counts.astype(float).tolist(), self.func[at].tolist(),
+                                                       self.module[at].tolist(), self.process[at].tolist(),
+                                                       pids.tolist(), vms.tolist(), kinds.tolist(),
+                                                       kernel.astype(float).tolist(), strict=True)]
 
     def cpu_idle_ns(self) -> dict[int, int]:
         """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""

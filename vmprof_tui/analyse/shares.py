@@ -29,12 +29,50 @@ class Row:
     pid: int | None = None
     vm: str | None = None
     kind: RowKind = RowKind.FUNCTION
+    kernel: float = 0.0  # of `samples`, those taken in kernel mode (the guest's kernel for guest samples)
 
     def to_json(self, total: float) -> dict:
         return {"samples": int(round(self.samples)), "ratio": round(100.0 * self.samples / total, 3) if total else 0.0,
                 "function": demangle(self.function), "symbol": self.function, "module": self.module,
                 "process": self.process, "pid": self.pid,
                 "vm": self.vm}
+
+
+def row_ratios(level: str, rows: list[Row]) -> dict[str, float]:
+    """The shares of a level made from its rows: what a filtered profile's ratios are of (the rows it kept).  The
+    same keys as HostParts.ratios and GuestParts.ratios; host rows of pid 0 are the idle task, as in HostParts."""
+    parts: dict[str, float] = defaultdict(float)
+    for r in rows:
+        if r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN):
+            if level == "host" and r.pid == 0:
+                parts["idle"] += r.samples
+            else:
+                parts["os"] += r.kernel
+                parts["user"] += r.samples - r.kernel
+        elif r.kind in (RowKind.IDLE, RowKind.CPU_IDLE):
+            parts["idle"] += r.samples
+        else:
+            kind = "vm" if r.kind is RowKind.VM else "halt_poll" if r.kind is RowKind.HALT_POLL else "steal"
+            parts[kind] += r.samples
+    keys = ["os", "user", "idle", "vm"] if level == "host" else ["os", "user", "idle", "steal"] + (
+        ["halt_poll"] if "halt_poll" in parts else [])
+    return _percent([(k, parts[k]) for k in keys], sum(parts.values()))
+
+
+def whole_rows(rows: list[Row]) -> list[Row]:
+    """The rows in whole samples that add up to their sum rounded: virtual rows (blank time over the sampling
+    period) are fractional, and rounding each alone made every format's rows add up to a total one sample off
+    the rounded total.  The fractions go to the rows with the largest remainders (ties: the earlier row), which
+    is plain rounding whenever that adds up already; a row keeps its fractional samples (and so its percentage)
+    unless its whole count is not its samples rounded."""
+    samples = np.array([r.samples for r in rows], float)
+    whole = np.floor(samples)
+    remainder = samples - whole
+    short = int(round(samples.sum() - whole.sum()))
+    if short:
+        whole[np.argsort(-remainder, kind="stable")[:short]] += 1
+    return [r if n == round(r.samples) else replace(r, samples=n, kernel=min(r.kernel, n))
+            for r, n in zip(rows, whole.tolist(), strict=True)]
 
 
 def _percent(parts: list[tuple[str, float]], total: float) -> dict[str, float]:

@@ -8,14 +8,21 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import row_ratios, whole_rows
 from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
+from vmprof_tui.show.text import MIN_WIDTH, report_width
 
 if TYPE_CHECKING:
     from vmprof_tui.analyse.analysis import Analysis, Profile, Row
 
 ORDERED = ("table", "json", "csv")  # the formats whose rows --sort orders
+KNOWN_SHOWN = 8  # functions named when --callers matches none
+Filters = list[tuple[str, Callable[["Row"], bool]]]  # (what, test) of a row filter
 
 HELP = "profile tables of a recording, at host or guest level"
 EXAMPLES = """examples:
@@ -25,7 +32,9 @@ EXAMPLES = """examples:
   vmprof report -i run.vmprof --vm web1 --vcpu 0 --format json
   vmprof report run.vmprof --cpu 1    host level, one pCPU only
   vmprof report --comm qemu-system-x86 --dso '[kernel.kallsyms]' --sort pid
-  vmprof report run.vmprof -K         user-mode samples only (as perf)
+  vmprof report run.vmprof -K         user-mode samples only, % of them (perf)
+  vmprof report run.vmprof -K --percentage absolute   % of every sample
+  vmprof report run.vmprof | less -S  whole names (--width N: cut to N columns)
   vmprof report run.vmprof --vm web1 --format collapsed > web1.folded
   vmprof report run.vmprof --vm web1 --guest-bundle web1=/srv/web1.tar
   vmprof report run.vmprof --vm web1 --format pprof -o web1.pb.gz
@@ -59,6 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="table", metavar="FORMAT",
                    help=f"output format: {', '.join(FORMATS)} (docs/formats.md)")
     p.add_argument("--stdio", action="store_true", help="accepted for perf's habit: the table is text already")
+    p.add_argument("--width", type=int, default=None, metavar="N",
+                   help="lay tables out in N columns (default: COLUMNS, else the terminal's width; to a pipe or "
+                        "-o FILE whole names, as perf --stdio)")
+    p.add_argument("--percentage", choices=("relative", "absolute"), default="relative",
+                   help="with --comm, --pid, --dso, -K or -U: totals, ratios and percentages of the rows kept "
+                        "(relative, the default, as perf) or of the whole level (absolute)")
     views = p.add_mutually_exclusive_group()
     views.add_argument("--children", action="store_true",
                        help="call graph (recordings made with -g): per function, samples with it on the stack "
@@ -83,12 +98,19 @@ def run(args: argparse.Namespace) -> int:
         raise Usage(f"--sort applies to {', '.join(ORDERED)}: {args.format} output has no row order")
     if args.limit is not None and args.format in ("pprof", "chrome"):
         raise Usage(f"--limit does not apply to {args.format}: it always holds every row")
+    if args.width is not None and args.width < MIN_WIDTH:
+        raise Usage(f"--width takes at least {MIN_WIDTH} columns, not {args.width}")
+    cols = report_width(args.width, bool(args.output))
     filters = row_filters(args)
+    if (args.children or args.callers) and (args.comm or args.pid or args.dso):
+        raise Usage("--comm, --pid and --dso select profile rows: --children and --callers show every call path "
+                    "(narrow them with --vm, --vcpu, --cpu, -K or -U)")
     if filters and args.format == "chrome":
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
     an = load_analysis(args)
+    check_selection(args, an, level)
     if args.children or args.callers:
-        return _call_graph(args, an, level)
+        return _call_graph(args, an, level, cols, filters)
     fmt = formats.module(args.format)
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
@@ -96,19 +118,23 @@ def run(args: argparse.Namespace) -> int:
             raise Failure(f"{args.recording} has no VM: use --level host")
         if len(vms) > 1 and fmt.ONE_PROFILE:
             raise Failure(f"the guest level of {args.format} output covers one VM: add --vm (one of {', '.join(vms)})")
-        profiles = [an.guest_profile(vm, args.vcpu) for vm in vms]
-    else:
-        profiles = [an.host_profile(args.cpu)]
+    profiles = [with_stack_notes(an, p, args.cpu) for p in _profiles(args, an, level)]
     if filters:
-        profiles = [filtered(p, filters) for p in profiles]
+        wholes: list[Profile | None] = [None] * len(profiles)
+        if args.percentage == "absolute":  # of the level before the filters: -K/-U left samples out of `an`
+            whole = an if not (args.hide_kernel or args.hide_user) else load_analysis(
+                argparse.Namespace(**{**vars(args), "hide_kernel": False, "hide_user": False}))
+            wholes = list(_profiles(args, whole, level))
+        profiles = [filtered(p, filters, w) for p, w in zip(profiles, wholes, strict=True)]
+    profiles = [dataclasses.replace(p, rows=whole_rows(p.rows)) for p in profiles]
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
-                              limit=args.limit)
+                              limit=args.limit, cols=cols)
     write_output(args, fmt.render(inp))
     return 0
 
 
-def _call_graph(args: argparse.Namespace, an: Analysis, level: str) -> int:
-    from vmprof_tui.analyse.callgraph import CallGraph
+def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | None, filters: Filters) -> int:
+    from vmprof_tui.analyse.callgraph import CallGraph, callers, children
     from vmprof_tui.show.callgraph_table import render_callers, render_children
 
     graph = CallGraph(an)
@@ -119,23 +145,79 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str) -> int:
         vms = an.vm_names()
         if not vms:
             raise Failure(f"{args.recording} has no VM: use --level host")
-    parts = []
+    parts, known = [], []
     for vm in vms:
         profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)
+        if filters:  # -K/-U: the header's totals are of that mode's samples, as the call graph's
+            profile = filtered(profile, filters)
         ws = graph.weighted(level, vm, args.vcpu, args.cpu)
-        parts.append(render_callers(profile, ws, args.callers, args.limit) if args.callers
-                     else render_children(profile, ws, args.limit))
+        if args.callers and not callers(ws, args.callers):
+            known += [r.function for r in children(ws)[:KNOWN_SHOWN]]
+            continue
+        parts.append(render_callers(profile, ws, args.callers, args.limit, cols) if args.callers
+                     else render_children(profile, ws, args.limit, cols))
+    if not parts:
+        some = ", ".join(dict.fromkeys(known)) or "none"
+        raise Failure(f"--callers {args.callers} matches no function on a call path; the most sampled are: {some} "
+                      "(vmprof report --children lists them all)")
     write_output(args, "\n".join(parts))
     return 0
+
+
+def check_selection(args: argparse.Namespace, an: Analysis, level: str) -> None:
+    """--vcpu and --cpu name a vCPU or CPU the recording has: one that matches nothing is an error, with the
+    valid values (an empty report would look like an idle one)."""
+    if args.vcpu is not None:
+        vcpus = {vm: sorted({tl.vcpu for tl in an.vm_timelines(vm)}) for vm in ([args.vm] if args.vm
+                                                                                 else an.vm_names())}
+        if not any(args.vcpu in v for v in vcpus.values()):
+            have = "; ".join(f"VM {vm} has vCPUs {_ranges(v) or 'none'}" for vm, v in vcpus.items())
+            raise Failure(f"--vcpu {args.vcpu} matches nothing in {args.recording}: {have or 'it has no VM'}")
+    if args.cpu is not None and level == "host":
+        cpus = int(an.rec.meta.get("cpus") or 0)
+        seen = sorted(set(range(cpus)) | set(np.unique(an.rec.samples["cpu"]).tolist()))
+        if args.cpu not in seen:
+            raise Failure(f"--cpu {args.cpu} matches nothing: {args.recording} has CPUs "
+                          f"{_ranges(seen) or 'none'}")
+
+
+def _ranges(values: list[int]) -> str:
+    """0-3, 5: sorted integers as ranges."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][1] == v - 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in out)
+
+
+def with_stack_notes(an: Analysis, profile: Profile, cpu: int | None) -> Profile:
+    """The profile with the notes of its call stacks (a recording made with -g): how many were partial,
+    truncated or missing, which every format carries as it carries the analysis' notes."""
+    from vmprof_tui.show.stacks import call_graph
+
+    graph = call_graph(an)
+    if not graph.recorded:
+        return profile
+    ws = graph.weighted(profile.level, profile.vm, profile.vcpu, cpu)
+    return dataclasses.replace(profile, notes=[*profile.notes, *ws.notes()])
 
 
 def _values(given: list[str]) -> set[str]:
     return {v.strip() for g in given for v in g.split(",") if v.strip()}
 
 
-def row_filters(args: argparse.Namespace) -> list[tuple[str, Callable[[Row], bool]]]:
+def _of_a_mode(r: Row) -> bool:
+    """A row of code of a mode: a function, or at the host a VM's guest code (not the host's idle task)."""
+    if r.kind is RowKind.VM:
+        return True
+    return r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN) and not (r.vm is None and r.pid == 0)
+
+
+def row_filters(args: argparse.Namespace) -> Filters:
     """(what, test) of --comm, --pid, --dso and -K/-U; a row passes when it passes every one given."""
-    out: list[tuple[str, Callable[[Row], bool]]] = []
+    out: Filters = []
     for what, given in (("process", args.comm), ("pid", args.pid), ("module", args.dso)):
         values = _values(given)
         if what == "pid" and not all(v.isdigit() for v in values):
@@ -143,14 +225,34 @@ def row_filters(args: argparse.Namespace) -> list[tuple[str, Callable[[Row], boo
         if values:
             out.append((f"{what} {', '.join(sorted(values))}",
                         lambda r, what=what, values=values: str(getattr(r, what)) in values))
-    if args.hide_kernel or args.hide_user:  # idle and steal are neither mode's code
-        out.append(("user mode" if args.hide_kernel else "kernel mode", lambda r: not r.kind.is_virtual))
+    if args.hide_kernel or args.hide_user:  # the samples of the mode (load_analysis keeps only those), which are
+        # function rows and, at the host, VM rows: blank time (idle, steal), the host's idle task, KVM's and the
+        # VMM's work for a vCPU (a guest's steal) and halt polling are neither mode of what the level profiles
+        out.append(("user mode" if args.hide_kernel else "kernel mode", _of_a_mode))
     return out
 
 
-def filtered(profile: Profile, filters: list[tuple[str, Callable[[Row], bool]]]) -> Profile:
-    """The profile with only the rows that pass (totals and ratios stay those of the whole level, as perf's
-    default absolute percentages)."""
+def _profiles(args: argparse.Namespace, an: Analysis, level: str) -> list[Profile]:
+    """The profiles a report shows: the host's (or one CPU's), or each VM's asked for (or one vCPU's)."""
+    if level == "host":
+        return [an.host_profile(args.cpu)]
+    return [an.guest_profile(vm, args.vcpu) for vm in ([args.vm] if args.vm else an.vm_names())]
+
+
+def filtered(profile: Profile, filters: Filters, whole: Profile | None = None) -> Profile:
+    """The profile with only the rows that pass.  Its totals, ratios and percentages are of the rows kept (perf's
+    default, --percentage relative), or, given `whole` (the level without the filters), of the whole level
+    (--percentage absolute); the header says which."""
     rows = [r for r in profile.rows if all(test(r) for _what, test in filters)]
-    note = "rows only of " + "; ".join(what for what, _test in filters)
-    return dataclasses.replace(profile, rows=rows, notes=[*profile.notes, note])
+    what = "rows only of " + "; ".join(what for what, _test in filters)
+    if whole is not None:
+        return dataclasses.replace(profile, rows=rows, total_samples=whole.total_samples, ratios=whole.ratios,
+                                   unresolved_samples=whole.unresolved_samples, virtual_samples=whole.virtual_samples,
+                                   notes=[*profile.notes, f"{what}: totals, ratios and percentages are of the whole "
+                                                          "level (--percentage absolute)"])
+    unresolved = sum(r.samples for r in rows if r.kind is RowKind.UNKNOWN)
+    return dataclasses.replace(profile, rows=rows, total_samples=sum(r.samples for r in rows),
+                               ratios=row_ratios(profile.level, rows), unresolved_samples=int(round(unresolved)),
+                               virtual_samples=None,
+                               notes=[*profile.notes, f"{what}: totals, ratios and percentages are of these rows "
+                                                      "(--percentage absolute: of the whole level)"])

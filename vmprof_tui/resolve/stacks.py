@@ -240,6 +240,26 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
                          "leaf only")
 
 
+def collapse_unknown(frames: list[Frame]) -> list[Frame]:
+    """Runs of unresolved frames of one object as one frame, `[unknown ×N]` (`[libfoo.so ×N]`): a chain through
+    code without frame pointers is ~100 return-address guesses that no one can read, and a flame graph of them is
+    thousands of pixels tall.  Made here, in the stack model, so that every format and view shows the same."""
+    def unresolved(f: Frame) -> bool:  # no symbol, or (without the process's maps) no object either
+        return f.function == UNKNOWN or f.module == UNKNOWN
+
+    out: list[Frame] = []
+    run = 0
+    for i, f in enumerate(frames):
+        run = run + 1 if i and unresolved(f) and unresolved(frames[i - 1]) and frames[i - 1].module == f.module \
+            else 1
+        if run == 1:
+            out.append(f)
+        else:
+            name = f.module[1:-1] if f.module.startswith("[") and f.module.endswith("]") else f.module
+            out[-1] = Frame(f"[{name} ×{run}]", f.module, 0)
+    return out
+
+
 def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymbols, resolver: Resolver,
                 processes: Mapping[int, dict]) -> Stack:
     kframes = _kernel_frames(ks, _lookup_addresses(kchain), KERNEL_MODULE)[0] if len(kchain) else []
@@ -257,6 +277,7 @@ def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymb
         outermost = uframes[-1]
         if outermost.function not in ENTRY_FUNCTIONS:
             truncated, broken_in = True, outermost.module
+        uframes = collapse_unknown(uframes)
     # leaf first in both chains: the stack is the user chain from its entry inwards, then the kernel's
     return Stack(tuple(reversed(uframes)) + tuple(reversed(kframes)), truncated=truncated,
                  broken_in=os.path.basename(broken_in) if broken_in else None)

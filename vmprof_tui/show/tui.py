@@ -30,10 +30,13 @@ from vmprof_tui.analyse.timeline import SegmentKind
 from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show import flame
+from vmprof_tui.show.formats.table import column_widths
 from vmprof_tui.show.live_table import LiveTable
 from vmprof_tui.show.stacks import call_graph, process_name
+from vmprof_tui.show.text import cut
 
 SPARK = "▁▂▃▄▅▆▇█"
+SCROLLBAR = 2  # the columns a table's vertical scrollbar takes
 HOST_KEY = "(host)"
 
 
@@ -166,6 +169,10 @@ class TableScreen(Screen):
     def title_text(self, an: Analysis) -> str:
         return ""
 
+    def fit(self, rows: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+        """The rows' cells as shown (after the filter and the sort, which read them whole): as they are."""
+        return rows
+
     def refresh_from(self, an: Analysis | None) -> None:
         # refreshes can arrive before the screen is mounted, and after the app began to exit
         if an is None or not self.ready or not self.is_attached:
@@ -184,6 +191,7 @@ class TableScreen(Screen):
         rows.sort(key=sort_key)
         matching = len(rows) + self.hidden_rows
         del rows[self.max_rows:]
+        rows = self.fit(rows)
         seen: Counter[str] = Counter()
         keys: list[str] = []
         for key, _cells in rows:
@@ -368,6 +376,20 @@ class HostScreen(TableScreen):
 
     def title_text(self, an: Analysis) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
+
+    def fit(self, rows: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+        """In a terminal too narrow for every name, the function column gets its width first, as in `report`'s
+        table (column_widths): long process and module names are cut before it is (at 80 columns a module column
+        sized to its longest name pushed the function off the screen)."""
+        cols = self.app.size.width - SCROLLBAR
+        texts = [[str(c) if i > 1 else f"{c:.1f}" if isinstance(c, float) else str(c) for i, c in enumerate(r)]
+                 for _k, r in rows]
+        longest = [max([len(name)] + [len(t[i]) for t in texts]) for i, name in enumerate(self.columns)]
+        if not rows or cols <= 0 or sum(n + 2 for n in longest) <= cols:
+            return rows
+        widths = column_widths(longest, cols, cols // 3)  # a screen is read by its functions: a third at least
+        return [(k, (*r[:2], *(cut(t, w) for t, w in zip(text[2:], widths[2:], strict=True))))
+                for (k, r), text in zip(rows, texts, strict=True)]
 
     def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
         # sorted by samples and not filtered, the first rows are all the table holds; otherwise every row
@@ -595,8 +617,10 @@ class TimelineScreen(VmKeys, DrawingScreen):
 
     BINDINGS = [*DrawingScreen.BINDINGS, *VmKeys.BINDINGS]
     drawing_id = "timeline"
-    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "red"), 4: ("░", "blue"),
-              5: ("▒", "magenta"), 6: ("▒", "bright_red")}
+    # every state its own glyph and colour: named red, magenta and bright red all came out as one pink (38;5;197)
+    # in Textual's 256-colour output, so the three kinds of steal are true colours far apart
+    STATES = {0: (" ", ""), 1: ("█", "green"), 2: ("▓", "yellow"), 3: ("▒", "#ff2020"), 4: ("░", "blue"),
+              5: ("▚", "#ff9000"), 6: ("╳", "#b060ff")}
     LEGEND = ((1, "guest"), (2, "VMM"), (3, "steal"), (5, "wake-up wait"), (6, "throttled"), (4, "idle"))
     WAKEUP_STATE = 5
     BLANK_STATES = {BlankKind.IDLE: 4, BlankKind.PREEMPTED: 3, BlankKind.BLOCKED: 2,  # VMM-blocked: VMM's colour

@@ -32,6 +32,7 @@ class ReportInput:
     cpu: int | None = None
     sort: str = "samples"  # samples | name
     limit: int | None = None  # rows per profile
+    cols: int | None = None  # the width of text tables; None: whole names (to a pipe or a file)
 
 
 def module(name: str) -> ModuleType:

@@ -66,6 +66,7 @@ WIRE_VARINT, WIRE_LEN = 0, 2
 # One mapping for every location: frames are already symbolized (has_functions), so pprof
 # neither looks for binaries to symbolize nor warns that the main binary has no name.
 MAPPING_ID, MAPPING_NAME = 1, "[vmprof]"
+NUM_UNIT = "id"  # the unit of the numeric labels (cpu, vcpu, tid, pid): numbers that name things
 
 
 # -- protobuf wire format ------------------------------------------------------------
@@ -194,7 +195,9 @@ class ProfileBuilder:
         if text is not None:
             body += field_varint(L_STR, self.strings(text))
         if num is not None:
-            body += key(L_NUM, WIRE_VARINT) + varint(num)  # written even when 0 (pid 0 is a pid)
+            # written even when 0 (pid 0, CPU 0 and vCPU 0 are values), with a unit: pprof drops a numeric
+            # label whose number and unit are both 0, so `go tool pprof` would lose every vcpu=0 label
+            body += key(L_NUM, WIRE_VARINT) + varint(num) + field_varint(L_NUM_UNIT, self.strings(NUM_UNIT))
         return field_bytes(S_LABEL, body)
 
     def sample(self, stack: Sequence[int], values: Sequence[int], labels: Sequence[bytes]) -> None:

@@ -1,7 +1,9 @@
 """The papers' table: a header with totals and ratios, then `Samples %Ratio Process Module Function` rows.
 
-At the terminal's width (COLUMNS, else the terminal, else 80 columns), the long column last as perf puts it: a
-name longer than its column ends in an ellipsis instead of widening every line.
+At a terminal (or given --width N or COLUMNS) the table fits that width, never wider, the long column last as perf puts
+it: the function column gets its width first, the process and module columns what is left (down to a floor),
+and a name longer than its column ends in an ellipsis instead of widening every line.  To a pipe or a file
+(without --width or COLUMNS) every name is whole and each column as wide as its longest name, as perf --stdio.
 
 The rows are laid out here rather than by `rich.table.Table`: every cell is one line at a fixed width, so a row is
 only padding and cutting (with rich's own cell-width functions), while rich measures and renders each cell as a
@@ -16,14 +18,14 @@ from rich.cells import cell_len, set_cell_size
 
 from vmprof_tui.analyse.analysis import Profile, Row
 from vmprof_tui.resolve.demangle import demangle
-from vmprof_tui.show.formats import ReportInput, joined
+from vmprof_tui.show.formats import ReportInput
 from vmprof_tui.show.stacks import process_name
-from vmprof_tui.show.text import fill, width
+from vmprof_tui.show.text import fill, wrap
 
 ONE_PROFILE = False
 
 
-def header(profile: Profile, cols: int = 80) -> list[str]:
+def header(profile: Profile, cols: int | None = 80) -> list[str]:
     where = "host" if profile.level == "host" else f"guest {profile.vm}" + (
         f" vcpu{profile.vcpu}" if profile.vcpu is not None else "")
     total = profile.total_samples
@@ -37,9 +39,8 @@ def header(profile: Profile, cols: int = 80) -> list[str]:
               f"({int(round(virtual))} of them {what} from sched events)",
               f"Duration: {profile.duration_s:.2f} s", f"Lost samples: {profile.lost_samples}",
               f"Unresolved: {unresolved:.1f}%"]
-    lines = fill(fields, cols) + [f"{names} = {values}"]
-    lines += [f"note: {n}" for n in profile.notes]
-    return lines
+    lines = fill([part for f in fields for part in wrap(f, cols, "")], cols or 1 << 30) + [f"{names} = {values}"]
+    return lines + [line for n in profile.notes for line in wrap(f"note: {n}", cols, "      ")]
 
 
 SORT_KEYS = ("samples", "process", "pid", "module", "function", "name")  # perf's sort keys; name = function
@@ -59,8 +60,13 @@ def sort_rows(rows: list[Row], sort: str) -> list[Row]:
     return sorted(sorted(rows, key=attrgetter("function")), key=attrgetter("samples"), reverse=True)
 
 
+CAPS = (9, 8, 24, 28)  # Samples, %Ratio, Process, Module: the widest each gets at a width
+FLOORS = (10, 12)  # Process, Module: the narrowest they are cut to before the function column is (60 columns: 4)
+FUNCTION_MIN = 16  # the function column's width before process and module get what is left
+
+
 def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None, cols: int | None = None) -> str:
-    cols = cols or width()
+    """The table of one profile in `cols` columns, or with whole names (cols None)."""
     rows = sort_rows(profile.shown_rows, sort)[:limit]
     total = profile.total_samples or 1.0
     cells = [("Samples", "%Ratio", "Process", "Module", "Function")]
@@ -68,19 +74,34 @@ def render_profile(profile: Profile, sort: str = "samples", limit: int | None = 
     cells += [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}",
                processes.get((r.process, r.pid)) or processes.setdefault((r.process, r.pid), process_name(r) or ""),
                r.module, demangle(r.function)) for r in rows]
-    # every column as wide as its longest cell (process and module capped); the function takes what is left
     columns: list = list(zip(*cells, strict=True))
     del cells  # a column is let go once fitted: 260,000 rows are 50 MB of cells
     plain = ["".join(texts).isascii() for texts in columns]  # then a cell's width is its length (the usual case)
     longest = [max(map(len if p else cell_len, texts)) for p, texts in zip(plain, columns, strict=True)]
-    widths = [min(cap, n) for cap, n in zip((9, 8, 24, 28), longest, strict=False)]
-    widths.append(min(max(16, cols - sum(w + 2 for w in widths) - 2), longest[4]))
+    widths = longest if cols is None else column_widths(longest, cols)
     fitted = []
     for i, (w, p) in enumerate(zip(widths, plain, strict=True)):
         fitted.append(_fit_column(columns[i], w, p, right=i < 2))
         columns[i] = None
     body = ["  ".join(row).rstrip() for row in zip(*fitted, strict=True)]
     return "\n".join(header(profile, cols) + body) + "\n"
+
+
+def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
+    """The five columns' widths in `cols` columns (lines end 2 short of it): every column as wide as its longest
+    cell, capped; the function takes what is left, at least `function_min` (or its longest) before the process
+    and module columns are narrowed to make room, and they no further than FLOORS; then the function is cut."""
+    widths = [min(cap, n) for cap, n in zip(CAPS, longest, strict=False)]
+    room = cols - sum(w + 2 for w in widths) - 2  # what the function column gets
+    need = min(function_min, longest[4])
+    for floors in (FLOORS, (4, 4)):  # then, in a very narrow terminal, narrower still
+        for i, floor in zip((3, 2), floors[::-1], strict=True):  # module first: the longer names, the less read
+            if room < need and widths[i] > floor:
+                give = min(need - room, widths[i] - floor)
+                widths[i] -= give
+                room += give
+    widths.append(max(1, min(room, longest[4])))
+    return widths
 
 
 def _fit_column(texts: tuple[str, ...], w: int, plain: bool, right: bool) -> list[str]:
@@ -101,4 +122,4 @@ def _fit(text: str, w: int, right: bool) -> str:
 
 
 def render(inp: ReportInput) -> str:
-    return joined(inp, render_profile)
+    return "\n".join(render_profile(p, inp.sort, inp.limit, inp.cols) for p in inp.profiles)
