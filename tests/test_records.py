@@ -226,7 +226,7 @@ def test_a_crafted_metadata_chunk_gives_one_line(tmp_path: Path, meta: bytes, sa
 @pytest.mark.parametrize(("end", "snapshot", "says"), [
     (b"[1]", None, "unreadable end chunk skipped: the end chunk is an array, not an object"),
     (b'"done"', None, "unreadable end chunk skipped: the end chunk is a string, not an object"),
-    (b'{"duration_s": NaN}', None, "unreadable end chunk skipped: the end chunk: NaN is not a JSON number"),
+    (b'{"duration_s": NaN}', None, "unreadable end chunk skipped: the end chunk: NaN is not a finite number"),
     (DEEP, None, "unreadable end chunk skipped: the end chunk nests deeper than 32 levels"),
     (b'{"duration_s": 1}', b"[]", "unreadable snapshot chunk skipped: a snapshot chunk is an array, not an object"),
     (b'{"duration_s": 1}', b'{"vms": [{"name": 3, "pid": 1}]}',

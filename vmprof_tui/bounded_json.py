@@ -21,7 +21,7 @@ class JSONLimitError(ValueError):
 
 
 def _reject_constant(name: str) -> Any:
-    raise JSONLimitError(f"{name} is not a JSON number")
+    raise JSONLimitError(f"{name} is not a finite number")
 
 
 def depth_of(value: Any, limit: int) -> int:
@@ -52,7 +52,7 @@ def loads(text: bytes | str, what: str, max_depth: int = MAX_DEPTH, max_bytes: i
     except RecursionError:  # the parser's own limit (about 1,000 levels)
         raise JSONLimitError(f"{what} nests deeper than {max_depth} levels") from None
     except ValueError as e:  # JSONDecodeError, bad UTF-8
-        raise JSONLimitError(f"{what} is not valid JSON ({str(e).splitlines()[0][:120]})") from None
+        raise JSONLimitError(f"{what} is not JSON ({str(e).splitlines()[0][:120]})") from None
     if depth_of(value, max_depth) > max_depth:
         raise JSONLimitError(f"{what} nests deeper than {max_depth} levels")
     return value
