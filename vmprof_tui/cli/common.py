@@ -85,6 +85,14 @@ def return_freed_memory() -> None:
         ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD; fixing it also stops the raising
 
 
+def no_vm(an: Analysis, recording: str, then: str) -> str:
+    """The line for a recording without a VM: a damaged one says so (its VMs may be in what was skipped)."""
+    damage = an.rec.damage()
+    if damage:
+        return f"{recording} has no readable VM: {damage}"
+    return f"{recording} has no VM{then}"
+
+
 def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
     from vmprof_tui.analyse.analysis import Analysis, in_kernel, recording_window

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
+from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, no_vm, write_output
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
 
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
         if not vms:
-            raise Failure(f"{args.recording} has no VM: use --level host")
+            raise Failure(no_vm(an, args.recording, ": use --level host"))
         if len(vms) > 1 and fmt.ONE_PROFILE:
             raise Failure(f"the guest level of {args.format} output covers one VM: add --vm (one of {', '.join(vms)})")
         profiles = [an.guest_profile(vm, args.vcpu) for vm in vms]
@@ -118,7 +118,7 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str) -> int:
     if level == "guest" and not args.vm:
         vms = an.vm_names()
         if not vms:
-            raise Failure(f"{args.recording} has no VM: use --level host")
+            raise Failure(no_vm(an, args.recording, ": use --level host"))
     parts = []
     for vm in vms:
         profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)

@@ -681,6 +681,7 @@ class VmprofTop(App):
             self._refresh_status()
             self.run_worker(self._start_window, thread=True)
         self._timer = self.set_interval(self.refresh_s, self.tick)
+        self.set_interval(0.25, self._check_stop)  # SIGTERM ends the screen at once, whatever the refresh
         # What exists now (modules, Textual, the screen) lives as long as the app: out of the collector's full
         # passes, which otherwise walk it after every refresh's analysis (10 of 65 ms a refresh, replayed)
         gc.freeze()
@@ -698,6 +699,10 @@ class VmprofTop(App):
         screen = self.screen
         if isinstance(screen, TableScreen) and screen.ready:
             screen.set_text("#status", self.message)
+
+    def _check_stop(self) -> None:
+        if self.should_stop():
+            self.exit()
 
     def tick(self) -> None:
         """Start a poll of the window in a worker thread (draining and analysing stay off the UI thread);
@@ -764,8 +769,13 @@ class VmprofTop(App):
                  f"window {getattr(self.window, 'window_s', 0):g}s", f"sort: {sort}"]
         if filt:
             parts.append(f"filter: {filt}")
+        damage = getattr(self.window, "damage", None)
+        if damage:
+            parts.append(damage)
         if not an.vm_names():
-            parts.append("no VM on this host — try `vmprof demo`")
+            live = getattr(self.window, "live", False)
+            parts.append("no VM on this host — try `vmprof demo`" if live else
+                         "no readable VM in this recording" if damage else "no VM in this recording")
         if self.message:
             parts.append(self.message)
         return "  |  ".join(parts)
@@ -778,7 +788,7 @@ class VmprofTop(App):
         self._refresh_screen()
 
     def _set_interval(self, seconds: float) -> None:
-        self.refresh_s = min(max(seconds, 0.25), 10.0)
+        self.refresh_s = min(max(seconds, 0.25), 10.0)  # cli/top.py's REFRESH_S
         if self._timer is not None:
             self._timer.stop()
         self._timer = self.set_interval(self.refresh_s, self.tick)
