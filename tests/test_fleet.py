@@ -198,7 +198,7 @@ def test_history_and_diff(spool: Path, tmp_path: Path) -> None:
         assert abs(r["steal_pct"] - rep["ratios"]["steal"]) < 1.0, (r, rep["ratios"])
         assert r["top"][0]["function"] == "[steal]"
     csv = vmprof("history", "--store", str(store), "--format", "csv")
-    assert csv.returncode == 0 and csv.stdout.startswith("host,vm,window,start")
+    assert csv.returncode == 0 and csv.stdout.startswith("host,vm,window_id,start")
     d = vmprof("diff", "--store", str(store), "--vm", "steal1", "1h..0m", "1h..0m", "--format", "json")
     assert d.returncode == 0 and all(r["delta"] == 0 for r in json.loads(d.stdout))
     bad = vmprof("history", "--store", str(tmp_path / "nothing"))

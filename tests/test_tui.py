@@ -518,3 +518,26 @@ def test_q_and_sigterm_end_top_at_any_refresh_it_accepts(refresh: str) -> None:
     proc, main = _top_in_a_terminal("--replay", golden, "--refresh", refresh, "--window", "1")
     proc.send_signal(signal.SIGTERM)
     assert _ends(proc, main), "SIGTERM did not end top"
+
+
+@pytest.mark.parametrize("size", [(40, 10), (80, 24), (160, 50)])
+def test_overview_shows_the_vm_table_in_a_small_terminal(size: tuple[int, int]) -> None:
+    """In a 40x10 terminal the overview showed only the plot: the VM table now keeps the room (the plot shows
+    from 26 rows up)."""
+    from vmprof_tui.show.tui import OverviewScreen
+
+    app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
+
+    async def go() -> None:
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: len(cells(app)) == 4, timeout=15)  # (host) and three VMs
+            await pilot.pause(0.2)
+            table = app.screen.query_one(DataTable)
+            assert isinstance(app.screen, OverviewScreen)
+            assert table.region.height >= 3, f"the VM table has {table.region.height} rows on screen"
+            assert app.screen.query_one("#plot").display == (size[1] >= OverviewScreen.PLOT_FROM_HEIGHT)
+            shot = app.export_screenshot().replace("&#160;", " ")
+            assert "(host)" in shot and "steal1" in shot
+            await pilot.press("q")
+
+    asyncio.run(go())

@@ -130,7 +130,12 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
         keep = lambda s: ~in_kernel(s)  # noqa: E731
     elif getattr(args, "hide_user", False):
         keep = in_kernel
-    an = Analysis(rec, _parse_bundles(args.guest_bundle), time_range=time_range, keep=keep)
+    bundles = _parse_bundles(args.guest_bundle)
+    an = Analysis(rec, bundles, time_range=time_range, keep=keep)
+    for vm, path in bundles.items():  # a bundle for a VM not recorded names nothing: a typo, most likely
+        if vm not in an.vm_names():
+            raise Failure(f"--guest-bundle {vm}={path}: no VM named {vm} in {args.recording} "
+                          f"(VMs: {', '.join(an.vm_names()) or 'none'})")
     if args.vm and args.vm not in an.vm_names():
         raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
     return an

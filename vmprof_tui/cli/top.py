@@ -91,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.replay:
         from vmprof_tui.collect import discover
+        from vmprof_tui.collect.bpf import CollectError, check_privileges
 
+        try:  # first: without privileges the guests cannot be seen either, so "no KVM guest" would be false
+            check_privileges()
+        except CollectError as e:
+            raise Failure(str(e)) from None
         if not discover.discover_vms():
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)

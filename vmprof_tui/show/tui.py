@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from rich.cells import cell_len
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -281,8 +282,14 @@ class OverviewScreen(TableScreen):
     default_sort = "VM"
     summaries_only = True
 
+    PLOT_FROM_HEIGHT = 26  # terminal rows from which the plot (14 rows) leaves the VM table room to show VMs
+
     def below_table(self) -> ComposeResult:
         yield PlotextPlot(id="plot")
+
+    def on_resize(self, event: events.Resize) -> None:
+        # in a small terminal the VM table is what matters: the plot goes until there is room for both
+        self.query_one("#plot", PlotextPlot).display = event.size.height >= self.PLOT_FROM_HEIGHT
 
     def refresh_from(self, an: Analysis | None) -> None:
         super().refresh_from(an)
