@@ -68,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
     if window_s < 1:
         raise Usage("--window must be at least 1 s")
     listen = None
+    if args.metrics:  # checked before the spool is made: bad usage touches nothing
+        from vmprof_tui.show.metrics import parse_address
+
+        try:
+            listen = parse_address(args.metrics)
+        except ValueError as e:
+            raise Usage(str(e)) from None
     if args.status:
         return _status(Path(args.spool) / args.host)
 
@@ -83,12 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise Failure(f"cannot use the spool {args.spool}: {e.strerror or e}") from None
     metrics = None
     if args.metrics:
-        from vmprof_tui.show.metrics import AgentMetrics, parse_address
+        from vmprof_tui.show.metrics import AgentMetrics
 
-        try:
-            listen = parse_address(args.metrics)
-        except ValueError as e:
-            raise Usage(str(e)) from None
         metrics = AgentMetrics()
         try:
             metrics.serve(args.metrics)

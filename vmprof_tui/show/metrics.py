@@ -56,9 +56,10 @@ class AgentMetrics:
         self.uncovered_seconds = Counter("vmprof_uncovered_seconds", "Time between windows not covered by any",
                                          registry=r)
 
-    def serve(self, address: str) -> None:
+    def serve(self, address: str) -> object:
+        """Serve on `address` (parse_address) from a thread of its own; returns the server (shutdown() ends it)."""
         host, port = parse_address(address)
-        start_http_server(port, addr=host, registry=self.registry)
+        return start_http_server(port, addr=host, registry=self.registry)[0]
 
     def holder_label(self, holder: str) -> str:
         """The `cause` label of a holder: its own name for the first MAX_HOLDER_LABELS holders that were ever in a
