@@ -73,8 +73,8 @@ class WindowRef:
 
 def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
     """Per vCPU of `vm`: seconds of guest user, guest kernel, idle, steal type 1 (by holder, by cause) and type 2
-    (by exit reason), co-stop, halt polling, IRQ time while running: the figures the store keeps (not the
-    causes, co-stop, polling and IRQ) and the agent's metrics export."""
+    (by exit reason), co-stop, halt polling, IRQ time while running: the figures the store keeps and the
+    agent's metrics export."""
     kernel = (an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0
     timelines = {tl.vcpu: tl for tl in an.vm_timelines(vm)}
     out = []
