@@ -117,6 +117,8 @@ def check_window(path: str) -> str | None:
     """None when the window is usable, else why not: a corrupt or cut window (the agent renames only complete
     ones, so any damage came later) is skipped with this note, never analysed as a window with rows missing;
     lesser problems (static data missing) only leave notes in the analysis."""
+    if not Path(path).exists():  # retention on the agent deleted it since it was found: not corrupt
+        return "gone: deleted from the spool before it was analysed"
     try:
         rec = load(Path(path))
     except RecordingError as e:
