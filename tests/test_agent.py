@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -261,3 +262,126 @@ def test_status_leaves_the_window_in_progress(tmp_path: Path) -> None:
     assert windows(tmp_path) == [] and in_progress.exists()
     spool.remove_unfinished()  # what an agent starting on this spool does
     assert not in_progress.exists()
+
+
+def _non_loopback_address() -> str:
+    """An IPv4 address of this host other than 127.x (the test machines have one on eth0)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    found = [line.split()[3].split("/")[0] for line in out.splitlines() if " lo " not in line]
+    assert found, f"no non-loopback IPv4 address here: {out}"
+    return found[0]
+
+
+def _answers(address: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((address, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_metrics_colon_port_listens_on_every_interface(tmp_path: Path) -> None:
+    """`--metrics :PORT` is reachable from other hosts (every interface); `--metrics PORT` stays on 127.0.0.1;
+    `ADDR:PORT` that address; a bad port is one line of usage; --help says which is which."""
+    import socket
+
+    from vmprof_tui.show.metrics import AgentMetrics, parse_address
+
+    assert parse_address(":9466") == ("0.0.0.0", 9466) and parse_address("9466") == ("127.0.0.1", 9466)
+    assert parse_address("10.0.0.1:80") == ("10.0.0.1", 80) and parse_address("[::1]:9466") == ("::1", 9466)
+    outside = _non_loopback_address()
+    for given, reachable_from_outside in ((":{}", True), ("{}", False), ("127.0.0.1:{}", False)):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = AgentMetrics().serve(given.format(port))
+        try:
+            assert _answers("127.0.0.1", port)
+            assert _answers(outside, port) == reachable_from_outside, (given, outside)
+        finally:
+            server.shutdown()
+            server.server_close()
+    for bad in (":99999", ":0", "host:", ":port"):
+        out = vmprof("agent", "--spool", str(tmp_path / "spool"), "--metrics", bad)
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+        assert "--metrics takes PORT, :PORT or ADDR:PORT" in out.stderr
+    assert not (tmp_path / "spool").exists(), "bad usage makes no spool"
+    help_text = " ".join(vmprof("agent", "--help").stdout.split())
+    assert "PORT on 127.0.0.1 only, :PORT on every interface" in help_text
+
+
+def test_metrics_holder_labels_stay_bounded(tmp_path: Path) -> None:
+    """Host process names as the `cause` label were unbounded series: 30 windows, each with 8 new host processes
+    preempting a vCPU, give at most MAX_HOLDER_LABELS names plus "other", and no second of steal is lost."""
+    import sys
+
+    from prometheus_client import CollectorRegistry
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synth import MS, SynthRecording
+
+    from vmprof_tui.show.metrics import MAX_HOLDER_LABELS, AgentMetrics
+
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(registry)
+    expected = 0.0
+    for window in range(30):
+        b = SynthRecording(frequency=1000, cpus=2)
+        web = b.vm("web", pid=100, vcpus={0: 101})
+        t = 0
+        for i in range(8):
+            b.run(web, 0, cpu=1, start_ns=t, end_ns=t + 5 * MS)
+            b.preempt(web, 0, start_ns=t + 5 * MS, end_ns=t + 5 * MS + (i + 1) * MS)
+            b.host_task(1000 + window * 10 + i, f"job{window}-{i}", cpu=1, start_ns=t + 5 * MS,
+                        end_ns=t + 5 * MS + (i + 1) * MS)
+            t += 5 * MS + (i + 1) * MS
+        b.run(web, 0, cpu=1, start_ns=t, end_ns=t + 5 * MS)
+        an = Analysis(recording.load(b.write(tmp_path / f"w{window}.vmprof")))
+        metrics.add_window(an, True, 0.0, 0.0, 0)
+        expected += sum(range(1, 9)) / 1000
+    labels = {s.labels["cause"]: s.value for m in registry.collect() if m.name == "vmprof_vcpu_steal_seconds"
+              for s in m.samples if s.name.endswith("_total") and s.labels["type"] == "1"}
+    assert "other" in labels and len(labels) <= MAX_HOLDER_LABELS + 1, sorted(labels)
+    assert sum(labels.values()) == pytest.approx(expected, rel=0.02)
+
+
+def test_an_agent_outage_counts_as_uncovered_time(tmp_path: Path) -> None:
+    """SIGKILL, then a restart on the same spool: the time from the end of the last stored window to the first
+    window of the new agent was covered by none, and it is counted: the new first window's uncovered_s is at
+    least the time the agent was down, and `--status` reports an uncovered share above 0."""
+    require_root()
+    spool = tmp_path / "spool"
+    args = ("agent", "--spool", str(spool), "--host", "h1", "--window", "1s")
+    agent = start_sampling(*args)
+    wait_windows(spool, 2, agent)
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(30)
+    killed_at = time.time()
+    before = Spool(spool, "h1").read_log()
+    assert sum(w["uncovered_s"] for w in before) == 0.0  # windows of one run touch
+    restarted_at = time.time()
+    agent = start_sampling(*args)
+    try:
+        deadline = time.monotonic() + 120
+        while len(Spool(spool, "h1").read_log()) <= len(before):
+            assert time.monotonic() < deadline, "no window after the restart"
+            with pytest.raises(subprocess.TimeoutExpired):
+                agent.wait(timeout=0.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(60)
+    log = Spool(spool, "h1").read_log()
+    first = log[len(before)]
+    gap = first["end_unix_s"] - first["t1_s"] - before[-1]["end_unix_s"]
+    print(f"outage: last window ended {killed_at - before[-1]['end_unix_s']:.2f} s before the kill, "
+          f"the first new window started {gap:.2f} s after it; uncovered_s {first['uncovered_s']:.2f}")
+    assert first["uncovered_s"] == pytest.approx(gap, abs=0.01)
+    # no window covers the time from the last stored window's end until the new agent was started, at least
+    assert first["uncovered_s"] >= restarted_at - before[-1]["end_unix_s"] > 0
+    assert all(w["uncovered_s"] == 0.0 for w in log[len(before) + 1:]), "the new run's windows touch again"
+    status = vmprof("agent", "--spool", str(spool), "--host", "h1", "--status")
+    share = float(re.search(r"not stored, uncovered ([\d.]+)% of", status.stdout).group(1))
+    total = sum(w["t1_s"] + w["uncovered_s"] for w in log)
+    assert share == pytest.approx(100 * first["uncovered_s"] / total, abs=0.01) and share > 0, status.stdout

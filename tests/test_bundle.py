@@ -390,3 +390,28 @@ def test_hostile_seeds_can_be_written(tmp_path: Path) -> None:
     assert len(proc.stdout.splitlines()) == len(hostile.CASES)
     assert tarfile.is_tarfile(tmp_path / "traversal.tar")
     assert json.loads((tmp_path / "wrong-version" / "bundle.json").read_text())["version"] == 2
+
+
+def test_a_guest_object_with_a_broken_symbol_table_says_why_its_rows_are_unknown(tmp_path: Path) -> None:
+    """The object's .symtab links to no string table: its samples are [unknown], and a note names the object and
+    what is wrong with it (before, the rows were [unknown] with no word why)."""
+    import struct
+
+    from elftools.elf.elffile import ELFFile
+
+    g = guest_symbols("vm1", hostile.good_folder(tmp_path))
+    space = g.processes[bundle_format.normalise_cr3(0x8000_0000_0000_1001)]
+    obj = space.maps[0].object_path
+    data = bytearray(obj.read_bytes())
+    with open(obj, "rb") as f:
+        elf_file = ELFFile(f)
+        shoff, shentsize = elf_file.header["e_shoff"], elf_file.header["e_shentsize"]
+        index = next(i for i, s in enumerate(elf_file.iter_sections()) if s.header["sh_type"] == "SHT_SYMTAB")
+    struct.pack_into("<I", data, shoff + index * shentsize + 40, 0)  # Elf64_Shdr.sh_link
+    obj.write_bytes(bytes(data))
+    cache = ObjectCache()
+    funcs, _mods = space.resolve(np.array([0x401000 + 120 + 3], np.uint64), cache)
+    assert funcs == ["[unknown]"]
+    assert cache.notes == [f"{obj.name}: malformed ELF: symtab links to no string table: samples in {obj.name} "
+                           "show [unknown]"], cache.notes
+    g.bundle.close()

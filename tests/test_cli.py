@@ -232,3 +232,43 @@ def test_whole_rows_add_up_to_the_rounded_total() -> None:
     assert [round(r.samples) for r in whole] == [5, 1, 0, 1] and whole[0] is rows[0]
     same = [Row(2.4, "a", "m"), Row(1.6, "b", "m")]  # adds up already: plain rounding, rows unchanged
     assert whole_rows(same) == same
+
+
+def test_guest_bundle_for_a_vm_not_in_the_recording_is_one_line(tmp_path: Path) -> None:
+    """`--guest-bundle nosuch=PATH` names nothing (was silently ignored): one line with the recording's VMs."""
+    for command in ("report", "steal"):
+        one_line(vmprof(command, GOLDEN, "--guest-bundle", f"nosuch={tmp_path}"), 1,
+                 f"--guest-bundle nosuch={tmp_path}: no VM named nosuch in {GOLDEN} (VMs: steal1, steal2, steal3)")
+
+
+def test_top_as_an_unprivileged_user_says_the_privilege_error_first() -> None:
+    """As `nobody` (a terminal given), the first and only line is the privilege error, not "no KVM guest runs on
+    this host" (which it cannot know)."""
+    import pty
+    import select
+
+    require_root()
+    main, side = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui", "top"], cwd=ROOT, stdin=side, stdout=side,
+                            stderr=side, user="nobody", group="nogroup", extra_groups=[],
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": "/nonexistent"})
+    os.close(side)
+    out = b""
+    try:
+        while True:
+            if select.select([main], [], [], 60)[0]:
+                try:
+                    chunk = os.read(main, 4096)
+                except OSError:  # the other side closed: the process ended
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            else:
+                raise AssertionError(f"no end after 60 s: {out!r}")
+    finally:
+        os.close(main)
+    assert proc.wait(30) == 1
+    lines = out.decode().strip().splitlines()
+    assert lines == ["vmprof: not enough privileges to load BPF and open perf events: run as root (or grant "
+                     "CAP_BPF and CAP_PERFMON)"], lines

@@ -231,3 +231,19 @@ def test_syscall_names_from_the_machine() -> None:
     names = P.syscall_names()
     assert names[0] == "read" and names[110] == "getppid" and names[59] == "execve"
     assert P.syscall_name(100000, names) == "syscall_100000"
+
+
+def test_deeply_nested_json_in_counts_costs_and_model_files_gives_one_line(tmp_path: Path) -> None:
+    """100,000-deep JSON (and 40-deep, under the parser's own limit) in a counts file, a costs file and a model
+    file: one line naming the file and the nesting, exit 1, never a RecursionError."""
+    counts, costs, deep = tmp_path / "c.json", tmp_path / "k.json", tmp_path / "deep.json"
+    counts.write_text(json.dumps(_counts_json()))
+    costs.write_text(json.dumps(_costs_json()))
+    for text in ("[" * 100_000 + "]" * 100_000, json.dumps({**_counts_json(), "x": [[[[[[[[[[[]]]]]]]]]]] * 1} |
+                                                           {"y": json.loads("[" * 40 + "]" * 40)})):
+        deep.write_text(text)
+        for args in (("predict", "estimate", str(deep), "--costs", str(costs)),
+                     ("predict", "estimate", str(counts), "--costs", str(deep)),
+                     ("model", "predict", str(deep), "--load", "cpu=0.5")):
+            line = _one_line_failure(vmprof(*args))
+            assert f"{deep} nests deeper than 32 levels" in line, (args, line)

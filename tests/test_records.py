@@ -1,10 +1,12 @@
 """The numpy dtypes are the C structs of bpf/sample.h (same size, same offsets), and the flag constants
 are its #defines (same names, same values)."""
 
+import json
 import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 from vmprof_tui.record import records
@@ -93,3 +95,153 @@ def test_a_table_chunk_that_does_not_decode_costs_only_its_rows(tmp_path: Path) 
                             "unreadable samples chunk skipped: a table chunk's header states 1000000000000 rows, "
                             "more than its body can hold"]
     assert rec.samples["pid"].tolist() == [1] * 100 + [3] * 102
+
+
+def _chunk_starts(data: bytes) -> list[int]:
+    """Where each chunk of an intact recording starts (walking the lengths)."""
+    from vmprof_tui.record import recording
+
+    pos, out = len(recording.MAGIC) + 2, []
+    while pos < len(data):
+        out.append(pos)
+        pos += recording.CHUNK_HEADER.size + recording.CHUNK_HEADER.unpack_from(data, pos)[3]
+    return out
+
+
+def _sample_chunks(path: Path, parts: int) -> None:
+    """A recording of `parts` sample chunks of 50 samples each (pid = part + 1), then an end chunk."""
+    import numpy as np
+
+    from vmprof_tui.record import recording
+
+    w = recording.Writer(path, {"frequency": 1000})
+    for part in range(parts):
+        samples = np.zeros(50, records.SAMPLE_DTYPE)
+        samples["time_ns"] = 1000 * part + np.arange(50)
+        samples["pid"] = part + 1
+        w.add(samples, np.empty(0, records.SCHED_DTYPE))
+        w.flush()
+    w.close({"duration_s": 1.0})
+
+
+def test_a_corrupt_chunk_length_costs_only_that_chunk(tmp_path: Path) -> None:
+    """0xFFFFFFFF as the length of the 4th chunk: the reader resynchronises on the next whole chunk, keeps every
+    intact chunk after it and says what it skipped (bytes and chunks); a small wrong length and a flipped
+    magic do the same; `vmprof report` prints the note."""
+    import struct
+
+    from conftest import vmprof
+
+    from vmprof_tui.record import recording
+
+    path = tmp_path / "rec.vmprof"
+    _sample_chunks(path, 30)
+    data = bytearray(path.read_bytes())
+    starts = _chunk_starts(bytes(data))
+    fourth = starts[3]  # meta, then sample chunks: this one holds pid 3
+    for damage, offset, value in (("length", 8, 0xFFFFFFFF), ("length", 8, 7), ("magic", 0, 0x58585858)):
+        bad = bytearray(data)
+        struct.pack_into("<I", bad, fourth + offset, value)
+        damaged = tmp_path / f"{damage}-{value}.vmprof"
+        damaged.write_bytes(bytes(bad))
+        rec = recording.load(damaged)
+        assert sorted(set(rec.samples["pid"].tolist())) == [p for p in range(1, 31) if p != 3], damage
+        assert rec.end == {"duration_s": 1.0}
+        assert rec.skipped_chunks == 1 and rec.skipped_bytes == starts[4] - fourth, rec.problems
+        assert len(rec.problems) == 1 and f"skipped {starts[4] - fourth} bytes (1 chunk) up to the next whole " \
+            f"chunk at byte {starts[4]}" in rec.problems[0], rec.problems
+    out = vmprof("report", str(tmp_path / f"length-{0xFFFFFFFF}.vmprof"), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert "skipped" in " ".join(json.loads(out.stdout)["notes"])
+
+
+def test_a_corrupt_chunk_at_the_end_is_named_with_what_it_cost(tmp_path: Path) -> None:
+    """A damaged chunk with no whole chunk after it: everything before it is kept, the note says how much went."""
+    import struct
+
+    from vmprof_tui.record import recording
+
+    path = tmp_path / "rec.vmprof"
+    _sample_chunks(path, 5)
+    data = bytearray(path.read_bytes())
+    last = _chunk_starts(bytes(data))[-1]  # the end chunk
+    struct.pack_into("<I", data, last + 8, 0xFFFFFFFF)
+    path.write_bytes(bytes(data))
+    rec = recording.load(path)
+    assert len(rec.samples) == 250 and rec.end is None
+    assert rec.problems == [f"corrupt length (4294967295 bytes) in the end chunk at byte {last}: skipped "
+                            f"{len(data) - last} bytes (1 chunk) to the end"]
+
+
+def _crafted(path: Path, meta: bytes, end: bytes | None = None, snapshot: bytes | None = None) -> Path:
+    """A recording whose meta (and end, snapshot) chunks hold these bytes, with valid checksums."""
+    import zlib
+
+    import numpy as np
+
+    from vmprof_tui.record import recording
+
+    w = recording.Writer(path, {})
+    w.file.seek(len(recording.MAGIC) + 2)
+    w.file.truncate()
+    w.chunk(recording.META, meta)
+    samples = np.zeros(10, records.SAMPLE_DTYPE)
+    samples["time_ns"] = np.arange(10)
+    w.add(samples, np.empty(0, records.SCHED_DTYPE))
+    w.flush()
+    if snapshot is not None:
+        w.chunk(recording.SNAPSHOT, zlib.compress(snapshot))
+    if end is not None:
+        w.chunk(recording.END, end)
+    w.sync()
+    w.file.close()
+    return path
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize(("meta", "says"), [
+    (b"[1, 2]", "the metadata chunk is an array, not an object"),
+    (b'"a string"', "the metadata chunk is a string, not an object"),
+    (b'{"frequency": 0}', "the metadata's frequency (Hz) is 0, not between 1 and 1e+06"),
+    (b'{"frequency": -5}', "the metadata's frequency (Hz) is -5"),
+    (b'{"frequency": "fast"}', "the metadata's frequency (Hz) is a string, not a number"),
+    (DEEP, "the metadata chunk nests deeper than 32 levels"),
+    (b'{"a":' * 40 + b"1" + b"}" * 40, "the metadata chunk nests deeper than 32 levels"),
+])
+def test_a_crafted_metadata_chunk_gives_one_line(tmp_path: Path, meta: bytes, says: str) -> None:
+    """Valid checksums, hostile JSON: `report` and `steal` say what is wrong with the metadata in one line, exit 1."""
+    from conftest import vmprof
+
+    path = _crafted(tmp_path / "rec.vmprof", meta)
+    for command in ("report", "steal"):
+        out = vmprof(command, str(path))
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.splitlines() == [f"vmprof: {path} has no readable metadata chunk: {says}"
+                                           + out.stderr.split(says, 1)[1].rstrip("\n")], out.stderr
+        assert "Traceback" not in out.stderr and says in out.stderr
+
+
+@pytest.mark.parametrize(("end", "snapshot", "says"), [
+    (b"[1]", None, "unreadable end chunk skipped: the end chunk is an array, not an object"),
+    (b'"done"', None, "unreadable end chunk skipped: the end chunk is a string, not an object"),
+    (b'{"duration_s": NaN}', None, "unreadable end chunk skipped: the end chunk: NaN is not a finite number"),
+    (DEEP, None, "unreadable end chunk skipped: the end chunk nests deeper than 32 levels"),
+    (b'{"duration_s": 1}', b"[]", "unreadable snapshot chunk skipped: a snapshot chunk is an array, not an object"),
+    (b'{"duration_s": 1}', b'{"vms": [{"name": 3, "pid": 1}]}',
+     "unreadable snapshot chunk skipped: a VM name of a snapshot's VMs is a number, not a string"),
+    (b'{"duration_s": 1}', DEEP, "unreadable snapshot chunk skipped: a snapshot chunk nests deeper than 32 levels"),
+])
+def test_a_crafted_end_or_snapshot_chunk_costs_only_itself(tmp_path: Path, end: bytes, snapshot: bytes | None,
+                                                           says: str) -> None:
+    """An end or snapshot chunk of the wrong shape is skipped with a note naming it; the samples are reported."""
+    from conftest import vmprof
+
+    from vmprof_tui.record import recording
+
+    path = _crafted(tmp_path / "rec.vmprof", b'{"frequency": 1000}', end, snapshot)
+    rec = recording.load(path)
+    assert says in rec.problems and len(rec.samples) == 10
+    out = vmprof("report", str(path))
+    assert out.returncode == 0 and says in out.stdout and "Traceback" not in out.stderr, out.stderr

@@ -476,3 +476,140 @@ def test_host_view_at_80x24_gives_the_function_column_its_width() -> None:
             await pilot.press("q")
 
     asyncio.run(go())
+
+
+def _flipped(tmp: Path, name: str, which: slice) -> Path:
+    """steal3.vmprof with one byte flipped in the middle of each chunk in `which` (chunk 0 is the metadata)."""
+    from vmprof_tui.record import recording
+
+    data = bytearray((ROOT / "tests" / "data" / "golden" / "steal3.vmprof").read_bytes())
+    pos, starts = len(recording.MAGIC) + 2, []
+    while pos < len(data):
+        starts.append(pos)
+        pos += recording.CHUNK_HEADER.size + recording.CHUNK_HEADER.unpack_from(data, pos)[3]
+    for start in starts[which]:
+        length = recording.CHUNK_HEADER.unpack_from(data, start)[3]
+        data[start + recording.CHUNK_HEADER.size + length // 2] ^= 0x40
+    path = tmp / name
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_replay_of_a_corrupt_recording_names_the_skipped_chunks(tmp_path: Path) -> None:
+    """`top --replay` of a bit-flipped recording says on its status line how many chunks were skipped; one with
+    nothing readable but its metadata says so instead of "no VM on this host — try vmprof demo", and `steal` and
+    `report --vm` name the corruption instead of "has no VM"."""
+    from conftest import vmprof
+
+    some = _flipped(tmp_path, "some.vmprof", slice(3, 16, 4))
+    app = VmprofTop(ReplayWindow(some, window_s=1.0), refresh_s=0.3)
+
+    async def status_of(app: VmprofTop) -> str:
+        async with app.run_test(size=(200, 40)) as pilot:
+            await until(pilot, lambda: "sort:" in str(app.screen.query_one("#status").render()), timeout=15)
+            text = str(app.screen.query_one("#status").render())
+            await pilot.press("q")
+            return text
+
+    status = asyncio.run(status_of(app))
+    assert "corrupt recording some.vmprof: 4 damaged chunks (" in status and "skipped" in status, status
+    nothing = _flipped(tmp_path, "nothing.vmprof", slice(1, None))
+    status = asyncio.run(status_of(VmprofTop(ReplayWindow(nothing, window_s=1.0), refresh_s=0.3)))
+    assert "corrupt recording nothing.vmprof" in status and "no readable VM in this recording" in status, status
+    assert "vmprof demo" not in status
+    for args in (("steal", str(nothing)), ("report", str(nothing), "--level", "guest")):
+        out = vmprof(*args)
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.startswith(f"vmprof: {nothing} has no readable VM: corrupt recording nothing.vmprof: ")
+        assert "damaged chunks" in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+
+
+def _top_in_a_terminal(*args: str) -> tuple[subprocess.Popen, int]:
+    """`vmprof top ARGS` on a pseudo-terminal of 120x40, returned once it has drawn its status line."""
+    import fcntl
+    import pty
+    import select as sel
+    import struct
+    import sys
+    import termios
+
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui", "top", *args], cwd=ROOT, stdin=side, stdout=side,
+                            stderr=side, start_new_session=True, env={**os.environ, "TERM": "xterm-256color"})
+    os.close(side)
+    seen, deadline = b"", time.monotonic() + 60
+    while b"sort:" not in seen and time.monotonic() < deadline:
+        if sel.select([main], [], [], 1.0)[0]:
+            seen += os.read(main, 65536)
+    assert b"sort:" in seen, seen[-2000:]
+    return proc, main
+
+
+def _ends(proc: subprocess.Popen, main: int, timeout: float = 20) -> bool:
+    """Whether the process ends in time (the terminal's output is read meanwhile, so it never blocks)."""
+    import select as sel
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if sel.select([main], [], [], 0.2)[0]:
+            try:
+                os.read(main, 65536)
+            except OSError:
+                break
+    try:
+        proc.wait(max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
+    finally:
+        os.close(main)
+    return True
+
+
+@pytest.mark.parametrize("refresh", ["-1", "0", "nan", "0.1", "11"])
+def test_top_refuses_a_refresh_outside_what_the_screen_allows(refresh: str) -> None:
+    """--refresh -1 spun the screen at 97% CPU, deaf to q and SIGTERM; 0 froze it: refused with one line, exit 2."""
+    from conftest import vmprof
+
+    out = vmprof("top", "--replay", str(ROOT / "tests" / "data" / "golden" / "steal3.vmprof"), "--refresh", refresh)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"vmprof top: --refresh takes seconds from 0.25 to 10, not {float(refresh):g}"], out.stderr
+
+
+@pytest.mark.parametrize("refresh", ["0.25", "10"])
+def test_q_and_sigterm_end_top_at_any_refresh_it_accepts(refresh: str) -> None:
+    """At the fastest and the slowest refresh: q ends the screen, and so does SIGTERM."""
+    import signal
+
+    golden = str(ROOT / "tests" / "data" / "golden" / "steal3.vmprof")
+    proc, main = _top_in_a_terminal("--replay", golden, "--refresh", refresh, "--window", "1")
+    os.write(main, b"q")
+    assert _ends(proc, main) and proc.returncode == 0
+    proc, main = _top_in_a_terminal("--replay", golden, "--refresh", refresh, "--window", "1")
+    proc.send_signal(signal.SIGTERM)
+    assert _ends(proc, main), "SIGTERM did not end top"
+
+
+@pytest.mark.parametrize("size", [(40, 10), (80, 24), (160, 50)])
+def test_overview_shows_the_vm_table_in_a_small_terminal(size: tuple[int, int]) -> None:
+    """In a 40x10 terminal the overview showed only the plot: the VM table now keeps the room (the plot shows
+    from 26 rows up)."""
+    from vmprof_tui.show.tui import OverviewScreen
+
+    app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
+
+    async def go() -> None:
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: len(cells(app)) == 4, timeout=15)  # (host) and three VMs
+            await pilot.pause(0.2)
+            table = app.screen.query_one(DataTable)
+            assert isinstance(app.screen, OverviewScreen)
+            assert table.region.height >= 3, f"the VM table has {table.region.height} rows on screen"
+            assert app.screen.query_one("#plot").display == (size[1] >= OverviewScreen.PLOT_FROM_HEIGHT)
+            shot = app.export_screenshot().replace("&#160;", " ")
+            assert "(host)" in shot and "steal1" in shot
+            await pilot.press("q")
+
+    asyncio.run(go())

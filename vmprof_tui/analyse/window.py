@@ -266,6 +266,7 @@ class LiveWindow:
     """The last `window_s` seconds of a collection session on this host."""
 
     live = True
+    damage = None
 
     def __init__(self, session: CollectionSession, window_s: float = 10.0) -> None:
         self.session = session
@@ -365,6 +366,7 @@ class ReplayWindow:
 
     def __init__(self, path: Path, window_s: float = 10.0) -> None:
         self.rec = recording.load(path)
+        self.damage = self.rec.damage()  # shown on the status line: what corruption cost this replay
         self.window_s = window_s
         self.resolver = Resolver()
         times = [a["time_ns"] for a in (self.rec.samples, self.rec.sched) if len(a)]

@@ -27,8 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per second per CPU")
     p.add_argument("--keep", default=None, metavar="DURATION", help="delete windows older than this (e.g. 24h)")
     p.add_argument("--max-size", default=None, metavar="SIZE", help="keep the spool's windows under SIZE (e.g. 10G)")
-    p.add_argument("--metrics", default=None, metavar="ADDR:PORT",
-                   help="serve Prometheus metrics here (e.g. :9466 or 127.0.0.1:9466)")
+    p.add_argument("--metrics", default=None, metavar="[ADDR]:PORT",
+                   help="serve Prometheus metrics: PORT on 127.0.0.1 only, :PORT on every interface (scraped from "
+                        "other hosts), ADDR:PORT on that address")
     p.add_argument("-d", "--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--status", action="store_true", help="show the stored windows and exit")
 
@@ -66,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
         raise Usage(str(e)) from None
     if window_s < 1:
         raise Usage("--window must be at least 1 s")
+    listen = None
+    if args.metrics:  # checked before the spool is made: bad usage touches nothing
+        from vmprof_tui.show.metrics import parse_address
+
+        try:
+            listen = parse_address(args.metrics)
+        except ValueError as e:
+            raise Usage(str(e)) from None
     if args.status:
         return _status(Path(args.spool) / args.host)
 
@@ -110,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         agent = Agent(session, spool, window_s, on_window)
         session.on_attached = lambda: print(
             f"vmprof agent: sampling every CPU at {args.frequency} Hz into {spool.dir} in {window_s:g} s windows"
-            + (f"; metrics on {args.metrics}" if args.metrics else ""), file=sys.stderr, flush=True)
+            + (f"; metrics on http://{listen[0]}:{listen[1]}/metrics" if args.metrics else ""), file=sys.stderr,
+            flush=True)
         # -d counts from the start of sampling, as in `record`: BPF compilation takes a variable time
         agent.run(lambda: interrupted() or (args.duration is not None
                                             and time.monotonic() - session.started_at >= args.duration))

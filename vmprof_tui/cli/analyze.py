@@ -31,7 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vmprof_tui.fleet.analyze import Analyzer, WindowResult, find_windows, hosts_per_node
+    from vmprof_tui.fleet.analyze import (
+        Analyzer,
+        StoreWriteError,
+        WindowResult,
+        check_store,
+        find_windows,
+        hosts_per_node,
+    )
 
     spools = [Path(s) for s in args.spools]
     for s in spools:
@@ -49,17 +56,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r.ref.host:12} window {r.ref.seq:6}  VMs {len(r.vms):2}  t0 {r.t0_s:6.3f}s  t1 {r.t1_s:7.2f}s  "
               f"t2 {r.t2_s:6.3f}s  hosts per node {n}", flush=True)
 
+    store = Path(args.store)
     try:
-        with Analyzer(Path(args.store), args.scheduler, args.workers) as an:
-            threads = an.n_threads
+        check_store(store)  # before a cluster starts: a read-only store is one line, not one per window
+        analyzer = Analyzer(store, args.scheduler, args.workers)
+        try:
+            analyzer.__enter__()
+        except OSError as e:  # only connecting is the scheduler's part
+            where = f"the Dask scheduler {args.scheduler}" if args.scheduler else "an embedded Dask cluster"
+            raise Failure(f"cannot reach {where}: {e}") from None
+        try:
+            threads = analyzer.n_threads
             while True:
-                results = an.run(find_windows(spools), on_window, retries=args.retries)
+                results = analyzer.run(find_windows(spools), on_window, retries=args.retries)
                 if not args.follow or stopped():
                     break
                 if not results:
                     time.sleep(1.0)
-    except OSError as e:
-        raise Failure(f"cannot reach the Dask scheduler {args.scheduler}: {e}") from None
+        finally:
+            analyzer.__exit__(None, None, None)
+    except StoreWriteError as e:
+        raise Failure(str(e.strerror)) from None
+    except OSError as e:  # a spool that went away, a file that cannot be read: named, not blamed on the scheduler
+        raise Failure(f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}") from None
     if worst:
         print(f"continuity t0 + t1 > (t0 + t2/{threads}) x n holds here for n <= {min(worst)} hosts "
               f"(the worst window; {threads} worker threads)")

@@ -85,6 +85,14 @@ def return_freed_memory() -> None:
         ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD; fixing it also stops the raising
 
 
+def no_vm(an: Analysis, recording: str, then: str) -> str:
+    """The line for a recording without a VM: a damaged one says so (its VMs may be in what was skipped)."""
+    damage = an.rec.damage()
+    if damage:
+        return f"{recording} has no readable VM: {damage}"
+    return f"{recording} has no VM{then}"
+
+
 def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
     from vmprof_tui.analyse.analysis import Analysis, in_kernel, recording_window
@@ -122,7 +130,12 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
         keep = lambda s: ~in_kernel(s)  # noqa: E731
     elif getattr(args, "hide_user", False):
         keep = in_kernel
-    an = Analysis(rec, _parse_bundles(args.guest_bundle), time_range=time_range, keep=keep)
+    bundles = _parse_bundles(args.guest_bundle)
+    an = Analysis(rec, bundles, time_range=time_range, keep=keep)
+    for vm, path in bundles.items():  # a bundle for a VM not recorded names nothing: a typo, most likely
+        if vm not in an.vm_names():
+            raise Failure(f"--guest-bundle {vm}={path}: no VM named {vm} in {args.recording} "
+                          f"(VMs: {', '.join(an.vm_names()) or 'none'})")
     if args.vm and args.vm not in an.vm_names():
         raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
     return an

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         store = Store(Path(args.store))
         (a, b) = [(parse_time(lo), parse_time(hi)) for lo, hi in ranges]
-        rows = diff(store, args.vm, a, b, args.host, args.limit)
+        rows = diff(store, args.vm, a, b, args.host, args.limit, (f"A {args.a}", f"B {args.b}"))
     except StoreError as e:
         raise Failure(str(e)) from None
     if args.format == "json":

@@ -6,9 +6,10 @@ import argparse
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 
-from vmprof_tui.cli.common import Failure, write_output
+from vmprof_tui.cli.common import Failure, Usage, write_output
 
 HELP = "per-window history of VMs in the store: user, kernel, idle, steal, top functions"
 EXAMPLES = """examples:
@@ -31,16 +32,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vmprof_tui.fleet.analyze import corrupt_windows
     from vmprof_tui.fleet.history import Store, StoreError, flag_anomalies, parse_time
 
+    if args.baseline < 3:  # anomalies need at least 3 earlier windows
+        raise Usage(f"--baseline takes 3 or more windows, not {args.baseline}")
+    if args.top < 0:
+        raise Usage(f"--top takes 0 or more functions, not {args.top}")
     try:
         store = Store(Path(args.store))
         since = parse_time(args.since) if args.since else None
         until = parse_time(args.until) if args.until else None
+        for what, value, known in (("host", args.host, store.hosts), ("VM", args.vm, lambda: store.vms(args.host))):
+            if value is not None and value not in known():
+                raise StoreError(f"no {what} named {value} in {args.store}"
+                                 f"{f' on host {args.host}' if what == 'VM' and args.host else ''} "
+                                 f"({what}s: {', '.join(known()) or 'none'})")
         rows = store.history(args.host, args.vm, since, until, args.top)
         flag_anomalies(rows, store.per_window_function_shares(args.host, args.vm, since, until), args.baseline)
     except StoreError as e:
         raise Failure(str(e)) from None
+    for w in corrupt_windows(Path(args.store)):  # skipped by analyze: said once each, never silently missing
+        if (args.host in (None, w["host"]) and (since is None or w["start_unix_s"] >= since.timestamp())
+                and (until is None or w["start_unix_s"] < until.timestamp())):
+            print(f"vmprof history: {w['host']} window {w['seq']} skipped: {w['why']}", file=sys.stderr)
+    if not rows:
+        raise Failure(f"no window in {args.store} matches"
+                      + "".join(f" {k} {v}" for k, v in (("--host", args.host), ("--vm", args.vm),
+                                                          ("--since", args.since), ("--until", args.until)) if v))
     if args.anomalies:
         rows = [r for r in rows if r.anomalies]
     if args.format == "json":
@@ -48,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
-        w.writerow(["host", "vm", "window", "start", "window_s", "user_pct", "kernel_pct", "idle_pct", "steal_pct",
+        w.writerow(["host", "vm", "window_id", "start", "window_s", "user_pct", "kernel_pct", "idle_pct", "steal_pct",
                     "top_function", "top_pct", "anomalies"])
         for r in rows:
             f, _m, p = r.top[0] if r.top else ("", "", 0.0)

@@ -12,7 +12,7 @@ import numpy as np
 
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import row_ratios, whole_rows
-from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
+from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, no_vm, write_output
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
 from vmprof_tui.show.text import MIN_WIDTH, report_width
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if level == "guest":
         vms = [args.vm] if args.vm else an.vm_names()
         if not vms:
-            raise Failure(f"{args.recording} has no VM: use --level host")
+            raise Failure(no_vm(an, args.recording, ": use --level host"))
         if len(vms) > 1 and fmt.ONE_PROFILE:
             raise Failure(f"the guest level of {args.format} output covers one VM: add --vm (one of {', '.join(vms)})")
     profiles = [with_stack_notes(an, p, args.cpu) for p in _profiles(args, an, level)]
@@ -144,7 +144,7 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | 
     if level == "guest" and not args.vm:
         vms = an.vm_names()
         if not vms:
-            raise Failure(f"{args.recording} has no VM: use --level host")
+            raise Failure(no_vm(an, args.recording, ": use --level host"))
     parts, known = [], []
     for vm in vms:
         profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)

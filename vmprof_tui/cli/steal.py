@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vmprof_tui.cli.common import Failure, add_recording_arguments, load_analysis, write_output
+from vmprof_tui.cli.common import Failure, add_recording_arguments, load_analysis, no_vm, write_output
 
 HELP = "steal and idle per VM and vCPU, who stole, and corrected execution times"
 EXAMPLES = """examples:
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     an = load_analysis(args)
     vms = [args.vm] if args.vm else an.vm_names()
     if not vms:
-        raise Failure(f"{args.recording} has no VM, so there is no steal to show")
+        raise Failure(no_vm(an, args.recording, ", so there is no steal to show"))
     reports = [steal_report(an, vm) for vm in vms]
     if args.format == "json":
         write_output(args, json.dumps(reports if len(reports) > 1 else reports[0], indent=1) + "\n")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from vmprof_tui.cli.common import Failure, Usage, stop_on_signals
 
+REFRESH_S = (0.25, 10.0)  # what + and - step between on the screen (show/tui.py)
+WINDOW_S = (1.0, 120.0)  # what [ and ] step between
 HOST_COUNTS_FROM = 64_000  # samples/s (rate x CPUs) from which --host-counts auto counts in the kernel
 
 HELP = "the live screen: what every VM, vCPU, guest process and function is doing now"
@@ -29,8 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(vmprof analyze) instead")
     p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
                    help="samples per second per CPU")
-    p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed")
-    p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
+    p.add_argument("--window", type=float, default=5.0, metavar="S",
+                   help=f"seconds of history analysed ({WINDOW_S[0]:g} to {WINDOW_S[1]:g})")
+    p.add_argument("--refresh", type=float, default=1.0, metavar="S",
+                   help=f"seconds between refreshes ({REFRESH_S[0]:g} to {REFRESH_S[1]:g}, as + and - allow)")
     p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
                    help="collect call stacks, for the flame view (f) and the callers view (c)")
     p.add_argument("--host-counts", choices=("auto", "on", "off"), default="auto",
@@ -68,6 +72,10 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
 
 
 def run(args: argparse.Namespace) -> int:
+    # a refresh of 0 or less would spin the screen's event loop, which then never reads q or the SIGTERM flag
+    for name, value, (lo, hi) in (("--refresh", args.refresh, REFRESH_S), ("--window", args.window, WINDOW_S)):
+        if not lo <= value <= hi:  # NaN fails too
+            raise Usage(f"{name} takes seconds from {lo:g} to {hi:g}, not {value:g}")
     counted = host_counts(args.host_counts, args.frequency, args.stacks)
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise Failure("the live screen needs a terminal (stdout and stdin); for text use `vmprof record` "
@@ -83,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.replay:
         from vmprof_tui.collect import discover
+        from vmprof_tui.collect.bpf import CollectError, check_privileges
 
+        try:  # first: without privileges the guests cannot be seen either, so "no KVM guest" would be false
+            check_privileges()
+        except CollectError as e:
+            raise Failure(str(e)) from None
         if not discover.discover_vms():
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)

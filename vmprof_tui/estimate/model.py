@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui import bounded_json
+
 WORKLOADS = ("cpu", "net-send", "net-recv")
 FIRST_DEGREE = 4  # formula (1)
 DIRECT_DEGREE = 3  # the direct fit: 20 terms for 3 workloads, well below 55 measurements
@@ -216,14 +218,13 @@ def add_vm(l_new: float, l_all: float, n_vm: int, l_max: float) -> dict:
 def load(path: Path) -> Model:
     """Read a model file; anything wrong is one ModelError line."""
     try:
-        data = json.loads(path.read_text())
+        data = bounded_json.loads(path.read_bytes(), f"{path}")
     except FileNotFoundError:
         raise ModelError(f"{path}: no such model file (make one with `vmprof model build -o {path}`)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ModelError(f"{path}: cannot read the model file: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{path}: not a model file (bad JSON at line {e.lineno}); rebuild it with "
-                         "`vmprof model build`") from None
+    except bounded_json.JSONLimitError as e:
+        raise ModelError(f"not a model file (bad JSON): {e}; rebuild it with `vmprof model build`") from None
     try:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError("it is not a vmprof model")

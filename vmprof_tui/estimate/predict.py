@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vmprof_tui import bounded_json
+
 COUNTS_FORMAT = "vmprof-predict-counts"
 COSTS_FORMAT = "vmprof-predict-costs"
 VERSION = 1
@@ -169,9 +171,9 @@ def _load(path: Path, fmt: str, what: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise PredictError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise PredictError(f"{path} is not JSON ({e}); is it a {what} file?") from None
+        data = bounded_json.loads(text, str(path))
+    except bounded_json.JSONLimitError as e:
+        raise PredictError(f"{e}; is it a {what} file?") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise PredictError(f"{path} is not a {what} file (format {got!r}, expected {fmt!r})")

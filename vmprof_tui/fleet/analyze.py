@@ -11,15 +11,21 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmprof_tui.fleet.tasks import WindowRef, analyse_window_vm, window_vms
+from vmprof_tui.fleet.tasks import HOST_TASK, WindowRef, analyse_window_vm, window_vms
 from vmprof_tui.record.recording import RecordingError, load
 from vmprof_tui.record.spool import WINDOW_RE
 
 DONE = "done"  # store/done/HOST/W<seq>.json: the window is fully in the store
+CORRUPT = "corrupt"  # store/corrupt/HOST/W<seq>.json: the window was skipped as corrupt (why, when): history says so
+
+
+class StoreWriteError(OSError):
+    """The store cannot be written (read-only, full, no permission): the whole run stops with one line."""
 
 
 @dataclass
@@ -50,6 +56,48 @@ def done_path(store: Path, ref: WindowRef) -> Path:
     return store / DONE / ref.host / f"W{ref.seq:08d}.json"
 
 
+def corrupt_path(store: Path, ref: WindowRef) -> Path:
+    return store / CORRUPT / ref.host / f"W{ref.seq:08d}.json"
+
+
+def write_marker(path: Path, content: dict) -> None:
+    """A small JSON file written atomically under a name no concurrent `analyze` uses; an existing one is
+    replaced whole (two runs that finish the same window write the same facts)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(json.dumps(content))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def corrupt_windows(store: Path) -> list[dict]:
+    """The windows `analyze` skipped as corrupt (host, seq, start, why), oldest first."""
+    out = []
+    for p in sorted((store / CORRUPT).glob("*/W*.json")):
+        try:
+            entry = json.loads(p.read_text())
+            out.append({"host": p.parent.name, "seq": int(p.stem[1:]), "start_unix_s": int(entry["start_unix_s"]),
+                        "why": str(entry["why"])})
+        except (OSError, ValueError, KeyError, TypeError):
+            out.append({"host": p.parent.name, "seq": int(p.stem[1:]) if p.stem[1:].isdigit() else -1,
+                        "start_unix_s": 0, "why": "its corrupt-window note is unreadable"})
+    return out
+
+
+def check_store(store: Path) -> None:
+    """StoreWriteError when `analyze` could not write the store: found before any window is analysed."""
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        probe = store / f".write-test.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise StoreWriteError(e.errno, f"cannot write the store {store}: {e.strerror or e}") from None
+
+
 def agent_log(window: Path) -> dict[int, dict]:
     try:
         lines = (window.parent.parent / "agent.jsonl").read_text().splitlines()
@@ -67,12 +115,17 @@ def agent_log(window: Path) -> dict[int, dict]:
 
 def check_window(path: str) -> str | None:
     """None when the window is usable, else why not: a corrupt or cut window (the agent renames only complete
-    ones) is skipped with this note; lesser problems (static data missing) only leave notes in the analysis."""
+    ones, so any damage came later) is skipped with this note, never analysed as a window with rows missing;
+    lesser problems (static data missing) only leave notes in the analysis."""
+    if not Path(path).exists():  # retention on the agent deleted it since it was found: not corrupt
+        return "gone: deleted from the spool before it was analysed"
     try:
         rec = load(Path(path))
     except RecordingError as e:
-        return str(e)
-    return None if rec.end is not None else "; ".join(rec.problems)
+        return f"corrupt: {e}"
+    if (damage := rec.damage()) is not None:
+        return f"{damage} (first: {rec.problems[0].split(': skipped')[0]})"
+    return None if rec.end is not None else "corrupt: " + "; ".join(rec.problems)
 
 
 class Analyzer:
@@ -109,6 +162,7 @@ class Analyzer:
         """Analyse the windows not yet in the store; each (window, VM) is one task."""
         from distributed import as_completed
 
+        check_store(self.store)
         todo = [r for r in refs if not done_path(self.store, r).exists()]
         c = self._client
         checks = dict(zip(todo, c.gather(c.map(check_window, [r.path for r in todo], pure=False)), strict=True))
@@ -123,21 +177,25 @@ class Analyzer:
         vms_of = dict(zip(good, c.gather(c.map(window_vms, [r.path for r in good], pure=False)), strict=True))
         for ref in good:
             results[ref].vms, results[ref].t2_s = vms_of[ref]
-            for vm in results[ref].vms:
-                f = c.submit(analyse_window_vm, ref, vm, str(self.store), key=f"vmprof-{ref.host}-{ref.seq}-{vm}",
-                             retries=retries, pure=False)
+            for vm in [*results[ref].vms, HOST_TASK]:  # each VM, and the window's host level
+                f = c.submit(analyse_window_vm, ref, vm, str(self.store),
+                             key=f"vmprof-{ref.host}-{ref.seq}-{vm or '(host)'}", retries=retries, pure=False)
                 futures[f] = ref
-        pending = {ref: len(results[ref].vms) for ref in good}
+        pending = {ref: len(results[ref].vms) + 1 for ref in good}
         finished = []
-        for ref in good:
-            if not pending[ref]:  # a window with no VM: done at once
-                finished.append(self._finish(results[ref], on_window))
         for f in as_completed(futures):
             ref = futures[f]
             res = results[ref]
             try:
                 out = f.result()
                 res.t2_s += out["seconds"]
+            except OSError as e:  # the store (read-only, full): every other window would fail the same way
+                if e.filename and Path(e.filename).is_relative_to(self.store):
+                    for other in futures:
+                        other.cancel()
+                    raise StoreWriteError(e.errno, f"cannot write the store {self.store}: "
+                                                   f"{e.strerror or e}: {e.filename}") from None
+                res.error = f"{type(e).__name__}: {e}"
             except Exception as e:  # noqa: BLE001 - one window's failure is noted, the others go on
                 res.error = f"{type(e).__name__}: {e}"
             pending[ref] -= 1
@@ -149,13 +207,18 @@ class Analyzer:
         return finished
 
     def _finish(self, res: WindowResult, on_window: Callable[[WindowResult], None] | None) -> WindowResult:
-        if res.error is None:
-            path = done_path(self.store, res.ref)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"vms": res.vms, "t0_s": res.t0_s, "t1_s": res.t1_s, "t2_s": res.t2_s,
-                                       "analysed_unix_s": time.time()}))
-            os.replace(tmp, path)
+        try:
+            if res.error is None:
+                write_marker(done_path(self.store, res.ref), {
+                    "vms": res.vms, "t0_s": res.t0_s, "t1_s": res.t1_s, "t2_s": res.t2_s,
+                    "analysed_unix_s": time.time()})
+                corrupt_path(self.store, res.ref).unlink(missing_ok=True)  # it was repaired
+            elif res.error.startswith("corrupt"):
+                write_marker(corrupt_path(self.store, res.ref), {"why": res.error,
+                                                                 "start_unix_s": res.ref.start_unix_s,
+                                                                 "checked_unix_s": time.time()})
+        except OSError as e:
+            raise StoreWriteError(e.errno, f"cannot write the store {self.store}: {e.strerror or e}") from None
         if on_window is not None:
             on_window(res)
         return res

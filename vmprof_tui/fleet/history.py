@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-STATES = ("guest_user", "guest_kernel", "idle", "steal_type1", "steal_type2")
+from vmprof_tui.fleet.tasks import STATES, TABLES
 
 
 class StoreError(RuntimeError):
@@ -43,7 +43,7 @@ class WindowRow:
     anomalies: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"host": self.host, "vm": self.vm, "window": self.window, "start": self.start.isoformat(),
+        return {"host": self.host, "vm": self.vm, "window_id": self.window, "start": self.start.isoformat(),
                 "window_s": self.window_s, **{f"{k}_pct": round(v, 3) for k, v in self.shares.items()},
                 "top": [{"function": f, "module": m, "pct": round(p, 3)} for f, m, p in self.top],
                 "anomalies": self.anomalies}
@@ -55,10 +55,18 @@ class Store:
         if not (path / "vcpu").is_dir():
             raise StoreError(f"{path} holds no analysed window (vmprof analyze SPOOL --store {path} fills it)")
         self.db = duckdb.connect()
-        for table in ("profile", "vcpu"):
-            glob = str(path / table / "**" / "*.parquet")
-            self.db.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{_quote(glob)}', "
-                            "hive_partitioning = true, union_by_name = true)")
+        for table, schema in TABLES.items():  # a table with no file yet is an empty view of its columns
+            if any((path / table).glob("*/*/*.parquet")):
+                glob = str(path / table / "**" / "*.parquet")
+                self.db.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{_quote(glob)}', "
+                                "hive_partitioning = true, union_by_name = true)")
+            else:
+                columns = ", ".join(f"NULL::{_SQL_TYPES[str(f.type)]} AS {f.name}" for f in schema)
+                self.db.execute(f"CREATE VIEW {table} AS SELECT {columns} WHERE false")
+        names = {row[0] for row in self.db.execute("DESCRIBE vcpu").fetchall()}
+        if "window_id" not in names or "cause" in names:
+            raise StoreError(f"{path} was written by an older vmprof (a `window` column, causes in vcpu): analyse "
+                             "the spools again into a new store")
 
     def _where(self, host: str | None, vm: str | None, since: datetime | None,
                until: datetime | None) -> tuple[str, list]:
@@ -79,8 +87,8 @@ class Store:
                 until: datetime | None = None, top: int = 3) -> list[WindowRow]:
         where, params = self._where(host, vm, since, until)
         states = self.db.execute(
-            f"SELECT host, vm, \"window\", epoch(min(window_start)), max(window_s), state, sum(seconds) FROM vcpu "
-            f"WHERE {where} AND cause = '' GROUP BY ALL ORDER BY host, vm, \"window\"", params).fetchall()
+            f"SELECT host, vm, window_id, epoch(min(window_start)), max(window_s), state, sum(seconds) FROM vcpu "
+            f"WHERE {where} GROUP BY ALL ORDER BY host, vm, window_id", params).fetchall()
         rows: dict[tuple, WindowRow] = {}
         for h, v, w, start, window_s, state, seconds in states:
             row = rows.setdefault((h, v, w), WindowRow(h, v, int(w), datetime.fromtimestamp(start, UTC),
@@ -91,9 +99,9 @@ class Store:
             row.shares = {s: 100.0 * row.shares.get(s, 0.0) / total for s in STATES}
             row.shares["steal"] = row.shares["steal_type1"] + row.shares["steal_type2"]
         funcs = self.db.execute(
-            f"SELECT host, vm, \"window\", function, module, sum(samples) AS n, "
-            f"sum(sum(samples)) OVER (PARTITION BY host, vm, \"window\") AS total FROM profile WHERE {where} "
-            f"GROUP BY host, vm, \"window\", function, module ORDER BY host, vm, \"window\", n DESC", params).fetchall()
+            f"SELECT host, vm, window_id, function, module, sum(samples) AS n, "
+            f"sum(sum(samples)) OVER (PARTITION BY host, vm, window_id) AS total FROM profile WHERE {where} "
+            f"GROUP BY host, vm, window_id, function, module ORDER BY host, vm, window_id, n DESC", params).fetchall()
         for h, v, w, fn, mod, n, total in funcs:
             row = rows.get((h, v, w))
             if row is not None and len(row.top) < top:
@@ -112,22 +120,35 @@ class Store:
                                    until: datetime | None) -> dict[tuple, dict[tuple[str, str], float]]:
         where, params = self._where(host, vm, since, until)
         got = self.db.execute(
-            f"SELECT host, vm, \"window\", function, module, sum(samples) / sum(sum(samples)) OVER "
-            f"(PARTITION BY host, vm, \"window\") * 100 FROM profile WHERE {where} "
-            f"GROUP BY host, vm, \"window\", function, module", params).fetchall()
+            f"SELECT host, vm, window_id, function, module, sum(samples) / sum(sum(samples)) OVER "
+            f"(PARTITION BY host, vm, window_id) * 100 FROM profile WHERE {where} "
+            f"GROUP BY host, vm, window_id, function, module", params).fetchall()
         out: dict[tuple, dict[tuple[str, str], float]] = {}
         for h, v, w, f, m, pct in got:
             out.setdefault((h, v, int(w)), {})[(f, m)] = float(pct)
         return out
 
 
+    def vms(self, host: str | None = None) -> list[str]:
+        """The VMs the store holds (of one host)."""
+        where, params = self._where(host, None, None, None)
+        return [v for (v,) in self.db.execute(f"SELECT DISTINCT vm FROM vcpu WHERE {where} ORDER BY vm",
+                                              params).fetchall()]
+
+    def hosts(self) -> list[str]:
+        return [h for (h,) in self.db.execute("SELECT DISTINCT host FROM vcpu ORDER BY host").fetchall()]
+
     def functions(self, host: str, vm: str, window: int, limit: int = 100) -> list[tuple[str, str, str, float]]:
         """(process, function, module, % of the VM's samples) of one stored window, largest first."""
         got = self.db.execute(
             "SELECT coalesce(process, ''), function, module, sum(samples) AS n, sum(sum(samples)) OVER () FROM profile "
-            "WHERE host = ? AND vm = ? AND \"window\" = ? GROUP BY ALL ORDER BY n DESC LIMIT ?",
+            "WHERE host = ? AND vm = ? AND window_id = ? GROUP BY ALL ORDER BY n DESC LIMIT ?",
             [host, vm, window, limit]).fetchall()
         return [(p, f, m, 100.0 * float(n) / float(total or 1)) for p, f, m, n, total in got]
+
+
+_SQL_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "int32": "INTEGER", "double": "DOUBLE",
+              "timestamp[us, tz=UTC]": "TIMESTAMPTZ"}
 
 
 def _quote(text: str) -> str:
@@ -147,11 +168,17 @@ class DiffRow:
 
 
 def diff(store: Store, vm: str, a: tuple[datetime, datetime], b: tuple[datetime, datetime],
-         host: str | None = None, limit: int = 20) -> list[DiffRow]:
-    """Functions whose share of the VM's samples rose or fell most from range A to range B."""
+         host: str | None = None, limit: int = 20, names: tuple[str, str] = ("A", "B")) -> list[DiffRow]:
+    """Functions whose share of the VM's samples rose or fell most from range A to range B; a range without
+    samples is an error (against nothing, every function would seem to appear or vanish)."""
+    if vm not in store.vms(host):
+        raise StoreError(f"no VM named {vm} in the store{f' on host {host}' if host else ''} "
+                         f"(VMs: {', '.join(store.vms(host)) or 'none'})")
     sa, sb = store.function_shares(vm, *a, host=host), store.function_shares(vm, *b, host=host)
-    if not sa and not sb:
-        raise StoreError(f"no samples of VM {vm} in either range")
+    for shares, name, (lo, hi) in ((sa, names[0], a), (sb, names[1], b)):
+        if not shares:
+            raise StoreError(f"range {name} ({lo:%Y-%m-%d %H:%M:%S} to {hi:%Y-%m-%d %H:%M:%S} UTC) holds no window "
+                             f"of VM {vm}: nothing to compare with")
     rows = [DiffRow(f, m, sa.get((f, m), 0.0), sb.get((f, m), 0.0)) for f, m in set(sa) | set(sb)]
     return sorted(rows, key=lambda r: (-abs(r.delta), r.function))[:limit]
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,21 +23,34 @@ import pyarrow.parquet as pq
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.steal import vcpu_steal
-from vmprof_tui.record.recording import KALLSYMS_KEY, load
+from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, load
 from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL
 
-PROFILE_SCHEMA = pa.schema([
-    ("host", pa.string()), ("window", pa.int64()), ("window_start", pa.timestamp("us", tz="UTC")),
-    ("window_s", pa.float64()), ("vm", pa.string()), ("vcpu", pa.int32()), ("process", pa.string()),
-    ("pid", pa.int64()), ("function", pa.string()), ("module", pa.string()), ("samples", pa.float64()),
-    ("seconds", pa.float64()),
-])
-VCPU_SCHEMA = pa.schema([
-    ("host", pa.string()), ("window", pa.int64()), ("window_start", pa.timestamp("us", tz="UTC")),
-    ("window_s", pa.float64()), ("vm", pa.string()), ("vcpu", pa.int32()), ("state", pa.string()),
-    ("cause", pa.string()), ("seconds", pa.float64()),
-])
-TABLES = {"profile": PROFILE_SCHEMA, "vcpu": VCPU_SCHEMA}
+# Every table starts with these columns (a window is named `window_id`, not `window`: WINDOW is a reserved word
+# in SQL, and a column of that name needs quoting in every query a user writes).
+_WINDOW = [("host", pa.string()), ("window_id", pa.int64()), ("window_start", pa.timestamp("us", tz="UTC")),
+           ("window_s", pa.float64())]
+_FUNCTION = [("process", pa.string()), ("pid", pa.int64()), ("function", pa.string()), ("module", pa.string()),
+             ("samples", pa.float64()), ("seconds", pa.float64())]
+_VCPU = [("vm", pa.string()), ("vcpu", pa.int32())]
+PROFILE_SCHEMA = pa.schema(_WINDOW + _VCPU + _FUNCTION)  # a VM's guest profile, per vCPU
+HOST_PROFILE_SCHEMA = pa.schema(_WINDOW + [("vm", pa.string())] + _FUNCTION)  # the host level; vm: rows of VM time
+# state totals: guest_user + guest_kernel + idle + steal_type1 + steal_type2 is the vCPU's time, nothing twice
+VCPU_SCHEMA = pa.schema(_WINDOW + _VCPU + [("state", pa.string()), ("seconds", pa.float64())])
+# steal by cause: type 1 by why it waited (preempted, wakeup, throttled, irq), type 2 by exit reason; they add up
+# to steal_type1 + steal_type2 of `vcpu`
+STEAL_SCHEMA = pa.schema(_WINDOW + _VCPU + [("type", pa.int32()), ("cause", pa.string()), ("seconds", pa.float64())])
+# type-1 steal by who held the pCPU (host process, or another vCPU): adds up to steal_type1
+HOLDER_SCHEMA = pa.schema(_WINDOW + _VCPU + [("holder", pa.string()), ("seconds", pa.float64())])
+# figures that overlap the states (not to be added to them): costop (part of steal: waiting while a sibling
+# vCPU ran), halt_poll (KVM polling a halted vCPU), irq_while_running (IRQ time inside the vCPU's run time)
+VCPU_OTHER_SCHEMA = pa.schema(_WINDOW + _VCPU + [("what", pa.string()), ("seconds", pa.float64())])
+TABLES = {"profile": PROFILE_SCHEMA, "vcpu": VCPU_SCHEMA, "steal": STEAL_SCHEMA, "steal_holder": HOLDER_SCHEMA,
+          "vcpu_other": VCPU_OTHER_SCHEMA, "host_profile": HOST_PROFILE_SCHEMA}
+VM_TABLES = ("profile", "vcpu", "steal", "steal_holder", "vcpu_other")  # written by a VM's task
+HOST_TASK = ""  # the VM name of a window's host task (the host level's profile), not a VM
+STATES = ("guest_user", "guest_kernel", "idle", "steal_type1", "steal_type2")
+OTHER_FIGURES = (("costop", "skew"), ("halt_poll", "halt_poll"), ("irq_while_running", "irq_while_running"))
 
 
 @dataclass(frozen=True)
@@ -58,8 +73,8 @@ class WindowRef:
 
 def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
     """Per vCPU of `vm`: seconds of guest user, guest kernel, idle, steal type 1 (by holder, by cause) and type 2
-    (by exit reason), co-stop, halt polling, IRQ time while running: the figures the store keeps (not the
-    causes, co-stop, polling and IRQ) and the agent's metrics export."""
+    (by exit reason), co-stop, halt polling, IRQ time while running: the figures the store keeps and the
+    agent's metrics export."""
     kernel = (an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0
     timelines = {tl.vcpu: tl for tl in an.vm_timelines(vm)}
     out = []
@@ -83,8 +98,22 @@ def window_vms(path: str) -> tuple[list[str], float]:
     return Analysis(rec).vm_names(), time.monotonic() - t
 
 
+def _window_base(ref: WindowRef, rec: Recording) -> dict:
+    window_s = float(rec.end["duration_s"]) if rec.end else rec.duration_s
+    start = datetime.fromtimestamp(float(rec.meta.get("start_unix_s", ref.start_unix_s)), UTC)
+    return {"host": ref.host, "window_id": ref.seq, "window_start": start, "window_s": window_s}
+
+
+def _function_rows(base: dict, rows: list, sample_s: float) -> list[dict]:
+    return [{**base, "process": r.process, "pid": r.pid, "function": r.function, "module": r.module,
+             "samples": float(r.samples), "seconds": float(r.samples) * sample_s} for r in rows if r.samples > 0]
+
+
 def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
-    """The task: analyse one VM of one window, write its rows, return what it did (for t2)."""
+    """The task: analyse one VM of one window (or, for HOST_TASK, the window's host level), write its rows,
+    return what it did (for t2)."""
+    if vm == HOST_TASK:
+        return analyse_window_host(ref, store)
     t = time.monotonic()
     rec = load(Path(ref.path))
     rec.snapshot.pop(KALLSYMS_KEY, None)  # the guest level never names host kernel code: skip its parse
@@ -94,34 +123,48 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     if not pids and (m := re.fullmatch(r"vm-(\d+)", vm)):  # a VM known only from its guest samples (Analysis)
         pids = [int(m.group(1))]
     an = Analysis(rec, keep=lambda s: np.isin(s["pid"], pids))
-    window_s = float(rec.end["duration_s"]) if rec.end else rec.duration_s
-    start = datetime.fromtimestamp(float(rec.meta.get("start_unix_s", ref.start_unix_s)), UTC)
-    base = {"host": ref.host, "window": ref.seq, "window_start": start, "window_s": window_s, "vm": vm}
-    profile = []
+    base = {**_window_base(ref, rec), "vm": vm}
+    tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES}
     for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu):
-        sample_s = an.sample_ns(tl) / 1e9  # the guest profile's samples, real and virtual, at the vCPU's rate
-        for r in an.guest_profile(vm, tl.vcpu).rows:
-            if r.samples > 0:
-                profile.append({**base, "vcpu": tl.vcpu, "process": r.process, "pid": r.pid,
-                                "function": r.function, "module": r.module, "samples": float(r.samples),
-                                "seconds": float(r.samples) * sample_s})
-    states = []
+        # the guest profile's samples, real and virtual, at the vCPU's rate
+        tables["profile"] += _function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
+                                            an.sample_ns(tl) / 1e9)
     for v in vcpu_seconds(an, vm):
-        for state in ("guest_user", "guest_kernel", "idle", "steal_type1", "steal_type2"):
-            states.append({**base, "vcpu": v["vcpu"], "state": state, "cause": "", "seconds": v[state]})
-        for key, state in (("type1_by_holder", "steal_type1"), ("type2_by_exit", "steal_type2")):
-            states += [{**base, "vcpu": v["vcpu"], "state": state, "cause": cause, "seconds": s}
-                       for cause, s in v[key].items()]
-    for table, rows in (("profile", profile), ("vcpu", states)):
+        at = {**base, "vcpu": v["vcpu"]}
+        tables["vcpu"] += [{**at, "state": state, "seconds": v[state]} for state in STATES]
+        tables["steal"] += [{**at, "type": 1, "cause": c, "seconds": s} for c, s in v["type1_by_cause"].items()]
+        tables["steal"] += [{**at, "type": 2, "cause": c, "seconds": s} for c, s in v["type2_by_exit"].items()]
+        tables["steal_holder"] += [{**at, "holder": h, "seconds": s} for h, s in v["type1_by_holder"].items()]
+        tables["vcpu_other"] += [{**at, "what": what, "seconds": v[key]} for what, key in OTHER_FIGURES]
+    for table, rows in tables.items():
         write_rows(ref.output(Path(store), table, vm), rows, TABLES[table])
-    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": len(profile), "seconds": time.monotonic() - t,
-            "notes": list(an.notes)}
+    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": len(tables["profile"]),
+            "seconds": time.monotonic() - t, "notes": list(an.notes)}
+
+
+def analyse_window_host(ref: WindowRef, store: str) -> dict:
+    """The host level of one window (every host process, the kernel, each VM's time, CPU idle) into
+    host_profile: what `vmprof report WINDOW` shows."""
+    t = time.monotonic()
+    rec = load(Path(ref.path))
+    an = Analysis(rec)
+    rows = _function_rows(_window_base(ref, rec), an.host_profile().rows, an.period_ns / 1e9)
+    for row, r in zip(rows, [r for r in an.host_profile().rows if r.samples > 0], strict=True):
+        row["vm"] = r.vm
+    write_rows(ref.output(Path(store), "host_profile", "host"), rows, HOST_PROFILE_SCHEMA)
+    return {"host": ref.host, "window": ref.seq, "vm": HOST_TASK, "rows": len(rows),
+            "seconds": time.monotonic() - t, "notes": list(an.notes)}
 
 
 def write_rows(path: Path, rows: list[dict], schema: pa.Schema) -> None:
     """Atomically (a tmp file renamed): a reader sees the whole file or none of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    # a name no other writer uses (another `vmprof analyze` on the same store, another thread of this worker)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from vmprof_tui import arrays
+from vmprof_tui import arrays, bounded_json
 from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
 MAGIC = b"VMPROFREC\0"
@@ -46,6 +46,7 @@ KIND_NAMES = {META: "meta", SAMPLES: "samples", SCHED: "sched", SNAPSHOT: "snaps
               LBR: "lbr", STACKS: "stacks", HOST_STACKS: "host stacks"}
 TABLE_DTYPES = {SAMPLES: SAMPLE_DTYPE, SCHED: SCHED_DTYPE, STACKS: STACK_DTYPE}
 MAX_HOST_STACK_DEPTH = 127  # the kernel's PERF_MAX_STACK_DEPTH
+MAX_FREQUENCY = 1_000_000  # samples per second per CPU a recording may state (perf's limit is far below)
 
 
 class RecordingError(RuntimeError):
@@ -100,7 +101,8 @@ def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
                  extra_of: Callable[[dict], int] = lambda h: 0) -> tuple[dict, bytes]:
     """(header, body) of a row chunk; the body inflated to exactly rows * itemsize (+ extra) bytes, never more."""
     (hlen,) = struct.unpack_from("<I", payload)
-    header = json.loads(bytes(payload[4:4 + hlen]))
+    header = bounded_json.expect(bounded_json.loads(bytes(payload[4:4 + hlen]), f"the header of {what}"), dict,
+                                 f"the header of {what}")
     size = int(header["rows"]) * itemsize_of(header) + extra_of(header)
     raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
     if len(raw) != size:
@@ -123,7 +125,8 @@ def _table_rows(payload: bytes, dtype: np.dtype) -> int:
     """The row count a table chunk's header states: at most what its body can inflate to (zlib's ratio is under
     1032:1), as the arrays are made before the bodies are inflated; the exact count is checked then."""
     (hlen,) = struct.unpack_from("<I", payload)
-    rows = json.loads(bytes(payload[4:4 + hlen]))["rows"]
+    header = bounded_json.loads(bytes(payload[4:4 + hlen]), "a table chunk's header")
+    rows = bounded_json.expect(header, dict, "a table chunk's header").get("rows")
     if not isinstance(rows, int) or rows < 0:
         raise RecordingError("a table chunk's header has no valid row count")
     if rows * dtype.itemsize > 1032 * len(payload):
@@ -281,6 +284,22 @@ class Recording:
     stacks: np.ndarray | None = None  # STACK_DTYPE rows (vmprof record -g); None: recorded without stacks
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # host stack-map id -> addresses (-g)
     problems: list[str] = field(default_factory=list)  # what was cut or skipped
+    skipped_chunks: int = 0  # damaged chunks passed over (with the bytes up to the next whole chunk)
+    skipped_bytes: int = 0
+
+    def damage(self) -> str | None:
+        """One line naming what corruption cost this recording (None: nothing was skipped), for every screen
+        and command that shows it."""
+        if not self.skipped_chunks and not any("unreadable" in p for p in self.problems):
+            return None
+        unreadable = sum("unreadable" in p for p in self.problems)
+        parts = []
+        if self.skipped_chunks:
+            parts.append(f"{self.skipped_chunks} damaged chunk{'s' if self.skipped_chunks != 1 else ''} "
+                         f"({self.skipped_bytes:,} bytes) skipped")
+        if unreadable:
+            parts.append(f"{unreadable} unreadable chunk{'s' if unreadable != 1 else ''} skipped")
+        return f"corrupt recording {self.path.name}: " + ", ".join(parts)
 
     @property
     def complete(self) -> bool:
@@ -392,8 +411,98 @@ def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: li
     return out
 
 
+def _valid_chunk_at(data: bytes, view: memoryview, pos: int) -> bool:
+    """Whether a whole chunk starts at `pos`: its magic, a length that fits, and its checksum all check."""
+    if pos + CHUNK_HEADER.size > len(data):
+        return False
+    magic, _kind, _res, length, crc = CHUNK_HEADER.unpack_from(data, pos)
+    body = pos + CHUNK_HEADER.size
+    return magic == CHUNK_MAGIC and length <= MAX_CHUNK and body + length <= len(data) \
+        and zlib.crc32(view[body:body + length]) == crc
+
+
+def _resync(data: bytes, view: memoryview, pos: int) -> int | None:
+    """The position of the next whole chunk after a damaged one at `pos` (None: none follows).  One bad length
+    must not cost the intact chunks behind it: every later chunk magic is tried, and only a header whose
+    checksum checks is taken (a payload that happens to hold the magic does not pass)."""
+    at = pos
+    while (at := data.find(CHUNK_MAGIC, at + 1)) >= 0:
+        if _valid_chunk_at(data, view, at):
+            return at
+    return None
+
+
+def _chunks_in(data: bytes, lo: int, hi: int) -> int:
+    """How many chunks a skipped stretch held: the chunk headers in it (at least the damaged one)."""
+    n, at = 0, lo - 1
+    while (at := data.find(CHUNK_MAGIC, at + 1)) >= 0 and at < hi:
+        if at + CHUNK_HEADER.size <= len(data) and CHUNK_HEADER.unpack_from(data, at)[1] in KIND_NAMES:
+            n += 1
+    return max(n, 1)
+
+
+def _damage(data: bytes, pos: int, kind: int, length: int, crc_ok: bool | None) -> str:
+    """What is wrong with the chunk at `pos` (for the note)."""
+    magic = data[pos:pos + 4]
+    if magic != CHUNK_MAGIC:
+        return f"corrupt chunk header at byte {pos}"
+    if length > MAX_CHUNK or pos + CHUNK_HEADER.size + length > len(data):
+        return f"corrupt length ({length} bytes) in the {KIND_NAMES.get(kind, f'kind {kind}')} chunk at byte {pos}"
+    return f"checksum mismatch in the {KIND_NAMES.get(kind, f'kind {kind}')} chunk at byte {pos}" if not crc_ok \
+        else f"bad chunk at byte {pos}"
+
+
+def _meta(value: object) -> dict:
+    """The metadata chunk's object, checked where the analysis divides or counts by it."""
+    meta = bounded_json.expect(value, dict, "the metadata chunk")
+    if "frequency" in meta:
+        bounded_json.number(meta["frequency"], "the metadata's frequency (Hz)", 1, MAX_FREQUENCY)
+    for key in ("start_unix_s", "start_monotonic_ns"):
+        if key in meta:
+            bounded_json.number(meta[key], f"the metadata's {key}", 0)
+    return meta
+
+
+def _end(value: object) -> dict:
+    """The end chunk's object, checked (a bad one is ignored: the recording reads as not finished)."""
+    end = bounded_json.expect(value, dict, "the end chunk")
+    for key in ("duration_s", "end_monotonic_ns", "samples"):
+        if key in end:
+            bounded_json.number(end[key], f"the end chunk's {key}", 0)
+    lost = bounded_json.expect(end.get("lost", {}), dict, "the end chunk's lost counts")
+    for key in ("samples", "sched"):  # per CPU: added up by readers (other keys are the LBR collector's)
+        for c in bounded_json.expect(lost.get(key, []), list, f"the end chunk's lost {key}"):
+            bounded_json.number(c, f"a lost {key} count", 0)
+    if VMS_KEY in end:
+        _vms(end[VMS_KEY], "the end chunk's VMs")
+    return end
+
+
+def _vms(value: object, what: str) -> list[dict]:
+    for vm in bounded_json.expect(value, list, what):
+        bounded_json.expect(vm, dict, f"a VM of {what}")
+        bounded_json.expect(vm.get("name"), str, f"a VM name of {what}")
+        bounded_json.number(vm.get("pid"), f"a VM pid of {what}", 0, 1 << 32)
+    return value
+
+
+def _snapshot(value: object) -> dict:
+    """A snapshot chunk's object with its VMs and processes checked (they are read by key)."""
+    snap = bounded_json.expect(value, dict, "a snapshot chunk")
+    if VMS_KEY in snap:
+        _vms(snap[VMS_KEY], "a snapshot's VMs")
+    for key, proc in snap.items():
+        if is_process_key(key):
+            bounded_json.expect(proc, dict, f"snapshot {key[:40]}")
+            bounded_json.number(proc.get("pid"), f"the pid of snapshot {key[:40]}", 0, 1 << 32)
+    if KALLSYMS_KEY in snap:
+        bounded_json.expect(snap[KALLSYMS_KEY], str, "a snapshot's kallsyms")
+    return snap
+
+
 def load(path: Path) -> Recording:
-    """Read a recording; a cut or corrupt tail is reported in .problems, not raised."""
+    """Read a recording; a cut or corrupt part is reported in .problems, not raised: a damaged chunk costs only
+    itself (and what lies between it and the next whole chunk), never the chunks after it."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -405,6 +514,7 @@ def load(path: Path) -> Recording:
         raise RecordingError(f"{path} is recording format version {version}; this vmprof reads version {VERSION}")
     pos = len(MAGIC) + 2
     meta: dict | None = None
+    meta_problem = ""
     rec = Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
     lbr_parts: list[np.ndarray] = []
     pending: list[tuple[int, int, memoryview, int]] = []  # table chunks: (kind, problems before it, payload, rows)
@@ -417,41 +527,56 @@ def load(path: Path) -> Recording:
             break
         magic, kind, _res, length, crc = CHUNK_HEADER.unpack_from(data, pos)
         body_start = pos + CHUNK_HEADER.size
-        if magic != CHUNK_MAGIC or length > MAX_CHUNK:
-            rec.problems.append(f"corrupt chunk header at byte {pos}; the rest ({len(data) - pos} bytes) is ignored")
-            break
-        if body_start + length > len(data):
-            rec.problems.append(f"recording cut inside a {KIND_NAMES.get(kind, kind)} chunk after {chunks} chunks "
-                                f"({len(data) - pos} bytes at the end ignored)")
-            break
+        fits = magic == CHUNK_MAGIC and length <= MAX_CHUNK and body_start + length <= len(data)
+        crc_ok = fits and zlib.crc32(view[body_start:body_start + length]) == crc
+        if not crc_ok:
+            nxt = _resync(data, view, pos)
+            if nxt is None and magic == CHUNK_MAGIC and length <= MAX_CHUNK and body_start + length > len(data):
+                rec.problems.append(f"recording cut inside a {KIND_NAMES.get(kind, kind)} chunk after {chunks} "
+                                    f"chunks ({len(data) - pos} bytes at the end ignored)")
+                break
+            end = len(data) if nxt is None else nxt
+            skipped = _chunks_in(data, pos, end)
+            rec.skipped_chunks += skipped
+            rec.skipped_bytes += end - pos
+            rec.problems.append(f"{_damage(data, pos, kind, length, crc_ok if fits else None)}: skipped "
+                                f"{end - pos} bytes ({skipped} chunk{'s' if skipped != 1 else ''}) "
+                                + ("to the end" if nxt is None else f"up to the next whole chunk at byte {nxt}"))
+            if nxt is None:
+                break
+            pos = nxt
+            continue
         payload = view[body_start:body_start + length]  # no copy: table chunks are most of the file
         pos = body_start + length
-        if zlib.crc32(payload) != crc:
-            rec.problems.append(f"checksum mismatch in a {KIND_NAMES.get(kind, kind)} chunk; it was skipped")
-            continue
         chunks += 1
+        what = f"{KIND_NAMES.get(kind, kind)} chunk"
         try:
             if kind == META:
-                meta = json.loads(bytes(payload))
+                try:
+                    meta = _meta(bounded_json.loads(bytes(payload), "the metadata chunk"))
+                except bounded_json.JSONLimitError as e:
+                    meta_problem = f": {e}"
+                    raise
             elif kind in TABLE_DTYPES:
                 pending.append((kind, len(rec.problems), payload, _table_rows(payload, TABLE_DTYPES[kind])))
             elif kind == SNAPSHOT:
-                rec.snapshot.update(json.loads(zlib.decompressobj().decompress(payload, MAX_INFLATED)))
+                text = zlib.decompressobj().decompress(payload, MAX_INFLATED)
+                rec.snapshot.update(_snapshot(bounded_json.loads(text, "a snapshot chunk")))
             elif kind == BUNDLE:
                 (n,) = struct.unpack_from("<H", payload)
                 rec.bundles[bytes(payload[2:2 + n]).decode(errors="replace")] = bytes(payload[2 + n:])
             elif kind == END:
-                rec.end = json.loads(bytes(payload))
+                rec.end = _end(bounded_json.loads(bytes(payload), "the end chunk"))
             elif kind == LBR:
                 lbr_parts.append(_decode_lbr(payload))
             elif kind == HOST_STACKS:
                 rec.host_stacks.update(_decode_host_stacks(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
-            rec.problems.append(f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
+            rec.problems.append(f"unreadable {what} skipped: {e}")
     joined = _decode_tables(pending, rec.problems)
     payload = view = data = pending = None  # the file's bytes go
     if meta is None:
-        raise RecordingError(f"{path} has no readable metadata chunk: it is not a usable recording")
+        raise RecordingError(f"{path} has no readable metadata chunk{meta_problem}: it is not a usable recording")
     rec.meta = meta
     if SAMPLES in joined:
         rec.samples = joined[SAMPLES]

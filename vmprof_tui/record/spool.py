@@ -53,7 +53,7 @@ class WindowStats:
     end_ns: int
     t1_s: float  # window length
     t0_s: float = 0.0  # store time
-    uncovered_s: float = 0.0  # gap between this window's start and the previous window's end
+    uncovered_s: float = 0.0  # gap between this window's start and the previous window's end (an earlier agent's)
     samples: int = 0
     sched_events: int = 0
     lost_samples: int = 0
@@ -62,6 +62,7 @@ class WindowStats:
     objects_bytes: int = 0  # their size in the spool
     stored: bool = True
     error: str | None = None
+    end_unix_s: float = 0.0  # the window's end on the wall clock: where a restarted agent measures its outage from
 
 
 @dataclass
@@ -147,6 +148,18 @@ class Spool:
         with contextlib.suppress(OSError), open(self.log_path, "a") as f:
             f.write(json.dumps(asdict(stats)) + "\n")
 
+    def last_end_unix_s(self) -> float | None:
+        """Where the last window in the log ended on the wall clock (an agent killed before it wrote one: that
+        window's start plus its length, from its file name), or None for a new spool."""
+        for w in reversed(self.read_log()):
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                if w.get("end_unix_s"):
+                    return float(w["end_unix_s"])
+                m = WINDOW_RE.match(str(w["file"]))
+                if m:
+                    return int(m.group(2)) + float(w["t1_s"])
+        return None
+
     def read_log(self) -> list[dict]:
         try:
             lines = self.log_path.read_text().splitlines()
@@ -199,6 +212,7 @@ class Agent:
         self._writer = threading.Thread(target=self._write_loop, name="vmprof-agent-writer", daemon=True)
         self._lost_before: dict[str, int] = {"samples": 0, "sched": 0}
         self._prev_end_ns: int | None = None
+        self._prev_end_unix: float | None = None  # the last window of an earlier agent on this spool
         self.bundle_refs: dict[str, str] = {}  # VM name -> its guest bundle in the spool's static data
         self.kallsyms_ref = ""
         self.object_refs: dict[str, str | None] = {}  # build id -> its table in the spool (None: cannot be read)
@@ -208,6 +222,8 @@ class Agent:
 
     def run(self, should_stop: Callable[[], bool], drain_s: float = 0.1) -> None:
         s = self.session
+        # the monotonic clock of an earlier agent may be another boot's: its outage is measured on the wall clock
+        self._prev_end_unix = self.spool.last_end_unix_s()
         s.start()
         self._writer.start()
         start_ns, self._unix_at = time.monotonic_ns(), time.time()
@@ -285,8 +301,11 @@ class Agent:
         samples, sched = win.samples, win.sched
         stats = WindowStats(win.seq, name, win.start_ns, win.end_ns, (win.end_ns - win.start_ns) / 1e9,
                             samples=len(samples), sched_events=len(sched), lost_samples=win.lost.get("samples", 0))
+        stats.end_unix_s = win.start_unix_s + stats.t1_s
         if self._prev_end_ns is not None:
             stats.uncovered_s = max(0, win.start_ns - self._prev_end_ns) / 1e9
+        elif self._prev_end_unix is not None:  # a restart: the time since the last stored window was not covered
+            stats.uncovered_s = max(0.0, win.start_unix_s - self._prev_end_unix)
         self._prev_end_ns = win.end_ns
         t = time.monotonic()
         try:

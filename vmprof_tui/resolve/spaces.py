@@ -99,7 +99,10 @@ class ObjectCache:
         if key not in self._cache:
             try:
                 self._cache[key] = read_elf_symbols(path)
-            except (BundleError, OSError):  # its addresses stay [unknown]
+            except BundleError as e:  # a broken symbol table: its samples show [unknown], and the note says why
+                self._cache[key] = None
+                self._note(f"{e}: samples in {Path(path).name} show [unknown]")
+            except OSError:  # not on this machine (a host file gone since): its addresses stay [unknown]
                 self._cache[key] = None
         return self._cache[key]
 

@@ -13,7 +13,23 @@ from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.fleet.history import STATES
 from vmprof_tui.fleet.tasks import vcpu_seconds
 
-TOP_HOLDERS = 5  # type-1 causes per vCPU and window with a series of their own (holders come and go)
+TOP_HOLDERS = 5  # holders per vCPU and window that may have a series of their own; the rest go to "other"
+MAX_HOLDER_LABELS = 20  # distinct holder names ever given a series (host process names are unbounded)
+DEFAULT_ADDRESS = "127.0.0.1"  # `--metrics PORT`: this host only; `:PORT` every interface; `ADDR:PORT` that one
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """(address to listen on, port) of --metrics: PORT (127.0.0.1), :PORT (every interface), ADDR:PORT,
+    [IPv6]:PORT.  ValueError with the reason when it is none of these."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host = DEFAULT_ADDRESS
+    elif host == "":
+        host = "0.0.0.0"  # noqa: S104 - `:PORT` means every interface, as the user asked
+    host = host.removeprefix("[").removesuffix("]")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--metrics takes PORT, :PORT or ADDR:PORT with a port from 1 to 65535, not {text!r}")
+    return host, int(port)
 
 
 class AgentMetrics:
@@ -36,12 +52,22 @@ class AgentMetrics:
         self.lost = Counter("vmprof_lost_samples", "Samples dropped because a ring buffer was full", registry=r)
         self.windows = Counter("vmprof_windows", "Windows by outcome", ["outcome"], registry=r)
         self.store_seconds = Gauge("vmprof_window_store_seconds", "Time to store the last window (t0)", registry=r)
+        self.holder_labels: set[str] = set()
         self.uncovered_seconds = Counter("vmprof_uncovered_seconds", "Time between windows not covered by any",
                                          registry=r)
 
-    def serve(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+    def serve(self, address: str) -> object:
+        """Serve on `address` (parse_address) from a thread of its own; returns the server (shutdown() ends it)."""
+        host, port = parse_address(address)
+        return start_http_server(port, addr=host, registry=self.registry)[0]
+
+    def holder_label(self, holder: str) -> str:
+        """The `cause` label of a holder: its own name for the first MAX_HOLDER_LABELS holders that were ever in a
+        vCPU's top TOP_HOLDERS of a window, "other" for the rest (a counter cannot move to another series, so a
+        holder keeps the label it got)."""
+        if holder not in self.holder_labels and len(self.holder_labels) < MAX_HOLDER_LABELS:
+            self.holder_labels.add(holder)
+        return holder if holder in self.holder_labels else "other"
 
     def add_window(self, an: Analysis, stored: bool, store_s: float, uncovered_s: float, lost: int) -> None:
         self.windows.labels("stored" if stored else "not_stored").inc()
@@ -54,10 +80,12 @@ class AgentMetrics:
                 for state in STATES:
                     self.vcpu_seconds.labels(*labels, state).inc(v[state])
                 holders = list(v["type1_by_holder"].items())  # largest first
-                for cause, seconds in holders[:TOP_HOLDERS]:
-                    self.steal_seconds.labels(*labels, "1", cause).inc(seconds)
-                if holders[TOP_HOLDERS:]:
-                    self.steal_seconds.labels(*labels, "1", "other").inc(sum(s for _, s in holders[TOP_HOLDERS:]))
+                by_label: dict[str, float] = {}
+                for n, (holder, seconds) in enumerate(holders):
+                    label = self.holder_label(holder) if n < TOP_HOLDERS else "other"
+                    by_label[label] = by_label.get(label, 0.0) + seconds
+                for label, seconds in by_label.items():
+                    self.steal_seconds.labels(*labels, "1", label).inc(seconds)
                 for cause, seconds in v["type2_by_exit"].items():
                     self.steal_seconds.labels(*labels, "2", cause).inc(seconds)
                 for cause, seconds in v["type1_by_cause"].items():

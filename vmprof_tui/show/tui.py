@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from rich.cells import cell_len
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -289,8 +290,14 @@ class OverviewScreen(TableScreen):
     default_sort = "VM"
     summaries_only = True
 
+    PLOT_FROM_HEIGHT = 26  # terminal rows from which the plot (14 rows) leaves the VM table room to show VMs
+
     def below_table(self) -> ComposeResult:
         yield PlotextPlot(id="plot")
+
+    def on_resize(self, event: events.Resize) -> None:
+        # in a small terminal the VM table is what matters: the plot goes until there is room for both
+        self.query_one("#plot", PlotextPlot).display = event.size.height >= self.PLOT_FROM_HEIGHT
 
     def refresh_from(self, an: Analysis | None) -> None:
         super().refresh_from(an)
@@ -705,6 +712,7 @@ class VmprofTop(App):
             self._refresh_status()
             self.run_worker(self._start_window, thread=True)
         self._timer = self.set_interval(self.refresh_s, self.tick)
+        self.set_interval(0.25, self._check_stop)  # SIGTERM ends the screen at once, whatever the refresh
         # What exists now (modules, Textual, the screen) lives as long as the app: out of the collector's full
         # passes, which otherwise walk it after every refresh's analysis (10 of 65 ms a refresh, replayed)
         gc.freeze()
@@ -722,6 +730,10 @@ class VmprofTop(App):
         screen = self.screen
         if isinstance(screen, TableScreen) and screen.ready:
             screen.set_text("#status", self.message)
+
+    def _check_stop(self) -> None:
+        if self.should_stop():
+            self.exit()
 
     def tick(self) -> None:
         """Start a poll of the window in a worker thread (draining and analysing stay off the UI thread);
@@ -788,8 +800,13 @@ class VmprofTop(App):
                  f"window {getattr(self.window, 'window_s', 0):g}s", f"sort: {sort}"]
         if filt:
             parts.append(f"filter: {filt}")
+        damage = getattr(self.window, "damage", None)
+        if damage:
+            parts.append(damage)
         if not an.vm_names():
-            parts.append("no VM on this host — try `vmprof demo`")
+            live = getattr(self.window, "live", False)
+            parts.append("no VM on this host — try `vmprof demo`" if live else
+                         "no readable VM in this recording" if damage else "no VM in this recording")
         if self.message:
             parts.append(self.message)
         return "  |  ".join(parts)
@@ -802,7 +819,7 @@ class VmprofTop(App):
         self._refresh_screen()
 
     def _set_interval(self, seconds: float) -> None:
-        self.refresh_s = min(max(seconds, 0.25), 10.0)
+        self.refresh_s = min(max(seconds, 0.25), 10.0)  # cli/top.py's REFRESH_S
         if self._timer is not None:
             self._timer.stop()
         self._timer = self.set_interval(self.refresh_s, self.tick)
