@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vmprof_tui import files
 from vmprof_tui.fleet.tasks import WindowRef, analyse_window_vm, window_vms
 from vmprof_tui.record.recording import RecordingError, load
 from vmprof_tui.record.spool import WINDOW_RE
@@ -82,15 +85,23 @@ class Analyzer:
         self.workers = workers or os.cpu_count() or 1
         self._client = None
         self._cluster = None
+        self._scratch: str | None = None
+        self._config: object = None
 
     def __enter__(self) -> Analyzer:
+        import dask
         from distributed import Client, LocalCluster
 
         if self.scheduler:
             self._client = Client(self.scheduler, timeout=30)
         else:
+            # the workers' scratch space in a private new folder: Dask's default, a fixed $TMPDIR/dask-scratch-space,
+            # is a path another user can plant a link at
+            self._scratch = tempfile.mkdtemp(prefix="vmprof-dask-")
+            # the cluster's own lock files go there too; the setting is undone in __exit__
+            self._config = dask.config.set({"temporary-directory": self._scratch})
             self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                                         dashboard_address=None)
+                                         dashboard_address=None, local_directory=self._scratch)
             self._client = Client(self._cluster)
         return self
 
@@ -99,6 +110,9 @@ class Analyzer:
             self._client.close()
         if self._cluster is not None:
             self._cluster.close()
+        if self._scratch is not None:
+            self._config.__exit__(None, None, None)
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     @property
     def n_threads(self) -> int:
@@ -151,11 +165,9 @@ class Analyzer:
     def _finish(self, res: WindowResult, on_window: Callable[[WindowResult], None] | None) -> WindowResult:
         if res.error is None:
             path = done_path(self.store, res.ref)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"vms": res.vms, "t0_s": res.t0_s, "t1_s": res.t1_s, "t2_s": res.t2_s,
-                                       "analysed_unix_s": time.time()}))
-            os.replace(tmp, path)
+            files.make_dirs(path.parent)
+            files.write_file(path, json.dumps({"vms": res.vms, "t0_s": res.t0_s, "t1_s": res.t1_s, "t2_s": res.t2_s,
+                                               "analysed_unix_s": time.time()}))
         if on_window is not None:
             on_window(res)
         return res
