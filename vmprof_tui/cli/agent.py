@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=socket.gethostname(), metavar="NAME", help="this host's name in the spool")
     p.add_argument("--window", default="60s", metavar="DURATION", help="window length (e.g. 10s, 1m)")
     p.add_argument("-F", "--frequency", "--rate", type=frequency, default=1000, metavar="HZ",
-                   help="samples per second per CPU (1 to 100000)")
+                   help="samples per second per CPU, to 100000")
     p.add_argument("--keep", default=None, metavar="DURATION", help="delete windows older than this (e.g. 24h)")
     p.add_argument("--max-size", default=None, metavar="SIZE", help="keep the spool's windows under SIZE (e.g. 10G)")
     p.add_argument("--metrics", type=listen_address, default=None, metavar="ADDR:PORT",

@@ -20,7 +20,7 @@ EXAMPLES = """examples:
   vmprof record -o web.vmprof --vm web1 -d 30   samples of one VM only
   vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)
   vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest
-  vmprof record -e cpu-clock -d 5               perf's event names: cpu-clock, cycles
+  vmprof record -e cpu-clock -d 5               perf's events: cpu-clock, cycles
 
 the recording is created 0600 (as perf.data); --group-readable makes it 0640.
 exit status: COMMAND's, as perf's; else 0, 1 on failure, 2 on bad usage."""
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help=f"recording file to write (default: ./{DEFAULT_RECORDING}; an old one becomes .old)")
     p.add_argument("-F", "--frequency", "--rate", type=frequency, default=1000, metavar="HZ",
-                   help="samples per second per CPU (1 to 100000)")
+                   help="samples per second per CPU, to 100000")
     p.add_argument("-d", "--duration", type=seconds, default=None, metavar="S",
                    help="stop after S seconds (default: Ctrl-C, the end of COMMAND or of -p PID)")
     p.add_argument("-e", "--event", type=_event, default=None, metavar="EVENT",

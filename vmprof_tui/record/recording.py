@@ -203,7 +203,7 @@ class WriteFailed(RecordingError):
     """Writing a recording failed (a full disk): the chunks synced before it are all in the file."""
 
     def __init__(self, path: Path, error: OSError, after: str = "") -> None:
-        super().__init__(f"cannot write {path}: {error.strerror or error}{after}")
+        super().__init__(f"cannot write the recording to {path}: {error.strerror or error}{after}")
         self.error = error
 
 
