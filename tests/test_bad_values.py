@@ -60,8 +60,16 @@ def test_analyze_scheduler_must_be_an_address(value: str, tmp_path: Path) -> Non
              "argument --scheduler: takes a Dask scheduler address")
 
 
-def test_record_and_agent_duration_agree(tmp_path: Path) -> None:
-    one_line(["agent", "--spool", str(tmp_path), "-d", "nan"], "argument -d/--duration: takes a number of seconds")
+@pytest.mark.parametrize("command", [["agent", "--spool", "/nonexistent/spool"], ["demo"], ["top"]])
+def test_every_command_checks_frequency_and_duration_alike(command: list[str]) -> None:
+    one_line([*command, "-F", "0"], "argument -F/--frequency/--rate: takes a whole number of Hz from 1 to 100000")
+    if command[0] != "top":
+        one_line([*command, "-d", "nan"], "takes a number of seconds above 0, not 'nan'")
+
+
+def test_diff_limit_and_guest_timeout_use_the_same_checks() -> None:
+    one_line(["diff", "--store", "/nonexistent", "--vm", "v", "a", "b", "--limit", "0"], "argument --limit: takes")
+    one_line(["guest", "fetch", "--vm", "x", "--timeout", "nan"], "argument --timeout: takes a number of seconds")
 
 
 def test_model_evaluate_checks_its_outputs_before_measuring(tmp_path: Path) -> None:

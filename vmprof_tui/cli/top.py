@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from vmprof_tui.cli.common import Failure, Usage, stop_on_signals
+from vmprof_tui.cli.common import Failure, Usage, frequency, stop_on_signals
 
 HOST_COUNTS_FROM = 64_000  # samples/s (rate x CPUs) from which --host-counts auto counts in the kernel
 
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", default=None, metavar="REC", help="play a recording instead of sampling live")
     p.add_argument("--store", default=None, metavar="DIR", help="step through the windows of a fleet store "
                    "(vmprof analyze) instead")
-    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
+    p.add_argument("-F", "--frequency", "--rate", type=frequency, default=1000, metavar="HZ",
                    help="samples per second per CPU")
     p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed")
     p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
