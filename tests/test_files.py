@@ -122,6 +122,13 @@ def test_record_output_and_default_recording_never_follow_a_planted_symlink(stic
         assert Path(f"{link}.old").is_symlink()  # the planted link was moved aside, as an older file would be
 
 
+def test_recording_writer_removes_a_planted_symlink_never_writes_through_it(sticky: Path) -> None:
+    link = plant(sticky, "w.vmprof")
+    recording.Writer(link, {"frequency": 1000}).close({})
+    assert (sticky.parent / "victim").read_text() == "root's file\n"
+    assert recording.load(link).end == {} and not link.is_symlink() and not Path(f"{link}.old").exists()
+
+
 def test_output_helpers_write_devices_and_our_own_links_in_place(tmp_path: Path) -> None:
     files.write_file(Path("/dev/null"), "x")  # a device is written, never replaced
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

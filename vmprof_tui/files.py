@@ -83,19 +83,22 @@ def _write_through(path: Path, st: os.stat_result | None) -> bool:
     return not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode)
 
 
-def open_recording(path: Path) -> tuple[BinaryIO, Path | None]:
+def open_recording(path: Path, keep_old: bool = False) -> tuple[BinaryIO, Path | None]:
     """The file a recorder appends to, unbuffered (written as it goes, so it is at `path` from the start), and
-    where an older one went: a regular file or link already there becomes PATH.old, as perf does with
-    perf.data (a link is renamed, never followed); a device or pipe is written to."""
+    where an older one went: a regular file or link already there is removed, or with `keep_old` becomes
+    PATH.old as perf does with perf.data (a link is renamed or removed, never followed); a device or pipe is
+    written to."""
     st = _existing(path)
     if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, "Is a directory", str(path))
         return open(path, "wb", buffering=0), None  # noqa: SIM115 - a device or pipe: the caller closes it
     old = None
-    if st is not None:
+    if st is not None and keep_old:
         old = Path(f"{path}.old")
         os.replace(path, old)
+    elif st is not None:
+        os.unlink(path)
     return create_new(path, buffering=0), old
 
 

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         raise Failure(f"command not found: {command[0]}")
     if args.pid is not None and not Path(f"/proc/{args.pid}").is_dir():
         raise Failure(f"no process with pid {args.pid} on this host")
-    args.output = args.output or DEFAULT_RECORDING  # one already there becomes .old (recording.Writer), as perf's
+    args.output = args.output or DEFAULT_RECORDING
     interrupted = stop_on_signals()
     child: subprocess.Popen | None = None
 
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                                     event=args.event or "")
         for note in session.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
-        recorder = Recorder(Path(args.output), session)
+        recorder = Recorder(Path(args.output), session, keep_old=True)  # as perf: an older file becomes .old
 
         def attached() -> None:
             nonlocal child

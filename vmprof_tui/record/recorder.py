@@ -40,8 +40,9 @@ class Progress:
 class Recorder:
     """Consumer of a CollectionSession that writes everything into one file."""
 
-    def __init__(self, out: Path, session: CollectionSession) -> None:
+    def __init__(self, out: Path, session: CollectionSession, keep_old: bool = False) -> None:
         self.out = out
+        self.keep_old = keep_old  # a file already at `out` becomes OUT.old (vmprof record), else it is replaced
         self.session = session
         self.progress = Progress()
         self.kept = (0, 0.0)  # (samples, seconds) synced to the file so far
@@ -55,7 +56,7 @@ class Recorder:
         session = self.session
         if session.vm_names:
             session.check_vm_names()  # before the file is created
-        self.writer = Writer(self.out, session.meta())
+        self.writer = Writer(self.out, session.meta(), self.keep_old)
         try:
             session.start()
         except Exception:

@@ -209,12 +209,13 @@ class WriteFailed(RecordingError):
 
 class Writer:
     """Appends chunks; every flush() is fsynced so a killed recorder loses at most the unflushed part.  The file
-    is created 0600 and never through a planted link; one already at `path` becomes PATH.old (files.py)."""
+    is created 0600 and never through a planted link; one already at `path` is replaced, or with `keep_old`
+    becomes PATH.old (files.py)."""
 
-    def __init__(self, path: Path, meta: dict) -> None:
+    def __init__(self, path: Path, meta: dict, keep_old: bool = False) -> None:
         self.path = Path(path)
         try:
-            self.file, self.old = files.open_recording(self.path)
+            self.file, self.old = files.open_recording(self.path, keep_old)
         except OSError as e:
             raise WriteFailed(self.path, e) from None
         self.synced = 0  # bytes in the file at the last sync: what a failed write leaves
