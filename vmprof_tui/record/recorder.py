@@ -105,8 +105,8 @@ class Recorder:
         self.writer.abandon(keep=samples > 0)
         if not samples:
             return f"{failed}; {self.writer.nothing_kept()}"
-        return (f"{failed}; {self.out} keeps the first {seconds:.1f} s ({samples} samples), without the end "
-                f"of the recording: vmprof report reads it")
+        return (f"{failed}; {self.out} keeps the first {seconds:.1f} s ({samples} samples), not the recording's end "
+                "(totals, the host's kallsyms: host kernel functions stay unnamed); vmprof report reads it")
 
     def _write(self, chunk: Chunk, first: bool = False) -> None:
         w, session = self.writer, self.session
