@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import vmprof
 
+from vmprof_tui.cli.common import listen_address, scheduler_address, time_range
 from vmprof_tui.estimate import model as M
 
 GOLDEN = "tests/data/golden/steal3.vmprof"
@@ -89,3 +90,18 @@ def test_predict_measure_and_costs_check_their_output_before_running(tmp_path: P
     one_line(["predict", "costs", "-o", str(out)], f"the folder {out.parent} does not exist")
     (tmp_path / "dir.json").mkdir()
     one_line(["predict", "costs", "-o", str(tmp_path / "dir.json")], "is a folder")
+
+
+@pytest.mark.parametrize("address", ["tcp://node1:8786", "node1:8786", "127.0.0.1:8786", "tls://h.example:8786",
+                                     "[::1]:8786"])
+def test_scheduler_addresses_dask_takes_are_accepted(address: str) -> None:
+    assert scheduler_address(address) == address
+
+
+@pytest.mark.parametrize("address", [":9466", "9466", "127.0.0.1:9466", "[::]:9466"])
+def test_metrics_addresses_are_accepted(address: str) -> None:
+    assert listen_address(address) == address
+
+
+def test_time_range_gives_its_two_numbers() -> None:
+    assert time_range("2.5:10") == (2.5, 10.0)
