@@ -4,12 +4,13 @@ are refused with one line; -p PID ends with the process; the workload's exit sta
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import require_root, vmprof
+from conftest import require_root, start_recording, vmprof
 
 from vmprof_tui.collect.bpf import pmu_available
 from vmprof_tui.record import recording
@@ -81,38 +82,41 @@ def test_record_exits_with_the_commands_status(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
 
 
-def record_pid(tmp_path: Path, command: list[str]) -> tuple[subprocess.CompletedProcess, float, dict]:
-    """`vmprof record -p` of a process started just before it (no -d): (result, wall seconds, report JSON)."""
+def record_pid(tmp_path: Path, command: list[str], until: str) -> tuple[dict, int]:
+    """`vmprof record -p` (no -d) of a process started just before it, which ends once a progress line matches
+    `until`; recording must then end by itself.  Returns the report's JSON and the pid."""
     proc = subprocess.Popen(command)
     out = tmp_path / "p.vmprof"
-    t = time.monotonic()
     try:
-        res = vmprof("record", "-q", "-p", str(proc.pid), "-o", str(out), timeout=120)
+        rec = start_recording(out, "-p", str(proc.pid))
+        deadline = time.monotonic() + 60
+        while not any(re.search(until, line) for line in rec.lines):
+            assert time.monotonic() < deadline and rec.poll() is None, "".join(rec.lines)
+            with pytest.raises(subprocess.TimeoutExpired):
+                rec.wait(timeout=0.2)
     finally:
-        proc.kill()
+        proc.terminate()
         proc.wait()
-    wall = time.monotonic() - t
-    assert res.returncode == 0, res.stderr
-    assert f"process {proc.pid} exited" in res.stderr
+    assert rec.wait(60) == 0, "".join(rec.lines)  # ended with the process, no -d, no signal
+    assert any(f"process {proc.pid} exited" in line for line in rec.lines), "".join(rec.lines)
     report = vmprof("report", str(out), "--format", "json")
     assert report.returncode == 0, report.stderr
-    return res, wall, json.loads(report.stdout)
+    return json.loads(report.stdout), proc.pid
 
 
-def test_record_pid_stops_when_a_short_sleep_exits(tmp_path: Path) -> None:
+def test_record_pid_stops_when_a_sleep_exits_and_has_no_idle(tmp_path: Path) -> None:
+    """A sleeping process: the CPUs were idle meanwhile, but that idle is not the process's (issue 36: the report
+    of -p sleep said IDLE 100%)."""
     require_root()
-    _res, wall, doc = record_pid(tmp_path, ["sleep", "3"])
-    assert wall < 60, "recording ended with the process, not at a timeout"
-    host = doc["profiles"][0] if "profiles" in doc else doc
-    assert host["ratios"].get("idle", 0.0) == 0.0, host["ratios"]
+    doc, _pid = record_pid(tmp_path, ["sleep", "60"], r": +[2-9]\.\ds ")  # 2 s recorded
+    assert doc["ratios"]["idle"] == 0.0, doc["ratios"]
 
 
 def test_record_pid_of_a_busy_process_is_all_its_own_samples(tmp_path: Path) -> None:
+    """A busy loop (no child processes): its report is its own samples only, no idle, no VM."""
     require_root()
-    busy = ["sh", "-c", "end=$(($(date +%s) + 4)); while [ $(date +%s) -lt $end ]; do :; done"]
-    _res, _wall, doc = record_pid(tmp_path, busy)
-    host = doc["profiles"][0] if "profiles" in doc else doc
+    host, pid = record_pid(tmp_path, ["sh", "-c", "while :; do :; done"], r"samples [1-9]\d{2,}")  # 100 or more
     ratios = host["ratios"]
-    assert ratios.get("idle", 0.0) == 0.0 and ratios.get("vm", 0.0) == 0.0, ratios
+    assert ratios["idle"] == 0.0 and ratios["vm"] == 0.0, ratios
     assert ratios["os"] + ratios["user"] == pytest.approx(100.0), ratios
-    assert host["total_samples"] > 0 and {r["process"] for r in host["rows"]} <= {"sh", "date"}, host["rows"][:5]
+    assert host["total_samples"] >= 100 and {r["pid"] for r in host["rows"]} == {pid}, host["rows"][:5]
