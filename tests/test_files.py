@@ -136,6 +136,11 @@ def test_output_helpers_write_devices_and_our_own_links_in_place(tmp_path: Path)
     (tmp_path / "mine").symlink_to(target)  # our own link in our own folder: followed, as any tool does
     files.write_file(tmp_path / "mine", "through")
     assert target.read_text() == "through" and (tmp_path / "mine").is_symlink()
+    recording.Writer(tmp_path / "mine", {}, keep_old=True).close({})  # record -o /dev/stdout is this case
+    assert recording.load(target).end == {} and (tmp_path / "mine").is_symlink()
+    w = recording.Writer(Path("/dev/null"), {}, keep_old=True)
+    w.abandon(keep=False)  # a failure never removes what it did not create
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and not Path("/dev/null.old").exists()
 
 
 def test_record_output_existing_keeps_the_old_copy(tmp_path: Path) -> None:

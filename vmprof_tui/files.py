@@ -83,23 +83,23 @@ def _write_through(path: Path, st: os.stat_result | None) -> bool:
     return not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode)
 
 
-def open_recording(path: Path, keep_old: bool = False) -> tuple[BinaryIO, Path | None]:
-    """The file a recorder appends to, unbuffered (written as it goes, so it is at `path` from the start), and
-    where an older one went: a regular file or link already there is removed, or with `keep_old` becomes
-    PATH.old as perf does with perf.data (a link is renamed or removed, never followed); a device or pipe is
-    written to."""
+def open_recording(path: Path, keep_old: bool = False) -> tuple[BinaryIO, Path | None, bool]:
+    """The file a recorder appends to, unbuffered (written as it goes, so it is at `path` from the start), where
+    an older one went, and whether the file is new.  A regular file or a planted link already there is removed,
+    or with `keep_old` becomes PATH.old as perf does with perf.data (a link renamed, never followed); a device,
+    a pipe or a link we may follow (-o /dev/stdout) is written to in place."""
     st = _existing(path)
-    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(21, "Is a directory", str(path))
-        return open(path, "wb", buffering=0), None  # noqa: SIM115 - a device or pipe: the caller closes it
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(21, "Is a directory", str(path))
+    if _write_through(path, st):
+        return open(path, "wb", buffering=0), None, False  # noqa: SIM115 - the caller closes it
     old = None
     if st is not None and keep_old:
         old = Path(f"{path}.old")
         os.replace(path, old)
     elif st is not None:
         os.unlink(path)
-    return create_new(path, buffering=0), old
+    return create_new(path, buffering=0), old, True
 
 
 def write_file(path: Path, data: bytes | str) -> None:

@@ -215,10 +215,11 @@ class Writer:
     def __init__(self, path: Path, meta: dict, keep_old: bool = False) -> None:
         self.path = Path(path)
         try:
-            self.file, self.old = files.open_recording(self.path, keep_old)
+            self.file, self.old, self.created = files.open_recording(self.path, keep_old)
         except OSError as e:
             raise WriteFailed(self.path, e) from None
-        self.synced = 0  # bytes in the file at the last sync: what a failed write leaves
+        self.written = self.synced = 0  # bytes written, and in the file at the last sync (what a failure leaves)
+        self.regular = stat.S_ISREG(os.fstat(self.file.fileno()).st_mode)  # not a device or pipe (-o /dev/null)
         self._pending_samples: list[np.ndarray] = []
         self._pending_sched: list[np.ndarray] = []
         self._pending_stacks: list[np.ndarray] = []
@@ -235,7 +236,9 @@ class Writer:
         view = memoryview(data)
         try:
             while view:  # an unbuffered file: a write may take part of it (a disk filling up)
-                view = view[self.file.write(view):]
+                n = self.file.write(view)
+                self.written += n
+                view = view[n:]
         except OSError as e:
             raise WriteFailed(self.path, e) from None
 
@@ -282,8 +285,9 @@ class Writer:
 
     def sync(self) -> None:
         try:
-            os.fsync(self.file.fileno())
-            self.synced = self.file.tell()
+            if self.regular:  # a pipe or device has nothing to sync
+                os.fsync(self.file.fileno())
+            self.synced = self.written
         except OSError as e:
             raise WriteFailed(self.path, e) from None
 
@@ -300,13 +304,15 @@ class Writer:
 
     def abandon(self, keep: bool = True) -> None:
         """Close after a failure: the file is cut back to its last sync (no half chunk), or with `keep` False
-        removed, and an older recording moved to PATH.old goes back."""
+        removed, and an older recording moved to PATH.old goes back.  A device or pipe written to (-o /dev/null)
+        is only closed: the file is this Writer's to cut or remove only when it created it."""
+        ours = self.created
         with contextlib.suppress(OSError):
-            if keep and self.synced:
+            if ours and keep and self.synced:
                 os.ftruncate(self.file.fileno(), self.synced)
         with contextlib.suppress(OSError):
             self.file.close()
-        if not keep or not self.synced:
+        if ours and (not keep or not self.synced):
             with contextlib.suppress(OSError):
                 self.path.unlink()
                 if self.old is not None:
