@@ -47,9 +47,16 @@ def make_dirs(path: Path) -> None:
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another process made it meanwhile
             d.mkdir()
-            os.chmod(d, dir_mode(), follow_symlinks=False)
-        if not d.is_dir() or d.is_symlink():
-            raise NotADirectoryError(20, "not a folder", str(d))
+            set_dir_mode(d)
+
+
+def set_dir_mode(path: Path) -> None:
+    """A folder's mode set to dir_mode(), exactly (whatever the umask); never through a link (ELOOP, ENOTDIR)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, dir_mode())
+    finally:
+        os.close(fd)
 
 
 def create_new(path: Path, buffering: int = -1) -> BinaryIO:

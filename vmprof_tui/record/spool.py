@@ -110,7 +110,8 @@ class Spool:
         """Delete the windows left in progress by an agent that was killed: for the agent starting on this spool
         only (a reader, such as `vmprof agent --status`, would delete the window a running agent is writing).
         The host's folder is made private too (a spool an older vmprof left readable by all)."""
-        os.chmod(self.dir, files.dir_mode())
+        with contextlib.suppress(OSError):  # a link to the folder (a setup of the owner's) is left as it is
+            files.set_dir_mode(self.dir)
         for tmp in self.windows.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
 
