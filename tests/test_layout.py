@@ -10,7 +10,7 @@ from conftest import ROOT
 
 STAGES = ("collect", "record", "resolve", "analyse", "fleet", "show", "cli")
 SHARED = {"vmprof_tui", "vmprof_tui.libc", "vmprof_tui.record.records",  # version, libc, the sample record,
-          "vmprof_tui.arrays",  # the grouping of integer arrays,
+          "vmprof_tui.arrays", "vmprof_tui.files",  # the grouping of integer arrays, how files are created,
           "vmprof_tui.bounded_json"}  # and JSON from untrusted files, parsed with limits
 # (importing module prefix, imported module prefix): why
 ALLOWED = {

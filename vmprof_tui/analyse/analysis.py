@@ -860,7 +860,11 @@ class Analysis:
                                                        kernel.astype(float).tolist(), strict=True)]
 
     def cpu_idle_ns(self) -> dict[int, int]:
-        """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
+        """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples); none in a
+        recording of one process (record -p): its ratios are of that process's own samples."""
+        filters = self.rec.meta.get("filters")
+        if isinstance(filters, dict) and filters.get("pid") is not None:
+            return {}
         ev = self.sched
         idle: dict[int, int] = {}
         w0, w1 = self.window()

@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
 from vmprof_tui import __version__
 from vmprof_tui.cli.common import Failure, Usage, fail
@@ -32,13 +33,24 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action)
 
 
+class Parser(argparse.ArgumentParser):
+    """A bad option value is one line (what is wrong with which option), not the usage before it; an unknown
+    option or a missing one still shows the command's usage."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument "):
+            self.exit(2, f"{self.prog}: {message}\n")
+        super().error(message)
+
+
 def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each command's parser (its usage is what a wrong option prints); with `only`,
     that command's alone: importing every command costs 0.1 s of each run."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vmprof", description="Profile a whole KVM host (host, VMMs, every guest) from the host alone.")
     parser.add_argument("--version", action="version", version=f"vmprof {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # not dest "command": a command's own positional of that name (record's COMMAND) would overwrite it
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
     commands = {}
     for name in (only,) if only else COMMANDS:
         command = importlib.import_module(f"{__name__}.{name}")
@@ -66,17 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     parser, commands = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would print the top-level usage; the command's own is the useful one
-        (commands[args.command] if args.command else parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        command = commands[args.command_name] if args.command_name else parser
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        with _gc_paused() if args.command in WITHOUT_GC else contextlib.nullcontext():
+        with _gc_paused() if args.command_name in WITHOUT_GC else contextlib.nullcontext():
             return args.func(args)
     except Failure as e:
         return fail(str(e))
     except Usage as e:
-        print(f"vmprof {args.command}: {e}", file=sys.stderr)
+        print(f"vmprof {args.command_name}: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (`vmprof report REC | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

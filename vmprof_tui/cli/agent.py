@@ -9,28 +9,34 @@ import sys
 import time
 from pathlib import Path
 
-from vmprof_tui.cli.common import Failure, Usage, fail, stop_on_signals
+from vmprof_tui import files
+from vmprof_tui.cli.common import Failure, Usage, fail, frequency, listen_address, seconds, stop_on_signals
 
 HELP = "profile continuously: back-to-back windows into a spool, for vmprof analyze"
 EXAMPLES = """examples:
   vmprof agent --spool /var/spool/vmprof            60 s windows at 1000 Hz
   vmprof agent --spool /srv/spool --window 10s --keep 24h --metrics :9466
   vmprof agent --spool /srv/spool --max-size 10G    oldest windows go first
-  vmprof agent --spool /srv/spool --status          what the agent stored"""
+  vmprof agent --spool /srv/spool --status          what the agent stored
+
+the spool's folders are created 0700 and its files 0600 (they hold guest and
+host names and the host's kernel addresses); --group-readable: 0750/0640."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spool", required=True, metavar="DIR", help="spool folder (windows go to DIR/HOST/windows)")
     p.add_argument("--host", default=socket.gethostname(), metavar="NAME", help="this host's name in the spool")
     p.add_argument("--window", default="60s", metavar="DURATION", help="window length (e.g. 10s, 1m)")
-    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
-                   help="samples per second per CPU")
+    p.add_argument("-F", "--frequency", "--rate", type=frequency, default=1000, metavar="HZ",
+                   help="samples per second per CPU, to 100000")
     p.add_argument("--keep", default=None, metavar="DURATION", help="delete windows older than this (e.g. 24h)")
     p.add_argument("--max-size", default=None, metavar="SIZE", help="keep the spool's windows under SIZE (e.g. 10G)")
-    p.add_argument("--metrics", default=None, metavar="[ADDR]:PORT",
+    p.add_argument("--metrics", type=listen_address, default=None, metavar="[ADDR]:PORT",
                    help="serve Prometheus metrics: PORT on 127.0.0.1 only, :PORT on every interface (scraped from "
                         "other hosts), ADDR:PORT on that address")
-    p.add_argument("-d", "--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("-d", "--duration", type=seconds, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--group-readable", action="store_true",
+                   help="create the spool's folders 0750 and files 0640 instead of 0700/0600")
     p.add_argument("--status", action="store_true", help="show the stored windows and exit")
 
 
@@ -77,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             raise Usage(str(e)) from None
     if args.status:
         return _status(Path(args.spool) / args.host)
+    if args.group_readable:
+        files.share_with_group()
 
     from vmprof_tui.collect.backends import BackendError
     from vmprof_tui.collect.bpf import CollectError

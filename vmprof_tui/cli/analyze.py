@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from vmprof_tui.cli.common import Failure, stop_on_signals
+from vmprof_tui import files
+from vmprof_tui.cli.common import Failure, count, scheduler_address, stop_on_signals
 
 HELP = "analyse agent windows on Dask into a Parquet store (each window once)"
 EXAMPLES = """examples:
@@ -16,18 +17,23 @@ EXAMPLES = """examples:
   vmprof analyze /srv/spool --store /srv/store --follow   keep up with it
 
 a real cluster: `dask scheduler` on one node, `dask worker tcp://node1:8786` on
-each analysis node (vmprof installed, the spool mounted at the same path)."""
+each analysis node (vmprof installed, the spool mounted at the same path).
+
+the store's folders are created 0700 and its files 0600; --group-readable (or
+VMPROF_GROUP_READABLE=1 in a remote worker's environment): 0750/0640."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spools", nargs="+", metavar="SPOOL", help="spool folders (or one host's folder in a spool)")
     p.add_argument("--store", required=True, metavar="DIR", help="the Parquet store to append to")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+    p.add_argument("--scheduler", type=scheduler_address, default=None, metavar="ADDRESS",
                    help="a running Dask scheduler (default: an embedded LocalCluster)")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
+    p.add_argument("--workers", type=count, default=None, metavar="N",
                    help="LocalCluster worker processes (default: one per CPU)")
     p.add_argument("--follow", action="store_true", help="keep looking for new windows until Ctrl-C")
     p.add_argument("--retries", type=int, default=3, metavar="N", help="re-runs of a failed task")
+    p.add_argument("--group-readable", action="store_true",
+                   help="create the store's folders 0750 and files 0640 instead of 0700/0600")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     for s in spools:
         if not s.is_dir():
             raise Failure(f"{s} is not a spool folder (vmprof agent --spool {s} writes one)")
+    if args.group_readable:
+        files.share_with_group()  # before the LocalCluster's workers start: they inherit it
     stopped = stop_on_signals()
     worst: list[int] = []
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import math
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from vmprof_tui import files
 
 if TYPE_CHECKING:
     from vmprof_tui.analyse.analysis import Analysis
@@ -43,13 +47,95 @@ def stop_on_signals() -> Callable[[], bool]:
 
 
 def write_output(args: argparse.Namespace, data: str | bytes) -> None:
-    """To -o FILE when given, else to stdout (bytes as bytes)."""
+    """To -o FILE when given (files.write_file: never through a planted link), else to stdout (bytes as bytes)."""
     if getattr(args, "output", None):
-        Path(args.output).write_bytes(data if isinstance(data, bytes) else data.encode())
+        try:
+            files.write_file(Path(args.output), data)
+        except OSError as e:
+            raise Failure(f"cannot write {args.output}: {e.strerror or e}") from None
     elif isinstance(data, bytes):
         sys.stdout.buffer.write(data)
     else:
         sys.stdout.write(data)
+
+
+# -- option values: one checker per kind of value, shared by every command -----------------------------------
+# A bad value is one line (`vmprof CMD: argument -X: what is wrong`) and exit status 2, from argparse itself,
+# before anything runs (a BPF compile, a measurement).
+
+MAX_FREQUENCY = 100_000  # Hz per CPU
+
+
+def _number(text: str, kind: type, what: str) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes {what}, not {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"takes {what}, not {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """-d S and the like: a finite number of seconds above 0."""
+    value = _number(text, float, "a number of seconds above 0")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"takes a number of seconds above 0, not {text!r}")
+    return value
+
+
+def frequency(text: str) -> int:
+    """-F HZ: samples per second per CPU."""
+    what = f"a whole number of Hz from 1 to {MAX_FREQUENCY}"
+    value = _number(text, int, what)
+    if not 1 <= value <= MAX_FREQUENCY:
+        raise argparse.ArgumentTypeError(f"takes {what}, not {text!r}")
+    return int(value)
+
+
+def count(text: str) -> int:
+    """--limit N and the like: a whole number from 1."""
+    value = _number(text, int, "a whole number from 1")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number from 1, not {text!r}")
+    return int(value)
+
+
+def time_range(text: str) -> tuple[float, float]:
+    """--time-range FROM:TO, seconds after the first record, 0 <= FROM < TO."""
+    lo, sep, hi = text.partition(":")
+    try:
+        lo_s, hi_s = float(lo), float(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes FROM:TO in seconds (e.g. 2.5:10), not {text!r}") from None
+    if not sep or not (math.isfinite(lo_s) and math.isfinite(hi_s)) or lo_s < 0 or hi_s <= lo_s:
+        raise argparse.ArgumentTypeError(f"takes FROM:TO in seconds with 0 <= FROM < TO, not {text!r}")
+    return lo_s, hi_s
+
+
+def listen_address(text: str) -> str:
+    """--metrics [ADDR:]PORT: a port from 0 to 65535, an address (or none)."""
+    host, _sep, port = text.rpartition(":")
+    if not port.isdigit() or int(port) > 65535 or any(c.isspace() for c in host):
+        raise argparse.ArgumentTypeError(f"takes ADDR:PORT or :PORT with a port from 0 to 65535, not {text!r}")
+    return text
+
+
+SCHEDULER_ADDRESS = re.compile(r"(?:(?:tcp|tls|ucx|ws|wss)://)?(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(?::(\d{1,5}))?")
+
+
+def scheduler_address(text: str) -> str:
+    """--scheduler: a Dask scheduler address, [PROTOCOL://]HOST[:PORT]."""
+    m = SCHEDULER_ADDRESS.fullmatch(text)
+    if not m or (m.group(1) and int(m.group(1)) > 65535):
+        raise argparse.ArgumentTypeError(f"takes a Dask scheduler address such as tcp://node1:8786, not {text!r}")
+    return text
+
+
+def check_output(path: str, option: str = "-o") -> None:
+    """Before a long measurement: the file it ends with can be written (else Usage, one line)."""
+    if (why := files.check_writable(Path(path))) is not None:
+        raise Usage(f"{option} {path}: {why}")
 
 
 def add_recording_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,8 +147,8 @@ def add_recording_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--guest-bundle", action="append", default=[], metavar="VM=PATH",
                    help="guest bundle (folder or tar) naming VM's guest samples (repeatable)")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N rows")
-    p.add_argument("--time-range", default=None, metavar="FROM:TO",
+    p.add_argument("--limit", type=count, default=None, metavar="N", help="at most N rows")
+    p.add_argument("--time-range", type=time_range, default=None, metavar="FROM:TO",
                    help="only this span, in seconds after the first record (e.g. 2.5:10)")
 
 
@@ -113,16 +199,11 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
         raise Failure(str(e)) from None
     time_range = None
     if args.time_range:
-        try:
-            lo, hi = (float(x) for x in args.time_range.split(":"))
-        except ValueError:
-            raise Usage(f"--time-range takes FROM:TO in seconds, not {args.time_range!r}") from None
+        lo, hi = args.time_range  # checked by time_range()
         w0, w1 = recording_window(rec)
         span = (w1 - w0) / 1e9
-        if lo < 0 or hi <= lo:
-            raise Usage(f"--time-range {args.time_range}: FROM must be at least 0 and below TO")
         if lo >= span:
-            raise Failure(f"--time-range {args.time_range} starts after the end of {args.recording} "
+            raise Failure(f"--time-range {lo:g}:{hi:g} starts after the end of {args.recording} "
                           f"(it spans 0 to {span:.2f} s)")
         time_range = (lo, min(hi, span))
     keep = None

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from vmprof_tui.cli.common import Failure, fail, stop_on_signals
+from vmprof_tui.cli.common import Failure, fail, frequency, seconds, stop_on_signals
 
 HELP = "run the built-in demo VMs (real KVM guests with known ground truth)"
 EXAMPLES = """examples:
@@ -24,11 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--scenario", "-s", default="alone", choices=scenarios.NAMES, metavar="NAME",
                    help="one of: " + ", ".join(scenarios.NAMES) + " (default: alone)")
-    p.add_argument("--duration", "-d", type=float, default=None, metavar="S",
+    p.add_argument("--duration", "-d", type=seconds, default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument("--no-tui", action="store_true", help="print a plain-text summary every second instead of "
                    "opening the live screen")
-    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
+    p.add_argument("-F", "--frequency", "--rate", type=frequency, default=1000, metavar="HZ",
                    help="live screen sampling rate")
     p.add_argument("--json", action="store_true", help="print the description and ground truth as JSON")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")

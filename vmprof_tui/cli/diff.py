@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vmprof_tui.cli.common import Failure, Usage, write_output
+from vmprof_tui.cli.common import Failure, Usage, count, write_output
 
 HELP = "differential profile of a VM between two time ranges of the store"
 EXAMPLES = """examples:
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, metavar="NAME", help="one host")
     p.add_argument("a", metavar="A", help="FROM..TO: the first range (ISO times or ages such as 2h)")
     p.add_argument("b", metavar="B", help="FROM..TO: the second range")
-    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N functions")
+    p.add_argument("--limit", type=count, default=20, metavar="N", help="at most N functions")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
 

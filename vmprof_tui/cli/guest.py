@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vmprof_tui.cli.common import seconds
 from vmprof_tui.collect.guest_fetch import FetchError, fetch_bundle
 from vmprof_tui.resolve.bundle import GuestBundle
 
@@ -29,7 +30,7 @@ def _fetch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", "-c", metavar="URI", help="libvirt URI (virsh -c), e.g. qemu:///system")
     p.add_argument("--guest-command", default="vmprof-guest", metavar="CMD",
                    help="how to run the agent in the guest (default: vmprof-guest)")
-    p.add_argument("--timeout", type=float, default=300, metavar="S", help="give up after S seconds (default 300)")
+    p.add_argument("--timeout", type=seconds, default=300, metavar="S", help="give up after S seconds (default 300)")
     p.add_argument("--agent-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for vmprof-guest bundle, repeatable (e.g. --agent-arg=--no-objects)")
 

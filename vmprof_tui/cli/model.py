@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.cli.common import Failure, Usage
+from vmprof_tui import files
+from vmprof_tui.cli.common import Failure, Usage, check_output
 
 HELP = "a VM's resource-usage model under concurrent workloads (paper 003)"
 
@@ -148,8 +149,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise Usage(f"--levels: 1 to {len(workloads)} counts (one per order, 0 skips one), the first at "
                     f"least {2 * len(workloads)} (two levels per workload)")
     output = Path(args.output)
-    if not output.parent.exists():
-        raise Usage(f"-o {output}: the folder {output.parent} does not exist")
+    check_output(args.output)
     cpus = _cpus(args.cpus)
     bench = _bench(workloads, args, cpus)
     _start(bench)
@@ -199,6 +199,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = _model(args.model)
     if not 2 <= args.grid <= 21:
         raise Usage("--grid: levels per workload, from 2 to 21 (the paper uses 11)")
+    for option, path in (("-o", args.output), ("--save", args.save)):
+        if path:
+            check_output(path, option)  # before the measurements, not after them
     grid = M.evaluation_grid(model.m, args.grid)
     direct = M.direct_points(model.m, len(model.points))
     bench = _bench(model.workloads, args, model.cpus)  # measured where the model was built
@@ -212,7 +215,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         bench.__exit__()
     result = M.compare(model, direct, direct_values, grid, grid_values)
     if args.save:
-        Path(args.save).write_text(json.dumps({"workloads": model.workloads, "resource": model.resource,
+        files.write_file(Path(args.save), json.dumps({"workloads": model.workloads, "resource": model.resource,
                                                "direct": {"levels": direct.tolist(), "values": direct_values.tolist()},
                                                "grid": {"levels": grid.tolist(), "values": grid_values.tolist()}}))
     errors = result["errors"]

@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from vmprof_tui import files
+
 HELP = "predict a program's run time on a target from counts here and costs there"
 
 EPILOGS = {
@@ -70,6 +72,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
         return _usage("predict measure: --max-steps must be positive")
     if not 1 <= args.repeat <= 100:
         return _usage("predict measure: --repeat must be between 1 and 100")
+    if (why := files.check_writable(Path(args.output))) is not None:  # before the run, not after it
+        return _usage(f"predict measure: -o {args.output}: {why}")
     try:
         counts = measure(command, instructions=args.instructions, max_steps=args.max_steps,
                          syscalls=not args.no_syscalls, repeat=args.repeat)
@@ -99,6 +103,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
     directory = Path(args.dir) if args.dir else None
     if directory is not None and not directory.is_dir():
         return _usage(f"predict costs: --dir {args.dir} is not a directory")
+    if (why := files.check_writable(Path(args.output))) is not None:  # before the measurements, not after them
+        return _usage(f"predict costs: -o {args.output}: {why}")
 
     def progress(name: str, s: CostStat) -> None:
         if not args.quiet:

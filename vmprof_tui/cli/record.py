@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vmprof_tui.cli.common import DEFAULT_RECORDING, Failure, Usage, fail, stop_on_signals
+from vmprof_tui import files
+from vmprof_tui.cli.common import DEFAULT_RECORDING, Failure, Usage, fail, frequency, seconds, stop_on_signals
 
 HELP = "sample the whole host (host, VMMs, every guest) into a recording file"
 EXAMPLES = """examples:
@@ -18,24 +19,43 @@ EXAMPLES = """examples:
   vmprof record -o run.vmprof -- make -j2       while a command runs
   vmprof record -o web.vmprof --vm web1 -d 30   samples of one VM only
   vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)
-  vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest"""
+  vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest
+  vmprof record -e cpu-clock -d 5               perf's events: cpu-clock, cycles
+
+the recording is created 0600 (as perf.data); --group-readable makes it 0640.
+exit status: COMMAND's, as perf's; else 0, 1 on failure, 2 on bad usage."""
+
+EVENTS = {"cpu-clock": "cpu-clock", "cycles": "cycles", "cpu-cycles": "cycles"}  # perf's names -> the collector's
+CALL_GRAPH_MODES = ("fp", "dwarf", "cfi", "lbr")
+CALL_GRAPH_NOTE = "only fp (frame pointers) is available as yet: use -g or --call-graph fp"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help=f"recording file to write (default: ./{DEFAULT_RECORDING}; an old one becomes .old)")
-    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
-                   help="samples per second per CPU")
-    p.add_argument("-d", "--duration", type=float, default=None, metavar="S",
-                   help="stop after S seconds (default: Ctrl-C, or the end of COMMAND)")
+    p.add_argument("-F", "--frequency", "--rate", type=frequency, default=1000, metavar="HZ",
+                   help="samples per second per CPU, to 100000")
+    p.add_argument("-d", "--duration", type=seconds, default=None, metavar="S",
+                   help="stop after S seconds (default: Ctrl-C, the end of COMMAND or of -p PID)")
+    p.add_argument("-e", "--event", type=_event, default=None, metavar="EVENT",
+                   help="cpu-clock or cycles (a hardware PMU only; default: cycles where there is one)")
     p.add_argument("-a", "--all-cpus", action="store_true",
                    help="accepted for perf's habit: vmprof always samples every CPU")
+    p.add_argument("-c", "--count", default=None, metavar="N", help="not supported: vmprof samples by -F HZ")
+    p.add_argument("-C", "--cpu", default=None, metavar="CPUS",
+                   help="not supported: vmprof samples every CPU (report --cpu N shows one)")
+    p.add_argument("-t", "--tid", default=None, metavar="TID", help="not supported: use -p PID")
+    p.add_argument("--group-readable", action="store_true",
+                   help="create the recording 0640 instead of 0600, for a team reading it through a group")
     p.add_argument("--vm", action="append", default=[], metavar="NAME",
                    help="keep only samples of this VM (repeatable; scheduler events are always kept)")
-    p.add_argument("-p", "--pid", type=int, default=None, help="keep only samples of this host process")
-    p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
+    p.add_argument("-p", "--pid", type=int, default=None,
+                   help="keep only samples of this host process; stop when it exits")
+    p.add_argument("-g", dest="stacks", action="store_true",
                    help="record call stacks: host kernel and user chains (frame pointers) and guest chains "
                         "walked through guest memory (docs/stacks.md)")
+    p.add_argument("--call-graph", type=_call_graph, default=None, metavar="MODE",
+                   help="as perf: implies -g; fp (frame pointers) is the unwinder there is (dwarf, cfi: not yet)")
     p.add_argument("--stack-map-entries", type=int, default=None, metavar="N",
                    help="with -g: host chains the BPF stack map holds (default 16384); a chain whose slot "
                         "another holds is stored in its sample's record instead")
@@ -49,6 +69,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record while this command runs, from its start to its end")
 
 
+def _event(text: str) -> str:
+    if text not in EVENTS:
+        raise argparse.ArgumentTypeError(f"takes cpu-clock or cycles, not {text!r}")
+    return EVENTS[text]
+
+
+def _call_graph(text: str) -> str:
+    """perf's --call-graph MODE[,SIZE]: fp, the frame-pointer walk, is what vmprof has."""
+    mode, _sep, size = text.partition(",")
+    if mode not in CALL_GRAPH_MODES:
+        raise argparse.ArgumentTypeError(f"takes fp (perf's modes: fp, dwarf[,SIZE], lbr), not {text!r}")
+    if mode != "fp":
+        raise argparse.ArgumentTypeError(f"{text}: {CALL_GRAPH_NOTE}")
+    if size:
+        raise argparse.ArgumentTypeError(f"{text}: fp takes no size (perf's SIZE goes with dwarf)")
+    return mode
+
+
+def _refuse_perf_options(args: argparse.Namespace) -> None:
+    """perf options vmprof has no equivalent of: one line each, saying what to use instead."""
+    if args.count is not None:
+        raise Usage(f"-c {args.count}: vmprof samples by frequency, not every N events: use -F HZ")
+    if args.cpu is not None:
+        raise Usage(f"-C {args.cpu}: vmprof samples every CPU; vmprof report --cpu N shows one of them")
+    if args.tid is not None:
+        raise Usage(f"-t {args.tid}: vmprof keeps the samples of a whole process: use -p PID")
+
+
+def _process_gone(pid: int) -> bool:
+    """-p PID has exited: no /proc entry, or a zombie waiting for its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.collect.backends import BackendError
     from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, CollectError
@@ -57,24 +115,27 @@ def run(args: argparse.Namespace) -> int:
     from vmprof_tui.record.recorder import Progress, Recorder
     from vmprof_tui.record.recording import RecordingError
 
-    if args.frequency <= 0 or args.frequency > 100_000:
-        raise Usage("-F must be between 1 and 100000 Hz")
+    _refuse_perf_options(args)
+    if args.call_graph:
+        args.stacks = True
+    if args.group_readable:
+        files.share_with_group()
     if args.stack_map_entries is not None and not (args.stacks and 1 <= args.stack_map_entries <= 1 << 20):
         raise Usage("--stack-map-entries needs -g and a count between 1 and 1048576")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if command and shutil.which(command[0]) is None:
+        if command[0] in CALL_GRAPH_MODES:  # `-g dwarf`: perf's -g takes no mode either
+            raise Usage(f"command not found: {command[0]} (a call-graph mode goes after --call-graph)")
         raise Failure(f"command not found: {command[0]}")
     if args.pid is not None and not Path(f"/proc/{args.pid}").is_dir():
         raise Failure(f"no process with pid {args.pid} on this host")
-    if args.output is None:
-        args.output = DEFAULT_RECORDING
-        if Path(args.output).exists():  # as perf does with perf.data
-            Path(args.output).replace(args.output + ".old")
+    args.output = args.output or DEFAULT_RECORDING
     interrupted = stop_on_signals()
     child: subprocess.Popen | None = None
 
     def stopped() -> bool:
-        return interrupted() or (child is not None and child.poll() is not None)
+        return (interrupted() or (child is not None and child.poll() is not None)
+                or (args.pid is not None and _process_gone(args.pid)))
     tty = sys.stderr.isatty()
 
     def on_progress(p: Progress) -> None:
@@ -87,10 +148,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         lbr = LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0) if args.lbr else None
         session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr, stacks=args.stacks,
-                                    stack_map_entries=args.stack_map_entries or HOST_STACK_ENTRIES)
+                                    stack_map_entries=args.stack_map_entries or HOST_STACK_ENTRIES,
+                                    event=args.event or "")
         for note in session.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
-        recorder = Recorder(Path(args.output), session)
+        recorder = Recorder(Path(args.output), session, keep_old=True)  # as perf: an older file becomes .old
 
         def attached() -> None:
             nonlocal child
@@ -111,7 +173,11 @@ def run(args: argparse.Namespace) -> int:
             child.wait()
     if tty and not args.quiet:
         print(file=sys.stderr)
-    if child is not None and child.returncode:
-        print(f"vmprof record: note: {command[0]} exited with status {child.returncode}", file=sys.stderr)
+    if args.pid is not None and _process_gone(args.pid):
+        print(f"vmprof record: note: process {args.pid} exited", file=sys.stderr)
     print(progress.summary())
+    if child is not None and child.returncode:  # the workload's status, as perf (a signal: 128 + its number)
+        status = child.returncode if child.returncode > 0 else 128 - child.returncode
+        print(f"vmprof record: note: {command[0]} exited with status {status}", file=sys.stderr)
+        return status
     return 0

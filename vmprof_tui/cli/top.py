@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from vmprof_tui.cli.common import Failure, Usage, stop_on_signals
+from vmprof_tui.cli.common import Failure, Usage, frequency, stop_on_signals
 
 REFRESH_S = (0.25, 10.0)  # what + and - step between on the screen (show/tui.py)
 WINDOW_S = (1.0, 120.0)  # what [ and ] step between
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", default=None, metavar="REC", help="play a recording instead of sampling live")
     p.add_argument("--store", default=None, metavar="DIR", help="step through the windows of a fleet store "
                    "(vmprof analyze) instead")
-    p.add_argument("-F", "--frequency", "--rate", type=int, default=1000, metavar="HZ",
+    p.add_argument("-F", "--frequency", "--rate", type=frequency, default=1000, metavar="HZ",
                    help="samples per second per CPU")
     p.add_argument("--window", type=float, default=5.0, metavar="S",
                    help=f"seconds of history analysed ({WINDOW_S[0]:g} to {WINDOW_S[1]:g})")

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vmprof_tui import files
 from vmprof_tui.collect.btf import BTF_DIR, Btf, BtfError
 
 PVM, SVM, VMX, NONE = "pvm", "svm", "vmx", "none"
@@ -171,8 +172,8 @@ def load_backend(cache_dir: Path | None = None) -> Backend:
         except BtfError as e:
             raise BackendError(f"cannot find KVM structure offsets in BTF: {e}") from None
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(offsets))
+            files.make_dirs(cache.parent)
+            files.write_file(cache, json.dumps(offsets))
         except OSError:
             pass
     backend = Backend(name=name, offsets=offsets)

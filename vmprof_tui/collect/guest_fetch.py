@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vmprof_tui import files
 from vmprof_tui.resolve.bundle import DEFAULT_LIMITS, BundleError, GuestBundle, Limits, load_bundle
 
 READ_CHUNK = 4 << 20  # bytes per guest-file-read
@@ -146,10 +147,11 @@ def fetch_bundle(vm: str, out: Path, *, connect: str | None = None, guest_comman
     deadline = time.monotonic() + timeout_s
     say = log or (lambda _msg: None)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    files.make_dirs(out)
     safe_vm = "".join(c if c.isalnum() or c in "._-" else "_" for c in vm)[:100] or "guest"
     target = out / f"{safe_vm}.tar"
     part = out / f".{safe_vm}.tar.part"
+    part.unlink(missing_ok=True)  # left over, or a planted link: the part is created anew, never through a link
     say(f"running {' '.join(guest_command)} bundle -o - in {vm} through qemu-ga")
     status = agent.exec(guest_command[0], [*guest_command[1:], "bundle", "-o", "-", "--vm", vm, "-q", *extra],
                         deadline)
@@ -161,7 +163,8 @@ def fetch_bundle(vm: str, out: Path, *, connect: str | None = None, guest_comman
         data = _b64(status.get("out-data"), "out-data")
         if len(data) > limits.max_total_bytes:
             raise FetchError(f"the bundle from {vm} is larger than {limits.max_total_bytes} bytes")
-        part.write_bytes(data)
+        with files.create_new(part) as f:
+            f.write(data)
         data_written = len(data)
     try:
         with load_bundle(part, limits) as bundle:
@@ -187,7 +190,7 @@ def _fetch_via_file(agent: Agent, guest_command: list[str], vm: str, extra: list
         if not isinstance(handle, int):
             raise FetchError("qemu-ga guest-file-open returned no handle")
         try:
-            with open(part, "wb") as f:
+            with files.create_new(part) as f:
                 while True:
                     chunk = agent.command("guest-file-read", handle=handle, count=READ_CHUNK)
                     if not isinstance(chunk, dict):

@@ -103,14 +103,15 @@ class CollectionSession:
 
     def __init__(self, frequency: int = 1000, *, vm_names: Iterable[str] = (), pid: int | None = None,
                  lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None,
-                 stacks: bool = False, stack_map_entries: int = HOST_STACK_ENTRIES, host_counts: bool = False) -> None:
+                 stacks: bool = False, stack_map_entries: int = HOST_STACK_ENTRIES, host_counts: bool = False,
+                 event: str = "") -> None:
         check_privileges()  # before anything else, so the user hears the real reason
         self.backend = backend or load_backend()
         self.frequency = frequency
         self.vm_names = list(vm_names)
         self.pid = pid
         self.build_ids = build_ids
-        self.collector = Collector(self.backend, frequency=frequency, stacks=stacks,
+        self.collector = Collector(self.backend, frequency=frequency, event=event, stacks=stacks,
                                    stack_map_entries=stack_map_entries, host_counts=host_counts)
         self.lbr = LbrCollector(lbr) if lbr is not None else None
         if lbr is not None and not lbr.standin:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui import bounded_json
+from vmprof_tui import bounded_json, files
 
 WORKLOADS = ("cpu", "net-send", "net-recv")
 FIRST_DEGREE = 4  # formula (1)
@@ -193,9 +193,7 @@ class Model:
                 "points": self.points}
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.rename(path)
+        files.write_file(path, json.dumps(self.to_json(), indent=1))
 
 
 def add_vm(l_new: float, l_all: float, n_vm: int, l_max: float) -> dict:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmprof_tui import bounded_json
+from vmprof_tui import bounded_json, files
 
 COUNTS_FORMAT = "vmprof-predict-counts"
 COSTS_FORMAT = "vmprof-predict-costs"
@@ -158,7 +158,7 @@ class Costs:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     try:
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        files.write_file(path, json.dumps(data, indent=1) + "\n")
     except OSError as e:
         raise PredictError(f"cannot write {path}: {e.strerror}") from None
 

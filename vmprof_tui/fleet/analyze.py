@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vmprof_tui import files
 from vmprof_tui.fleet.tasks import HOST_TASK, WindowRef, analyse_window_vm, window_vms
 from vmprof_tui.record.recording import RecordingError, load
 from vmprof_tui.record.spool import WINDOW_RE
@@ -61,16 +64,10 @@ def corrupt_path(store: Path, ref: WindowRef) -> Path:
 
 
 def write_marker(path: Path, content: dict) -> None:
-    """A small JSON file written atomically under a name no concurrent `analyze` uses; an existing one is
-    replaced whole (two runs that finish the same window write the same facts)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        tmp.write_text(json.dumps(content))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """A small JSON file written atomically under a name no concurrent `analyze` uses (files.write_file); an
+    existing one is replaced whole (two runs that finish the same window write the same facts)."""
+    files.make_dirs(path.parent)
+    files.write_file(path, json.dumps(content))
 
 
 def corrupt_windows(store: Path) -> list[dict]:
@@ -135,15 +132,23 @@ class Analyzer:
         self.workers = workers or os.cpu_count() or 1
         self._client = None
         self._cluster = None
+        self._scratch: str | None = None
+        self._config: object = None
 
     def __enter__(self) -> Analyzer:
+        import dask
         from distributed import Client, LocalCluster
 
         if self.scheduler:
             self._client = Client(self.scheduler, timeout=30)
         else:
+            # the workers' scratch space in a private new folder: Dask's default, a fixed $TMPDIR/dask-scratch-space,
+            # is a path another user can plant a link at
+            self._scratch = tempfile.mkdtemp(prefix="vmprof-dask-")
+            # the cluster's own lock files go there too; the setting is undone in __exit__
+            self._config = dask.config.set({"temporary-directory": self._scratch})
             self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                                         dashboard_address=None)
+                                         dashboard_address=None, local_directory=self._scratch)
             self._client = Client(self._cluster)
         return self
 
@@ -152,6 +157,9 @@ class Analyzer:
             self._client.close()
         if self._cluster is not None:
             self._cluster.close()
+        if self._scratch is not None:
+            self._config.__exit__(None, None, None)
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     @property
     def n_threads(self) -> int:

@@ -8,11 +8,8 @@ died, `analyze` ran again) writes the same file again, never a second one.
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vmprof_tui import files
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, load
@@ -157,14 +155,8 @@ def analyse_window_host(ref: WindowRef, store: str) -> dict:
 
 
 def write_rows(path: Path, rows: list[dict], schema: pa.Schema) -> None:
-    """Atomically (a tmp file renamed): a reader sees the whole file or none of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=schema)
-    # a name no other writer uses (another `vmprof analyze` on the same store, another thread of this worker)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Atomically (a private tmp file renamed): a reader sees the whole file or none of it."""
+    files.make_dirs(path.parent)  # 0700, files 0600: the store names guest processes and functions
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), buf)
+    files.write_file(path, buf.getvalue().to_pybytes())

@@ -6,6 +6,7 @@ unflushed half second.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import numpy as np
 
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
-from vmprof_tui.record.recording import Writer
+from vmprof_tui.record.recording import RecordingError, WriteFailed, Writer
 from vmprof_tui.record.records import SAMPLE_GUEST
 
 DRAIN_S, FLUSH_S = 0.1, 0.5
@@ -39,10 +40,12 @@ class Progress:
 class Recorder:
     """Consumer of a CollectionSession that writes everything into one file."""
 
-    def __init__(self, out: Path, session: CollectionSession) -> None:
+    def __init__(self, out: Path, session: CollectionSession, keep_old: bool = False) -> None:
         self.out = out
+        self.keep_old = keep_old  # a file already at `out` becomes OUT.old (vmprof record), else it is replaced
         self.session = session
         self.progress = Progress()
+        self.kept = (0, 0.0)  # (samples, seconds) synced to the file so far
 
     @property
     def attached(self):  # noqa: ANN201 - threading.Event
@@ -53,13 +56,13 @@ class Recorder:
         session = self.session
         if session.vm_names:
             session.check_vm_names()  # before the file is created
-        self.writer = Writer(self.out, session.meta())
+        self.writer = Writer(self.out, session.meta(), self.keep_old)
         try:
             session.start()
         except Exception:
-            self.writer.file.close()
-            self.out.unlink(missing_ok=True)
+            self.writer.abandon(keep=False)
             raise
+        failed: WriteFailed | None = None
         try:
             self._write(session.poll(), first=True)
             last_flush = last_progress = time.monotonic()
@@ -71,15 +74,39 @@ class Recorder:
                     break
                 self._write(session.poll())
                 if now - last_flush >= FLUSH_S:
-                    self.writer.flush()
+                    self._flush()
                     last_flush = now
                 if on_progress and now - last_progress >= 1.0:
                     self.progress.count_lost(session.lost())
                     on_progress(self.progress)
                     last_progress = now
+        except WriteFailed as e:
+            failed = e
         finally:
-            self._finish(on_progress)
+            if failed is None:
+                try:
+                    self._finish(on_progress)
+                except WriteFailed as e:
+                    failed = e
+        if failed is not None:
+            raise RecordingError(self._abandon(failed)) from None
         return self.progress
+
+    def _flush(self) -> None:
+        self.writer.flush()
+        self.kept = (self.progress.samples, self.progress.elapsed_s)
+
+    def _abandon(self, failed: WriteFailed) -> str:
+        """Stop sampling after a failed write (a full disk) and keep what was synced: the line that says so."""
+        if self.session.started:
+            with contextlib.suppress(Exception):  # the session's own trouble would hide the disk's
+                self.session.finish()
+        samples, seconds = self.kept
+        self.writer.abandon(keep=samples > 0)
+        if not samples:
+            return f"{failed}; {self.writer.nothing_kept()}"
+        return (f"{failed}; {self.out} keeps the first {seconds:.1f} s ({samples} samples), not the recording's end "
+                "(totals, the host's kallsyms: host kernel functions stay unnamed); vmprof report reads it")
 
     def _write(self, chunk: Chunk, first: bool = False) -> None:
         w, session = self.writer, self.session
@@ -109,6 +136,7 @@ class Recorder:
             self.session.close()
         if on_progress:
             on_progress(self.progress)
+        self._flush()  # the samples first: what a full disk would leave of the end below
         self.writer.add_snapshot(recording.snapshot(kallsyms=read_kallsyms()))
         self.writer.close({"duration_s": self.progress.elapsed_s, "samples": self.progress.samples,
                            "guest_samples": self.progress.guest, "lost": lost,

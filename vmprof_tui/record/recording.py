@@ -12,6 +12,7 @@ dtypes in vmprof_tui.record.records), times delta-encoded, compressed with zlib.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -25,11 +26,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
-from vmprof_tui import arrays, bounded_json
+from vmprof_tui import arrays, bounded_json, files
 from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
 MAGIC = b"VMPROFREC\0"
@@ -202,27 +202,54 @@ def bundle_tar(folder: Path) -> bytes:
     return buf.getvalue()
 
 
-class Writer:
-    """Appends chunks; every flush() is fsynced so a killed recorder loses at most the unflushed part."""
+class WriteFailed(RecordingError):
+    """Writing a recording failed (a full disk): the chunks synced before it are all in the file."""
 
-    def __init__(self, path: Path, meta: dict) -> None:
+    def __init__(self, path: Path, error: OSError, after: str = "") -> None:
+        super().__init__(f"cannot write the recording to {path}: {error.strerror or error}{after}")
+        self.error = error
+
+
+class Writer:
+    """Appends chunks; every flush() is fsynced so a killed recorder loses at most the unflushed part.  The file
+    is created 0600 and never through a planted link; one already at `path` is replaced, or with `keep_old`
+    becomes PATH.old (files.py)."""
+
+    def __init__(self, path: Path, meta: dict, keep_old: bool = False) -> None:
+        self.path = Path(path)
         try:
-            self.file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+            self.file, self.old, self.created = files.open_recording(self.path, keep_old)
         except OSError as e:
-            raise RecordingError(f"cannot write the recording to {path}: {e.strerror}") from None
-        self.file.write(MAGIC + struct.pack("<H", VERSION))
+            raise WriteFailed(self.path, e) from None
+        self.written = self.synced = 0  # bytes written, and in the file at the last sync (what a failure leaves)
+        self.regular = stat.S_ISREG(os.fstat(self.file.fileno()).st_mode)  # not a device or pipe (-o /dev/null)
         self._pending_samples: list[np.ndarray] = []
         self._pending_sched: list[np.ndarray] = []
         self._pending_stacks: list[np.ndarray] = []
         self._pending_host_stacks: dict[int, np.ndarray] = {}
-        self.chunk(META, json.dumps(meta).encode())
-        self.sync()
+        try:
+            self._write(MAGIC + struct.pack("<H", VERSION))
+            self.chunk(META, json.dumps(meta).encode())
+            self.sync()
+        except WriteFailed as e:
+            self.abandon(keep=False)
+            raise WriteFailed(self.path, e.error, f"; {self.nothing_kept()}") from None
+
+    def _write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        try:
+            while view:  # an unbuffered file: a write may take part of it (a disk filling up)
+                n = self.file.write(view)
+                self.written += n
+                view = view[n:]
+        except OSError as e:
+            raise WriteFailed(self.path, e) from None
 
     def chunk(self, kind: int, payload: bytes) -> None:
         if len(payload) > MAX_CHUNK:
             raise RecordingError(f"chunk of {len(payload)} bytes is over the {MAX_CHUNK} limit")
-        self.file.write(CHUNK_HEADER.pack(CHUNK_MAGIC, kind, 0, len(payload), zlib.crc32(payload)))
-        self.file.write(payload)
+        self._write(CHUNK_HEADER.pack(CHUNK_MAGIC, kind, 0, len(payload), zlib.crc32(payload)))
+        self._write(payload)
 
     def add(self, samples: np.ndarray, sched: np.ndarray, stacks: np.ndarray | None = None,
             host_stacks: dict[int, np.ndarray] | None = None) -> None:
@@ -260,14 +287,41 @@ class Writer:
         self.chunk(LBR, _pack_rows({"rows": len(records), "nr": nr, "fields": fields}, records.tobytes()))
 
     def sync(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        try:
+            if self.regular:  # a pipe or device has nothing to sync
+                os.fsync(self.file.fileno())
+            self.synced = self.written
+        except OSError as e:
+            raise WriteFailed(self.path, e) from None
 
     def close(self, end: dict) -> None:
         self.flush()
         self.chunk(END, json.dumps(end).encode())
         self.sync()
         self.file.close()
+
+    def nothing_kept(self) -> str:
+        """What is left after abandon(keep=False): the words of a one-line failure."""
+        return ("nothing was recorded, " + (f"the older recording stays at {self.path}" if self.old is not None
+                                           else "no file is left"))
+
+    def abandon(self, keep: bool = True) -> None:
+        """Close after a failure: the file is cut back to its last sync (no half chunk), or with `keep` False
+        removed, and an older recording moved to PATH.old goes back.  A device or pipe written to (-o /dev/null)
+        is only closed: the file is this Writer's to cut or remove only when it created it."""
+        ours = self.created
+        with contextlib.suppress(OSError):
+            if ours and keep and self.synced:
+                os.ftruncate(self.file.fileno(), self.synced)
+        with contextlib.suppress(OSError):
+            self.file.close()
+        if ours and (not keep or not self.synced):
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+                if self.old is not None:
+                    os.replace(self.old, self.path)
+
+
 
 
 @dataclass

@@ -34,8 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui import files
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms, read_object_table
-from vmprof_tui.record.recording import OBJECTS_REF_KEY, Writer, bundle_tar, object_ref, snapshot
+from vmprof_tui.record.recording import OBJECTS_REF_KEY, WriteFailed, Writer, bundle_tar, object_ref, snapshot
 from vmprof_tui.record.records import SAMPLE_DTYPE, SAMPLE_GUEST, SAMPLE_HOST_KERNEL, SCHED_DTYPE
 
 WINDOW_RE = re.compile(r"^W(\d{8})-(\d+)\.vmprof$")
@@ -104,12 +105,15 @@ class Spool:
         self.log_path = self.dir / "agent.jsonl"
         self.keep_s = keep_s
         self.max_bytes = max_bytes
-        self.windows.mkdir(parents=True, exist_ok=True)
-        self.static.mkdir(exist_ok=True)
+        files.make_dirs(self.windows)  # 0700: windows and static data name guest and host code (files.py)
+        files.make_dirs(self.static)
 
     def remove_unfinished(self) -> None:
         """Delete the windows left in progress by an agent that was killed: for the agent starting on this spool
-        only (a reader, such as `vmprof agent --status`, would delete the window a running agent is writing)."""
+        only (a reader, such as `vmprof agent --status`, would delete the window a running agent is writing).
+        The host's folder is made private too (a spool an older vmprof left readable by all)."""
+        with contextlib.suppress(OSError):  # a link to the folder (a setup of the owner's) is left as it is
+            files.set_dir_mode(self.dir)
         for tmp in self.windows.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
 
@@ -135,18 +139,12 @@ class Spool:
     def _store(self, name: str, data: bytes) -> str:
         path = self.static / name
         if not path.exists():
-            tmp = path.with_suffix(".tmp")
-            try:
-                tmp.write_bytes(gzip.compress(data, 6, mtime=0))
-                os.replace(tmp, path)
-            except OSError:
-                tmp.unlink(missing_ok=True)
-                raise
+            files.write_file(path, gzip.compress(data, 6, mtime=0))
         return f"../static/{name}"
 
     def log(self, stats: WindowStats) -> None:
-        with contextlib.suppress(OSError), open(self.log_path, "a") as f:
-            f.write(json.dumps(asdict(stats)) + "\n")
+        with contextlib.suppress(OSError):
+            files.append_line(self.log_path, json.dumps(asdict(stats)))
 
     def last_end_unix_s(self) -> float | None:
         """Where the last window in the log ended on the wall clock (an agent killed before it wrote one: that
@@ -328,12 +326,13 @@ class Agent:
                     "samples": [win.lost.get("samples", 0)], "sched": [win.lost.get("sched", 0)]},
                     "end_monotonic_ns": win.end_ns, "vms": vms})
             except BaseException:
-                w.file.close()
+                w.abandon(keep=False)
                 raise
             os.replace(tmp, final)
             stats.t0_s = time.monotonic() - t
             self.spool.retain()
-        except OSError as e:
+        except (OSError, WriteFailed) as failed:
+            e = failed.error if isinstance(failed, WriteFailed) else failed
             tmp.unlink(missing_ok=True)
             self.not_stored += 1
             stats.stored, stats.file = False, ""

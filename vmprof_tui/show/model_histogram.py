@@ -6,9 +6,12 @@ the PNG is matplotlib's, drawn off-screen (Agg).
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
+
+from vmprof_tui import files
 
 BAR = 30  # characters of the longest bar
 
@@ -55,5 +58,7 @@ def png(errors: dict[str, np.ndarray], path: Path, title: str) -> None:
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
+    files.write_file(path, buf.getvalue())
