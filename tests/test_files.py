@@ -3,14 +3,16 @@ Dask scratch folder, the .old copy, and a full disk during `record`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require_root, start_sampling, vmprof
+from conftest import ROOT, require_root, start_recording, start_sampling, vmprof
 
 from vmprof_tui import files
 from vmprof_tui.record import recording
@@ -172,27 +174,40 @@ def small_disk(tmp_path: Path):  # noqa: ANN201 - a generator fixture
     require_root()
     mnt = tmp_path / "small"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def fill(disk: Path) -> None:
+    subprocess.run(["dd", "if=/dev/zero", f"of={disk / 'filler'}", "bs=4k"], capture_output=True)
+
+
 def test_full_disk_during_record_says_the_path_and_what_was_kept(small_disk: Path) -> None:
-    """256 KiB hold the samples of a short recording but not the host's kallsyms written at its end."""
+    """The disk fills up while a recording runs (once its first samples are on disk): one line with the path and
+    what the file keeps, and the file holds just that."""
     out = small_disk / "rec.vmprof"
-    res = vmprof("record", "-d", "1", "-q", "-o", str(out))
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 1 and len(lines) == 1, res.stderr
-    assert str(out) in lines[0] and "No space left on device" in lines[0] and "keeps the first" in lines[0]
+    proc = start_recording(out, "-d", "60")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:  # readiness: samples written, not a fixed wait
+        with contextlib.suppress(recording.RecordingError, OSError):
+            if len(recording.load(out).samples):
+                break
+        time.sleep(0.1)
+    fill(small_disk)
+    assert proc.wait(timeout=60) == 1
+    lines = [line for line in proc.lines if ": sampling every CPU" not in line]  # type: ignore[attr-defined]
+    assert len(lines) == 1, lines
+    assert str(out) in lines[0] and "No space left on device" in lines[0] and "keeps the first" in lines[0], lines
     rec = recording.load(out)
     kept = int(lines[0].split(" samples)")[0].rpartition("(")[2])
     assert len(rec.samples) == kept > 0 and rec.end is None
 
 
 def test_full_disk_before_anything_is_written_leaves_no_file(small_disk: Path) -> None:
-    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=4k"], capture_output=True)
+    fill(small_disk)
     out = small_disk / "rec.vmprof"
     res = vmprof("record", "-d", "1", "-q", "-o", str(out))
     lines = res.stderr.strip().splitlines()
@@ -204,7 +219,7 @@ def test_full_disk_before_anything_is_written_leaves_no_file(small_disk: Path) -
 def test_full_disk_keeps_the_older_recording_where_it_was(small_disk: Path) -> None:
     out = small_disk / "rec.vmprof"
     out.write_bytes(b"older")
-    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=4k"], capture_output=True)
+    fill(small_disk)
     res = vmprof("record", "-d", "1", "-q", "-o", str(out))
     assert res.returncode == 1 and f"nothing was recorded, the older recording stays at {out}" in res.stderr, res.stderr
     assert out.read_bytes() == b"older" and not Path(f"{out}.old").exists()
