@@ -125,15 +125,13 @@ def check_program(path: Path) -> ELFFile:
         header = elf.header
         if elf.elfclass != 64 or header["e_machine"] != "EM_X86_64":
             raise BadProgram(f"{path} is not an x86-64 ELF file")
+        segments = list(elf.iter_segments())
+        if any(seg["p_type"] in ("PT_INTERP", "PT_DYNAMIC") for seg in segments):
+            raise BadProgram(f"{path} is dynamically linked; build it with -static")
         if header["e_type"] != "ET_EXEC":
             raise BadProgram(f"{path} is not a non-PIE executable (e_type {header['e_type']}); "
                              "build it with -static -no-pie")
-        loads = []
-        for seg in elf.iter_segments():
-            if seg["p_type"] in ("PT_INTERP", "PT_DYNAMIC"):
-                raise BadProgram(f"{path} is dynamically linked; build it with -static -nostdlib")
-            if seg["p_type"] == "PT_LOAD":
-                loads.append(seg)
+        loads = [seg for seg in segments if seg["p_type"] == "PT_LOAD"]
         if not loads:
             raise BadProgram(f"{path} has no loadable segment")
         for seg in loads:

@@ -14,7 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from vmprof_tui.demo import kvm, programs, scenarios
+from vmprof_tui.demo import guestos, kvm, programs, scenarios, workloads
+from vmprof_tui.demo.loader import BadProgram, check_program
 
 
 class DemoError(RuntimeError):
@@ -60,12 +61,30 @@ def resolve_specs(specs: list[dict], bundle_root: Path, duration_s: float | None
             if vcpu.get("pin") is not None and vcpu["pin"] >= cpus:
                 vcpu["pin"] = cpus - 1
             for proc in vcpu["processes"]:
+                if "argv" in proc:  # a real program, run by the guest kernel
+                    proc["path"] = str(real_program(proc))
+                    spec["kernel"] = str(guestos.kernel_path())
+                    continue
                 proc["path"] = str(programs.program_path(proc["program"]))
                 proc["name"] = proc["program"]
                 if proc["program"] in ("duty", "load", "blink"):  # they pace themselves by the TSC
                     tsc = tsc or tsc_ticks_per_ms()
                     proc["args"][2] = tsc
     return specs
+
+
+def real_program(proc: dict) -> Path:
+    """The ELF file of a real program (a user's --exec, or a workload built from Debian's libraries), checked:
+    DemoError with one line for what the guest kernel cannot run."""
+    path = Path(proc["exec"]) if "exec" in proc else workloads.program_path(proc["program"])
+    try:
+        check_program(path).stream.close()
+    except BadProgram as e:
+        raise DemoError(str(e)) from None
+    if proc.get("dir") is not None and not Path(proc["dir"]).is_dir():
+        raise DemoError(f"--dir {proc['dir']} is not a directory")
+    proc.setdefault("name", path.name)
+    return path
 
 
 class DemoRun:
@@ -84,6 +103,7 @@ class DemoRun:
         self.ready: dict[str, dict] = {}
         self.truth: dict[str, dict] = {}
         self.faults: list[dict] = []
+        self.output: list[dict] = []  # what real programs wrote to stdout and stderr, and notices about them
         self.errors: list[str] = []
         self._readers: list[threading.Thread] = []
         self._cond = threading.Condition()
@@ -130,6 +150,8 @@ class DemoRun:
                     self.truth[name] = event
                 elif kind == "fault":
                     self.faults.append(event)
+                elif kind in ("output", "notice"):
+                    self.output.append(event)
                 self._cond.notify_all()
         err = proc.stderr.read().strip()
         with self._cond:

@@ -91,6 +91,8 @@ class UserMemory:
     def map_zeroed(self, start: int, end: int) -> None:
         """Make [start, end) (page-aligned) zeroed read-write user memory: new pages are allocated (MemoryError
         when guest memory runs out), pages already mapped are zeroed."""
+        if end - start > self.memory.size:  # before walking a huge range page by page
+            raise MemoryError("larger than guest memory")
         va = start
         while va < end:
             if va in self.pages:

@@ -517,7 +517,8 @@ def write_bundle(vm: DemoVm, directory: Path) -> None:
                 for m in p.space.maps]
         processes.append({"pid": p.pid, "tids": [p.pid], "name": p.name,
                           "cmdline": p.argv or [f"/bin/{p.name}", *map(str, p.args)],
-                          "exe": f"/bin/{p.name}", "cr3": [p.space.cr3], "maps": maps})
+                          "exe": f"/bin/{p.name}", "maps": maps,
+                          "cr3": [p.space.cr3, p.space.cr3 + PAGE] if p.kernel is not None else [p.space.cr3]})
     kernel = None
     image = next((p.kernel.image for p in vm.processes if p.kernel is not None), None)
     if image is not None:  # the guest kernel's symbols, as a Linux guest's kallsyms
