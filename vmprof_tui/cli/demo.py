@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         specs = runner.scenario_specs(args.scenario, custom)
         demo = runner.DemoRun(specs, duration_s=args.duration)
         ready = demo.start()
+    except runner.BadRealProgram as e:
+        return _usage(str(e))
     except (runner.DemoError, OSError, programs.BuildError) as e:
         return fail(str(e))
     stopped = stop_on_signals()

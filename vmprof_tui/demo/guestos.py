@@ -216,15 +216,16 @@ def syscall_msrs(image: KernelImage) -> dict[int, int]:
     return {MSR_STAR: STAR, MSR_LSTAR: image.symbols["syscall_entry"], MSR_SFMASK: SFMASK}
 
 
-def serve_mailbox(memory, kp: KernelProcess, server: SyscallServer, port: int) -> tuple[Reply | None, str]:  # noqa: ANN001
+def serve_mailbox(memory, kp: KernelProcess, server: SyscallServer, port: int) -> tuple[Reply, str]:  # noqa: ANN001
     """Serve what the kernel of `kp` put in its mailbox before ringing `port`: a system call (its reply is
-    written back for the kernel) or an exception it cannot serve (no reply; the text says what happened)."""
+    written back for the kernel), or an exception it cannot serve: then the text says what happened and the
+    reply's `nr` holds the faulting user RIP."""
     box = MAILBOX.unpack_from(memory.map, kp.gpa("mailbox"))
     nr, args, rip = box[0], box[1:7], box[8]
     if port == PORT_FAULT:
         vector, error, cr2 = box[10], box[11], box[12]
         what = f"exception {vector} ({EXCEPTIONS.get(vector, 'reserved')}, error code {error:#x}"
-        return None, what + (f", address {cr2:#x})" if vector == 14 else ")") + f" at rip {rip:#x}"
+        return Reply(-1, nr=rip), what + (f", address {cr2:#x})" if vector == 14 else ")")
     reply = server.serve(nr, args, rip)
     reply.nr = nr
     memory.write(kp.gpa("mailbox") + RET_OFFSET, struct.pack("<Q", reply.ret & (1 << 64) - 1))

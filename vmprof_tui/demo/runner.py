@@ -22,6 +22,10 @@ class DemoError(RuntimeError):
     pass
 
 
+class BadRealProgram(DemoError):
+    """A real program the guest kernel cannot run (bad usage: the CLI exits 2)."""
+
+
 def tsc_ticks_per_ms() -> int:
     """Calibrate the host TSC against CLOCK_MONOTONIC (guests read the same TSC).
 
@@ -80,9 +84,9 @@ def real_program(proc: dict) -> Path:
     try:
         check_program(path).stream.close()
     except BadProgram as e:
-        raise DemoError(str(e)) from None
+        raise BadRealProgram(str(e)) from None
     if proc.get("dir") is not None and not Path(proc["dir"]).is_dir():
-        raise DemoError(f"--dir {proc['dir']} is not a directory")
+        raise BadRealProgram(f"--dir {proc['dir']} is not a directory")
     proc.setdefault("name", path.name)
     return path
 

@@ -344,8 +344,8 @@ class VcpuThread(threading.Thread):
             return False
         assert proc.server is not None
         reply, what = guestos.serve_mailbox(self.vm.kvm_vm.memory, proc.kernel, proc.server, port)
-        if reply is None:
-            self._end(proc, what, now)
+        if what:
+            self._end(proc, what, now, rip=reply.nr)
             return True
         proc.server.account(reply.nr, time.monotonic_ns() - now)
         self.stats.served += 1
@@ -359,9 +359,9 @@ class VcpuThread(threading.Thread):
         self.done = not self._switch(now)
         return True
 
-    def _end(self, proc: GuestProcess, what: str, now: int) -> None:
+    def _end(self, proc: GuestProcess, what: str, now: int, rip: int | None = None) -> None:
         """End a kernel-hosted process that cannot go on, with one line; the VM and its other vCPUs run on."""
-        self.vm.report_fault(self, proc, what, stop_vm=False)
+        self.vm.report_fault(self, proc, what, stop_vm=False, rip=rip)
         if proc.server is not None:
             proc.server.close_all()
         self.done = not self._switch(now)
@@ -448,12 +448,13 @@ class DemoVm:
         return GuestProcess(pid=pid, name=name, program=path, args=[], space=space, regs=kp.regs, vcpu=vcpu,
                             kernel=kp, server=server, argv=argv)
 
-    def report_fault(self, vcpu: VcpuThread, proc: GuestProcess | None, what: str, stop_vm: bool = True) -> None:
-        rip = None
+    def report_fault(self, vcpu: VcpuThread, proc: GuestProcess | None, what: str, stop_vm: bool = True,
+                     rip: int | None = None) -> None:
         if proc is not None:
             proc.state = "faulted"
-            with contextlib.suppress(OSError):
-                rip = vcpu.vcpu.get_regs().rip
+            if rip is None:
+                with contextlib.suppress(OSError):
+                    rip = vcpu.vcpu.get_regs().rip
         fault = {"event": "fault", "vm": self.name, "vcpu": vcpu.index,
                  "pid": proc.pid if proc else None, "process": proc.name if proc else None,
                  "rip": rip, "what": what, "ended": "vm" if stop_vm else "process"}

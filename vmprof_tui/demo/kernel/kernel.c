@@ -55,7 +55,9 @@ void handle_fault(struct fault_frame *f)
 	mailbox.error = f->error;
 	mailbox.rip = f->rip;
 	mailbox.rsp = f->rsp;
-	mailbox.cr2 = *(volatile u64 *)(vif_area + 8);  /* struct pvm_vif: u8 if, u8 pending, pad, u64 cr2 */
+	u64 cr2;
+	__asm__ volatile("mov %%cr2, %0" : "=r"(cr2));
+	mailbox.cr2 = cr2;
 	ring(PORT_FAULT);  /* the VMM ends the process */
 	for (;;)
 		;
