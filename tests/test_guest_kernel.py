@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, record_scenario, vmprof
 
 from vmprof_tui.analyse.analysis import Analysis
-from vmprof_tui.demo import runner, scenarios
+from vmprof_tui.demo import runner, scenarios, workloads
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static (tools/bootstrap.sh installs it)
 KERNEL_FUNCTIONS = {"syscall_entry", "do_syscall", "call_vmm", "set_fs_base", "kentry"}
@@ -83,3 +83,15 @@ def test_not_a_static_x86_64_program_is_refused_with_one_line(path: str, why: st
     p = vmprof("demo", "--scenario", "custom", "--exec", path, "--no-tui", "-d", "1")
     assert p.returncode == 2 and p.stdout == ""
     assert why in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name,args", [("shor", ["143", "1"]), ("gzip", ["1", "1"]), ("xz", ["1", "1"]),
+                                       ("sqlite", ["1"]), ("lua", ["1"])])
+def test_real_workload_runs_natively_and_in_a_vm(name: str, args: list[str], tmp_path: Path) -> None:
+    native = subprocess.run([str(workloads.program_path(name)), *args], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=60)
+    assert native.returncode == 0 and native.stdout.startswith(f"{name}: "), native.stderr
+    p = vmprof("demo", "--scenario", "custom", "--program", name, *(a for x in args for a in ("--arg", x)),
+               "--dir", str(tmp_path), "--no-tui", "-d", "30")
+    assert p.returncode == 0, p.stderr
+    assert f"\n{name}: " in "\n" + p.stdout and "not served" not in p.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import posixpath
 import struct
@@ -296,8 +297,41 @@ class SyscallServer:
         return -errno.ENOTTY  # no terminals: TCGETS and the rest
 
     def sys_fcntl(self, fd: int, cmd: int, arg: int) -> int:
-        self._file(fd)
-        return 0 if cmd in (1, 2, 3, 4) else -errno.EINVAL  # F_GETFD F_SETFD F_GETFL F_SETFL
+        f = self._file(fd)
+        if cmd == 3:  # F_GETFL
+            return os.O_RDWR if f.fd is None else fcntl.fcntl(f.fd, fcntl.F_GETFL) & os.O_ACCMODE
+        if cmd == 5:  # F_GETLK: nobody holds a lock (one process per VM directory)
+            self.memory.write(arg, struct.pack("<h", fcntl.F_UNLCK))
+        # F_GETFD F_SETFD F_SETFL; F_SETLK and F_SETLKW always succeed
+        return 0 if cmd in (1, 2, 4, 5, 6, 7) else -errno.EINVAL
+
+    def sys_fsync(self, fd: int) -> int:
+        f = self._file(fd)
+        if f.fd is not None:
+            os.fsync(f.fd)
+        return 0
+
+    def sys_ftruncate(self, fd: int, length: int) -> int:
+        os.ftruncate(self._host(fd), _signed64(length))
+        return 0
+
+    def sys_unlinkat(self, dirfd: int, path_ptr: int, flags: int) -> int:
+        """The parent directory is opened confined; the last component must be a plain name."""
+        parent, name = posixpath.split(posixpath.normpath(self._path(dirfd, path_ptr)))
+        if name in (b"", b".", b"..") or b"/" in name:
+            return -errno.EINVAL
+        fd = self._open(parent or b"/", os.O_PATH | os.O_DIRECTORY)
+        try:
+            if flags & 0x200:  # AT_REMOVEDIR
+                os.rmdir(name, dir_fd=fd)
+            else:
+                os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+        return 0
+
+    def sys_unlink(self, path_ptr: int) -> int:
+        return self.sys_unlinkat(AT_FDCWD & 0xFFFFFFFF, path_ptr, 0)
 
     def sys_getcwd(self, buf: int, size: int) -> int:
         if size < 2:
@@ -444,7 +478,9 @@ HANDLERS: dict[int, tuple[str, Callable[..., Reply | int]]] = {
     97: ("getrlimit", S.sys_getrlimit), 102: ("getuid", S.sys_zero), 104: ("getgid", S.sys_zero),
     107: ("geteuid", S.sys_zero), 108: ("getegid", S.sys_zero), 110: ("getppid", S.sys_zero),
     157: ("prctl", S.sys_zero), 158: ("arch_prctl", S.sys_arch_prctl), 186: ("gettid", S.sys_getpid),
-    201: ("time", S.sys_time),
+    25: ("mremap", S.sys_nosys), 93: ("fchown", S.sys_zero), 201: ("time", S.sys_time),
+    74: ("fsync", S.sys_fsync), 75: ("fdatasync", S.sys_fsync),
+    77: ("ftruncate", S.sys_ftruncate), 87: ("unlink", S.sys_unlink), 263: ("unlinkat", S.sys_unlinkat),
     218: ("set_tid_address", S.sys_getpid), 228: ("clock_gettime", S.sys_clock_gettime),
     230: ("clock_nanosleep", S.sys_clock_nanosleep), 231: ("exit_group", S.sys_exit),
     257: ("openat", S.sys_openat), 262: ("newfstatat", S.sys_newfstatat), 269: ("faccessat", S.sys_faccessat),

@@ -14,7 +14,7 @@ LIBRARIES = {"shor": (["-lquantum", "-lm"], "libquantum-dev"), "gzip": (["-lz"],
              "xz": (["-llzma"], "liblzma-dev"), "sqlite": (["-lsqlite3", "-lm"], "libsqlite3-dev"),
              "lua": (["-llua5.4", "-lm"], "liblua5.4-dev")}
 CFLAGS = ["-O2", "-g", "-Wall", "-Werror", "-static", "-no-pie", "-fno-omit-frame-pointer",
-          "-mno-omit-leaf-frame-pointer", "-Wl,--build-id"]
+          "-mno-omit-leaf-frame-pointer", "-Wl,--build-id"]  # the mains keep frame pointers; the libraries have none
 
 
 def _source_dir() -> Path:
@@ -30,7 +30,7 @@ def program_path(name: str) -> Path:
     if not source.exists():
         raise programs.BuildError(f"the {name} workload is not written yet")
     try:
-        return programs.compiled(source, CFLAGS, name,
-                                 f"the {name} workload (apt-get install {package})", libs=tuple(libs))
+        return programs.compiled(source, CFLAGS, name, f"the {name} workload",
+                                 headers=(_source_dir() / "common.h",), libs=tuple(libs))
     except programs.BuildError as e:
         raise programs.BuildError(f"{e} (the {name} workload needs {package}: apt-get install {package})") from None
