@@ -1,5 +1,6 @@
 """Real, unmodified static programs in demo VMs on the demo guest kernel (issue 31): recorded by vmprof, their
-guest-kernel samples are named and counted as OS time; the VMM's served system calls are its ground truth."""
+guest-kernel samples are named and counted as OS time, and the VMM's served system calls are type-2 steal by
+exit reason, counted as the VMM counts them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from conftest import ROOT, record_scenario, vmprof
 
 from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.demo import runner, scenarios, workloads
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static (tools/bootstrap.sh installs it)
@@ -49,6 +51,13 @@ def test_syscall_heavy_program_has_named_guest_kernel_and_os_share(tmp_path: Pat
     assert set(kernel) <= KERNEL_FUNCTIONS and sum(kernel.values()) > 0
     assert "checksum.constprop.0" in user or "checksum" in user
     assert g.ratios["os"] > 0
+    # the served calls as type-2 steal: the VMM's user-space time by the exits it served, counted exactly
+    v = vcpu_steal(an, "real")[0]
+    serving_s = sum(c["ns"] for c in proc["syscalls"].values()) / 1e9
+    print(f"exits to the VMM {v['exits_to_vmm']}, type 2 by exit {v['type2_by_exit_s']}, "
+          f"the VMM's serving time {serving_s:.3f}s")
+    assert abs(v["exits_to_vmm"]["MMIO"] - served) <= 0.01 * served
+    assert v["type2_by_exit_s"]["vmm user space (MMIO)"] > 0
 
 
 def test_busybox_runs_unmodified_with_files_confined(tmp_path: Path) -> None:
