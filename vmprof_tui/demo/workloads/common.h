@@ -11,6 +11,15 @@ static inline double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Whether to go on after `done` rounds: `seconds` 0 runs until stopped, a negative number runs that many
+ * rounds (a fixed amount of work, to compare run times), a positive one runs until `end`. */
+static inline int more(double seconds, double end, int done)
+{
+	if (seconds < 0)
+		return done < -seconds;
+	return seconds == 0 || now() < end;
+}
+
 /* `n` bytes of English-like text from a fixed word list and a linear congruential generator: compressible
  * like real text, the same bytes on every run. */
 static inline void make_text(unsigned char *out, size_t n)

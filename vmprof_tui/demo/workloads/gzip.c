@@ -1,6 +1,6 @@
 /* gzip: deflate with zlib (zlib1g-dev's libz.a) of generated text, written to out.gz in the program's
  * directory with gzwrite and read back with gzread, repeated for the given seconds.
- * Arguments: [seconds, default 0: until stopped] [MiB of text, default 4]. */
+ * Arguments: [seconds, default 0: until stopped; -N: N rounds] [MiB of text, default 4]. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +33,7 @@ int main(int argc, char **argv)
 		}
 		gzclose(in);
 		rounds++;
-	} while (seconds <= 0 || now() < end);
+	} while (more(seconds, end, rounds));
 	printf("gzip: %d rounds of %zu bytes\n", rounds, size);
 	return 0;
 }

@@ -1,5 +1,5 @@
 /* lua: the Lua 5.4 interpreter (liblua5.4-dev's liblua5.4.a) running a script of table, string and
- * arithmetic work, repeated for the given seconds.  Arguments: [seconds, default 0: until stopped]. */
+ * arithmetic work, repeated for the given seconds.  Arguments: [seconds, default 0: until stopped; -N: N rounds]. */
 #include <lua5.4/lauxlib.h>
 #include <lua5.4/lua.h>
 #include <lua5.4/lualib.h>
@@ -34,7 +34,7 @@ int main(int argc, char **argv)
 		sum += lua_tointeger(L, -1);
 		lua_pop(L, 1);
 		rounds++;
-	} while (seconds <= 0 || now() < end);
+	} while (more(seconds, end, rounds));
 	lua_close(L);
 	printf("lua: %d rounds, checksum %lld\n", rounds, sum);
 	return 0;

@@ -1,6 +1,6 @@
 /* shor: Shor's factoring with libquantum (libquantum-dev's libquantum.a), the papers' workload
  * (SPEC 462.libquantum runs the same library), repeated for the given seconds.
- * Arguments: [N to factor, default 143] [seconds, default 0: until stopped]. */
+ * Arguments: [N to factor, default 143] [seconds, default 0: until stopped; -N: N attempts]. */
 #include <quantum.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +73,7 @@ int main(int argc, char **argv)
 	srand(1);
 	int attempts = 0, found = 0;
 	double end = now() + seconds;
-	while (seconds <= 0 || now() < end) {
+	while (more(seconds, end, attempts)) {
 		int x;
 		do
 			x = rand() % n;

@@ -1,5 +1,5 @@
 /* sqlite: SQLite (libsqlite3-dev's libsqlite3.a) on bench.db in the program's directory: inserts in
- * transactions, an index, queries, repeated for the given seconds.  Arguments: [seconds, default 0: until stopped]. */
+ * transactions, an index, queries, repeated for the given seconds.  Arguments: [seconds, default 0: until stopped; -N: N rounds]. */
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +58,7 @@ int main(int argc, char **argv)
 			sqlite3_reset(sel);
 		}
 		rounds++;
-	} while (seconds <= 0 || now() < end);
+	} while (more(seconds, end, rounds));
 	sqlite3_finalize(ins);
 	sqlite3_finalize(sel);
 	sqlite3_close(db);

@@ -1,5 +1,5 @@
 /* xz: LZMA2 compression with liblzma (liblzma-dev's liblzma.a) of generated text and its decompression,
- * in memory, repeated for the given seconds.  Arguments: [seconds, default 0: until stopped] [MiB of text, default 2]. */
+ * in memory, repeated for the given seconds.  Arguments: [seconds, default 0: until stopped; -N: N rounds] [MiB of text, default 2]. */
 #include <lzma.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		rounds++;
-	} while (seconds <= 0 || now() < end);
+	} while (more(seconds, end, rounds));
 	printf("xz: %d rounds of %zu bytes\n", rounds, size);
 	return 0;
 }
