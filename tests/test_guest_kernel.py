@@ -104,3 +104,32 @@ def test_real_workload_runs_natively_and_in_a_vm(name: str, args: list[str], tmp
                "--dir", str(tmp_path), "--no-tui", "-d", "30")
     assert p.returncode == 0, p.stderr
     assert f"\n{name}: " in "\n" + p.stdout and "not served" not in p.stderr
+
+
+def test_smp2_each_vcpu_profile_and_steal_against_the_vmm(tmp_path: Path) -> None:
+    """002 Tables 10-11: one VM, 2 vCPUs on 2 pCPUs, shor and gzip: each vCPU's profile is its program's and its
+    type-1 steal is its thread's run-queue wait as the kernel counts it (the VMM's schedstat), within 1 point."""
+    r = record_scenario(tmp_path, "smp2", 4.0)
+    truth = r.truth["smp2"]
+    assert not truth["faults"]
+    an = Analysis(r.rec)
+    for v, program in zip(truth["vcpus"], ("shor", "gzip"), strict=True):
+        g = an.guest_profile("smp2", vcpu=v["vcpu"])
+        processes = {row.process for row in g.rows if row.process}
+        type1 = 100 * sum(x.samples for x in g.rows if x.kind.steal_type == 1) / g.total_samples
+        want = 100 * v["run_delay_ns"] / v["wall_ns"]
+        print(f"vcpu{v['vcpu']} ({program}, pCPU {v['pin']}): processes {processes}, type 1 steal {type1:.2f}% "
+              f"(run-queue wait {want:.2f}%), ratios {g.ratios}")
+        assert processes == {program}
+        assert abs(type1 - want) <= 1
+
+
+def test_native_vs_guest_runs_the_same_binary_on_the_host_beside_the_vm() -> None:
+    specs = runner.scenario_specs("native-vs-guest")
+    with runner.DemoRun(specs, duration_s=30) as run:
+        native = run.native[0]
+        assert native.poll() is None  # running on the host while the VM runs
+        assert Path(f"/proc/{native.pid}/exe").resolve().name in ("taskset", "shor")
+        guest = run.ready["guest"]["processes"][0]
+        assert Path(guest["elf"]).name == "shor"
+    assert native.poll() is not None  # stopped with the VM

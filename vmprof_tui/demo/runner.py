@@ -68,6 +68,10 @@ def resolve_specs(specs: list[dict], bundle_root: Path, duration_s: float | None
                 if "argv" in proc:  # a real program, run by the guest kernel
                     proc["path"] = str(real_program(proc))
                     spec["kernel"] = str(guestos.kernel_path())
+                    if proc.get("dir") is None:  # its files: a fresh empty directory, gone with the run's folder
+                        files = bundle_root / f"{spec['name']}-files"
+                        files.mkdir(parents=True, exist_ok=True)
+                        proc["dir"] = str(files)
                     continue
                 proc["path"] = str(programs.program_path(proc["program"]))
                 proc["name"] = proc["program"]
@@ -104,6 +108,7 @@ class DemoRun:
         self.bundle_root = bundle_root
         self.specs = resolve_specs(specs, bundle_root, duration_s)
         self.procs: list[subprocess.Popen] = []
+        self.native: list[subprocess.Popen] = []  # real programs run natively beside their VM (native-vs-guest)
         self.ready: dict[str, dict] = {}
         self.truth: dict[str, dict] = {}
         self.faults: list[dict] = []
@@ -120,6 +125,14 @@ class DemoRun:
         self.stop()
 
     def start(self, timeout_s: float = 20.0) -> dict[str, dict]:
+        for spec in self.specs:
+            for vcpu in spec["vcpus"]:
+                for proc in vcpu["processes"]:
+                    if "native_pin" in proc:  # the same binary and arguments, on the host
+                        self.native.append(subprocess.Popen(
+                            ["taskset", "-c", str(proc["native_pin"]), proc["path"], *proc["argv"][1:]],
+                            cwd=proc.get("dir") or self.bundle_root, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for spec in self.specs:
             proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui.demo.vmm", json.dumps(spec)],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -178,6 +191,10 @@ class DemoRun:
 
     def stop(self) -> dict[str, dict]:
         """Stop every VM (SIGTERM, then SIGKILL after 5 s) and return the ground truth."""
+        for p in self.native:
+            if p.poll() is None:
+                p.terminate()
+            p.wait()
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

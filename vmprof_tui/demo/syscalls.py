@@ -239,6 +239,14 @@ class SyscallServer:
     def sys_open(self, path_ptr: int, flags: int, mode: int) -> int:
         return self.sys_openat(AT_FDCWD & 0xFFFFFFFF, path_ptr, flags, mode)
 
+    def sys_dup(self, fd: int) -> int:
+        f = self._file(fd)
+        free = next((i for i in range(MAX_FDS) if i not in self.files), None)
+        if free is None:
+            return -errno.EMFILE
+        self.files[free] = OpenFile(None if f.fd is None else os.dup(f.fd), f.path, f.console)
+        return free
+
     def sys_close(self, fd: int) -> int:
         f = self._file(fd)
         del self.files[_signed32(fd)]
@@ -469,7 +477,8 @@ HANDLERS: dict[int, tuple[str, Callable[..., Reply | int]]] = {
     4: ("stat", S.sys_stat), 5: ("fstat", S.sys_fstat), 6: ("lstat", S.sys_lstat), 8: ("lseek", S.sys_lseek),
     9: ("mmap", S.sys_mmap), 10: ("mprotect", S.sys_mprotect), 11: ("munmap", S.sys_munmap),
     12: ("brk", S.sys_brk), 13: ("rt_sigaction", S.sys_zero), 14: ("rt_sigprocmask", S.sys_zero),
-    16: ("ioctl", S.sys_ioctl), 17: ("pread64", S.sys_pread64), 18: ("pwrite64", S.sys_pwrite64),
+    16: ("ioctl", S.sys_ioctl), 32: ("dup", S.sys_dup), 17: ("pread64", S.sys_pread64),
+    18: ("pwrite64", S.sys_pwrite64),
     19: ("readv", S.sys_readv), 20: ("writev", S.sys_writev), 21: ("access", S.sys_access),
     24: ("sched_yield", S.sys_zero), 28: ("madvise", S.sys_zero), 35: ("nanosleep", S.sys_nanosleep),
     39: ("getpid", S.sys_getpid), 60: ("exit", S.sys_exit), 63: ("uname", S.sys_uname),
