@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, record_scenario, vmprof
 
 from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.demo import runner, scenarios, workloads
 
@@ -21,7 +23,7 @@ KERNEL_FUNCTIONS = {"syscall_entry", "do_syscall", "call_vmm", "set_fs_base", "k
 
 def static_program(tmp: Path, name: str) -> Path:
     out = tmp / name
-    subprocess.run(["gcc", "-static", "-O2", "-fno-omit-frame-pointer", "-o", str(out),
+    subprocess.run(["gcc", "-static", "-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-o", str(out),
                     str(ROOT / "tests" / "data" / "guest" / f"{name}.c")], check=True)
     return out
 
@@ -133,3 +135,21 @@ def test_native_vs_guest_runs_the_same_binary_on_the_host_beside_the_vm() -> Non
         guest = run.ready["guest"]["processes"][0]
         assert Path(guest["elf"]).name == "shor"
     assert native.poll() is not None  # stopped with the VM
+
+
+def test_record_g_chains_run_from_the_guest_kernel_into_user_code(tmp_path: Path) -> None:
+    """record -g of a real program: a guest-kernel sample's chain is syscall_entry → do_syscall → call_vmm below the
+    user function that made the call (the kernel's entry frame links to the user RIP and RBP)."""
+    program = static_program(tmp_path, "syscall_heavy")
+    r = record_scenario(tmp_path, [real_vm("real", program, ["2.5"], tmp_path)], 4.0, frequency=2000, stacks=True)
+    ws = CallGraph(Analysis(r.rec)).weighted("guest", "real")
+    chains: Counter = Counter()
+    for path, ctx, n in zip(ws.paths, ws.contexts, ws.counts.tolist(), strict=True):
+        frames = tuple(f for f in path[ctx:] if f != PARTIAL)
+        if "call_vmm" in frames:
+            chains[frames] += n
+    print(chains.most_common(6))
+    kernel = ("syscall_entry", "do_syscall", "call_vmm")
+    into_user = sum(n for c, n in chains.items() if c[-3:] == kernel and c[-4] in ("pread64", "pwrite64",
+                                                                                   "clock_gettime"))
+    assert into_user >= 0.8 * sum(chains.values()) > 0

@@ -38,7 +38,8 @@ from vmprof_tui.demo.usermem import UserMemory, page_up
 KERNEL_BASE = 0xFFFFFFFF80000000
 KFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie", "-fno-pic",
           "-mcmodel=kernel", "-mno-red-zone", "-mgeneral-regs-only", "-fno-stack-protector", "-fcf-protection=none",
-          "-fno-asynchronous-unwind-tables", "-fno-omit-frame-pointer", "-Wl,--build-id=none"]
+          "-fno-asynchronous-unwind-tables", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer",
+          "-Wl,--build-id=none"]
 USER_STACK_BYTES = 8 << 20
 MAILBOX = struct.Struct("<Q6QQQQQQQQ")  # kernel.h struct mailbox: nr, args, ret, rip, rsp, vector, error, cr2, fs_base
 RET_OFFSET, FS_BASE_OFFSET = 56, 104
