@@ -142,7 +142,7 @@ def test_unterminated_path_is_efault() -> None:
 
 
 def test_huge_brk_and_mmap_fail_cleanly() -> None:
-    s, _, _ = server()
+    s, _, notices = server()
     assert call(s, 12, 0) == BRK
     assert call(s, 12, BRK + (1 << 40)) == BRK  # the break does not move
     assert call(s, 12, BRK + MEM) == BRK  # more than guest memory
@@ -151,6 +151,8 @@ def test_huge_brk_and_mmap_fail_cleanly() -> None:
     assert call(s, 9, 0, 1 << 40, 3, 0x22, (1 << 64) - 1, 0) == -errno.ENOMEM
     assert call(s, 9, 0, MEM - PAGE, 3, 0x22, (1 << 64) - 1, 0) == -errno.ENOMEM  # fits the check, not the memory
     assert call(s, 9, 0, 0, 3, 0x22, (1 << 64) - 1, 0) == -errno.EINVAL
+    assert notices == [f"{n} at rip 0x401000 asked for more than the VM's free guest memory: it fails (raise --mem)"
+                       for n in ("brk", "mmap")]  # one line per call, however often it is retried
 
 
 def test_mmap_reuses_unmapped_pages_zeroed_and_backs_reservations() -> None:

@@ -96,6 +96,7 @@ class SyscallServer:
     output_bytes: int = 0
     dropped_output: int = 0
     fs_base: int = 0
+    short_of_memory: set[str] = field(default_factory=set)  # calls already noticed failing for lack of memory
 
     def __post_init__(self) -> None:
         for i in range(3):
@@ -122,12 +123,19 @@ class SyscallServer:
             self.notice(f"{name} at rip {rip:#x}: guest pointer {e} is not mapped user memory: it returns EFAULT")
             reply = Reply(-errno.EFAULT)
         except MemoryError:
-            reply = Reply(-errno.ENOMEM)
+            self._memory_notice(name, rip)
+            reply = Reply(self.memory.brk if name == "brk" else -errno.ENOMEM)
         except OSError as e:
             reply = Reply(-(e.errno or errno.EIO))
         except (OverflowError, ValueError):  # a number the host call cannot take
             reply = Reply(-errno.EINVAL)
         return reply if isinstance(reply, Reply) else Reply(reply)
+
+    def _memory_notice(self, name: str, rip: int) -> None:
+        if name not in self.short_of_memory:  # once per call: a libc may retry smaller
+            self.short_of_memory.add(name)
+            self.notice(f"{name} at rip {rip:#x} asked for more than the VM's free guest memory: it fails "
+                        "(raise --mem)")
 
     def account(self, nr: int, ns: int) -> None:
         name = HANDLERS[nr][0] if nr in HANDLERS else f"syscall_{nr}"
@@ -349,13 +357,16 @@ class SyscallServer:
 
     # -- memory ------------------------------------------------------------------
     def sys_brk(self, addr: int) -> int:
-        return self.memory.set_brk(addr)
+        new = self.memory.set_brk(addr)
+        if addr > new:
+            raise MemoryError  # the break did not move: brk(2) then returns the old break, as here
+        return new
 
     def sys_mmap(self, addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
         if length == 0 or addr & 0xFFF or offset & 0xFFF:
             return -errno.EINVAL
         if page_up(length) > self.memory.memory.size:
-            return -errno.ENOMEM
+            raise MemoryError
         fixed = flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)
         host = None
         if not flags & MAP_ANONYMOUS:
