@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             demo.stop()
             return fail(str(e))
         truth = demo.stop()
+        _show_output(demo.output, 0, False)  # what real programs wrote while the screen was up
         print(format_truth(truth))
         return 1 if demo.faults else 0
     else:
