@@ -153,3 +153,11 @@ def test_record_g_chains_run_from_the_guest_kernel_into_user_code(tmp_path: Path
     into_user = sum(n for c, n in chains.items() if c[-3:] == kernel and c[-4] in ("pread64", "pwrite64",
                                                                                    "clock_gettime"))
     assert into_user >= 0.8 * sum(chains.values()) > 0
+
+
+@pytest.mark.parametrize("args,why", [(["--mem", "5X"], "is not a guest memory size"),
+                                      (["--mem", "1T"], "is not a guest memory size"),
+                                      (["--dir", "/nonexistent-dir"], "is not a directory")])
+def test_bad_real_program_options_are_one_line(args: list[str], why: str) -> None:
+    p = vmprof("demo", "--scenario", "custom", "--exec", str(BUSYBOX), *args, "--no-tui", "-d", "1")
+    assert p.returncode == 2 and why in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
