@@ -110,20 +110,24 @@ def test_real_workload_runs_natively_and_in_a_vm(name: str, args: list[str], tmp
 
 def test_smp2_each_vcpu_profile_and_steal_against_the_vmm(tmp_path: Path) -> None:
     """002 Tables 10-11: one VM, 2 vCPUs on 2 pCPUs, shor and gzip: each vCPU's profile is its program's and its
-    type-1 steal is its thread's run-queue wait as the kernel counts it (the VMM's schedstat), within 1 point."""
+    steal while runnable is its thread's run-queue wait as the kernel counts it (the VMM's schedstat), within 1
+    point.  That is type 1 and the VMM-blocked steal: a vCPU thread that blocked outside KVM_RUN (the syscall-heavy
+    gzip's VMM waits for Python's lock) is type 2 to vmprof, and its wait for the pCPU after the wake-up is in the
+    kernel's run-queue wait."""
     r = record_scenario(tmp_path, "smp2", 4.0)
     truth = r.truth["smp2"]
     assert not truth["faults"]
     an = Analysis(r.rec)
-    for v, program in zip(truth["vcpus"], ("shor", "gzip"), strict=True):
+    steal = vcpu_steal(an, "smp2")
+    for v, s, program in zip(truth["vcpus"], steal, ("shor", "gzip"), strict=True):
         g = an.guest_profile("smp2", vcpu=v["vcpu"])
         processes = {row.process for row in g.rows if row.process}
-        type1 = 100 * sum(x.samples for x in g.rows if x.kind.steal_type == 1) / g.total_samples
+        waiting = 100 * (s["steal_type1_s"] + s["type2_by_exit_s"].get("vmm blocked", 0.0)) / s["wall_s"]
         want = 100 * v["run_delay_ns"] / v["wall_ns"]
-        print(f"vcpu{v['vcpu']} ({program}, pCPU {v['pin']}): processes {processes}, type 1 steal {type1:.2f}% "
-              f"(run-queue wait {want:.2f}%), ratios {g.ratios}")
+        print(f"vcpu{v['vcpu']} ({program}, pCPU {v['pin']}): processes {processes}, type 1 + vmm blocked "
+              f"{waiting:.2f}% (run-queue wait {want:.2f}%), ratios {g.ratios}")
         assert processes == {program}
-        assert abs(type1 - want) <= 1
+        assert abs(waiting - want) <= 1
 
 
 def test_native_vs_guest_runs_the_same_binary_on_the_host_beside_the_vm() -> None:
