@@ -204,3 +204,15 @@ def test_initial_stack_holds_argv_envp_and_auxv() -> None:
     aux = dict(zip(words[6::2], words[7::2], strict=False))
     assert aux[3] == 0x400040 and aux[5] == 9 and aux[6] == PAGE and aux[9] == 0x401000
     assert len(s.memory.read(aux[25], 16)) == 16  # AT_RANDOM
+
+
+def test_fixed_mappings_and_mprotect_stay_in_user_memory() -> None:
+    s, _, _ = server()
+    kernel = guestos.KERNEL_BASE
+    for addr in (kernel, guestos.STACK_TOP - PAGE, 0, 0x7FE000000000):  # the kernel, the stack, page 0, the doorbell
+        assert call(s, 9, addr, PAGE, 3, 0x32, (1 << 64) - 1, 0) == -errno.EINVAL  # MAP_FIXED|MAP_ANONYMOUS|PRIVATE
+    before = dict(s.memory.pages)
+    assert call(s, 10, kernel, 16 * PAGE, 7) == 0 and call(s, 10, 0x1000000, 16 * PAGE, 3) == 0
+    assert s.memory.pages == before  # nothing mapped outside the process's mmap areas
+    a = call(s, 9, 0x10000000, 2 * PAGE, 3, 0x32, (1 << 64) - 1, 0)
+    assert a == 0x10000000 and s.memory.read(a, 8) == bytes(8)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vmprof_tui.demo.usermem import GuestFault, UserMemory, page_up
+from vmprof_tui.demo.usermem import USER_TOP, BadRange, GuestFault, UserMemory, page_up
 from vmprof_tui.libc import LIBC
 
 MAX_IO = 16 << 20  # bytes one read or write moves at most (a short count, as Linux may return)
@@ -127,7 +127,7 @@ class SyscallServer:
             reply = Reply(self.memory.brk if name == "brk" else -errno.ENOMEM)
         except OSError as e:
             reply = Reply(-(e.errno or errno.EIO))
-        except (OverflowError, ValueError):  # a number the host call cannot take
+        except (OverflowError, ValueError, BadRange):  # a number the host call (or the address space) cannot take
             reply = Reply(-errno.EINVAL)
         return reply if isinstance(reply, Reply) else Reply(reply)
 
@@ -389,7 +389,7 @@ class SyscallServer:
         if addr & 0xFFF:
             return -errno.EINVAL
         if prot and length:
-            self.memory.protect(addr, addr + page_up(length))
+            self.memory.protect(addr, addr + page_up(min(length, USER_TOP)), prot)
         return 0
 
     def sys_arch_prctl(self, code: int, addr: int) -> Reply | int:

@@ -15,11 +15,16 @@ from dataclasses import dataclass
 from vmprof_tui.demo.loader import PAGE, PageTable
 
 MMAP_TOP = 0x7F0000000000  # mmap areas are placed top-down below this, far above any break
+MMAP_FLOOR = 0x10000  # fixed mappings go between this and MMAP_TOP (below the stack, the doorbell and the kernel)
 USER_TOP = 0x7FFFFFFFF000
 
 
 class GuestFault(Exception):
     """A guest pointer that is not mapped user memory (the call fails with EFAULT)."""
+
+
+class BadRange(ValueError):
+    """A fixed mapping outside the mmap range (the call fails with EINVAL)."""
 
 
 def page_down(va: int) -> int:
@@ -138,6 +143,8 @@ class UserMemory:
         size = page_up(length)
         if start is None:
             start = self._free_gap(size)
+        elif not MMAP_FLOOR <= start <= MMAP_TOP - size:  # nothing fixed over the stack, doorbell or kernel
+            raise BadRange(f"{start:#x}+{size:#x}")
         self.remove_areas(start, start + size)
         if prot != 0:
             self.map_zeroed(start, start + size)
@@ -157,14 +164,21 @@ class UserMemory:
                 kept.append(Area(end, a.end, a.prot, a.path))
         self.areas = sorted(kept)
 
-    def protect(self, start: int, end: int) -> None:
-        """mprotect(2) to an accessible protection: back what was reserved."""
-        va = start
-        while va < end:
-            if va not in self.pages:
-                run = va
-                while run < end and run not in self.pages:
-                    run += PAGE
-                self.map_zeroed(va, run)
-                va = run
-            va += PAGE
+    def protect(self, start: int, end: int, prot: int) -> None:
+        """mprotect(2) to an accessible protection: back what it makes accessible of a PROT_NONE reservation (and
+        nothing outside the process's mmap areas)."""
+        for area in self.areas:
+            lo, hi = max(area.start, start), min(area.end, end)
+            if lo >= hi:
+                continue
+            va = lo
+            while va < hi:
+                if va not in self.pages:
+                    run = va
+                    while run < hi and run not in self.pages:
+                        run += PAGE
+                    self.map_zeroed(va, run)
+                    va = run
+                va += PAGE
+            if lo == area.start and hi == area.end:
+                area.prot = prot

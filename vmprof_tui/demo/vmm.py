@@ -343,7 +343,11 @@ class VcpuThread(threading.Thread):
         if not mmio.is_write or port not in (guestos.PORT_SYSCALL, guestos.PORT_FAULT) or proc.kernel is None:
             return False
         assert proc.server is not None
-        reply, what = guestos.serve_mailbox(self.vm.kvm_vm.memory, proc.kernel, proc.server, port)
+        try:
+            reply, what = guestos.serve_mailbox(self.vm.kvm_vm.memory, proc.kernel, proc.server, port)
+        except Exception as e:  # noqa: BLE001 - a call the server could not handle ends its process, not the VM
+            self._end(proc, f"the VMM failed serving a system call: {type(e).__name__}: {e}", now)
+            return True
         if what:
             self._end(proc, what, now, rip=reply.nr)
             return True
