@@ -253,3 +253,23 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 		throttle_end(next, next_tid);
 	return 0;
 }
+
+/* Every return of KVM_RUN to the VMM (kvm_userspace_exit), by thread and kvm_run exit reason: what the VMM
+ * serves then is type-2 steal (the analysis names it by these reasons), and the count is the number of
+ * exits it served (a demo VM's system calls: its MMIO doorbells). */
+struct vmm_exit_key {
+	u32 tid;
+	u32 reason;
+};
+BPF_HASH(vmm_exits, struct vmm_exit_key, u64, 16384);
+
+RAW_TRACEPOINT_PROBE(kvm_userspace_exit)
+{
+	/* TP_PROTO(__u32 reason, int errno) */
+	struct vmm_exit_key key = {.tid = (u32)bpf_get_current_pid_tgid(), .reason = (u32)ctx->args[0]};
+	u64 zero = 0;
+	u64 *n = vmm_exits.lookup_or_try_init(&key, &zero);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	return 0;
+}

@@ -12,7 +12,9 @@ die() { printf 'bootstrap: error: %s\n' "$*" >&2; exit 1; }
 kver=$(uname -r)
 # golang-go and npm: the consumers the output tests load vmprof's files with (go tool pprof, speedscope's schema);
 # linux-perf: the reference the call-stack tests compare host chains with (perf record -g)
-pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus golang-go linux-perf)
+# busybox-static and the static -dev libraries: the real programs the demo guest kernel runs (docs/demo.md)
+pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus golang-go linux-perf
+      busybox-static libquantum-dev zlib1g-dev liblzma-dev libsqlite3-dev liblua5.4-dev)
 command -v npm >/dev/null || pkgs+=(npm)  # a nodejs package may bring its own npm
 [ -e "/lib/modules/$kver/build/Makefile" ] || pkgs+=(linux-headers-amd64)
 missing=()

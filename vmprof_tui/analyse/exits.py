@@ -27,6 +27,12 @@ X86_EXCEPTIONS = ("#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF",
                   "#NP", "#SS", "#GP", "#PF", "reserved 15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP")
 
 
+# struct kvm_run's exit_reason: why KVM_RUN returned to the VMM (include/uapi/linux/kvm.h)
+KVM_RUN_EXITS = {0: "UNKNOWN", 1: "EXCEPTION", 2: "IO", 3: "HYPERCALL", 4: "DEBUG", 5: "HLT", 6: "MMIO",
+                 7: "IRQ_WINDOW_OPEN", 8: "SHUTDOWN", 9: "FAIL_ENTRY", 10: "INTR", 17: "INTERNAL_ERROR",
+                 24: "SYSTEM_EVENT", 29: "X86_RDMSR", 30: "X86_WRMSR"}
+
+
 SVM_NAMES = {0x60: "INTR", 0x61: "NMI", 0x72: "CPUID", 0x77: "PAUSE", 0x78: "HLT", 0x7B: "IOIO", 0x7C: "MSR",
              0x81: "VMMCALL", 0x400: "NPF"}
 

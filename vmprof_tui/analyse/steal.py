@@ -59,6 +59,17 @@ def type1_by_cause_between(tl: VcpuTimeline, lo: int, hi: int) -> dict[str, floa
     return out
 
 
+def exits_to_vmm(an: Analysis, tid: int) -> dict[str, int]:
+    """How often KVM_RUN returned to the VMM for this vCPU thread during the recording, by kvm_run exit reason
+    (recorded by the sched program; empty for recordings made before it counted them)."""
+    counts = ((an.rec.end or {}).get("vmm_exits") or {}).get(str(tid)) or {}
+    out: dict[str, int] = {}
+    for reason, n in counts.items():
+        name = exits.KVM_RUN_EXITS.get(int(reason), f"exit {reason}")
+        out[name] = out.get(name, 0) + int(n)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     """Per vCPU of `vm`: guest, idle and steal time, type 1 by cause and by who held the pCPU, type 2 by
     exit reason, co-stop, halt polling, and the host's own run-queue wait beside vmprof's."""
@@ -78,7 +89,13 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
             by_exit[exits.exit_category(an.backend, int(reason))] += float(n) * period
             by_name[exits.exit_name(an.backend, int(reason))] += float(n) * period
         vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
-        if vmm_user:
+        to_vmm = exits_to_vmm(an, tl.tid)
+        total_exits = sum(to_vmm.values())
+        if vmm_user and total_exits:
+            # what the VMM did in user space, shared among the exits it served by their counts
+            for name, n in to_vmm.items():
+                by_exit[f"vmm user space ({name})"] += float(vmm_user) * period * n / total_exits
+        elif vmm_user:
             by_exit["vmm user space"] += float(vmm_user) * period
         split = an.blank_split(tl, in_ns=True)
         idle = split.get(IDLE_CAUSE, 0.0)
@@ -108,6 +125,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
             "type2_in_kvm_by_exit_name_s": {k: v / 1e9 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])},
+            **({"exits_to_vmm": to_vmm} if to_vmm else {}),  # a recording's (not a live window's)
             # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
             "skew_s": tl.skew_ns / 1e9,
             # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same

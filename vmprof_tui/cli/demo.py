@@ -16,6 +16,9 @@ EXAMPLES = """examples:
   vmprof demo --scenario custom --vms 2 --vcpus 2 --program compute \\
               --program jacobi --pin 1
   vmprof demo --scenario halt -d 5 --json   description and ground truth
+  vmprof demo --scenario custom --exec /bin/busybox --arg sha256sum --arg /f --dir DIR
+                                       a real static program on the guest kernel
+  vmprof demo --scenario custom --program gzip -d 10   a real workload
   vmprof demo --list                   the scenarios"""
 
 
@@ -35,29 +38,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("custom scenario")
     g.add_argument("--vms", type=int, default=1, metavar="N", help="number of VMs")
     g.add_argument("--vcpus", type=int, default=1, metavar="N", help="vCPUs per VM")
-    g.add_argument("--program", action="append", choices=programs.NAMES, metavar="NAME",
-                   help=f"guest program per vCPU, repeatable: {', '.join(programs.NAMES)} (default: compute)")
+    names = (*programs.NAMES, *scenarios.REAL_PROGRAMS)
+    g.add_argument("--program", action="append", choices=names, metavar="NAME",
+                   help=f"guest program per vCPU, repeatable: {', '.join(names)} (default: compute); "
+                   f"{', '.join(scenarios.REAL_PROGRAMS)} are real programs on the guest kernel, one vCPU each")
     g.add_argument("--pin", type=int, default=None, metavar="CPU", help="pin every vCPU to this pCPU")
     g.add_argument("--busy-ms", type=int, default=10, metavar="MS", help="duty program busy time")
     g.add_argument("--idle-ms", type=int, default=20, metavar="MS", help="duty program idle time")
+    g.add_argument("--exec", metavar="PATH", help="run this static x86-64 program on the demo guest kernel")
+    g.add_argument("--arg", action="append", default=[], metavar="ARG", help="an argument of the real program "
+                   "(repeatable)")
+    g.add_argument("--dir", metavar="HOSTDIR", help="the host directory the real program's files are confined to "
+                   "(its /; default: none)")
+    g.add_argument("--mem", default=f"{scenarios.REAL_MEM_MB}M", metavar="SIZE",
+                   help=f"guest memory of a real program's VM, e.g. 512M, 2G (default {scenarios.REAL_MEM_MB}M)")
+
+
+def _mem_mb(text: str) -> int | None:
+    """512M, 2G or a number of MiB; None if not a size."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"M": 1, "G": 1024}.get(t[-1:], 0)
+    digits = t[:-1] if scale else t
+    if not digits.isdigit():
+        return None
+    return int(digits) * (scale or 1)
 
 
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.cli.top import run_top
-    from vmprof_tui.demo import runner, scenarios
+    from vmprof_tui.demo import programs, runner, scenarios
     from vmprof_tui.demo.truth import format_truth, load_line
 
     if args.list:
         for name in scenarios.NAMES:
             print(f"{name:12} {scenarios.DESCRIPTIONS[name]}")
         return 0
+    mem_mb = _mem_mb(args.mem)
+    if mem_mb is None or not 16 <= mem_mb <= 65536:
+        return _usage(f"--mem {args.mem!r} is not a guest memory size between 16M and 64G (e.g. 512M, 2G)")
+    if (args.exec or args.arg or args.dir) and args.scenario != "custom":
+        return _usage("--exec, --arg and --dir belong to --scenario custom")
     custom = scenarios.Custom(vms=args.vms, vcpus=args.vcpus, programs=tuple(args.program or ["compute"]),
-                              pin=args.pin, busy_ms=args.busy_ms, idle_ms=args.idle_ms)
+                              pin=args.pin, busy_ms=args.busy_ms, idle_ms=args.idle_ms, exec=args.exec,
+                              args=tuple(args.arg), dir=args.dir, mem_mb=mem_mb)
     try:
         specs = runner.scenario_specs(args.scenario, custom)
         demo = runner.DemoRun(specs, duration_s=args.duration)
         ready = demo.start()
-    except (runner.DemoError, OSError) as e:
+    except runner.BadRealProgram as e:
+        return _usage(str(e))
+    except (runner.DemoError, OSError, programs.BuildError) as e:
         return fail(str(e))
     stopped = stop_on_signals()
     if args.json:
@@ -69,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             demo.stop()
             return fail(str(e))
         truth = demo.stop()
+        _show_output(demo.output, 0, False)  # what real programs wrote while the screen was up
         print(format_truth(truth))
         return 1 if demo.faults else 0
     else:
@@ -77,19 +108,44 @@ def run(args: argparse.Namespace) -> int:
             + ("; Ctrl-C stops" if not args.duration else ""), flush=True)
     start = last_print = time.monotonic()
     cpu: dict[tuple[int, int], int] = {}
+    shown = 0
     while demo.alive() and not stopped():
         time.sleep(0.1)
+        shown = _show_output(demo.output, shown, args.json)
         now = time.monotonic()
         if not args.json and now - last_print >= 1.0:
             print(load_line(ready, cpu, now - last_print, now - start), flush=True)
             last_print = now
     truth = demo.stop()
+    _show_output(demo.output, shown, args.json)
     if args.json:
-        print(json.dumps({"truth": [truth[n] for n in ready if n in truth], "faults": demo.faults}))
+        print(json.dumps({"truth": [truth[n] for n in ready if n in truth], "faults": demo.faults,
+                          "output": demo.output}))
     else:
         for fault in demo.faults:
             rip = f"{fault['rip']:#x}" if fault.get("rip") is not None else "?"
+            ended = "that process was ended" if fault.get("ended") == "process" else "that VM was stopped"
             print(f"vmprof demo: VM {fault['vm']}: guest process {fault['pid']} ({fault['process']}) "
-                  f"faulted at rip {rip}: {fault['what']}; that VM was stopped", file=sys.stderr)
+                  f"faulted at rip {rip}: {fault['what']}; {ended}", file=sys.stderr)
         print(format_truth(truth))
     return 1 if demo.faults else 0
+
+
+def _usage(message: str) -> int:
+    print(f"vmprof demo: {message}", file=sys.stderr)
+    return 2
+
+
+def _show_output(events: list[dict], shown: int, as_json: bool) -> int:
+    """Print what real programs wrote (stdout to stdout, stderr to stderr) and the notices about their system
+    calls, from `shown` on; returns how many events are printed.  With --json they go into the final object."""
+    if as_json:
+        return len(events)
+    for event in events[shown:]:
+        if event["event"] == "output":
+            (sys.stdout if event["fd"] == 1 else sys.stderr).write(event["text"])
+        else:
+            print(f"vmprof demo: VM {event['vm']}: guest process {event['pid']} ({event['process']}): "
+                  f"{event['what']}", file=sys.stderr)
+    sys.stdout.flush()
+    return len(events)

@@ -262,6 +262,14 @@ class Collector:
             self._known_stacks.add(sid)
         return new
 
+    def vmm_exits(self) -> dict[str, dict[str, int]]:
+        """Returns of KVM_RUN to the VMM so far: thread id -> kvm_run exit reason (a number) -> count."""
+        out: dict[str, dict[str, int]] = {}
+        if self._bpf is not None:
+            for key, value in self._bpf["vmm_exits"].items():
+                out.setdefault(str(key.tid), {})[str(key.reason)] = int(value.value)
+        return out
+
     def lost(self) -> dict[str, list[int]]:
         """Records dropped because a ring buffer was full, per CPU."""
         return {name: [int(v) for v in self._bpf[f"{name}_lost"][ctypes.c_int(0)]]

@@ -114,6 +114,7 @@ class CollectionSession:
         self.collector = Collector(self.backend, frequency=frequency, event=event, stacks=stacks,
                                    stack_map_entries=stack_map_entries, host_counts=host_counts)
         self.lbr = LbrCollector(lbr) if lbr is not None else None
+        self.vmm_exits: dict[str, dict[str, int]] = {}  # returns of KVM_RUN to the VMM by thread, at the end
         if lbr is not None and not lbr.standin:
             caps = detect(lbr.effective.branch_filter)
             if not caps.ok:
@@ -247,6 +248,7 @@ class CollectionSession:
             self.lbr.disable()  # the counters read next are then final
         chunk = self.poll(discover_every_s=0.0)
         lost = self.lost()
+        self.vmm_exits = self.collector.vmm_exits()
         self.close()
         return chunk, lost
 

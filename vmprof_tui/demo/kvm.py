@@ -102,6 +102,9 @@ KVM_SET_FPU = _ioc(_IOC_WRITE, 0x8D, 416)
 KVM_SET_MP_STATE = _ioc(_IOC_WRITE, 0x99, 4)
 KVM_CREATE_IRQCHIP = _ioc(0, 0x60, 0)
 KVM_GET_STATS_FD = _ioc(0, 0xCE, 0)
+KVM_GET_SUPPORTED_CPUID = _ioc(_IOC_READ | _IOC_WRITE, 0x05, 8)  # struct kvm_cpuid2 header
+KVM_SET_CPUID2 = _ioc(_IOC_WRITE, 0x90, 8)
+KVM_SET_MSRS = _ioc(_IOC_WRITE, 0x89, 8)  # struct kvm_msrs header
 KVM_SET_SIGNAL_MASK = _ioc(_IOC_WRITE, 0x8B, 4)  # struct kvm_signal_mask { __u32 len; __u8 sigset[]; }
 MP_STATE_RUNNABLE, MP_STATE_HALTED = 0, 3
 
@@ -226,6 +229,21 @@ class Vcpu:
             return out
         finally:
             os.close(fd)
+
+    def set_supported_cpuid(self, kvm_fd: int) -> None:
+        """Give the guest the CPUID leaves KVM supports (a real program's libc picks its code by them)."""
+        count = 256
+        buf = ctypes.create_string_buffer(8 + 40 * count)  # struct kvm_cpuid2 + kvm_cpuid_entry2[count]
+        struct.pack_into("<I", buf, 0, count)
+        ioctl(kvm_fd, KVM_GET_SUPPORTED_CPUID, ctypes.addressof(buf))
+        ioctl(self.fd, KVM_SET_CPUID2, ctypes.addressof(buf))
+
+    def set_msrs(self, values: dict[int, int]) -> None:
+        """KVM_SET_MSRS; KvmError if KVM took fewer than all of them."""
+        buf = ctypes.create_string_buffer(struct.pack("<II", len(values), 0) + b"".join(
+            struct.pack("<IIQ", index, 0, value) for index, value in values.items()))
+        if ioctl(self.fd, KVM_SET_MSRS, ctypes.addressof(buf)) != len(values):
+            raise KvmError(errno.EINVAL, f"KVM_SET_MSRS refused one of {', '.join(map(hex, values))}")
 
     def get_regs(self) -> KvmRegs:
         regs = KvmRegs()

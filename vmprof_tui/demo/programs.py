@@ -51,31 +51,33 @@ def program_path(name: str) -> Path:
                     (src / "guest_rt.h", src / "stack_rt.h"))
 
 
-def compiled(source: Path, flags: list[str], name: str, what: str, headers: tuple[Path, ...] = ()) -> Path:
-    """`source` (and the `headers` it includes, from their folder) built with `flags` into the cache as `name`,
-    once per their bytes and the flags: every run uses exactly what the sources say.  `what` names it in errors."""
+def compiled(source: Path, flags: list[str], name: str, what: str, headers: tuple[Path, ...] = (),
+             more_sources: tuple[Path, ...] = (), libs: tuple[str, ...] = ()) -> Path:
+    """`source` (with `more_sources`, and the `headers` it includes, from their folder) built with `flags` into
+    the cache as `name`, once per their bytes and the flags: every run uses exactly what the sources say.
+    `what` names it in errors."""
     digest = hashlib.sha256()
-    for part in (source, *headers):
+    for part in (source, *more_sources, *headers):
         digest.update(part.read_bytes())
-    digest.update(" ".join(flags).encode())
+    digest.update(" ".join([*flags, *libs]).encode())
     out = cache_dir() / digest.hexdigest()[:16] / name
     if not out.exists():
-        _compile(source, out, [*flags, *{f"-I{h.parent}" for h in headers}], what)
+        _compile([source, *more_sources], out, [*flags, *{f"-I{h.parent}" for h in headers}], what, libs)
     return out
 
 
 def build(source: Path, out: Path, extra_flags: tuple[str, ...] = ()) -> None:
     """Compile one guest program (it may include guest_rt.h) to `out`."""
-    _compile(source, out, [*CFLAGS, *extra_flags, f"-I{_source_dir()}"], "the demo guest programs")
+    _compile([source], out, [*CFLAGS, *extra_flags, f"-I{_source_dir()}"], "the demo guest programs")
 
 
-def _compile(source: Path, out: Path, flags: list[str], what: str) -> None:
+def _compile(sources: list[Path], out: Path, flags: list[str], what: str, libs: tuple[str, ...] = ()) -> None:
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise BuildError(f"no C compiler found to build {what}: apt-get install gcc")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    proc = subprocess.run([cc, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True)
+    proc = subprocess.run([cc, *flags, "-o", str(tmp), *map(str, sources), *libs], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"building {source.name} failed: {proc.stderr.strip()[:500]}")
+        raise BuildError(f"building {sources[0].name} failed: {proc.stderr.strip()[:500]}")
     tmp.rename(out)

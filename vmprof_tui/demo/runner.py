@@ -14,11 +14,16 @@ import threading
 import time
 from pathlib import Path
 
-from vmprof_tui.demo import kvm, programs, scenarios
+from vmprof_tui.demo import guestos, kvm, programs, scenarios, workloads
+from vmprof_tui.demo.loader import BadProgram, check_program
 
 
 class DemoError(RuntimeError):
     pass
+
+
+class BadRealProgram(DemoError):
+    """A real program the guest kernel cannot run (bad usage: the CLI exits 2)."""
 
 
 def tsc_ticks_per_ms() -> int:
@@ -60,12 +65,34 @@ def resolve_specs(specs: list[dict], bundle_root: Path, duration_s: float | None
             if vcpu.get("pin") is not None and vcpu["pin"] >= cpus:
                 vcpu["pin"] = cpus - 1
             for proc in vcpu["processes"]:
+                if "argv" in proc:  # a real program, run by the guest kernel
+                    proc["path"] = str(real_program(proc))
+                    spec["kernel"] = str(guestos.kernel_path())
+                    if proc.get("dir") is None:  # its files: a fresh empty directory, gone with the run's folder
+                        files = bundle_root / f"{spec['name']}-files"
+                        files.mkdir(parents=True, exist_ok=True)
+                        proc["dir"] = str(files)
+                    continue
                 proc["path"] = str(programs.program_path(proc["program"]))
                 proc["name"] = proc["program"]
                 if proc["program"] in ("duty", "load", "blink"):  # they pace themselves by the TSC
                     tsc = tsc or tsc_ticks_per_ms()
                     proc["args"][2] = tsc
     return specs
+
+
+def real_program(proc: dict) -> Path:
+    """The ELF file of a real program (a user's --exec, or a workload built from Debian's libraries), checked:
+    DemoError with one line for what the guest kernel cannot run."""
+    path = Path(proc["exec"]) if "exec" in proc else workloads.program_path(proc["program"])
+    try:
+        check_program(path).stream.close()
+    except BadProgram as e:
+        raise BadRealProgram(str(e)) from None
+    if proc.get("dir") is not None and not Path(proc["dir"]).is_dir():
+        raise BadRealProgram(f"--dir {proc['dir']} is not a directory")
+    proc.setdefault("name", path.name)
+    return path
 
 
 class DemoRun:
@@ -81,9 +108,11 @@ class DemoRun:
         self.bundle_root = bundle_root
         self.specs = resolve_specs(specs, bundle_root, duration_s)
         self.procs: list[subprocess.Popen] = []
+        self.native: list[subprocess.Popen] = []  # real programs run natively beside their VM (native-vs-guest)
         self.ready: dict[str, dict] = {}
         self.truth: dict[str, dict] = {}
         self.faults: list[dict] = []
+        self.output: list[dict] = []  # what real programs wrote to stdout and stderr, and notices about them
         self.errors: list[str] = []
         self._readers: list[threading.Thread] = []
         self._cond = threading.Condition()
@@ -96,6 +125,14 @@ class DemoRun:
         self.stop()
 
     def start(self, timeout_s: float = 20.0) -> dict[str, dict]:
+        for spec in self.specs:
+            for vcpu in spec["vcpus"]:
+                for proc in vcpu["processes"]:
+                    if "native_pin" in proc:  # the same binary and arguments, on the host
+                        self.native.append(subprocess.Popen(
+                            ["taskset", "-c", str(proc["native_pin"]), proc["path"], *proc["argv"][1:]],
+                            cwd=proc.get("dir") or self.bundle_root, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for spec in self.specs:
             proc = subprocess.Popen([sys.executable, "-m", "vmprof_tui.demo.vmm", json.dumps(spec)],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -130,6 +167,8 @@ class DemoRun:
                     self.truth[name] = event
                 elif kind == "fault":
                     self.faults.append(event)
+                elif kind in ("output", "notice"):
+                    self.output.append(event)
                 self._cond.notify_all()
         err = proc.stderr.read().strip()
         with self._cond:
@@ -152,6 +191,10 @@ class DemoRun:
 
     def stop(self) -> dict[str, dict]:
         """Stop every VM (SIGTERM, then SIGKILL after 5 s) and return the ground truth."""
+        for p in self.native:
+            if p.poll() is None:
+                p.terminate()
+            p.wait()
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

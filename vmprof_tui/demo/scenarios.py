@@ -14,6 +14,10 @@ SHARED_CPU = 1
 THROTTLE_QUOTA_US = (30_000, 100_000)  # the throttled scenario's cpu.max: 30 ms of CPU every 100 ms
 
 
+REAL_MEM_MB = 512  # guest memory of a VM running a real program (--mem)
+REAL_PROGRAMS = ("shor", "gzip", "xz", "sqlite", "lua")  # built from Debian's static libraries (workloads.py)
+
+
 @dataclass
 class Custom:
     """The custom form: any mix of VMs, vCPUs, programs, pinning and duty cycle."""
@@ -23,6 +27,10 @@ class Custom:
     pin: int | None = None
     busy_ms: int = 10
     idle_ms: int = 20
+    exec: str | None = None  # a static x86-64 program of the user's, run by the guest kernel
+    args: tuple[str, ...] = ()
+    dir: str | None = None  # the host directory the program's files are confined to
+    mem_mb: int = REAL_MEM_MB
 
 
 def _proc(program: str, *args: int) -> dict:
@@ -72,8 +80,16 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
                 _vm("busy", _vcpu(cpu, _proc("compute")))]
     if name == "halt-poll":  # halts of ~100 us: KVM's halt polling (halt_poll_ns, 200 us here) ends them
         return [_vm("blink", _vcpu(cpu, _proc("blink", BLINK_BUSY_US, BLINK_IDLE_US, 0)))]
+    if name == "native-vs-guest":  # 002 Tables 3-4: shor in a VM, the same binary natively beside it (runner)
+        vm = real_vm("guest", Custom(programs=("shor",), pin=cpu))
+        vm["vcpus"][0]["processes"][0]["native_pin"] = 0
+        return [vm]
+    if name == "smp2":  # 002 Tables 10-11: one VM, 2 vCPUs on 2 pCPUs, a real program on each
+        return [real_vm("smp2", Custom(programs=("shor", "gzip")), pins=(0, cpu))]
     if name == "custom":
         c = custom or Custom()
+        if c.exec is not None or any(p in REAL_PROGRAMS for p in c.programs):
+            return [real_vm(f"vm{i}", c) for i in range(1, c.vms + 1)]
         vms = []
         for i in range(1, c.vms + 1):
             vcpus = []
@@ -85,8 +101,26 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
     raise KeyError(name)
 
 
+def real(program: str | None, exec_path: str | None, args: tuple[str, ...], directory: str | None) -> dict:
+    """A real program's process: a workload by name, or the user's ELF file."""
+    proc: dict = {"argv": [program or exec_path.rsplit("/", 1)[-1], *args], "dir": directory}  # type: ignore[union-attr]
+    if exec_path is not None:
+        proc["exec"] = exec_path
+    else:
+        proc["program"] = program
+    return proc
+
+
+def real_vm(name: str, c: Custom, pins: tuple[int, ...] = ()) -> dict:
+    """One VM whose vCPUs (one per real program) each run a real program alone, on the guest kernel; vCPU i is
+    pinned to pins[i] if given, else to c.pin."""
+    procs = [real(None, c.exec, c.args, c.dir)] if c.exec else [real(p, None, c.args, c.dir) for p in c.programs]
+    vcpus = (_vcpu(pins[i] if i < len(pins) else c.pin, p) for i, p in enumerate(procs))
+    return {**_vm(name, *vcpus), "mem_mb": c.mem_mb}
+
+
 NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "wakeup", "throttled",
-         "skew", "halt-poll", "custom")
+         "skew", "halt-poll", "native-vs-guest", "smp2", "custom")
 
 DESCRIPTIONS = {
     "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
@@ -101,5 +135,9 @@ DESCRIPTIONS = {
     "throttled": "a busy VM whose vCPU thread has a cpu.max quota of 30 ms per 100 ms (throttling)",
     "skew": f"a 2-vCPU VM (compute, jacobi) and a busy VM, all on CPU {SHARED_CPU} (co-stop)",
     "halt-poll": f"a VM busy {BLINK_BUSY_US} us, halted {BLINK_IDLE_US} us, on CPU {SHARED_CPU} (KVM polls its halts)",
-    "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms",
+    "native-vs-guest": f"shor (libquantum) on the guest kernel in a VM on CPU {SHARED_CPU}, the same binary natively "
+                       "on CPU 0 (002 Tables 3-4)",
+    "smp2": f"one VM, 2 vCPUs pinned to CPUs 0 and {SHARED_CPU}, shor and gzip on the guest kernel (002 Tables 10-11)",
+    "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms; or a real program: "
+              "--exec PATH [--arg A]... [--dir D] [--mem SIZE], --program shor|gzip|xz|sqlite|lua",
 }

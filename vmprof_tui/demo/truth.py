@@ -38,4 +38,11 @@ def format_truth(truth: dict[str, dict]) -> str:
         for p in vm["processes"]:
             lines.append(f"    pid {p['pid']} {p['name']} (cr3 {p['cr3']:#x}): in KVM_RUN {sec(p['run_ns'])}, "
                          f"on-CPU {sec(p['cpu_ns'])}, work {p['work']}")
+            if "syscalls" in p:  # a real program: the system calls its VMM served
+                calls = sorted(p["syscalls"].items(), key=lambda kv: -kv[1]["count"])
+                lines.append(f"      {sum(c['count'] for _, c in calls)} system calls served in "
+                             f"{sec(sum(c['ns'] for _, c in calls))}: " + ", ".join(
+                                 f"{n} {c['count']}" for n, c in calls[:6]) + (", ..." if len(calls) > 6 else "")
+                             + f"; {p['state']}" + (f" with status {p['exit_code']}" if p["exit_code"] is not None
+                                                     else ""))
     return "\n".join(lines)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmprof_tui.demo import kvm, nic
+from vmprof_tui.demo import guestos, kvm, nic
 from vmprof_tui.demo.cgroup import CgroupError, CpuQuota
 from vmprof_tui.demo.loader import (
     DOORBELL_GPA,
@@ -40,6 +40,7 @@ from vmprof_tui.demo.loader import (
     PhysAllocator,
     load_program,
 )
+from vmprof_tui.demo.syscalls import SyscallServer
 from vmprof_tui.libc import LIBC, schedstat
 from vmprof_tui.resolve import bundle_format
 
@@ -115,11 +116,19 @@ class GuestProcess:
     work: int = 0
     exit_code: int | None = None
     vcpu: int = 0
+    kernel: guestos.KernelProcess | None = None  # a real program run by the demo guest kernel
+    server: SyscallServer | None = None  # and its system calls
+    argv: list[str] = field(default_factory=list)
 
     def truth(self) -> dict:
-        return {"pid": self.pid, "name": self.name, "vcpu": self.vcpu, "cr3": self.space.cr3,
-                "run_ns": self.run_ns, "cpu_ns": self.cpu_ns, "work": self.work,
-                "slices": self.slices, "state": self.state, "exit_code": self.exit_code}
+        out = {"pid": self.pid, "name": self.name, "vcpu": self.vcpu, "cr3": self.space.cr3,
+               "run_ns": self.run_ns, "cpu_ns": self.cpu_ns, "work": self.work,
+               "slices": self.slices, "state": self.state, "exit_code": self.exit_code}
+        if self.server is not None:
+            out["syscalls"] = {n: {"count": c, "ns": ns} for n, (c, ns) in sorted(self.server.calls.items())}
+            out["unserved"] = {str(nr): c for nr, c in self.server.unserved.items()}
+            out["output_dropped"] = self.server.dropped_output
+        return out
 
 
 @dataclass
@@ -132,6 +141,7 @@ class VcpuStats:
     pure_halt_ns: int = 0  # of halt_ns, asleep: not on the CPU and not runnable (the kernel's own counts)
     wakeup_wait_ns: int = 0  # of halt_ns, runnable after the wake-up timer fired, waiting for the pCPU
     wake_at_ns: int = 0  # when the armed wake-up timer fires (0: none armed)
+    served: int = 0  # system calls served for a kernel-hosted process
     exits: dict[str, int] = field(default_factory=dict)
 
 
@@ -153,6 +163,11 @@ class VcpuThread(threading.Thread):
         self._sregs = self._initial_sregs()
         self._set_halted(False)  # with an in-kernel LAPIC, vCPUs other than 0 start waiting for SIPI
         self._rr = 0
+        self.parked: GuestProcess | None = None  # a kernel-hosted process off the vCPU, its state left in it
+        kernel = [p.kernel for p in processes if p.kernel is not None]
+        if kernel:
+            self.vcpu.set_supported_cpuid(vm.kvm_vm.kvm_fd)
+            self.vcpu.set_msrs(guestos.syscall_msrs(kernel[0].image))
 
     def _initial_sregs(self) -> kvm.KvmSregs:
         sregs = self.vcpu.get_sregs()
@@ -172,6 +187,14 @@ class VcpuThread(threading.Thread):
 
     # -- process switching -------------------------------------------------
     def _load(self, proc: GuestProcess) -> None:
+        if proc is self.parked:  # it sleeps inside its kernel: its registers are still the vCPU's
+            self.current, self.parked = proc, None
+            return
+        if proc.kernel is not None:
+            self.vcpu.set_sregs(guestos.kernel_sregs(self.vcpu.get_sregs(), proc.kernel.image, proc.space.cr3))
+            self.vcpu.set_regs(proc.kernel.regs)
+            self.current = proc
+            return
         self._sregs.cr3 = proc.space.cr3
         self.vcpu.set_sregs(self._sregs)
         self.vcpu.set_regs(proc.regs)
@@ -181,6 +204,9 @@ class VcpuThread(threading.Thread):
 
     def _save(self) -> None:
         proc = self.current
+        if proc is not None and proc.kernel is not None:  # the only process of its vCPU (DemoVm checks)
+            self.parked, self.current = proc, None
+            return
         if proc is not None:
             proc.regs = self.vcpu.get_regs()
             proc.fpu = KvmFpu()
@@ -297,7 +323,10 @@ class VcpuThread(threading.Thread):
             reason = self.vcpu.run_page.exit_reason
             name = kvm.EXIT_NAMES.get(reason, str(reason))
             exits[name] = exits.get(name, 0) + 1
-            if reason != KVM_EXIT_MMIO or proc is None or not self._doorbell(proc, t1):
+            if proc is not None and proc.kernel is not None:
+                if reason != KVM_EXIT_MMIO or not self._kernel_doorbell(proc, t1):
+                    self._end(proc, f"unexpected exit {name}", t1)
+            elif reason != KVM_EXIT_MMIO or proc is None or not self._doorbell(proc, t1):
                 self.vm.report_fault(self, proc, f"unexpected exit {name}")
                 return
             if self.done:
@@ -306,6 +335,40 @@ class VcpuThread(threading.Thread):
     def _run_delay_ns(self) -> int:
         """This thread's run-queue wait so far (schedstat's second field; one pread of a file kept open)."""
         return int(os.pread(self._schedstat, 128, 0).split()[1])
+
+    def _kernel_doorbell(self, proc: GuestProcess, now: int) -> bool:
+        """A store of the guest kernel: a system call to serve, or an exception that ends the process."""
+        mmio = self.vcpu.run_page.exit.mmio
+        port = (mmio.phys_addr - DOORBELL_GPA) // 8
+        if not mmio.is_write or port not in (guestos.PORT_SYSCALL, guestos.PORT_FAULT) or proc.kernel is None:
+            return False
+        assert proc.server is not None
+        try:
+            reply, what = guestos.serve_mailbox(self.vm.kvm_vm.memory, proc.kernel, proc.server, port)
+        except Exception as e:  # noqa: BLE001 - a call the server could not handle ends its process, not the VM
+            self._end(proc, f"the VMM failed serving a system call: {type(e).__name__}: {e}", now)
+            return True
+        if what:
+            self._end(proc, what, now, rip=reply.nr)
+            return True
+        proc.server.account(reply.nr, time.monotonic_ns() - now)
+        self.stats.served += 1
+        if reply.exit_status is not None:
+            proc.state, proc.exit_code = "exited", reply.exit_status
+        elif reply.sleep_ns is not None:
+            proc.state, proc.wake_ns = "sleeping", now + reply.sleep_ns
+        else:
+            return True
+        self._complete_pending_exit()
+        self.done = not self._switch(now)
+        return True
+
+    def _end(self, proc: GuestProcess, what: str, now: int, rip: int | None = None) -> None:
+        """End a kernel-hosted process that cannot go on, with one line; the VM and its other vCPUs run on."""
+        self.vm.report_fault(self, proc, what, stop_vm=False, rip=rip)
+        if proc.server is not None:
+            proc.server.close_all()
+        self.done = not self._switch(now)
 
     def _doorbell(self, proc: GuestProcess, now: int) -> bool:
         """Handle a doorbell store.  False if the exit was not a doorbell write."""
@@ -346,10 +409,17 @@ class DemoVm:
         self.processes: list[GuestProcess] = []
         self.vcpus: list[VcpuThread] = []
         pid = 1
+        image = guestos.KernelImage.load(Path(spec["kernel"])) if spec.get("kernel") else None
         for index, vcpu_spec in enumerate(spec["vcpus"]):
             procs = []
             for p in vcpu_spec["processes"]:
                 path = Path(p["path"])
+                if "argv" in p:  # a real program: the guest kernel runs it, alone on its vCPU
+                    if image is None or len(vcpu_spec["processes"]) != 1:
+                        raise BadProgram("a real program needs the guest kernel and a vCPU of its own")
+                    procs.append(self._real_process(pid, index, p, path, alloc, image))
+                    pid += 1
+                    continue
                 space = load_program(path, self.kvm_vm.memory, alloc)
                 args = [int(a) for a in p.get("args", [])] + [0, 0, 0, 0]
                 regs = kvm.KvmRegs(rip=space.entry, rsp=space.stack_top, rflags=0x2,
@@ -362,19 +432,41 @@ class DemoVm:
         # the throttling scenario: vCPU threads in a CPU cgroup with a cpu.max quota [quota_us, period_us]
         self.quota = CpuQuota(f"vmprof-demo-{os.getpid()}", *spec["cpu_max"]) if spec.get("cpu_max") else None
 
-    def report_fault(self, vcpu: VcpuThread, proc: GuestProcess | None, what: str) -> None:
-        rip = None
+    def _real_process(self, pid: int, vcpu: int, p: dict, path: Path, alloc: PhysAllocator,
+                      image: guestos.KernelImage) -> GuestProcess:
+        argv = [str(a) for a in p["argv"]]
+        space, kp = guestos.load_process(path, [a.encode() for a in argv], [b"PATH=/bin", b"HOME=/"],
+                                         self.kvm_vm.memory, alloc, image)
+        root = None
+        if p.get("dir"):
+            root = os.open(p["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        name = p.get("name", path.name)
+
+        def output(fd: int, data: bytes) -> None:
+            emit({"event": "output", "vm": self.name, "pid": pid, "fd": fd, "text": data.decode(errors="replace")})
+
+        def notice(what: str) -> None:
+            emit({"event": "notice", "vm": self.name, "pid": pid, "process": name, "what": what})
+
+        server = SyscallServer(kp.memory, root, pid, self.name, output, notice)
+        return GuestProcess(pid=pid, name=name, program=path, args=[], space=space, regs=kp.regs, vcpu=vcpu,
+                            kernel=kp, server=server, argv=argv)
+
+    def report_fault(self, vcpu: VcpuThread, proc: GuestProcess | None, what: str, stop_vm: bool = True,
+                     rip: int | None = None) -> None:
         if proc is not None:
             proc.state = "faulted"
-            with contextlib.suppress(OSError):
-                rip = vcpu.vcpu.get_regs().rip
+            if rip is None:
+                with contextlib.suppress(OSError):
+                    rip = vcpu.vcpu.get_regs().rip
         fault = {"event": "fault", "vm": self.name, "vcpu": vcpu.index,
                  "pid": proc.pid if proc else None, "process": proc.name if proc else None,
-                 "rip": rip, "what": what}
+                 "rip": rip, "what": what, "ended": "vm" if stop_vm else "process"}
         with self.lock:
             self.faults.append(fault)
         emit(fault)
-        self.stop()
+        if stop_vm:
+            self.stop()
 
     def stop(self) -> None:
         self.stopping = True
@@ -402,7 +494,7 @@ class DemoVm:
                           "kvm_run_ns": v.stats.kvm_run_ns, "halt_ns": v.stats.halt_ns,
                           "pure_halt_ns": v.stats.pure_halt_ns, "wakeup_wait_ns": v.stats.wakeup_wait_ns,
                           "thread_cpu_ns": cpu_ns, "run_delay_ns": delay_ns,
-                          "exits": v.stats.exits, "kvm": v.kvm_stats})
+                          "exits": v.stats.exits, "kvm": v.kvm_stats, "served_syscalls": v.stats.served})
         throttled = {}
         if self.quota is not None:
             throttled = {"throttled_ns": self.quota.throttled_ns(), "cpu_max": self.spec["cpu_max"]}
@@ -429,10 +521,17 @@ def write_bundle(vm: DemoVm, directory: Path) -> None:
                  "object": None if m.path.startswith("[") else copied[p.program]}
                 for m in p.space.maps]
         processes.append({"pid": p.pid, "tids": [p.pid], "name": p.name,
-                          "cmdline": [f"/bin/{p.name}", *map(str, p.args)],
-                          "exe": f"/bin/{p.name}", "cr3": [p.space.cr3], "maps": maps})
+                          "cmdline": p.argv or [f"/bin/{p.name}", *map(str, p.args)],
+                          "exe": f"/bin/{p.name}", "maps": maps,
+                          "cr3": [p.space.cr3, p.space.cr3 + PAGE] if p.kernel is not None else [p.space.cr3]})
+    kernel = None
+    image = next((p.kernel.image for p in vm.processes if p.kernel is not None), None)
+    if image is not None:  # the guest kernel's symbols, as a Linux guest's kallsyms
+        (directory / bundle_format.KALLSYMS).write_text(image.kallsyms)
+        kernel = {"release": "vmprof demo guest kernel", "build_id": None, "kallsyms": bundle_format.KALLSYMS,
+                  "modules": []}
     bundle = {"format": bundle_format.FORMAT, "version": bundle_format.VERSION, "vm": vm.name,
-              "created_by": "vmprof demo VMM", "cr3_method": "vmm", "kernel": None,
+              "created_by": "vmprof demo VMM", "cr3_method": "vmm", "kernel": kernel,
               "processes": processes}
     tmp = directory / f"{bundle_format.INDEX}.tmp"
     tmp.write_text(json.dumps(bundle, indent=1))
@@ -458,7 +557,7 @@ def main(argv: list[str]) -> int:
     signal.signal(TICK_SIGNAL, lambda *_: None)
     try:
         vm = DemoVm(spec)
-    except (kvm.KvmError, BadProgram, MemoryError, CgroupError) as e:
+    except (OSError, BadProgram, MemoryError, CgroupError) as e:
         print(f"vmprof demo: VM {spec['name']}: {e}", file=sys.stderr)
         return 1
     if spec.get("bundle"):

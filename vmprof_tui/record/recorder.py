@@ -141,4 +141,5 @@ class Recorder:
         self.writer.close({"duration_s": self.progress.elapsed_s, "samples": self.progress.samples,
                            "guest_samples": self.progress.guest, "lost": lost,
                            "end_monotonic_ns": time.monotonic_ns(),
+                           "vmm_exits": self.session.vmm_exits,
                            recording.VMS_KEY: [vm.to_json() for vm in self.session.vms_seen.values()]})

@@ -53,6 +53,9 @@ def render(report: dict, limit: int | None = 20, cols: int | None = None) -> str
             lines += seconds_list("type 1, who held the pCPU", v["type1_by_holder_s"], cols)
         if v["type2_by_exit_s"]:
             lines += seconds_list("type 2, the VMM/KVM on its behalf, by exit", v["type2_by_exit_s"], cols)
+        if v.get("exits_to_vmm"):
+            lines += fill(["exits to the VMM (KVM_RUN returned):", ", ".join(
+                f"{name} {int(n)}" for name, n in v["exits_to_vmm"].items()) + ";"], cols, "    ", "      ", " ")
         lines += fill(["steal the host reports to the guest (run-queue delay):", f"{v['host_reported_steal_s']:.3f}s,",
                        f"which misses type 2 ({v['steal_type2_s']:.3f}s)"], cols, "    ", "      ", " ")
         h = v["host_run_delay"]
