@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vmprof_tui.analyse.blocks import BlockReport, BlocksError, analyse
 from vmprof_tui.collect import lbr_patterns as patterns
 from vmprof_tui.record.lbr_model import BranchFilter
 from vmprof_tui.record.perf_script import PerfScriptError, build_resolvers, make_resolve_pid, parse
-from vmprof_tui.record.recording import RecordingError
+from vmprof_tui.record.recording import RecordingError, load
 from vmprof_tui.resolve.elfcode import ImageCache
-from vmprof_tui.resolve.lbr_recording import samples_of_recording
+from vmprof_tui.resolve.lbr_recording import samples_of_recording, simulated_note
 from vmprof_tui.show.formats import blocks_csv as format_csv
 from vmprof_tui.show.formats import blocks_json as format_json
 from vmprof_tui.show.formats import blocks_table as format_table
@@ -120,9 +121,12 @@ def run(args: argparse.Namespace) -> int:
             out = run_blocks_from_perf_script(args.perf_script, args.function, args.format, args.object, freq, flt,
                                               args.process, max_samples)
         elif args.recording:
-            samples, resolve, resolve_pid, read_code = samples_of_recording(args.recording, args.vm, args.process)
+            rec = load(Path(args.recording))
+            samples, resolve, resolve_pid, read_code = samples_of_recording(rec, args.vm, args.process)
             report = analyse(samples, resolve, freq, read_code=read_code,  # type: ignore[arg-type]
                              resolve_pid=resolve_pid, vm=args.vm, process=args.process)  # type: ignore[arg-type]
+            if note := simulated_note(rec.meta):
+                report.notes.insert(0, note)
             out = render(report, args.format, args.function, max_samples)
         else:
             print("vmprof: blocks needs a recording (REC) or --perf-script FILE; see vmprof blocks --help",

@@ -18,6 +18,8 @@ EXAMPLES = """examples:
   vmprof record -o run.vmprof -- make -j2       while a command runs
   vmprof record -o web.vmprof --vm web1 -d 30   samples of one VM only
   vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)
+  vmprof record -o sim.vmprof --lbr=simulate -F 100000 -- ./prog
+                 branch records on any machine: prog single-stepped (slow)
   vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest"""
 
 
@@ -42,7 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
                    help="also record last branch records with cycles and instructions (hosts with a PMU and LBR; "
-                        "PATTERN type1..type4 as in `vmprof blocks --patterns`, default type4)")
+                        "PATTERN type1..type4 or any as in `vmprof blocks --patterns`, default type4). "
+                        "simulate[:PATTERN] needs -- COMMAND and works anywhere: COMMAND is single-stepped (every "
+                        "instruction traced, ~30 us each: bounded by --lbr-max-instructions and -d) and sampled "
+                        "every 1e9/F cycles of a synthetic cost model (1 cycle = 1 ns), the recording marked "
+                        "simulated; no other sampling then (docs/lbr.md)")
+    p.add_argument("--lbr-depth", type=int, default=16, metavar="N", help="with --lbr=simulate: LBR entries")
+    p.add_argument("--lbr-max-instructions", type=int, default=2_000_000, metavar="N",
+                   help="with --lbr=simulate: stop the command (keeping what was traced) after N instructions")
     p.add_argument("--lbr-period", type=int, default=1_000_003, metavar="CYCLES",
                    help="cycles between LBR samples (about 1 ms at 1 GHz)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
@@ -64,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if command and shutil.which(command[0]) is None:
         raise Failure(f"command not found: {command[0]}")
+    if args.lbr and args.lbr.split(":")[0] == "simulate":
+        return run_simulate(args, command)
     if args.pid is not None and not Path(f"/proc/{args.pid}").is_dir():
         raise Failure(f"no process with pid {args.pid} on this host")
     if args.output is None:
@@ -114,4 +125,43 @@ def run(args: argparse.Namespace) -> int:
     if child is not None and child.returncode:
         print(f"vmprof record: note: {command[0]} exited with status {child.returncode}", file=sys.stderr)
     print(progress.summary())
+    return 0
+
+
+def run_simulate(args: argparse.Namespace, command: list[str]) -> int:
+    """`vmprof record --lbr=simulate[:PATTERN] -- COMMAND`: collect/lbr_simulate.py."""
+    from vmprof_tui.collect import lbr_simulate
+    from vmprof_tui.collect.lbr_patterns import get
+    from vmprof_tui.record.recording import RecordingError
+
+    if not command:
+        raise Usage("--lbr=simulate needs a command to single-step: vmprof record --lbr=simulate -o REC -- CMD")
+    if args.pid is not None or args.vm or args.stacks:
+        raise Usage("--lbr=simulate traces its command alone: leave out -p, --vm and -g")
+    name = args.lbr.partition(":")[2] or "type4"
+    try:
+        pattern = get(name).with_options(info=True)
+    except ValueError as e:
+        raise Usage(f"--lbr=simulate:{name}: {e}") from None
+    if not 1 <= args.lbr_depth <= 256 or args.lbr_max_instructions < 1:
+        raise Usage("--lbr-depth must be 1..256 and --lbr-max-instructions at least 1")
+    if args.output is None:
+        args.output = DEFAULT_RECORDING
+    if not args.quiet:
+        print(f"vmprof record: single-stepping {shlex.join(command)} (at most {args.lbr_max_instructions:,} "
+              "instructions" + (f" or {args.duration:g} s" if args.duration else "") + "; this is slow)",
+              file=sys.stderr, flush=True)
+    try:
+        run = lbr_simulate.simulate(command, pattern, args.frequency, args.lbr_depth, args.lbr_max_instructions,
+                                    args.duration)
+        lbr_simulate.write(Path(args.output), run, args.frequency)
+    except (lbr_simulate.SimulateError, RecordingError) as e:
+        return fail(str(e))
+    if run.stopped:
+        print(f"vmprof record: note: {command[0]} was stopped at {run.stopped}: the recording holds what ran "
+              "until then", file=sys.stderr)
+    if len(run.records) < 20:
+        print(f"vmprof record: note: only {len(run.records)} LBR samples; raise -F (up to 100000) for more",
+              file=sys.stderr)
+    print(f"{run.summary()} into {args.output}")
     return 0

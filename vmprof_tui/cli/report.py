@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, write_output
+from vmprof_tui.resolve.lbr_recording import simulated_note
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
 
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         profiles = [an.host_profile(args.cpu)]
     if filters:
         profiles = [filtered(p, filters) for p in profiles]
+    if note := simulated_note(an.rec.meta):  # vmprof record --lbr=simulate: its times are not measured ones
+        profiles = [dataclasses.replace(p, notes=[note, *p.notes]) for p in profiles]
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
                               limit=args.limit)
     write_output(args, fmt.render(inp))
