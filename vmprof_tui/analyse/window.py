@@ -363,8 +363,8 @@ class ReplayWindow:
 
     live = False
 
-    def __init__(self, path: Path, window_s: float = 10.0) -> None:
-        self.rec = recording.load(path)
+    def __init__(self, path: Path, window_s: float = 10.0, rec: recording.Recording | None = None) -> None:
+        self.rec = rec if rec is not None else recording.load(path)  # rec: one made in memory (perf script)
         self.window_s = window_s
         self.resolver = Resolver()
         times = [a["time_ns"] for a in (self.rec.samples, self.rec.sched) if len(a)]

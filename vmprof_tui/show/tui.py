@@ -86,6 +86,7 @@ class HelpScreen(ModalScreen[None]):
             "          (s and t work on every screen of a VM, and on the overview's VM row)\n"
             "f         flame (icicle) view of the selected VM, guest process or the host (needs -g)\n"
             "c         callers of the selected function (needs -g)\n"
+            "b         LBR blocks of the selected function (a recording with --lbr, or --perf-script)\n"
             "o         sort by the next column        /  filter rows by name\n"
             "space     pause / resume                 +  -  refresh faster / slower\n"
             "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
@@ -130,8 +131,10 @@ class TableScreen(Screen):
             yield Static(id="status")
         yield Footer()
 
+    cell_of = staticmethod(cell)  # how a value is drawn in the table
+
     def below_table(self) -> ComposeResult:
-        """Widgets between the table and the status line (none but on the overview)."""
+        """Widgets between the table and the status line (none but on the overview and the block view)."""
         return iter(())
 
     def on_mount(self) -> None:
@@ -189,7 +192,7 @@ class TableScreen(Screen):
         for key, _cells in rows:
             keys.append(f"{key}\0{seen[key]}" if seen[key] else key)  # row keys must be unique
             seen[key] += 1
-        cells = {k: [cell(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
+        cells = {k: [self.cell_of(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
         # Change the table, do not rebuild it: Textual measures every cell of every row it adds.
         selected = self._cursor_key(table)
         table.remove_rows([key for key in self.cells if key not in cells])
@@ -255,6 +258,17 @@ class VmKeys:
     def action_timeline(self) -> None:
         if not isinstance(self, TimelineScreen):
             self.app.push_screen(TimelineScreen(self.vm))  # type: ignore[attr-defined]
+
+
+class BlockKeys:
+    """`b` on a function row: that function's LBR blocks (show/blocks_screen.py)."""
+
+    BINDINGS = [Binding("b", "blocks", "blocks")]
+
+    def action_blocks(self) -> None:
+        from vmprof_tui.show.blocks_screen import open_blocks  # it builds on this module's screens
+
+        open_blocks(self.app, self.selected(), getattr(self, "vm", None))  # type: ignore[attr-defined]
 
 
 class VmTableScreen(VmKeys, TableScreen):
@@ -354,8 +368,8 @@ class OverviewScreen(TableScreen):
             self.app.push_screen(FlameScreen(None if key == HOST_KEY else key))
 
 
-class HostScreen(TableScreen):
-    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
+class HostScreen(BlockKeys, TableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame"), *BlockKeys.BINDINGS]
     columns = ("samples", "%", "process", "module", "function")
     summaries_only = True  # the rows are the window's (WindowView.host_rows), with host samples counted in the kernel
 
@@ -436,8 +450,8 @@ class ProcessScreen(VmTableScreen):
             self.app.push_screen(FunctionScreen(self.vm, self.vcpu, key))
 
 
-class FunctionScreen(VmTableScreen):
-    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
+class FunctionScreen(BlockKeys, VmTableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame"), *BlockKeys.BINDINGS]
     columns = ("function", "module", "samples", "% of process")
     summaries_only = True
 
@@ -656,10 +670,11 @@ class VmprofTop(App):
                 Binding("minus", "slower", "slower"), Binding("left_square_bracket", "shorter", show=False),
                 Binding("right_square_bracket", "longer", show=False)]
 
-    def __init__(self, window: object, refresh_s: float = 1.0,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+    def __init__(self, window: object, refresh_s: float = 1.0, should_stop: Callable[[], bool] | None = None,
+                 lbr: object | None = None, blocks: str | None = None) -> None:
         super().__init__()
         self.window = window  # analyse.window.LiveWindow or ReplayWindow
+        self.lbr, self.blocks = lbr, blocks  # analyse.lbr_source.LbrSource; a function whose blocks open first
         self.should_stop = should_stop or (lambda: False)
         self.refresh_s = refresh_s
         self.paused = False
@@ -674,6 +689,10 @@ class VmprofTop(App):
     def on_mount(self) -> None:
         self.sub_title = "live" if getattr(self.window, "live", False) else "replay"
         self.push_screen(OverviewScreen())
+        if self.blocks:
+            from vmprof_tui.show.blocks_screen import open_blocks
+
+            open_blocks(self, self.blocks, None)
         if self.window.started:
             self.tick()
         else:  # the screen is up at once; compiling and loading the BPF programs takes a second

@@ -1,0 +1,208 @@
+"""The block view of `vmprof top` (issue 38), with Textual's pilot: on a replay of a simulated LBR
+recording its instruction counts are the single-step ground truth and its times those of
+`vmprof blocks`; `b` from a function row, Enter to a block's disassembly and chain, the one line
+without LBR data, `--perf-script`, and the paper's worked example (Tables 6, 7 and 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_lbr_paper import TABLE7, paper_sample, synthetic_shor
+from test_lbr_simulate import simulated, workload  # noqa: F401 - fixtures
+from test_tui import cells, until
+from textual.widgets import Static
+
+from vmprof_tui.analyse import lbr_groundtruth as groundtruth
+from vmprof_tui.analyse.lbr_source import NO_LBR, LbrSource
+from vmprof_tui.analyse.window import ReplayWindow
+from vmprof_tui.cli import main
+from vmprof_tui.cli.top import lbr_window
+from vmprof_tui.record import perf_script
+from vmprof_tui.record.lbr_model import CALL_RETURN_USER, Fields, LbrSample, ResolvedAddr
+from vmprof_tui.record.lbr_records import to_samples
+from vmprof_tui.record.recording import Writer, load
+from vmprof_tui.show.blocks_screen import BlockScreen, BlocksScreen
+from vmprof_tui.show.tui import HostScreen, VmprofTop
+
+SIZE = (80, 24)
+
+
+def run(app: VmprofTop, script) -> None:  # noqa: ANN001
+    async def go() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await script(pilot)
+    asyncio.run(go())
+
+
+def drawn(app: VmprofTop, selector: str) -> str:
+    return str(app.screen.query_one(selector, Static).render())
+
+
+async def block_view(pilot, function: str) -> None:  # noqa: ANN001
+    app = pilot.app
+    await until(pilot, lambda: isinstance(app.screen, BlocksScreen) and app.screen.data is not None
+                and len(cells(app)) == len(app.screen.data.rows) > 0, timeout=15)
+
+
+def blocks_json(rec: Path, function: str, capsys: pytest.CaptureFixture) -> dict:
+    capsys.readouterr()
+    assert main(["blocks", str(rec), "-f", function, "--format", "json", "--samples", "0"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_block_view_counts_are_the_ground_truth_and_times_those_of_blocks(
+        simulated: Path, workload: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    window, src = lbr_window(str(simulated), None, 5.0, [], None)
+    app = VmprofTop(window, 1.0, None, src, "pair")
+    shown: dict[str, list[str]] = {}
+
+    async def script(pilot) -> None:  # noqa: ANN001
+        await block_view(pilot, "pair")
+        shown.update({row[0]: row for row in cells(app)})
+        assert "SIMULATED LBR" in drawn(app, "#notes")
+    run(app, script)
+    # the truth: the same program single-stepped again, the LBR at the recorded sample instants
+    t = groundtruth.trace(str(workload))
+    sim = groundtruth.LbrSimulator(t, groundtruth.branches(t), CALL_RETURN_USER, 16)
+    points = np.cumsum([s.instructions for s in to_samples(load(simulated).lbr)]).tolist()
+    _, truth = sim.samples(points, Fields.FROM | Fields.TO)
+    want = blocks_json(simulated, "pair", capsys)["blocks"]
+    assert len(shown) == len(want) >= 3
+    for b in want:
+        row = shown[f"{b['start']:x}-{b['end']:x}"]
+        occurrences = [tb for tb in truth if (tb.start, tb.end) == (b["start"], b["end"])]
+        assert b["exact"] and row[9].strip() == "exact"  # pair has no loop: every block exact
+        assert all(tb.straight for tb in occurrences)
+        assert [int(row[1]), int(row[2])] == [occurrences[0].instructions, len(occurrences)]
+        assert {tb.instructions for tb in occurrences} == {b["ic"]}
+        # the times: exactly what `vmprof blocks` computes, as the table rounds them
+        assert [c.strip() for c in row[4:9]] == [f"{b['cycles'][k]:.1f}" for k in ("mean", "p50", "p90", "p99")] + [
+            f"{b['lbr_cycles']['mean']:.1f}"]
+        assert row[10].strip() == (f"{b['total_cycles']:.1f}" if b["total_cycles"] < 1000
+                                   else f"{b['total_cycles']:.0f}")
+    # sorted by total time
+    totals = [b["total_cycles"] for b in want]
+    assert [r[0] for r in shown.values()] == [f"{b['start']:x}-{b['end']:x}" for b in
+                                              sorted(want, key=lambda b: -b["total_cycles"])]
+    assert totals
+
+
+def test_b_on_a_host_function_row_then_enter_shows_disassembly_and_chain(simulated: Path) -> None:  # noqa: F811
+    window, src = lbr_window(str(simulated), None, 5.0, [], None)
+    app = VmprofTop(window, 1.0, None, src)
+
+    async def script(pilot) -> None:  # noqa: ANN001
+        await until(pilot, lambda: any(r[0] == "(host)" for r in cells(app)))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, HostScreen) and any(r[-1] == "loopy" for r in cells(app)))
+        table = app.screen.query_one("#table")
+        table.move_cursor(row=[r[-1] for r in cells(app)].index("loopy"), animate=False)
+        await pilot.press("b")
+        await block_view(pilot, "loopy")
+        rows = cells(app)
+        assert all(r[9].strip() == "has branches" for r in rows)  # its loop: counted once through, marked
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, BlockScreen) and "LBR0" in drawn(app, "#block"))
+        text = drawn(app, "#block")
+        start, end = (int(x, 16) for x in rows[0][0].split("-"))
+        marked = [int(line.split()[1], 16) for line in text.splitlines() if line.startswith("▶")]
+        assert marked[0] == start and marked[-1] == end and len(marked) == int(rows[0][1])
+        assert "◀ block starts at this target" in text and "◀ block ends at this source" in text
+        assert "has branches" in text
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, BlocksScreen))
+    run(app, script)
+
+
+def test_b_without_lbr_data_says_so_in_one_line(simulated: Path, tmp_path: Path) -> None:  # noqa: F811
+    rec = load(simulated)
+    plain = tmp_path / "plain.vmprof"  # the same samples and maps, no branch records
+    w = Writer(plain, {"backend": "test", "frequency": 1000})
+    w.add(rec.samples, rec.sched)
+    w.add_snapshot(rec.snapshot)
+    w.close({"duration_s": 0.01, "lost": {"samples": [], "sched": []}, "vms": []})
+    window, src = lbr_window(str(plain), None, 5.0, [], None)
+    assert src is None
+    app = VmprofTop(window, 1.0, None, src)
+
+    async def script(pilot) -> None:  # noqa: ANN001
+        await until(pilot, lambda: any(r[0] == "(host)" for r in cells(app)))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, HostScreen) and any(r[-1] == "pair" for r in cells(app)))
+        await pilot.press("b")
+        await until(pilot, lambda: app.message == NO_LBR)
+        assert isinstance(app.screen, HostScreen) and "\n" not in NO_LBR
+    run(app, script)
+
+
+def test_perf_script_source_shows_the_same_blocks(simulated: Path, workload: Path, tmp_path: Path,  # noqa: F811
+                                                  capsys: pytest.CaptureFixture) -> None:
+    samples = to_samples(load(simulated).lbr)
+    text = tmp_path / "prog.txt"
+    text.write_text(perf_script.to_text(samples))
+    window, src = lbr_window(None, str(text), 5.0, [str(workload)], None)
+    app = VmprofTop(window, 1.0, None, src, "pair")
+    shown: list[list[str]] = []
+
+    async def script(pilot) -> None:  # noqa: ANN001
+        await block_view(pilot, "pair")
+        shown.extend(cells(app))
+    run(app, script)
+    want = blocks_json(simulated, "pair", capsys)["blocks"]
+    assert [(r[0], int(r[1]), int(r[2])) for r in shown] == [(f"{b['start']:x}-{b['end']:x}", b["ic"], b["count"])
+                                                            for b in want]
+
+
+def paper_app(samples: list[LbrSample], resolve, read_code, function: str) -> VmprofTop:  # noqa: ANN001
+    """The block view of samples given in memory, replayed as perf script data would be."""
+    samples = [dataclasses.replace(s, time_ns=1_000_000_000 + i, pid=1, tid=1, comm="shor")
+               for i, s in enumerate(samples)]
+    rec = perf_script.as_recording(perf_script.PerfScriptData(samples), "paper")
+    src = LbrSource(samples, resolve, "paper", None, read_code=read_code)
+    return VmprofTop(ReplayWindow(Path("paper"), 5.0, rec), 1.0, None, src, function)
+
+
+def test_paper_table6_in_the_block_view() -> None:
+    resolve, read_code = synthetic_shor()
+    app = paper_app([paper_sample()], resolve, read_code, "quantum_toffoli")
+    cpi = 3513946 / 5614190
+
+    async def script(pilot) -> None:  # noqa: ANN001
+        await block_view(pilot, "quantum_toffoli")
+        rows = cells(app)
+        # Table 6's blocks in quantum_toffoli, each timed with the sample's measured CPI 0.626
+        assert {r[3].strip() for r in rows} == {"0.626"}
+        for r in rows:
+            assert r[4].strip() == f"{cpi * int(r[1]):.1f}"
+        assert "end before start 1" not in drawn(app, "#notes")  # that rejected block lies in quantum_exp_mod_n
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, BlockScreen) and "LBR11" in drawn(app, "#block"))
+        chain = [line.split() for line in drawn(app, "#block").splitlines() if line.startswith("LBR")]
+        # Table 7: the kinds and the functions of the chain
+        assert [(p[1], p[2].split("+")[0], p[4].split("+")[0]) for p in chain] == TABLE7
+    run(app, script)
+
+
+def test_paper_table2_row_in_the_block_view() -> None:
+    """Table 2's example row: CPI 0.81 x 38 instructions = 30.78 cycles."""
+    code = b"\x90" * 37 + b"\xe8\x00\x00\x00\x00"
+
+    def resolve(addr: int) -> ResolvedAddr | None:
+        return ResolvedAddr("foo1.o", addr, "foo1", 0x2000, 0x2000 + len(code)) if 0x2000 <= addr < 0x2100 else None
+
+    s = LbrSample(from_=[0x1000, 0x2025], to=[0x2000, 0x3000], cycles=81, instructions=100)
+    app = paper_app([s], resolve, lambda p, v, n: code[v - 0x2000: v - 0x2000 + n], "foo1")
+
+    async def script(pilot) -> None:  # noqa: ANN001
+        await block_view(pilot, "foo1")
+        assert [c.strip() for c in cells(app)[0][:5]] == ["2000-2025", "38", "1", "0.810", "30.8"]
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, BlockScreen) and "38 instructions" in drawn(app, "#block"))
+        assert "CPI 0.810, mean 30.78 cycles" in drawn(app, "#block")
+    run(app, script)
+
