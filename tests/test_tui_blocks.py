@@ -206,3 +206,11 @@ def test_paper_table2_row_in_the_block_view() -> None:
         assert "CPI 0.810, mean 30.78 cycles" in drawn(app, "#block")
     run(app, script)
 
+
+
+def test_demo_lbr_scenario_without_the_screen(capsys: pytest.CaptureFixture) -> None:
+    """`vmprof demo --scenario lbr`: the demo program simulated; --no-tui prints what the block view shows."""
+    assert main(["demo", "--scenario", "lbr", "--no-tui"]) == 0
+    out = capsys.readouterr().out
+    assert "simulated LBR:" in out and "SIMULATED LBR (no PMU): lbr_demo" in out
+    assert "function hash_step" in out and "hash_step" in out.split("per block")[1]

@@ -51,6 +51,14 @@ def program_path(name: str) -> Path:
                     (src / "guest_rt.h", src / "stack_rt.h"))
 
 
+LBR_DEMO_ROUNDS = 3_000  # ~93 instructions a round: 280,000 instructions, 8-12 s single-stepped
+
+
+def lbr_demo_path(rounds: int = LBR_DEMO_ROUNDS) -> Path:
+    """The host program `vmprof demo --scenario lbr` single-steps (programs/lbr_demo.c), built if needed."""
+    return compiled(_source_dir() / "lbr_demo.c", [*CFLAGS, f"-DROUNDS={rounds}"], "lbr_demo", "the LBR demo program")
+
+
 def compiled(source: Path, flags: list[str], name: str, what: str, headers: tuple[Path, ...] = ()) -> Path:
     """`source` (and the `headers` it includes, from their folder) built with `flags` into the cache as `name`,
     once per their bytes and the flags: every run uses exactly what the sources say.  `what` names it in errors."""

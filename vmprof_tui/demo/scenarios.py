@@ -87,6 +87,7 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
 
 NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "wakeup", "throttled",
          "skew", "halt-poll", "custom")
+SCENARIOS = (*NAMES, "lbr")  # and the one without VMs (cli/demo.py runs it)
 
 DESCRIPTIONS = {
     "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
@@ -102,4 +103,6 @@ DESCRIPTIONS = {
     "skew": f"a 2-vCPU VM (compute, jacobi) and a busy VM, all on CPU {SHARED_CPU} (co-stop)",
     "halt-poll": f"a VM busy {BLINK_BUSY_US} us, halted {BLINK_IDLE_US} us, on CPU {SHARED_CPU} (KVM polls its halts)",
     "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms",
+    "lbr": "no VM: a host program single-stepped into a simulated LBR recording (record --lbr=simulate), "
+           "replayed into the block view of its hot function hash_step",
 }

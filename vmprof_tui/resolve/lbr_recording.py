@@ -44,7 +44,8 @@ def simulated_note(meta: dict) -> str | None:
     lbr = meta.get("lbr") if isinstance(meta, dict) else None
     if not isinstance(lbr, dict) or not lbr.get("simulated"):
         return None
-    command = " ".join(str(c) for c in lbr.get("command") or [])[:120]
+    argv = [str(c) for c in lbr.get("command") or []]
+    command = " ".join([Path(argv[0]).name, *argv[1:]])[:120] if argv else ""
     return (f"SIMULATED LBR (no PMU): {command or 'the command'} single-stepped, "
             f"{int(lbr.get('instructions') or 0):,} instructions; cycles from a synthetic cost model, "
             f"sampled every {int(lbr.get('period_cycles') or 0):,} cycles"
