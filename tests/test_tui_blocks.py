@@ -134,6 +134,8 @@ def test_b_without_lbr_data_says_so_in_one_line(simulated: Path, tmp_path: Path)
         await until(pilot, lambda: any(r[0] == "(host)" for r in cells(app)))
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, HostScreen) and any(r[-1] == "pair" for r in cells(app)))
+        await pilot.press("space")  # paused: no refresh puts "end of the recording" over the line
+        await until(pilot, lambda: app.paused and not app._polling)
         await pilot.press("b")
         await until(pilot, lambda: app.message == NO_LBR)
         assert isinstance(app.screen, HostScreen) and "\n" not in NO_LBR

@@ -16,7 +16,7 @@ EXAMPLES = """examples:
   vmprof demo --scenario custom --vms 2 --vcpus 2 --program compute \\
               --program jacobi --pin 1
   vmprof demo --scenario halt -d 5 --json   description and ground truth
-  vmprof demo --scenario lbr           LBR block times (simulated LBR, any machine)
+  vmprof demo --scenario lbr           LBR block times (simulated, any host)
   vmprof demo --list                   the scenarios"""
 
 

@@ -56,7 +56,9 @@ LBR_DEMO_ROUNDS = 3_000  # ~93 instructions a round: 280,000 instructions, 8-12 
 
 def lbr_demo_path(rounds: int = LBR_DEMO_ROUNDS) -> Path:
     """The host program `vmprof demo --scenario lbr` single-steps (programs/lbr_demo.c), built if needed."""
-    return compiled(_source_dir() / "lbr_demo.c", [*CFLAGS, f"-DROUNDS={rounds}"], "lbr_demo", "the LBR demo program")
+    src = _source_dir()
+    return compiled(src / "lbr_demo.c", [*CFLAGS, f"-DROUNDS={rounds}"], "lbr_demo", "the LBR demo program",
+                    (src / "host_start.h",))
 
 
 def compiled(source: Path, flags: list[str], name: str, what: str, headers: tuple[Path, ...] = ()) -> Path:

@@ -19,8 +19,8 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
 from vmprof_tui.analyse.analysis import Analysis
@@ -30,6 +30,7 @@ from vmprof_tui.analyse.timeline import SegmentKind
 from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show import flame
+from vmprof_tui.show.dialogs import FilterScreen, HelpScreen
 from vmprof_tui.show.live_table import LiveTable
 from vmprof_tui.show.stacks import call_graph, process_name
 
@@ -71,34 +72,6 @@ def vm_summary(an: Analysis, vm: str) -> VmSummary:
     total = g.total_samples or 1.0
     return VmSummary(len(an.vcpu_threads(vm)), g.ratios["user"], g.ratios["os"], 100 * g.steal1 / total,
                      100 * g.steal2 / total, g.ratios["idle"], g.top_process, demangle(g.top_function))
-
-
-class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
-
-    def compose(self) -> ComposeResult:
-        yield Static(
-            "[b]vmprof top[/b] — the whole virtualized host, from the host alone\n\n"
-            "Enter     drill down: VM → vCPUs → processes → functions (host row: host view)\n"
-            "Esc       back\n"
-            "s         steal detail of the VM (by exit reason, by who held the pCPU)\n"
-            "t         per-vCPU timeline of the VM (guest / VMM / steal / idle)\n"
-            "          (s and t work on every screen of a VM, and on the overview's VM row)\n"
-            "f         flame (icicle) view of the selected VM, guest process or the host (needs -g)\n"
-            "c         callers of the selected function (needs -g)\n"
-            "b         LBR blocks of the selected function (a recording with --lbr, or --perf-script)\n"
-            "o         sort by the next column        /  filter rows by name\n"
-            "space     pause / resume                 +  -  refresh faster / slower\n"
-            "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
-            "Rows and columns are clickable with the mouse.", id="help")
-
-
-class FilterScreen(ModalScreen[str]):
-    def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter (substring of name; empty clears)", id="filter")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
 
 
 class TableScreen(Screen):
@@ -783,7 +756,7 @@ class VmprofTop(App):
                  f"window {getattr(self.window, 'window_s', 0):g}s", f"sort: {sort}"]
         if filt:
             parts.append(f"filter: {filt}")
-        if not an.vm_names():
+        if not an.vm_names() and self.lbr is None:  # (LBR data come without VMs)
             parts.append("no VM on this host — try `vmprof demo`")
         if self.message:
             parts.append(self.message)
