@@ -81,3 +81,17 @@ def test_simulate_bad_usage_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert len(err) == 1 and "needs a command" in err[0]
     assert main(["record", "--lbr=simulate:type9", "-o", str(tmp_path / "x"), "--", "true"]) == 2
     assert "unknown LBR pattern" in capsys.readouterr().err
+
+
+def test_simulate_stops_at_an_interrupt_and_keeps_the_trace(workload: Path) -> None:
+    from vmprof_tui.collect import lbr_simulate
+    from vmprof_tui.collect.lbr_patterns import get
+
+    asked = []
+
+    def interrupted() -> bool:  # Ctrl-C arrives after the third look (8192 instructions in)
+        asked.append(1)
+        return len(asked) >= 3
+
+    run = lbr_simulate.simulate([str(workload)], get("type4").with_options(info=True), RATE, should_stop=interrupted)
+    assert run.stopped == "an interrupt" and run.instructions == 8192 and len(run.records) > 0

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 from test_lbr_paper import TABLE7, paper_sample, synthetic_shor
 from test_lbr_simulate import simulated, workload  # noqa: F401 - fixtures
-from test_tui import cells, until
+from test_tui import cells, replay_path, until  # noqa: F401 - replay_path: a fixture
 from textual.widgets import Static
 
 from vmprof_tui.analyse import lbr_groundtruth as groundtruth
-from vmprof_tui.analyse.lbr_source import NO_LBR, LbrSource
+from vmprof_tui.analyse.blocks import analyse
+from vmprof_tui.analyse.lbr_source import NO_LBR, LbrSource, from_recording
 from vmprof_tui.analyse.window import ReplayWindow
 from vmprof_tui.cli import main
 from vmprof_tui.cli.top import lbr_window
@@ -26,8 +27,9 @@ from vmprof_tui.record import perf_script
 from vmprof_tui.record.lbr_model import CALL_RETURN_USER, Fields, LbrSample, ResolvedAddr
 from vmprof_tui.record.lbr_records import to_samples
 from vmprof_tui.record.recording import Writer, load
+from vmprof_tui.resolve.lbr_recording import samples_of_recording
 from vmprof_tui.show.blocks_screen import BlockScreen, BlocksScreen
-from vmprof_tui.show.tui import HostScreen, VmprofTop
+from vmprof_tui.show.tui import FunctionScreen, HostScreen, VmprofTop
 
 SIZE = (80, 24)
 
@@ -147,17 +149,21 @@ def test_perf_script_source_shows_the_same_blocks(simulated: Path, workload: Pat
     samples = to_samples(load(simulated).lbr)
     text = tmp_path / "prog.txt"
     text.write_text(perf_script.to_text(samples))
-    window, src = lbr_window(None, str(text), 5.0, [str(workload)], None)
+    window, src = lbr_window(None, str(text), 5.0, [str(workload)], 3.3e9)  # --freq-mhz 3300: times in ns
     app = VmprofTop(window, 1.0, None, src, "pair")
     shown: list[list[str]] = []
 
     async def script(pilot) -> None:  # noqa: ANN001
         await block_view(pilot, "pair")
         shown.extend(cells(app))
+        assert "ns = CPI x instr" in drawn(app, "#title")
     run(app, script)
-    want = blocks_json(simulated, "pair", capsys)["blocks"]
-    assert [(r[0], int(r[1]), int(r[2])) for r in shown] == [(f"{b['start']:x}-{b['end']:x}", b["ic"], b["count"])
-                                                            for b in want]
+    capsys.readouterr()
+    assert main(["blocks", str(simulated), "-f", "pair", "--format", "json", "--samples", "0",
+                 "--freq-mhz", "3300"]) == 0
+    want = json.loads(capsys.readouterr().out)["blocks"]
+    assert [(r[0], int(r[1]), int(r[2]), r[4].strip()) for r in shown] == [
+        (f"{b['start']:x}-{b['end']:x}", b["ic"], b["count"], f"{b['ns']['mean']:.1f}") for b in want]
 
 
 def paper_app(samples: list[LbrSample], resolve, read_code, function: str) -> VmprofTop:  # noqa: ANN001
@@ -216,3 +222,82 @@ def test_demo_lbr_scenario_without_the_screen(capsys: pytest.CaptureFixture) -> 
     out = capsys.readouterr().out
     assert "simulated LBR:" in out and "SIMULATED LBR (no PMU): lbr_demo" in out
     assert "function hash_step" in out and "hash_step" in out.split("per block")[1]
+
+
+def test_block_view_follows_the_window(simulated: Path) -> None:  # noqa: F811
+    """As the replay's window moves, the rows are the blocks of the LBR samples inside it."""
+    window, src = lbr_window(str(simulated), None, 5.0, [], None)
+    span_s = (window.t_end - window.t0) / 1e9
+    window.window_s, window.step_s = span_s / 4, span_s / 12
+    app = VmprofTop(window, 0.3, None, src, "pair")
+    seen: list[tuple[tuple[int, int], dict[str, int]]] = []
+
+    async def still(pilot) -> None:  # noqa: ANN001
+        await pilot.press("space")
+        await until(pilot, lambda: app.paused and not app._polling)
+        seen.append((app.analysis.window(), {r[0]: int(r[2]) for r in cells(app)}))
+        await pilot.press("space")
+
+    async def script(pilot) -> None:  # noqa: ANN001
+        await block_view(pilot, "pair")
+        await until(pilot, lambda: app.analysis.window()[1] > window.t0 + 3 * window.step_s * 1e9)
+        await still(pilot)
+        await until(pilot, lambda: app.analysis.window()[0] > seen[0][0][1])  # a window after the first
+        await still(pilot)
+    run(app, script)
+    rec = load(simulated)
+    samples, resolve, resolve_pid, _ = samples_of_recording(rec)
+    for (lo, hi), shown in seen:
+        inside = [s for s in samples if lo <= s.time_ns <= hi]
+        want = {f"{b.start:x}-{b.end:x}": b.count for b in analyse(inside, resolve, resolve_pid=resolve_pid)
+                .block_stats("pair")}
+        assert shown == want and want
+    assert seen[0][1] != seen[1][1] or seen[0][0] != seen[1][0]
+
+
+def test_b_on_a_guest_function_row(replay_path: Path, simulated: Path) -> None:  # noqa: F811
+    """`b` on a VM's function row: without LBR data one line; with LBR data whose samples are no VM's, the
+    view says the host's LBR sees no guest branches here."""
+    from test_tui import select
+
+    VM, PROCESS = "twoprocs", "compute(1)"  # noqa: N806 - the demo's names in test_tui's recording
+    def to_functions(app: VmprofTop):  # noqa: ANN202
+        async def script(pilot) -> None:  # noqa: ANN001
+            await until(pilot, lambda: any(r[0] == VM and r[1] not in ("0", "-") for r in cells(app)), timeout=15)
+            await pilot.press("space")
+            await select(pilot, app, VM)
+            await pilot.press("enter")
+            await until(pilot, lambda: cells(app) and cells(app)[0][0] == "vcpu0")
+            await pilot.press("enter")
+            await until(pilot, lambda: any(r[0] == PROCESS for r in cells(app)))
+            await select(pilot, app, PROCESS)
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, FunctionScreen) and
+                        "compute_a" in [r[0] for r in cells(app)])
+            await select(pilot, app, "compute_a")
+            await until(pilot, lambda: not app._polling)
+            await pilot.press("b")
+        return script
+
+    app = VmprofTop(ReplayWindow(replay_path, 5.0), 1.0, None, None)
+
+    async def without(pilot) -> None:  # noqa: ANN001
+        await to_functions(app)(pilot)
+        await until(pilot, lambda: app.message == NO_LBR)
+        assert isinstance(app.screen, FunctionScreen)
+    run(app, without)
+    lbr = from_recording(load(simulated))  # LBR samples of a host process: none is the VM's
+    app = VmprofTop(ReplayWindow(replay_path, 5.0), 1.0, None, lbr)
+
+    async def with_lbr(pilot) -> None:  # noqa: ANN001
+        await to_functions(app)(pilot)
+        await until(pilot, lambda: isinstance(app.screen, BlocksScreen) and app.screen.vm == VM)
+        await until(pilot, lambda: f"no LBR sample of VM {VM}" in drawn(app, "#notes"))
+        assert cells(app) == []
+    run(app, with_lbr)
+
+
+def test_top_blocks_without_lbr_data_is_bad_usage(capsys: pytest.CaptureFixture) -> None:
+    assert main(["top", "--blocks", "pair"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--blocks needs LBR data" in err[0]

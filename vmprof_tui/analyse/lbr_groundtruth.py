@@ -78,12 +78,13 @@ def _kill(pid: int) -> None:
 
 def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, *,
           on_exit: Callable[[int], None] | None = None, deadline: float | None = None,
-          stop_at_limit: bool = False) -> Trace:
+          should_stop: Callable[[], bool] | None = None, stop_at_limit: bool = False) -> Trace:
     """Single-step `path` from its first instruction to its exit.
 
     ``on_exit(pid)`` runs while the process still exists at its end (its maps readable).  Past
-    ``max_steps`` instructions or the monotonic ``deadline`` the trace raises TraceError, or with
-    ``stop_at_limit`` kills the program and returns what was traced (``Trace.stopped`` says why)."""
+    ``max_steps`` instructions, the monotonic ``deadline`` or once ``should_stop()`` (asked every 4096
+    steps) the trace raises TraceError, or with ``stop_at_limit`` kills the program and returns what was
+    traced (``Trace.stopped`` says why)."""
     libc = _libc()
     pid = os.fork()
     if pid == 0:  # child: ask to be traced, then exec (stops with SIGTRAP before the first instruction)
@@ -109,8 +110,13 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
             if ptrace(PTRACE_GETREGS, pid, None, rp) != 0:
                 raise TraceError(f"PTRACE_GETREGS failed: {os.strerror(ctypes.get_errno())}")
             rip = regs.rip
-            if n >= max_steps or (deadline is not None and n & 4095 == 0 and time.monotonic() >= deadline):
-                stopped = f"more than {max_steps} instructions" if n >= max_steps else "the time limit"
+            if n >= max_steps:
+                stopped = f"more than {max_steps} instructions"
+            elif n & 4095 == 0 and deadline is not None and time.monotonic() >= deadline:
+                stopped = "the time limit"
+            elif n & 4095 == 0 and should_stop is not None and should_stop():
+                stopped = "an interrupt"
+            if stopped:
                 if not stop_at_limit:
                     raise TraceError(f"{path}: {stopped}; use a smaller program")
                 if on_exit:

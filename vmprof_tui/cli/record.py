@@ -73,14 +73,11 @@ def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if command and shutil.which(command[0]) is None:
         raise Failure(f"command not found: {command[0]}")
-    if args.lbr and args.lbr.split(":")[0] == "simulate":
-        return run_simulate(args, command)
     if args.pid is not None and not Path(f"/proc/{args.pid}").is_dir():
         raise Failure(f"no process with pid {args.pid} on this host")
-    if args.output is None:
-        args.output = DEFAULT_RECORDING
-        if Path(args.output).exists():  # as perf does with perf.data
-            Path(args.output).replace(args.output + ".old")
+    if args.lbr and args.lbr.split(":")[0] == "simulate":
+        return run_simulate(args, command)
+    default_output(args)
     interrupted = stop_on_signals()
     child: subprocess.Popen | None = None
 
@@ -128,6 +125,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_output(args: argparse.Namespace) -> None:
+    """No -o: ./vmprof.data, an old one kept as .old (as perf does with perf.data)."""
+    if args.output is None:
+        args.output = DEFAULT_RECORDING
+        if Path(args.output).exists():
+            Path(args.output).replace(args.output + ".old")
+
+
 def run_simulate(args: argparse.Namespace, command: list[str]) -> int:
     """`vmprof record --lbr=simulate[:PATTERN] -- COMMAND`: collect/lbr_simulate.py."""
     from vmprof_tui.collect import lbr_simulate
@@ -145,15 +150,14 @@ def run_simulate(args: argparse.Namespace, command: list[str]) -> int:
         raise Usage(f"--lbr=simulate:{name}: {e}") from None
     if not 1 <= args.lbr_depth <= 256 or args.lbr_max_instructions < 1:
         raise Usage("--lbr-depth must be 1..256 and --lbr-max-instructions at least 1")
-    if args.output is None:
-        args.output = DEFAULT_RECORDING
+    default_output(args)
     if not args.quiet:
         print(f"vmprof record: single-stepping {shlex.join(command)} (at most {args.lbr_max_instructions:,} "
               "instructions" + (f" or {args.duration:g} s" if args.duration else "") + "; this is slow)",
               file=sys.stderr, flush=True)
     try:
         run = lbr_simulate.simulate(command, pattern, args.frequency, args.lbr_depth, args.lbr_max_instructions,
-                                    args.duration)
+                                    args.duration, stop_on_signals())
         lbr_simulate.write(Path(args.output), run, args.frequency)
     except (lbr_simulate.SimulateError, RecordingError) as e:
         return fail(str(e))

@@ -82,8 +82,6 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         window, lbr = lbr_window(replay, perf_script, window_s, objects or [], freq_hz)
         if blocks and lbr is None:
             raise Failure(f"--blocks: {replay} has no branch records; {NO_LBR}")
-    elif blocks:
-        raise Usage(f"--blocks needs LBR data: {NO_LBR}")
     else:
         from vmprof_tui.collect.backends import BackendError
         from vmprof_tui.collect.bpf import CollectError
@@ -106,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("give either --replay REC or --perf-script FILE, not both")
     if args.object and not args.perf_script:
         raise Usage("--object goes with --perf-script")
+    if args.blocks and not (args.replay or args.perf_script):
+        from vmprof_tui.analyse.lbr_source import NO_LBR
+
+        raise Usage(f"--blocks needs LBR data: {NO_LBR}")
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise Failure("the live screen needs a terminal (stdout and stdin); for text use `vmprof record` "
                       "and `vmprof report`")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,8 +71,10 @@ class SimulatedRun:
 
 
 def simulate(command: list[str], pattern: Pattern, rate_hz: int, depth: int = 16,
-             max_instructions: int = DEFAULT_MAX_INSTRUCTIONS, duration_s: float | None = None) -> SimulatedRun:
-    """Trace `command` and sample it as a PMU host would (see the module's docstring)."""
+             max_instructions: int = DEFAULT_MAX_INSTRUCTIONS, duration_s: float | None = None,
+             should_stop: Callable[[], bool] | None = None) -> SimulatedRun:
+    """Trace `command` and sample it as a PMU host would (see the module's docstring); past a limit, or once
+    should_stop() (Ctrl-C), the command is stopped and what ran until then is kept."""
     path = shutil.which(command[0]) if command else None
     if path is None:
         raise SimulateError(f"command not found: {command[0] if command else '(none)'}")
@@ -85,7 +88,8 @@ def simulate(command: list[str], pattern: Pattern, rate_hz: int, depth: int = 16
     t0 = time.monotonic()
     try:
         t = groundtruth.trace(path, max_instructions, [path, *command[1:]], on_exit=at_exit,
-                              deadline=None if duration_s is None else t0 + duration_s, stop_at_limit=True)
+                              deadline=None if duration_s is None else t0 + duration_s, should_stop=should_stop,
+                              stop_at_limit=True)
         br = groundtruth.branches(t)
     except groundtruth.TraceError as e:
         raise SimulateError(f"cannot single-step {command[0]}: {e}") from None
