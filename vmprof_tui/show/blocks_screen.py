@@ -48,7 +48,7 @@ class WindowBlocks:
 
 
 def _time(x: float | None) -> float | str:
-    return "-" if x is None else round(x, 1)
+    return "-" if x is None else float(x)
 
 
 class BlocksScreen(WindowBlocks, TableScreen):
@@ -77,10 +77,6 @@ class BlocksScreen(WindowBlocks, TableScreen):
         text = str(value) if not isinstance(value, float) else f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
         return Text(" " + text, justify="right" if isinstance(value, int | float) else "left")
 
-    def rows(self, an: WindowView) -> list[tuple[str, tuple]]:
-        out = self.block_rows(an)
-        return [(key, (Text(cells[0]), *cells[1:])) for key, cells in out]  # the block: no leading space
-
     def prepare(self, an: WindowView) -> None:
         self.data, self._data_of = self.blocks_of(an), an
 
@@ -98,7 +94,7 @@ class BlocksScreen(WindowBlocks, TableScreen):
         return (f"{where}{self.function}{obj}: {len(fb.rows)} blocks in {fb.samples_with}/{fb.samples} LBR samples; "
                 f"{fb.unit} = CPI x instr")
 
-    def block_rows(self, an: WindowView) -> list[tuple[str, tuple]]:
+    def rows(self, an: WindowView) -> list[tuple[str, tuple]]:
         fb = self.current(an)
         if fb is None:
             return []
@@ -106,7 +102,7 @@ class BlocksScreen(WindowBlocks, TableScreen):
         for r in fb.rows:
             st, stats = r.stat, r.stat.ns if fb.unit == "ns" else r.stat.cycles
             lbr = st.lbr_cycles["mean"] if st.lbr_cycles else None
-            out.append((r.key, (f"{st.start:x}-{st.end:x}", st.ic, st.count,
+            out.append((r.key, (Text(f"{st.start:x}-{st.end:x}"), st.ic, st.count,  # the first: no leading space
                                 Text(" -" if r.cpi is None else f" {r.cpi:.3f}", justify="right"),
                                 *(_time(stats[k] if stats else None) for k in ("mean", "p50", "p90", "p99")),
                                 _time(lbr), "exact" if st.exact else "has branches",
