@@ -95,3 +95,14 @@ def test_simulate_stops_at_an_interrupt_and_keeps_the_trace(workload: Path) -> N
 
     run = lbr_simulate.simulate([str(workload)], get("type4").with_options(info=True), RATE, should_stop=interrupted)
     assert run.stopped == "an interrupt" and run.instructions == 8192 and len(run.records) > 0
+
+
+def test_a_rep_string_instruction_is_one_instruction_and_no_branch(tmp_path: Path) -> None:
+    prog = tmp_path / "rep_string"
+    subprocess.run(["gcc", *CFLAGS, "-o", str(prog), str(ROOT / "tests/native/rep_string.c")], check=True,
+                   capture_output=True)
+    t = groundtruth.trace(str(prog))
+    assert t.exit_status == 0  # the 4096 iterations ran
+    rep = [a for a, code in t.insn_bytes.items() if code[:2] == b"\xf3\xaa"]  # rep stosb
+    assert len(rep) == 1 and int(np.count_nonzero(t.rips == rep[0])) == 1 and len(t.rips) < 100
+    assert groundtruth.branches(t).from_.size > 0  # the call into main and its return, nothing at the rep

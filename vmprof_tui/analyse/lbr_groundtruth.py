@@ -102,6 +102,7 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
     rp = ctypes.byref(regs)
     rips = np.empty(max_steps, dtype=np.uint64)
     seen: dict[int, bytes] = {}
+    rep_cache: dict[int, bool] = {}
     n = 0
     stopped = None
     exit_event = (signal.SIGTRAP | (PTRACE_EVENT_EXIT << 8)) << 8 | 0x7F
@@ -124,10 +125,13 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
                 _kill(pid)
                 st = 0
                 break
-            rips[n] = rip
-            n += 1
             if rip not in seen:
                 seen[rip] = _peek(libc, pid, rip, 16)
+            # a rep-prefixed string instruction traps after each iteration with its RIP unchanged; the PMU
+            # counts it as one instruction retired, and it is no branch
+            if not (n and rip == int(rips[n - 1]) and _repeats(seen[rip], rep_cache, rip)):
+                rips[n] = rip
+                n += 1
             if ptrace(PTRACE_SINGLESTEP, pid, None, None) != 0:
                 raise TraceError(f"PTRACE_SINGLESTEP failed: {os.strerror(ctypes.get_errno())}")
             _, st = os.waitpid(pid, 0)
@@ -144,6 +148,17 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
         raise
     code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -os.WTERMSIG(st) if os.WIFSIGNALED(st) else -signal.SIGKILL
     return Trace(rips[:n].copy(), seen, code, pid, stopped)
+
+
+_MD = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+
+
+def _repeats(code: bytes, cache: dict[int, bool], rip: int) -> bool:
+    """Whether the instruction is a rep/repe/repne-prefixed one (it may execute many times in place)."""
+    if rip not in cache:
+        insn = next(_MD.disasm_lite(code, rip, 1), None)
+        cache[rip] = insn is not None and insn[2].startswith("rep")
+    return cache[rip]
 
 
 def _peek(libc: ctypes.CDLL, pid: int, addr: int, size: int) -> bytes:
