@@ -105,9 +105,9 @@ LBR_REFRESHES = 30  # the replay's window moves over the recording in this many 
 
 def run_lbr(args: argparse.Namespace) -> int:
     """`vmprof demo --scenario lbr`: programs/lbr_demo.c single-stepped into a simulated LBR recording
-    (collect/lbr_simulate.py), then replayed into the block view of hash_step.  Single-stepping runs at tens
-    of thousands of instructions a second, far too slow to feed the screen live: the recording is made first
-    (8-12 s), and its simulated millisecond is replayed over LBR_REFRESHES refreshes."""
+    (collect/lbr_simulate.py), then replayed into the block view of hash_step.  Single-stepping is far too slow
+    to feed the screen live (docs/demo.md): the recording is made first, and its simulated millisecond is
+    replayed over LBR_REFRESHES refreshes."""
     import tempfile
     from pathlib import Path
 
@@ -123,7 +123,7 @@ def run_lbr(args: argparse.Namespace) -> int:
         return fail(str(e))
     if not args.json:
         print(f"vmprof demo: scenario lbr: single-stepping {program.name} into a simulated LBR recording "
-              "(every instruction traced: about 10 s)...", file=sys.stderr, flush=True)
+              "(every instruction traced: this takes a while)...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="vmprof-lbr-demo-") as tmp:
         rec = Path(tmp) / "lbr_demo.vmprof"
         try:

@@ -45,8 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
                    help="also record last branch records with cycles and instructions (hosts with a PMU and LBR; "
                         "PATTERN type1..type4 or any as in `vmprof blocks --patterns`, default type4). "
-                        "simulate[:PATTERN] needs -- COMMAND and works anywhere: COMMAND is single-stepped (every "
-                        "instruction traced, ~30 us each: bounded by --lbr-max-instructions and -d) and sampled "
+                        "simulate[:PATTERN] needs -- COMMAND and works anywhere: COMMAND is single-stepped, which is "
+                        "slow (every instruction traced; bounded by --lbr-max-instructions, -d and Ctrl-C), and "
+                        "sampled "
                         "every 1e9/F cycles of a synthetic cost model (1 cycle = 1 ns), the recording marked "
                         "simulated; no other sampling then (docs/lbr.md)")
     p.add_argument("--lbr-depth", type=int, default=16, metavar="N", help="with --lbr=simulate: LBR entries")

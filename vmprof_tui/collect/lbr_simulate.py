@@ -9,8 +9,8 @@ LBR would have recorded per entry.  The records have the layout the BPF collecto
 (record/lbr_records.py), so everything downstream reads them as a PMU host's.
 
 Simulated time: one cost-model cycle is one nanosecond (a 1 GHz CPU), so `-F HZ` means a
-sample every 1e9/HZ cycles of the program's own execution.  Single-stepping costs tens of
-microseconds per instruction: a run is bounded by an instruction limit and by `-d`.
+sample every 1e9/HZ cycles of the program's own execution.  Single-stepping is slow (docs/lbr.md
+has figures): a run is bounded by an instruction limit, by `-d` and by Ctrl-C.
 Only the traced thread is seen (a multi-threaded program's other threads run untraced).
 """
 

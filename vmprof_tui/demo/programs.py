@@ -51,7 +51,7 @@ def program_path(name: str) -> Path:
                     (src / "guest_rt.h", src / "stack_rt.h"))
 
 
-LBR_DEMO_ROUNDS = 3_000  # ~93 instructions a round: 280,000 instructions, 8-12 s single-stepped
+LBR_DEMO_ROUNDS = 3_000  # ~93 instructions a round: 280,000 instructions (docs/demo.md: the time it takes)
 
 
 def lbr_demo_path(rounds: int = LBR_DEMO_ROUNDS) -> Path:
