@@ -25,6 +25,9 @@ ALLOWED = {
     ("vmprof_tui.collect.session", "vmprof_tui.record"): "chunks carry record arrays",
     ("vmprof_tui.collect.bpf", "vmprof_tui.record"): "ring buffers hold the record dtypes",
     ("vmprof_tui.record.perf_script", "vmprof_tui.resolve.elfcode"): "perf script lines name their objects",
+    ("vmprof_tui.collect.lbr_simulate", "vmprof_tui.analyse.lbr_groundtruth"): "--lbr=simulate samples the "
+    "single-step ground truth",
+    ("vmprof_tui.collect.lbr_simulate", "vmprof_tui.record"): "it writes a recording of LBR records",
 }
 
 

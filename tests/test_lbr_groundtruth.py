@@ -35,7 +35,8 @@ from vmprof_tui.show.formats import blocks_table as format_table
 ROUNDS = 200
 FREQ = 2.5e9
 CFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie", "-fno-pic",
-          "-fno-stack-protector", "-fcf-protection=none", "-fno-asynchronous-unwind-tables"]
+          "-fno-stack-protector", "-fcf-protection=none", "-fno-asynchronous-unwind-tables",
+          f"-I{ROOT / 'vmprof_tui/demo/programs'}"]  # host_start.h: the _start it shares with the LBR demo
 CR = BranchFilter.CALL | BranchFilter.RETURN
 PATTERNS = {"any": (BranchFilter.ANY, Fields.FROM | Fields.TO), "type4": (CR, Fields.FROM | Fields.TO),
             "type1": (BranchFilter.CALL, Fields.FROM | Fields.TO), "type2": (CR, Fields.FROM),

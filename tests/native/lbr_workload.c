@@ -87,14 +87,4 @@ NOINLINE int main(void)
 	return 0;
 }
 
-__asm__(".text\n"
-	".globl _start\n"
-	".type _start, @function\n"
-	"_start:\n"
-	"	xor %ebp, %ebp\n"
-	"	call main\n"
-	"	mov %eax, %edi\n"
-	"	mov $60, %eax\n"
-	"	syscall\n"
-	"	hlt\n"
-	".size _start, . - _start\n");
+#include "host_start.h"

@@ -69,6 +69,7 @@ BLOCK_DTYPE = np.dtype([
     ("vstart", "<u8"),  # the same in the object file's address space
     ("vend", "<u8"),
     ("func", "<i4"),  # index into BlockReport.functions, -1 if none
+    ("touches", "<i4"),  # the function of its start (else of its end), also for a rejected block; -1 if none
     ("ic", "<i8"),  # instructions in [start, end], -1 unless ok
     ("internal", "<i4"),  # branch instructions inside the range (before its last instruction)
     ("ic_listed", "<i8"),  # instructions perf script -F brstackinsn listed for the block, -1 if none
@@ -461,6 +462,7 @@ def analyse(samples: Sequence[LbrSample], resolve: Resolve, freq_hz: float | Non
     blocks["vstart"] = np.where(ok, u_vaddr[si], starts)
     blocks["vend"] = np.where(ok, u_vaddr[ei], ends)
     blocks["func"] = np.where(ok, u_func[si], listed_func)
+    blocks["touches"] = np.where(ok | use_listed, blocks["func"], np.where(u_func[si] >= 0, u_func[si], u_func[ei]))
     ok_all = status == STATUS_OK
     blocks["ic"] = np.where(ok_all, ic, -1)
     blocks["internal"] = internal

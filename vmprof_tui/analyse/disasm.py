@@ -119,3 +119,22 @@ class CodeCache:
             fc = decode_function(self.read_code(object_path, start, size), object_path, name, start, end)
             self._funcs[key] = fc
         return fc
+
+
+def listing(read_code: CodeReader, object_path: str, start: int, end: int) -> list[tuple[int, int, str, str]]:
+    """(address, size, mnemonic, operands) of each instruction of [start, end), by the same linear sweep as
+    decode_function (an undecodable byte is shown as `.byte`)."""
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    code = read_code(object_path, start, max(0, min(end - start, MAX_FUNCTION_BYTES)))
+    out: list[tuple[int, int, str, str]] = []
+    off = 0
+    while off < len(code):
+        last_end = off
+        for addr, size, mnemonic, op_str in md.disasm_lite(code[off:], start + off):
+            out.append((addr, size, mnemonic, op_str))
+            last_end = addr + size - start
+        if last_end < len(code):
+            out.append((start + last_end, 1, ".byte", f"{code[last_end]:#04x}"))
+            last_end += 1
+        off = last_end
+    return out

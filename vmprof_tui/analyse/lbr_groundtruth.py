@@ -20,6 +20,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import capstone
@@ -34,6 +36,11 @@ PTRACE_PEEKTEXT = 1
 PTRACE_SINGLESTEP = 9
 PTRACE_GETREGS = 12
 PTRACE_KILL = 8
+PTRACE_CONT = 7
+PTRACE_SETOPTIONS = 0x4200
+PTRACE_O_TRACEEXIT = 0x40
+PTRACE_O_EXITKILL = 0x100000
+PTRACE_EVENT_EXIT = 6
 
 
 _REG_NAMES = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi",
@@ -57,10 +64,27 @@ class Trace:
     rips: np.ndarray  # uint64: the address of every retired instruction, in order
     insn_bytes: dict[int, bytes]  # code bytes at each distinct RIP, read from the traced process
     exit_status: int
+    pid: int = 0
+    stopped: str | None = None  # why the trace ended before the program did (a limit), None if it exited
 
 
-def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None) -> Trace:
-    """Single-step `path` from its first instruction to its exit."""
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+
+
+def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, *,
+          on_exit: Callable[[int], None] | None = None, deadline: float | None = None,
+          should_stop: Callable[[], bool] | None = None, stop_at_limit: bool = False) -> Trace:
+    """Single-step `path` from its first instruction to its exit.
+
+    ``on_exit(pid)`` runs while the process still exists at its end (its maps readable).  Past
+    ``max_steps`` instructions, the monotonic ``deadline`` or once ``should_stop()`` (asked every 4096
+    steps) the trace raises TraceError, or with ``stop_at_limit`` kills the program and returns what was
+    traced (``Trace.stopped`` says why)."""
     libc = _libc()
     pid = os.fork()
     if pid == 0:  # child: ask to be traced, then exec (stops with SIGTRAP before the first instruction)
@@ -72,39 +96,69 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None) 
     _, st = os.waitpid(pid, 0)
     if not os.WIFSTOPPED(st):
         raise TraceError(f"{path}: did not stop at exec (status {st:#x})")
+    ptrace = libc.ptrace
+    ptrace(PTRACE_SETOPTIONS, pid, None, ctypes.c_void_p(PTRACE_O_EXITKILL | (PTRACE_O_TRACEEXIT if on_exit else 0)))
     regs = _Regs()
     rp = ctypes.byref(regs)
     rips = np.empty(max_steps, dtype=np.uint64)
     seen: dict[int, bytes] = {}
+    rep_cache: dict[int, bool] = {}
     n = 0
-    ptrace = libc.ptrace
+    stopped = None
+    exit_event = (signal.SIGTRAP | (PTRACE_EVENT_EXIT << 8)) << 8 | 0x7F
     try:
         while True:
             if ptrace(PTRACE_GETREGS, pid, None, rp) != 0:
                 raise TraceError(f"PTRACE_GETREGS failed: {os.strerror(ctypes.get_errno())}")
             rip = regs.rip
             if n >= max_steps:
-                raise TraceError(f"{path}: more than {max_steps} instructions; use a smaller program")
-            rips[n] = rip
-            n += 1
+                stopped = f"more than {max_steps} instructions"
+            elif n & 4095 == 0 and deadline is not None and time.monotonic() >= deadline:
+                stopped = "the time limit"
+            elif n & 4095 == 0 and should_stop is not None and should_stop():
+                stopped = "an interrupt"
+            if stopped:
+                if not stop_at_limit:
+                    raise TraceError(f"{path}: {stopped}; use a smaller program")
+                if on_exit:
+                    on_exit(pid)
+                _kill(pid)
+                st = 0
+                break
             if rip not in seen:
                 seen[rip] = _peek(libc, pid, rip, 16)
+            # a rep-prefixed string instruction traps after each iteration with its RIP unchanged; the PMU
+            # counts it as one instruction retired, and it is no branch
+            if not (n and rip == int(rips[n - 1]) and _repeats(seen[rip], rep_cache, rip)):
+                rips[n] = rip
+                n += 1
             if ptrace(PTRACE_SINGLESTEP, pid, None, None) != 0:
                 raise TraceError(f"PTRACE_SINGLESTEP failed: {os.strerror(ctypes.get_errno())}")
             _, st = os.waitpid(pid, 0)
+            if on_exit and st & 0xFFFFFF == exit_event:  # about to exit: its memory is still there
+                on_exit(pid)
+                ptrace(PTRACE_CONT, pid, None, None)
+                _, st = os.waitpid(pid, 0)
             if os.WIFEXITED(st) or os.WIFSIGNALED(st):
                 break
             if os.WIFSTOPPED(st) and os.WSTOPSIG(st) != signal.SIGTRAP:
                 raise TraceError(f"{path}: stopped by signal {os.WSTOPSIG(st)} at {rip:#x}")
     except BaseException:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
+        _kill(pid)
         raise
-    code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -os.WTERMSIG(st)
-    return Trace(rips[:n].copy(), seen, code)
+    code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -os.WTERMSIG(st) if os.WIFSIGNALED(st) else -signal.SIGKILL
+    return Trace(rips[:n].copy(), seen, code, pid, stopped)
+
+
+_MD = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+
+
+def _repeats(code: bytes, cache: dict[int, bool], rip: int) -> bool:
+    """Whether the instruction is a rep/repe/repne-prefixed one (it may execute many times in place)."""
+    if rip not in cache:
+        insn = next(_MD.disasm_lite(code, rip, 1), None)
+        cache[rip] = insn is not None and insn[2].startswith("rep")
+    return cache[rip]
 
 
 def _peek(libc: ctypes.CDLL, pid: int, addr: int, size: int) -> bytes:

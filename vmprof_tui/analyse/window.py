@@ -364,10 +364,11 @@ class ReplayWindow:
 
     live = False
 
-    def __init__(self, path: Path, window_s: float = 10.0) -> None:
-        self.rec = recording.load(path)
+    def __init__(self, path: Path, window_s: float = 10.0, rec: recording.Recording | None = None) -> None:
+        self.rec = rec if rec is not None else recording.load(path)  # rec: one made in memory (perf script)
         self.damage = self.rec.damage()  # shown on the status line: what corruption cost this replay
         self.window_s = window_s
+        self.step_s = 1.0  # recorded seconds a poll moves on (a simulated LBR recording lasts milliseconds)
         self.resolver = Resolver()
         times = [a["time_ns"] for a in (self.rec.samples, self.rec.sched) if len(a)]
         self.t0 = int(min(t.min() for t in times)) if times else 0
@@ -404,7 +405,8 @@ class ReplayWindow:
             t = self._times[id(table)] = table["time_ns"].astype(np.int64)
         return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
 
-    def poll(self, step_s: float = 1.0, detail: bool = False) -> WindowView:
+    def poll(self, step_s: float | None = None, detail: bool = False) -> WindowView:
+        step_s = self.step_s if step_s is None else step_s
         self.now = min(self.now + int(step_s * 1e9), self.t_end)
         lo = max(self.t0, self.now - int(self.window_s * 1e9))
         if self._fresh or self.now < self._loaded_ns or lo > self._loaded_ns:

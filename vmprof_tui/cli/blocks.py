@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vmprof_tui.analyse.blocks import BlockReport, BlocksError, analyse
 from vmprof_tui.collect import lbr_patterns as patterns
 from vmprof_tui.record.lbr_model import BranchFilter
-from vmprof_tui.record.perf_script import PerfScriptError, build_resolvers, make_resolve_pid, parse
-from vmprof_tui.record.recording import RecordingError
+from vmprof_tui.record.perf_script import PerfScriptError, build_resolvers, make_resolve_pid, notes_of, read
+from vmprof_tui.record.recording import RecordingError, load
 from vmprof_tui.resolve.elfcode import ImageCache
-from vmprof_tui.resolve.lbr_recording import samples_of_recording
+from vmprof_tui.resolve.lbr_recording import samples_of_recording, simulated_note
 from vmprof_tui.show.formats import blocks_csv as format_csv
 from vmprof_tui.show.formats import blocks_json as format_json
 from vmprof_tui.show.formats import blocks_table as format_table
@@ -65,33 +66,15 @@ def run_blocks_from_perf_script(path: str, function: str | None, fmt: str = "tab
                                 process: str | None = None, max_samples: int | None = 3) -> str:
     """`vmprof blocks --perf-script FILE`: parse, resolve against ELF files on disk, analyse, format."""
     try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-    except OSError as e:
-        raise BlocksError(f"cannot read {path}: {e.strerror or e}") from e
-    try:
-        data = parse(text, branch_filter)
-    except PerfScriptError as e:
-        raise BlocksError(f"{path}: {e}") from e
-    if not data.samples:
-        raise BlocksError(f"{path}: no samples with branch records; record with `perf record -b` (or -j) and "
-                          "convert with perf script -F comm,pid,tid,cpu,time,period,event,ip,sym,dso,brstack")
-    cache = ImageCache()
-    try:
+        data = read(path, branch_filter)
+        cache = ImageCache()
         glob, per_pid, errors = build_resolvers(data, objects, cache)
     except PerfScriptError as e:
         raise BlocksError(str(e)) from e
     report = analyse(data.samples, glob, freq_hz, read_code=cache, resolve_pid=make_resolve_pid(glob, per_pid),
                      process=process)
     report.notes.extend(f"object not used: {e}" for e in errors)
-    if data.skipped_not_taken:
-        report.notes.append(f"{data.skipped_not_taken} not-taken branch entries skipped")
-    if not any(s.cycles is not None and s.instructions is not None for s in data.samples):
-        report.notes.append("no instructions counts in the input: CPI unknown; record the group "
-                            "-e '{cycles,instructions}:S' for measured CPI")
+    report.notes.extend(notes_of(data))
     return render(report, fmt, function, max_samples)
 
 
@@ -120,9 +103,12 @@ def run(args: argparse.Namespace) -> int:
             out = run_blocks_from_perf_script(args.perf_script, args.function, args.format, args.object, freq, flt,
                                               args.process, max_samples)
         elif args.recording:
-            samples, resolve, resolve_pid, read_code = samples_of_recording(args.recording, args.vm, args.process)
+            rec = load(Path(args.recording))
+            samples, resolve, resolve_pid, read_code = samples_of_recording(rec, args.vm, args.process)
             report = analyse(samples, resolve, freq, read_code=read_code,  # type: ignore[arg-type]
                              resolve_pid=resolve_pid, vm=args.vm, process=args.process)  # type: ignore[arg-type]
+            if note := simulated_note(rec.meta):
+                report.notes.insert(0, note)
             out = render(report, args.format, args.function, max_samples)
         else:
             print("vmprof: blocks needs a recording (REC) or --perf-script FILE; see vmprof blocks --help",

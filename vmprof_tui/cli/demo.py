@@ -19,14 +19,15 @@ EXAMPLES = """examples:
   vmprof demo --scenario custom --exec /bin/busybox --arg sha256sum --arg /f --dir DIR
                                        a real static program on the guest kernel
   vmprof demo --scenario custom --program gzip -d 10   a real workload
+  vmprof demo --scenario lbr           LBR block times (simulated, any host)
   vmprof demo --list                   the scenarios"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from vmprof_tui.demo import programs, scenarios
 
-    p.add_argument("--scenario", "-s", default="alone", choices=scenarios.NAMES, metavar="NAME",
-                   help="one of: " + ", ".join(scenarios.NAMES) + " (default: alone)")
+    p.add_argument("--scenario", "-s", default="alone", choices=scenarios.SCENARIOS, metavar="NAME",
+                   help="one of: " + ", ".join(scenarios.SCENARIOS) + " (default: alone)")
     p.add_argument("--duration", "-d", type=seconds, default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument("--no-tui", action="store_true", help="print a plain-text summary every second instead of "
@@ -70,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
     from vmprof_tui.demo.truth import format_truth, load_line
 
     if args.list:
-        for name in scenarios.NAMES:
+        for name in scenarios.SCENARIOS:
             print(f"{name:12} {scenarios.DESCRIPTIONS[name]}")
         return 0
+    if args.scenario == "lbr":
+        return run_lbr(args)
     mem_mb = _mem_mb(args.mem)
     if mem_mb is None or not 16 <= mem_mb <= 65536:
         return _usage(f"--mem {args.mem!r} is not a guest memory size between 16M and 64G (e.g. 512M, 2G)")
@@ -149,3 +152,54 @@ def _show_output(events: list[dict], shown: int, as_json: bool) -> int:
                   f"{event['what']}", file=sys.stderr)
     sys.stdout.flush()
     return len(events)
+
+
+LBR_RATE = 100_000  # simulated samples per second: one every 10,000 cost-model cycles
+LBR_FUNCTION = "hash_step"
+LBR_REFRESHES = 30  # the replay's window moves over the recording in this many refreshes
+
+
+def run_lbr(args: argparse.Namespace) -> int:
+    """`vmprof demo --scenario lbr`: programs/lbr_demo.c single-stepped into a simulated LBR recording
+    (collect/lbr_simulate.py), then replayed into the block view of hash_step.  Single-stepping is far too slow
+    to feed the screen live (docs/demo.md): the recording is made first, and its simulated millisecond is
+    replayed over LBR_REFRESHES refreshes."""
+    import tempfile
+    from pathlib import Path
+
+    from vmprof_tui.cli.top import lbr_window
+    from vmprof_tui.collect import lbr_simulate
+    from vmprof_tui.collect.lbr_patterns import get
+    from vmprof_tui.demo.programs import BuildError, lbr_demo_path
+    from vmprof_tui.show.tui import VmprofTop
+
+    try:
+        program = lbr_demo_path()
+    except BuildError as e:
+        return fail(str(e))
+    if not args.json:
+        print(f"vmprof demo: scenario lbr: single-stepping {program.name} into a simulated LBR recording "
+              "(every instruction traced: this takes a while)...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="vmprof-lbr-demo-") as tmp:
+        rec = Path(tmp) / "lbr_demo.vmprof"
+        try:
+            run = lbr_simulate.simulate([str(program)], get("type4").with_options(info=True), LBR_RATE)
+            lbr_simulate.write(rec, run, LBR_RATE)
+        except lbr_simulate.SimulateError as e:
+            return fail(str(e))
+        if args.json:
+            print(json.dumps({"scenario": "lbr", "program": str(program), "instructions": run.instructions,
+                              "samples": len(run.records), "period_cycles": run.period, "function": LBR_FUNCTION}))
+            return 0
+        span_s = run.cycles / lbr_simulate.CLOCK_HZ
+        window, source = lbr_window(str(rec), None, span_s / 5, [], None)
+        window.step_s = span_s / LBR_REFRESHES  # simulated time: a refresh moves the window by a 30th of the run
+        if args.no_tui or not sys.stdout.isatty():
+            from vmprof_tui.show.formats import blocks_table
+
+            print(run.summary())
+            print(blocks_table.render(source.report(None, None), LBR_FUNCTION, 0))
+            return 0
+        VmprofTop(window, 1.0, stop_on_signals(), source, LBR_FUNCTION).run()
+    print(run.summary())
+    return 0

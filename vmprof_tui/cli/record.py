@@ -21,6 +21,8 @@ EXAMPLES = """examples:
   vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)
   vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest
   vmprof record -e cpu-clock -d 5               perf's events: cpu-clock, cycles
+  vmprof record -o sim.vmprof --lbr=simulate -F 100000 -- ./prog
+                 branch records on any machine: prog single-stepped (slow)
 
 the recording is created 0600 (as perf.data); --group-readable makes it 0640.
 exit status: COMMAND's, as perf's; else 0, 1 on failure, 2 on bad usage."""
@@ -62,7 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
                    help="also record last branch records with cycles and instructions (hosts with a PMU and LBR; "
-                        "PATTERN type1..type4 as in `vmprof blocks --patterns`, default type4)")
+                        "PATTERN type1..type4 or any as in `vmprof blocks --patterns`, default type4). "
+                        "simulate[:PATTERN] needs -- COMMAND and works anywhere: COMMAND is single-stepped, which is "
+                        "slow (every instruction traced; bounded by --lbr-max-instructions, -d and Ctrl-C), and "
+                        "sampled "
+                        "every 1e9/F cycles of a synthetic cost model (1 cycle = 1 ns), the recording marked "
+                        "simulated; no other sampling then (docs/lbr.md)")
+    p.add_argument("--lbr-depth", type=int, default=16, metavar="N", help="with --lbr=simulate: LBR entries")
+    p.add_argument("--lbr-max-instructions", type=int, default=2_000_000, metavar="N",
+                   help="with --lbr=simulate: stop the command (keeping what was traced) after N instructions")
     p.add_argument("--lbr-period", type=int, default=1_000_003, metavar="CYCLES",
                    help="cycles between LBR samples (about 1 ms at 1 GHz)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
@@ -130,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is not None and not Path(f"/proc/{args.pid}").is_dir():
         raise Failure(f"no process with pid {args.pid} on this host")
     args.output = args.output or DEFAULT_RECORDING
+    if args.lbr and args.lbr.split(":")[0] == "simulate":
+        return run_simulate(args, command)
     interrupted = stop_on_signals()
     child: subprocess.Popen | None = None
 
@@ -180,4 +192,41 @@ def run(args: argparse.Namespace) -> int:
         status = child.returncode if child.returncode > 0 else 128 - child.returncode
         print(f"vmprof record: note: {command[0]} exited with status {status}", file=sys.stderr)
         return status
+    return 0
+
+
+def run_simulate(args: argparse.Namespace, command: list[str]) -> int:
+    """`vmprof record --lbr=simulate[:PATTERN] -- COMMAND`: collect/lbr_simulate.py."""
+    from vmprof_tui.collect import lbr_simulate
+    from vmprof_tui.collect.lbr_patterns import get
+    from vmprof_tui.record.recording import RecordingError
+
+    if not command:
+        raise Usage("--lbr=simulate needs a command to single-step: vmprof record --lbr=simulate -o REC -- CMD")
+    if args.pid is not None or args.vm or args.stacks:
+        raise Usage("--lbr=simulate traces its command alone: leave out -p, --vm and -g")
+    name = args.lbr.partition(":")[2] or "type4"
+    try:
+        pattern = get(name).with_options(info=True)
+    except ValueError as e:
+        raise Usage(f"--lbr=simulate:{name}: {e}") from None
+    if not 1 <= args.lbr_depth <= 256 or args.lbr_max_instructions < 1:
+        raise Usage("--lbr-depth must be 1..256 and --lbr-max-instructions at least 1")
+    if not args.quiet:
+        print(f"vmprof record: single-stepping {shlex.join(command)} (at most {args.lbr_max_instructions:,} "
+              "instructions" + (f" or {args.duration:g} s" if args.duration else "") + "; this is slow)",
+              file=sys.stderr, flush=True)
+    try:
+        run = lbr_simulate.simulate(command, pattern, args.frequency, args.lbr_depth, args.lbr_max_instructions,
+                                    args.duration, stop_on_signals())
+        lbr_simulate.write(Path(args.output), run, args.frequency, keep_old=True)
+    except (lbr_simulate.SimulateError, RecordingError) as e:
+        return fail(str(e))
+    if run.stopped:
+        print(f"vmprof record: note: {command[0]} was stopped at {run.stopped}: the recording holds what ran "
+              "until then", file=sys.stderr)
+    if len(run.records) < 20:
+        print(f"vmprof record: note: only {len(run.records)} LBR samples; raise -F (up to 100000) for more",
+              file=sys.stderr)
+    print(f"{run.summary()} into {args.output}")
     return 0

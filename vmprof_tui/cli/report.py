@@ -13,6 +13,7 @@ import numpy as np
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import row_ratios, whole_rows
 from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, no_vm, write_output
+from vmprof_tui.resolve.lbr_recording import simulated_note
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
 from vmprof_tui.show.text import MIN_WIDTH, report_width
@@ -127,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
             wholes = list(_profiles(args, whole, level))
         profiles = [filtered(p, filters, w) for p, w in zip(profiles, wholes, strict=True)]
     profiles = [dataclasses.replace(p, rows=whole_rows(p.rows)) for p in profiles]
+    if note := simulated_note(an.rec.meta):  # vmprof record --lbr=simulate: its times are not measured ones
+        profiles = [dataclasses.replace(p, notes=[note, *p.notes]) for p in profiles]
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
                               limit=args.limit, cols=cols)
     write_output(args, fmt.render(inp))

@@ -22,7 +22,11 @@ EXAMPLES = """examples:
   vmprof top -g                   + call stacks: flame view (f), callers (c)
   vmprof top --host-counts on     host tasks' samples counted in the kernel
                                   (the default from 64,000 samples/s up)
-  vmprof top --store /srv/store   step through the windows of a fleet store"""
+  vmprof top --store /srv/store   step through the windows of a fleet store
+  vmprof top --replay sim.vmprof --blocks pair
+                                  LBR blocks of a function (b on a function row)
+  vmprof top --perf-script prog.txt --object ./prog --blocks hot
+                                  the same for `perf record -b` data"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,20 +45,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="count host tasks' samples in a BPF map by process and IP instead of sending each one "
                         "(the host view's rows; vCPU threads' samples still come one by one): auto is on from "
                         f"{HOST_COUNTS_FROM:,} samples/s (rate x CPUs) up, and off with -g")
+    p.add_argument("--blocks", default=None, metavar="FUNCTION", help="open the LBR block view of FUNCTION "
+                   "(needs --replay of a recording made with --lbr or --lbr=simulate, or --perf-script)")
+    p.add_argument("--perf-script", default=None, metavar="FILE", help="replay `perf script` text of "
+                   "`perf record -b` data (as `vmprof blocks --perf-script` reads it) for the block view")
+    p.add_argument("--object", action="append", default=[], metavar="PATH[@BIAS]",
+                   help="with --perf-script: object file to resolve addresses with (repeatable)")
+    p.add_argument("--freq-mhz", type=float, default=None, metavar="MHZ",
+                   help="CPU frequency, for block times in ns (default: cycles)")
+
+
+def lbr_window(replay: str | None, perf_script: str | None, window_s: float, objects: list[str],
+               freq_hz: float | None) -> tuple[object, object | None]:
+    """(ReplayWindow, LbrSource or None) of a recording or of `perf script` text."""
+    from vmprof_tui.analyse import lbr_source
+    from vmprof_tui.analyse.window import ReplayWindow
+    from vmprof_tui.record.perf_script import PerfScriptError, as_recording
+    from vmprof_tui.record.recording import RecordingError
+
+    try:
+        if perf_script:
+            source, data = lbr_source.from_perf_script(perf_script, objects, freq_hz)
+            return ReplayWindow(Path(perf_script), window_s, as_recording(data, perf_script)), source
+        window = ReplayWindow(Path(replay or ""), window_s)
+        return window, lbr_source.from_recording(window.rec, freq_hz)
+    except (RecordingError, PerfScriptError) as e:
+        raise Failure(str(e)) from None
 
 
 def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
-            should_stop: Callable[[], bool] | None = None, stacks: bool = False, host_counts: bool = False) -> None:
-    from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
+            should_stop: Callable[[], bool] | None = None, stacks: bool = False, host_counts: bool = False,
+            blocks: str | None = None, perf_script: str | None = None, objects: list[str] | None = None,
+            freq_hz: float | None = None) -> None:
+    from vmprof_tui.analyse.lbr_source import NO_LBR
+    from vmprof_tui.analyse.window import LiveWindow
     from vmprof_tui.show.tui import VmprofTop
 
-    if replay:
-        from vmprof_tui.record.recording import RecordingError
-
-        try:
-            window = ReplayWindow(Path(replay), window_s)
-        except RecordingError as e:
-            raise Failure(str(e)) from None
+    lbr = None
+    if replay or perf_script:
+        window, lbr = lbr_window(replay, perf_script, window_s, objects or [], freq_hz)
+        if blocks and lbr is None:
+            raise Failure(f"--blocks: {replay} has no branch records; {NO_LBR}")
     else:
         from vmprof_tui.collect.backends import BackendError
         from vmprof_tui.collect.bpf import CollectError
@@ -66,7 +97,7 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         except (BackendError, CollectError) as e:
             raise Failure(str(e)) from None
     try:
-        VmprofTop(window, refresh_s, should_stop).run()
+        VmprofTop(window, refresh_s, should_stop, lbr, blocks).run()
     finally:
         window.close()
 
@@ -77,6 +108,14 @@ def run(args: argparse.Namespace) -> int:
         if not lo <= value <= hi:  # NaN fails too
             raise Usage(f"{name} takes seconds from {lo:g} to {hi:g}, not {value:g}")
     counted = host_counts(args.host_counts, args.frequency, args.stacks)
+    if args.replay and args.perf_script:
+        raise Usage("give either --replay REC or --perf-script FILE, not both")
+    if args.object and not args.perf_script:
+        raise Usage("--object goes with --perf-script")
+    if args.blocks and not (args.replay or args.perf_script):
+        from vmprof_tui.analyse.lbr_source import NO_LBR
+
+        raise Usage(f"--blocks needs LBR data: {NO_LBR}")
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise Failure("the live screen needs a terminal (stdout and stdin); for text use `vmprof record` "
                       "and `vmprof report`")
@@ -89,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         except StoreError as e:
             raise Failure(str(e)) from None
         return 0
-    if not args.replay:
+    if not args.replay and not args.perf_script and not args.blocks:
         from vmprof_tui.collect import discover
         from vmprof_tui.collect.bpf import CollectError, check_privileges
 
@@ -100,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         if not discover.discover_vms():
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)
-    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks, counted)
+    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks, counted,
+            args.blocks, args.perf_script, args.object, args.freq_mhz * 1e6 if args.freq_mhz else None)
     return 0
 
 

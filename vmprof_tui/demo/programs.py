@@ -51,6 +51,16 @@ def program_path(name: str) -> Path:
                     (src / "guest_rt.h", src / "stack_rt.h"))
 
 
+LBR_DEMO_ROUNDS = 3_000  # ~93 instructions a round: 280,000 instructions (docs/demo.md: the time it takes)
+
+
+def lbr_demo_path(rounds: int = LBR_DEMO_ROUNDS) -> Path:
+    """The host program `vmprof demo --scenario lbr` single-steps (programs/lbr_demo.c), built if needed."""
+    src = _source_dir()
+    return compiled(src / "lbr_demo.c", [*CFLAGS, f"-DROUNDS={rounds}"], "lbr_demo", "the LBR demo program",
+                    (src / "host_start.h",))
+
+
 def compiled(source: Path, flags: list[str], name: str, what: str, headers: tuple[Path, ...] = (),
              more_sources: tuple[Path, ...] = (), libs: tuple[str, ...] = ()) -> Path:
     """`source` (with `more_sources`, and the `headers` it includes, from their folder) built with `flags` into

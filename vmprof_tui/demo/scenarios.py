@@ -121,6 +121,7 @@ def real_vm(name: str, c: Custom, pins: tuple[int, ...] = ()) -> dict:
 
 NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "wakeup", "throttled",
          "skew", "halt-poll", "native-vs-guest", "smp2", "custom")
+SCENARIOS = (*NAMES, "lbr")  # and the one without VMs (cli/demo.py runs it)
 
 DESCRIPTIONS = {
     "alone": "1 VM, 1 vCPU, the compute program (compute_a 80% / compute_b 20%)",
@@ -140,4 +141,6 @@ DESCRIPTIONS = {
     "smp2": f"one VM, 2 vCPUs pinned to CPUs 0 and {SHARED_CPU}, shor and gzip on the guest kernel (002 Tables 10-11)",
     "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms; or a real program: "
               "--exec PATH [--arg A]... [--dir D] [--mem SIZE], --program shor|gzip|xz|sqlite|lua",
+    "lbr": "no VM: a host program single-stepped into a simulated LBR recording (record --lbr=simulate), "
+           "replayed into the block view of its hot function hash_step",
 }

@@ -26,12 +26,16 @@ from __future__ import annotations
 import io
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui.record.lbr_model import BranchFilter, Fields, LbrSample, Resolve, ResolvedAddr
+from vmprof_tui.record.recording import VMS_KEY, Recording, snapshot
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
 from vmprof_tui.resolve.elfcode import ElfError, ElfResolver, ImageCache
 
 _HEADER = re.compile(
@@ -243,6 +247,64 @@ def parse(text: str | Iterable[str], branch_filter: BranchFilter | None = None) 
             s.lbr_cycles = None
             s.fields = Fields.FROM | Fields.TO
     return data
+
+
+def read(path: str, branch_filter: BranchFilter | None = None, stdin: io.TextIOBase | None = None) -> PerfScriptData:
+    """Parse a perf script file ('-' reads stdin); PerfScriptError (one line) when it cannot be read or has
+    no sample with branch records."""
+    try:
+        if path == "-":
+            text = (stdin or sys.stdin).read()
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+    except OSError as e:
+        raise PerfScriptError(f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        data = parse(text, branch_filter)
+    except PerfScriptError as e:
+        raise PerfScriptError(f"{path}: {e}") from e
+    if not data.samples:
+        raise PerfScriptError(f"{path}: no samples with branch records; record with `perf record -b` (or -j) and "
+                              "convert with perf script -F comm,pid,tid,cpu,time,period,event,ip,sym,dso,brstack")
+    return data
+
+
+def as_recording(data: PerfScriptData, path: str) -> Recording:
+    """The samples as a recording that `vmprof top` can replay: one host sample per perf sample (its ip, pid,
+    tid, cpu and time) and each process's maps from the mmap events (no sched events, no VM)."""
+    samples = np.zeros(len(data.samples), SAMPLE_DTYPE)
+    samples["time_ns"] = [s.time_ns for s in data.samples]
+    samples["host_ip"] = [s.ip for s in data.samples]
+    samples["pid"] = [max(s.pid, 0) for s in data.samples]
+    samples["tid"] = [max(s.tid, 0) for s in data.samples]
+    samples["cpu"] = [max(s.cpu, 0) for s in data.samples]
+    samples["stack_id"] = -1
+    processes = {}
+    for s in data.samples:
+        if s.pid > 0 and s.pid not in processes:
+            maps = "".join(f"{m.start:x}-{m.start + m.length:x} r-xp {m.pgoff:08x} 00:00 0 {m.path}\n"
+                           for m in data.mmaps if m.pid == s.pid and m.path.startswith("/"))
+            processes[s.pid] = {"pid": s.pid, "comm": s.comm, "cmdline": [], "exe": None, "maps": maps,
+                                "build_ids": {}}
+    samples = samples[np.argsort(samples["time_ns"], kind="stable")]
+    span = float(samples["time_ns"][-1] - samples["time_ns"][0]) / 1e9 if len(samples) else 0.0
+    rate = max(round(len(samples) / span), 1) if span > 0 else 1000  # perf samples by cycles: the mean rate
+    rec = Recording(Path(path), {"backend": "perf script", "frequency": rate, "event": "perf record -b"}, samples,
+                    np.zeros(0, SCHED_DTYPE), snapshot(vms=[], processes=processes))
+    rec.end = {"duration_s": span, "lost": {"samples": [], "sched": []}, VMS_KEY: []}
+    return rec
+
+
+def notes_of(data: PerfScriptData) -> list[str]:
+    """What a report of these data says about them."""
+    notes = []
+    if data.skipped_not_taken:
+        notes.append(f"{data.skipped_not_taken} not-taken branch entries skipped")
+    if not any(s.cycles is not None and s.instructions is not None for s in data.samples):
+        notes.append("no instructions counts in the input: CPI unknown; record the group "
+                     "-e '{cycles,instructions}:S' for measured CPI")
+    return notes
 
 
 def build_resolvers(data: PerfScriptData, objects: Iterable[str] = (),

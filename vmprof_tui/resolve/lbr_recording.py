@@ -39,14 +39,27 @@ def process_resolver(maps_text: str, objects: ObjectCache) -> Resolve:
     return resolve
 
 
-def samples_of_recording(path: str, vm: str | None, process: str | None
+def simulated_note(meta: dict) -> str | None:
+    """The line every output of a simulated recording carries (`vmprof record --lbr=simulate`), else None."""
+    lbr = meta.get("lbr") if isinstance(meta, dict) else None
+    if not isinstance(lbr, dict) or not lbr.get("simulated"):
+        return None
+    argv = [str(c) for c in lbr.get("command") or []]
+    command = " ".join([Path(argv[0]).name, *argv[1:]])[:120] if argv else ""
+    return (f"SIMULATED LBR (no PMU): {command or 'the command'} single-stepped, "
+            f"{int(lbr.get('instructions') or 0):,} instructions; cycles from a synthetic cost model, "
+            f"sampled every {int(lbr.get('period_cycles') or 0):,} cycles"
+            + (f"; stopped at {lbr['stopped']}" if lbr.get("stopped") else ""))
+
+
+def samples_of_recording(path: str | Recording, vm: str | None = None, process: str | None = None
                          ) -> tuple[list[LbrSample], Resolve, Callable[[int], Resolve | None], None]:
-    """(samples, resolve, resolve_pid, read_code) for analyse.blocks.analyse, from a recording
+    """(samples, resolve, resolve_pid, read_code) for analyse.blocks.analyse, from a recording or its path
     (RecordingError when it cannot be read or has no branch records)."""
-    rec: Recording = load(Path(path))
+    rec: Recording = path if isinstance(path, Recording) else load(Path(path))
     if rec.lbr is None or not len(rec.lbr):
-        raise RecordingError(f"{path} has no branch records: record with `vmprof record --lbr` on a host with "
-                          "LBR, or use `perf record -b` there and --perf-script")
+        raise RecordingError(f"{rec.path} has no branch records: record with `vmprof record --lbr` on a host with "
+                          "LBR (or --lbr=simulate -- CMD anywhere), or use `perf record -b` there and --perf-script")
     snaps = rec.processes()
     samples = to_samples(rec.lbr, {pid: snap["comm"] for pid, snap in snaps.items()})
     objects = ObjectCache()

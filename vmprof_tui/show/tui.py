@@ -20,8 +20,8 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
 from vmprof_tui.analyse.analysis import Analysis
@@ -31,6 +31,7 @@ from vmprof_tui.analyse.timeline import SegmentKind
 from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show import flame
+from vmprof_tui.show.dialogs import FilterScreen, HelpScreen
 from vmprof_tui.show.formats.table import column_widths
 from vmprof_tui.show.live_table import LiveTable
 from vmprof_tui.show.stacks import call_graph, process_name
@@ -77,33 +78,6 @@ def vm_summary(an: Analysis, vm: str) -> VmSummary:
                      100 * g.steal2 / total, g.ratios["idle"], g.top_process, demangle(g.top_function))
 
 
-class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
-
-    def compose(self) -> ComposeResult:
-        yield Static(
-            "[b]vmprof top[/b] — the whole virtualized host, from the host alone\n\n"
-            "Enter     drill down: VM → vCPUs → processes → functions (host row: host view)\n"
-            "Esc       back\n"
-            "s         steal detail of the VM (by exit reason, by who held the pCPU)\n"
-            "t         per-vCPU timeline of the VM (guest / VMM / steal / idle)\n"
-            "          (s and t work on every screen of a VM, and on the overview's VM row)\n"
-            "f         flame (icicle) view of the selected VM, guest process or the host (needs -g)\n"
-            "c         callers of the selected function (needs -g)\n"
-            "o         sort by the next column        /  filter rows by name\n"
-            "space     pause / resume                 +  -  refresh faster / slower\n"
-            "[  ]      shorter / longer window        ?  this help      q  quit\n\n"
-            "Rows and columns are clickable with the mouse.", id="help")
-
-
-class FilterScreen(ModalScreen[str]):
-    def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter (substring of name; empty clears)", id="filter")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
-
-
 class TableScreen(Screen):
     """A screen with a title line and one table, re-rendered from each new Analysis."""
 
@@ -134,8 +108,10 @@ class TableScreen(Screen):
             yield Static(id="status")
         yield Footer()
 
+    cell_of = staticmethod(cell)  # how a value is drawn in the table
+
     def below_table(self) -> ComposeResult:
-        """Widgets between the table and the status line (none but on the overview)."""
+        """Widgets between the table and the status line (none but on the overview and the block view)."""
         return iter(())
 
     def on_mount(self) -> None:
@@ -198,7 +174,7 @@ class TableScreen(Screen):
         for key, _cells in rows:
             keys.append(f"{key}\0{seen[key]}" if seen[key] else key)  # row keys must be unique
             seen[key] += 1
-        cells = {k: [cell(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
+        cells = {k: [self.cell_of(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
         # Change the table, do not rebuild it: Textual measures every cell of every row it adds.
         selected = self._cursor_key(table)
         table.remove_rows([key for key in self.cells if key not in cells])
@@ -264,6 +240,17 @@ class VmKeys:
     def action_timeline(self) -> None:
         if not isinstance(self, TimelineScreen):
             self.app.push_screen(TimelineScreen(self.vm))  # type: ignore[attr-defined]
+
+
+class BlockKeys:
+    """`b` on a function row: that function's LBR blocks (show/blocks_screen.py)."""
+
+    BINDINGS = [Binding("b", "blocks", "blocks")]
+
+    def action_blocks(self) -> None:
+        from vmprof_tui.show.blocks_screen import open_blocks  # it builds on this module's screens
+
+        open_blocks(self.app, self.selected(), getattr(self, "vm", None))  # type: ignore[attr-defined]
 
 
 class VmTableScreen(VmKeys, TableScreen):
@@ -369,8 +356,8 @@ class OverviewScreen(TableScreen):
             self.app.push_screen(FlameScreen(None if key == HOST_KEY else key))
 
 
-class HostScreen(TableScreen):
-    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
+class HostScreen(BlockKeys, TableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame"), *BlockKeys.BINDINGS]
     columns = ("samples", "%", "process", "module", "function")
     summaries_only = True  # the rows are the window's (WindowView.host_rows), with host samples counted in the kernel
 
@@ -465,8 +452,8 @@ class ProcessScreen(VmTableScreen):
             self.app.push_screen(FunctionScreen(self.vm, self.vcpu, key))
 
 
-class FunctionScreen(VmTableScreen):
-    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame")]
+class FunctionScreen(BlockKeys, VmTableScreen):
+    BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame"), *BlockKeys.BINDINGS]
     columns = ("function", "module", "samples", "% of process")
     summaries_only = True
 
@@ -687,10 +674,11 @@ class VmprofTop(App):
                 Binding("minus", "slower", "slower"), Binding("left_square_bracket", "shorter", show=False),
                 Binding("right_square_bracket", "longer", show=False)]
 
-    def __init__(self, window: object, refresh_s: float = 1.0,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+    def __init__(self, window: object, refresh_s: float = 1.0, should_stop: Callable[[], bool] | None = None,
+                 lbr: object | None = None, blocks: str | None = None) -> None:
         super().__init__()
         self.window = window  # analyse.window.LiveWindow or ReplayWindow
+        self.lbr, self.blocks = lbr, blocks  # analyse.lbr_source.LbrSource; a function whose blocks open first
         self.should_stop = should_stop or (lambda: False)
         self.refresh_s = refresh_s
         self.paused = False
@@ -705,6 +693,10 @@ class VmprofTop(App):
     def on_mount(self) -> None:
         self.sub_title = "live" if getattr(self.window, "live", False) else "replay"
         self.push_screen(OverviewScreen())
+        if self.blocks:
+            from vmprof_tui.show.blocks_screen import open_blocks
+
+            open_blocks(self, self.blocks, None)
         if self.window.started:
             self.tick()
         else:  # the screen is up at once; compiling and loading the BPF programs takes a second
@@ -803,7 +795,7 @@ class VmprofTop(App):
         damage = getattr(self.window, "damage", None)
         if damage:
             parts.append(damage)
-        if not an.vm_names():
+        if not an.vm_names() and self.lbr is None:  # (LBR data come without VMs)
             live = getattr(self.window, "live", False)
             parts.append("no VM on this host — try `vmprof demo`" if live else
                          "no readable VM in this recording" if damage else "no VM in this recording")
