@@ -16,8 +16,8 @@ EXAMPLES = """examples:
   vmprof demo --scenario custom --vms 2 --vcpus 2 --program compute \\
               --program jacobi --pin 1
   vmprof demo --scenario halt -d 5 --json   description and ground truth
-  vmprof demo --scenario custom --exec /bin/busybox --arg sha256sum --arg /f --dir DIR
-                                       a real static program on the guest kernel
+  vmprof demo --scenario custom --exec /bin/busybox --arg sha256sum \\
+              --arg /f --dir DIR       a real static program on the guest kernel
   vmprof demo --scenario custom --program gzip -d 10   a real workload
   vmprof demo --scenario lbr           LBR block times (simulated, any host)
   vmprof demo --list                   the scenarios"""
