@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from conftest import vmprof
 
-from vmprof_tui.cli.common import listen_address, scheduler_address, time_range
+from vmprof_tui.cli.common import scheduler_address, time_range
 from vmprof_tui.estimate import model as M
+from vmprof_tui.show.metrics import parse_address
 
 GOLDEN = "tests/data/golden/steal3.vmprof"
 
@@ -52,7 +53,7 @@ def test_limit_must_be_a_whole_number_from_1(value: str) -> None:
 
 @pytest.mark.parametrize("value", [":99999", "99999", "host:", "127.0.0.1:-1"])
 def test_agent_metrics_port_must_be_0_to_65535(value: str) -> None:
-    one_line(["agent", "--spool", "/nonexistent/spool", "--metrics", value], "argument --metrics: takes ADDR:PORT")
+    one_line(["agent", "--spool", "/nonexistent/spool", "--metrics", value], "--metrics takes PORT, :PORT or ADDR:PORT")
 
 
 @pytest.mark.parametrize("value", ["not a url", "tcp://", "tcp://node1:99999", "http://x:1/path"])
@@ -100,7 +101,7 @@ def test_scheduler_addresses_dask_takes_are_accepted(address: str) -> None:
 
 @pytest.mark.parametrize("address", [":9466", "9466", "127.0.0.1:9466", "[::]:9466"])
 def test_metrics_addresses_are_accepted(address: str) -> None:
-    assert listen_address(address) == address
+    assert parse_address(address)[1] == 9466
 
 
 def test_time_range_gives_its_two_numbers() -> None:

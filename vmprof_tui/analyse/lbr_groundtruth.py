@@ -66,6 +66,7 @@ class Trace:
     exit_status: int
     pid: int = 0
     stopped: str | None = None  # why the trace ended before the program did (a limit), None if it exited
+    steps: int = 0  # single-step traps: rips plus every further iteration of a rep string instruction
 
 
 def _kill(pid: int) -> None:
@@ -103,7 +104,7 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
     rips = np.empty(max_steps, dtype=np.uint64)
     seen: dict[int, bytes] = {}
     rep_cache: dict[int, bool] = {}
-    n = 0
+    n = steps = 0
     stopped = None
     exit_event = (signal.SIGTRAP | (PTRACE_EVENT_EXIT << 8)) << 8 | 0x7F
     try:
@@ -132,6 +133,7 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
             if not (n and rip == int(rips[n - 1]) and _repeats(seen[rip], rep_cache, rip)):
                 rips[n] = rip
                 n += 1
+            steps += 1
             if ptrace(PTRACE_SINGLESTEP, pid, None, None) != 0:
                 raise TraceError(f"PTRACE_SINGLESTEP failed: {os.strerror(ctypes.get_errno())}")
             _, st = os.waitpid(pid, 0)
@@ -147,7 +149,7 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
         _kill(pid)
         raise
     code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -os.WTERMSIG(st) if os.WIFSIGNALED(st) else -signal.SIGKILL
-    return Trace(rips[:n].copy(), seen, code, pid, stopped)
+    return Trace(rips[:n].copy(), seen, code, pid, stopped, steps)
 
 
 _MD = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from vmprof_tui import files
-from vmprof_tui.cli.common import Failure, Usage, fail, frequency, listen_address, seconds, stop_on_signals
+from vmprof_tui.cli.common import Failure, Usage, fail, frequency, seconds, stop_on_signals
 
 HELP = "profile continuously: back-to-back windows into a spool, for vmprof analyze"
 EXAMPLES = """examples:
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per second per CPU, to 100000")
     p.add_argument("--keep", default=None, metavar="DURATION", help="delete windows older than this (e.g. 24h)")
     p.add_argument("--max-size", default=None, metavar="SIZE", help="keep the spool's windows under SIZE (e.g. 10G)")
-    p.add_argument("--metrics", type=listen_address, default=None, metavar="[ADDR]:PORT",
+    p.add_argument("--metrics", default=None, metavar="[ADDR]:PORT",
                    help="serve Prometheus metrics: PORT on 127.0.0.1 only, :PORT on every interface (scraped from "
                         "other hosts), ADDR:PORT on that address")
     p.add_argument("-d", "--duration", type=seconds, default=None, metavar="S", help="stop after S seconds")

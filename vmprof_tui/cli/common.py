@@ -113,14 +113,6 @@ def time_range(text: str) -> tuple[float, float]:
     return lo_s, hi_s
 
 
-def listen_address(text: str) -> str:
-    """--metrics [ADDR:]PORT: a port from 0 to 65535, an address (or none)."""
-    host, _sep, port = text.rpartition(":")
-    if not port.isdigit() or int(port) > 65535 or any(c.isspace() for c in host):
-        raise argparse.ArgumentTypeError(f"takes ADDR:PORT or :PORT with a port from 0 to 65535, not {text!r}")
-    return text
-
-
 SCHEDULER_ADDRESS = re.compile(r"(?:(?:tcp|tls|ucx|ws|wss)://)?(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(?::(\d{1,5}))?")
 
 
