@@ -108,6 +108,9 @@ def test_steal3(tmp_path: Path) -> None:
               f"{g.ratios['steal']:.2f}%, of it type 1 {type1:.2f}%; host share of all but this VM {not_mine:.2f}%, "
               f"of the other two VMs {others:.2f}%")
         assert abs(got - want) <= 3
+        # the host's samples of everything else on the pCPU against the exact type-1 steal: with other work on
+        # the pCPU (many short tasks) the two were 2.5 points apart in one loaded run, so only on a quiet one
+        r.require_quiet_pcpu("the host level is compared with the exact steal on a pCPU only the three VMs use")
         assert abs(not_mine - type1) <= 1
         # the other two VMs held nearly all of it; host tasks on a busy CI machine hold the rest
         assert others >= 0.95 * type1
