@@ -55,6 +55,11 @@ Not modelled: halt polling samples (``SAMPLE_HALTED``), VMX without helper_kmod 
 host and guest stacks, LBR, lost records, ring-buffer reordering (samples are written in time order),
 VMM threads that load a vCPU for an ioctl, threads first learnt by the sampler mid-recording.
 
+``vm(discovered_ns=)``: the recorder discovers the VM's vCPU threads at that time (a /proc scan every
+DISCOVER_S; the window's snapshot, written when it closes, names them all the same).  Before it the sched
+program knows such a thread only by its loaded vCPU: a switch in which it leaves or arrives in VMM user
+space is recorded only if the other side is a known vCPU thread or the idle task.
+
 How a vCPU thread leaves its CPU is given by what follows: ``halt``, ``preempt`` or ``block`` starting
 where its on-CPU time ends.  A gap with none of them is a preemption; after its last on-CPU time with
 none, the thread blocks (the VMM stops the vCPU).  Who holds the pCPU during a gap is whatever the test
@@ -118,6 +123,7 @@ class Vm:
     vcpus: dict[int, int]  # vCPU id -> thread id
     comm: str
     kind: str
+    discovered_ns: int = 0  # before this, the sched program knows its vCPU threads only while loaded
 
     def tid(self, vcpu: int) -> int:
         return self.vcpus[vcpu]
@@ -177,8 +183,8 @@ class SynthRecording:
 
     # -- what the host runs ----------------------------------------------------------------------
     def vm(self, name: str, pid: int, vcpus: dict[int, int], comm: str = "qemu-system-x86",
-           kind: str = "qemu") -> Vm:
-        vm = Vm(name, pid, dict(vcpus), comm, kind)
+           kind: str = "qemu", discovered_ns: int = 0) -> Vm:
+        vm = Vm(name, pid, dict(vcpus), comm, kind, discovered_ns)
         self.vms.append(vm)
         return vm
 
@@ -320,6 +326,12 @@ class SynthRecording:
                 if o.kind == HALT and o.start > 0 and [s for s in own if s.end == o.start][0].mode == VMM_USER:
                     raise ValueError(f"tid {tid}: a halt starts inside KVM_RUN, not in VMM user space")
 
+    def _known(self, s: _Slice, t: int) -> bool:
+        """Whether the sched program knows the thread of `s` as a vCPU thread as it leaves or arrives at t: its
+        vCPU is loaded (not in VMM user space), or the recorder has discovered it by then."""
+        vm = self._vcpu_tids().get(s.tid, (None, 0))[0]
+        return vm is not None and (s.mode != VMM_USER or t >= vm.discovered_ns)
+
     def _leaving(self, s: _Slice) -> tuple[int, int]:
         """(flags, prev_exit_reason) of the switch in which the thread of `s` leaves its CPU at s.end."""
         if s.mode == IDLE_TASK:
@@ -352,7 +364,9 @@ class SynthRecording:
                 if prev.tid == nxt.tid:
                     continue  # the same thread goes on (guest code, then KVM, then the VMM...)
                 flags, reason = self._leaving(prev)  # SCHED_PREV_VCPU for vCPU threads only
-                if nxt.tid in vcpu_tids:
+                if not self._known(prev, prev.end):
+                    flags &= ~SCHED_PREV_VCPU
+                if nxt.tid in vcpu_tids and self._known(nxt, nxt.start):
                     flags |= SCHED_NEXT_VCPU
                 if not flags & (SCHED_PREV_VCPU | SCHED_NEXT_VCPU) and prev.tid != 0 and nxt.tid != 0:
                     continue  # host task to host task: not recorded

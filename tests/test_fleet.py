@@ -388,8 +388,17 @@ def test_the_store_answers_the_queries_a_user_writes(spool: Path, tmp_path: Path
     assert causes.get(2, 0.0) == pytest.approx(steal["steal_type2"], rel=1e-6, abs=1e-9)
     type1 = {c for (c,) in db.execute("SELECT DISTINCT cause FROM steal WHERE type = 1").fetchall()}
     assert type1 == {"preempted", "wakeup", "throttled", "irq"}
+    # who held the pCPU adds up to the type-1 steal of the preemptions (steal3 is never throttled), per vCPU
+    by_cause = dict(db.execute("SELECT cause, sum(seconds) FROM steal WHERE type = 1 GROUP BY cause").fetchall())
+    assert by_cause["throttled"] == 0
     held = db.execute("SELECT sum(seconds) FROM steal_holder").fetchone()[0]
-    assert held == pytest.approx(steal["steal_type1"], rel=1e-6)
+    assert held == pytest.approx(by_cause["preempted"] + by_cause["irq"], rel=1e-6)
+    assert held == pytest.approx(steal["steal_type1"] - by_cause["wakeup"], rel=1e-6)
+    apart = db.execute("SELECT * FROM (SELECT host, window_id, vm, vcpu, sum(seconds) AS held FROM steal_holder "
+                       "GROUP BY ALL) JOIN (SELECT host, window_id, vm, vcpu, sum(seconds) AS preempted FROM steal "
+                       "WHERE cause IN ('preempted', 'irq') GROUP BY ALL) USING (host, window_id, vm, vcpu) "
+                       "WHERE abs(held - preempted) > 1e-9 + 1e-6 * preempted").fetchall()
+    assert apart == [], apart
     assert steal["steal_type1"] > 1.0, "three VMs on one pCPU steal from each other"
     other = {w for (w,) in db.execute("SELECT DISTINCT what FROM vcpu_other").fetchall()}
     assert other == {"costop", "halt_poll", "irq_while_running"}

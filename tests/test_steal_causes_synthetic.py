@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from synth import MS, SynthRecording
+from synth import MS, VMX_IO, SynthRecording
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
@@ -188,3 +188,42 @@ def test_costop_counts_siblings_on_other_pcpus(tmp_path: Path) -> None:
     assert v[0]["skew_s"] == pytest.approx(0.010)
     assert v[1]["skew_s"] == 0
     assert RowKind.STEAL_SIBLING not in rows(an, "db")  # not on its pCPU: not '(on vcpu1)'
+
+
+@pytest.mark.parametrize(("time_range", "held"), [
+    (None, {"db": 25, "app": 5, "vcpu1": 5, "other": 15}),
+    ((0.030, 0.080), {"db": 5, "app": 5, "vcpu1": 5, "other": 15}),  # the wait cut at the range's start
+], ids=["whole", "range-cuts-the-wait"])
+def test_holders_add_up_to_a_preemption_when_a_vcpu_thread_was_discovered_late(
+        tmp_path: Path, time_range: tuple[float, float] | None, held: dict[str, int]) -> None:
+    """A VM started just before the window: until the recorder discovers its vCPU thread (at 70 ms), the sched
+    program records its switches only inside KVM_RUN, so db's thread is seen arriving at 10 ms and leaving at
+    60 ms, though host tasks and other vCPUs held the pCPU in between.  Who held it while web's vCPU 0 waited
+    adds up to that wait, as the store's steal_holder rows must add up to the vCPU's type-1 steal; each
+    holder keeps the pCPU until the next recorded switch on it."""
+    from vmprof_tui.fleet.tasks import vcpu_seconds
+
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101, 1: 102})
+    db = b.vm("db", pid=200, vcpus={0: 201}, discovered_ns=70 * MS)
+    app = b.vm("app", pid=300, vcpus={0: 301})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=10 * MS)
+    b.preempt(web, 0, start_ns=10 * MS, end_ns=60 * MS)
+    b.run(db, 0, cpu=1, start_ns=10 * MS, end_ns=20 * MS)
+    b.vmm_work(db, 0, cpu=1, start_ns=20 * MS, end_ns=25 * MS, exit_reason=VMX_IO, in_kernel=False)
+    b.host_task(500, "busy", cpu=1, start_ns=25 * MS, end_ns=35 * MS)  # db -> busy: not recorded
+    b.run(app, 0, cpu=1, start_ns=35 * MS, end_ns=40 * MS)
+    b.run(web, 1, cpu=1, start_ns=40 * MS, end_ns=45 * MS)
+    b.host_task(501, "other", cpu=1, start_ns=45 * MS, end_ns=50 * MS)
+    b.vmm_work(db, 0, cpu=1, start_ns=50 * MS, end_ns=52 * MS, exit_reason=VMX_IO, in_kernel=False)  # not recorded
+    b.run(db, 0, cpu=1, start_ns=52 * MS, end_ns=60 * MS)
+    b.run(web, 0, cpu=1, start_ns=60 * MS, end_ns=80 * MS)
+    an = Analysis(load(b.write(tmp_path / "x.vmprof")), time_range=time_range)
+    wait = sum(held.values())
+    (v,) = [x for x in vcpu_seconds(an, "web") if x["vcpu"] == 0]
+    assert v["type1_by_holder"] == pytest.approx({k: ms / 1e3 for k, ms in held.items()})
+    assert sum(v["type1_by_holder"].values()) == pytest.approx(v["steal_type1"]) == pytest.approx(wait / 1e3)
+    (blank,) = [x for x in an.vm_timelines("web", 0)[0].blanks if x.kind == "preempted"]
+    assert sum(blank.holders().values()) == blank.duration_ns == wait * MS
+    r = rows(an, "web")  # the guest profile's split: sibling and outside, not more than the wait
+    assert (r[RowKind.STEAL_SIBLING], r[RowKind.STEAL_OUTSIDE]) == pytest.approx((5, wait - 5))

@@ -575,11 +575,10 @@ class Analysis:
         table.timeline = index[table.timeline]
         intervals[0] = index[intervals[0]]
         self._set_rows(timelines, np.arange(len(timelines)), table)
-        self._split_preemptions(timelines, table, *intervals)
+        self._pcpu_holders(timelines, table)
         for tl in timelines:
             tl.table = table
         if not self.shares_only:
-            self._host_holders(timelines, table)
             self._skew(timelines, table, *intervals[:3])
         return {tl.tid: tl for tl in timelines}
 
@@ -610,62 +609,18 @@ class Analysis:
                           e["cpu"].astype(np.int64), holders, none, np.zeros(len(e), np.int64), none.copy(),
                           none.copy(), held, np.empty(0, bool), held, np.empty(0, object), held)
 
-    def _split_preemptions(self, timelines: list[VcpuTimeline], table: BlankTable, iv_tl: np.ndarray,
-                           iv_lo: np.ndarray, iv_hi: np.ndarray, iv_cpu: np.ndarray) -> None:
-        """Which vCPUs held the pCPU while each vCPU waited, and how long: overlap with the on-CPU intervals of every
-        other vCPU on the same CPU (intervals of timelines `iv_tl`, -1 for one not kept).
+    def _pcpu_holders(self, timelines: list[VcpuTimeline], table: BlankTable) -> None:
+        """Who held the pCPU while each vCPU waited (preempted), and how long: the recorded switches on that CPU
+        from the one that began the wait (or the last before a cut wait's start) to the last before its end,
+        each holding it until the next recorded switch there (host-to-host switches are not recorded).  A
+        switch to a vCPU thread of the analysis gives a held_ row, to any other task a host_ row (named unless
+        shares_only).  So a wait's holders never overlap, and add up to at most its length (Blank.holders gives
+        the rest to first_holder).
 
-        On one CPU, vCPU threads take turns: their intervals there, in time order, do not overlap, and the
-        intervals a wait overlaps are a run of them, found with two binary searches.  Where the records say two
-        threads ran at once (lost events), each thread's own intervals (which never overlap) are searched apart."""
-        waits = np.flatnonzero(table.kind == bt.PREEMPTED)
-        w_cpu = table.cpu[waits]
-        mine = iv_tl >= 0
-        iv_tl, iv_lo, iv_hi, iv_cpu = iv_tl[mine], iv_lo[mine], iv_hi[mine], iv_cpu[mine]
-        on = dict(group_by(iv_cpu, np.arange(len(iv_cpu)))) if len(iv_cpu) else {}
-        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (wait's row, holder's timeline, ns)
-
-        def overlaps(rows: np.ndarray, ivs: np.ndarray) -> None:
-            """The overlaps of the waits `rows` with the intervals `ivs` (in time order, not overlapping)."""
-            a, b = table.start[rows], table.end[rows]
-            lo, hi = iv_lo[ivs], iv_hi[ivs]
-            first = np.searchsorted(hi, a, side="right")
-            many = (np.searchsorted(lo, b, side="left") - first).clip(0)
-            w = np.repeat(np.arange(len(rows)), many)
-            k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
-            ns = np.minimum(b[w], hi[k]) - np.maximum(a[w], lo[k])
-            holder = iv_tl[ivs][k]
-            ok = (ns > 0) & (holder != table.timeline[rows][w])
-            found.append((rows[w][ok], holder[ok], ns[ok]))
-
-        for c, at in group_by(w_cpu, np.arange(len(waits))) if len(waits) else ():
-            ivs = on.get(c)
-            if ivs is None:
-                continue
-            ivs = ivs[np.argsort(iv_lo[ivs], kind="stable")]
-            if np.all(iv_lo[ivs][1:] >= iv_hi[ivs][:-1]):
-                overlaps(waits[at], ivs)
-            else:
-                for _tl, own in group_by(iv_tl, ivs):
-                    overlaps(waits[at], own)
-        if not found:
-            return
-        row, holder, ns = (np.concatenate(c) for c in zip(*found, strict=True))
-        order = np.lexsort((holder, row))  # by blank, then in the order of the timelines
-        row, holder, ns = row[order], holder[order], ns[order]
-        new = np.ones(len(row), bool)
-        new[1:] = (row[1:] != row[:-1]) | (holder[1:] != holder[:-1])
-        at = np.flatnonzero(new)
-        row, holder, ns = row[at], holder[at], np.add.reduceat(ns, at)
-        pid = np.array([tl.pid for tl in timelines], np.int64)
-        table.held_blank, table.held_same_vm, table.held_ns = row, pid[holder] == pid[table.timeline[row]], ns
-        table.held_vcpu = np.array([tl.vcpu for tl in timelines], np.int64)[holder]
-        table.held_vm = np.array([tl.vm for tl in timelines], object)[holder]
-
-    def _host_holders(self, timelines: list[VcpuTimeline], table: BlankTable) -> None:
-        """The tasks that are no vCPU and held the pCPU while a vCPU waited: the sched events name the task
-        each switch on that CPU gives it to, and host-to-host switches are not recorded, so a task holds
-        it until the next recorded switch.  (vCPU threads are counted by exact overlap, above.)
+        Not each vCPU thread's own on-CPU intervals: some of its switches go unrecorded (the sched program
+        records a thread outside KVM_RUN only once the recorder has discovered it as a vCPU thread, up to a
+        discovery interval after it starts), and an interval closed by its next recorded switch can then span
+        what other tasks held the CPU: counted beside them, a wait's holders added up to more than the wait.
 
         For every CPU at once: the switches and the waits' ends in one order by (CPU, time), where counting the
         switches before each end finds the switches in each wait."""
@@ -690,19 +645,42 @@ class Analysis:
         last = at[len(ev) + len(waits):]
         held_until = np.append(s_time[1:], np.iinfo(np.int64).max)
         held_until[:-1][s_cpu[1:] != s_cpu[:-1]] = np.iinfo(np.int64).max  # the last switch of a CPU: until the end
-        vcpu_threads = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
-        to_host = ~_member(ev["next_pid"][switch].astype(np.int64) << 32 | ev["next_tid"][switch], vcpu_threads)
         many = (last - first).clip(0)
         w = np.repeat(np.arange(len(waits)), many)
         k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
         a, b = table.start[waits][w], table.end[waits][w]
         ns = np.minimum(held_until[k], b) - np.maximum(s_time[k], a)
-        ok = to_host[k] & (ns > 0)
+        # the timeline each switch gives the CPU to (-1: a task that is no vCPU thread of the analysis)
+        keys = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
+        by_key = np.argsort(keys)
+        nxt = ev["next_pid"][switch[k]].astype(np.int64) << 32 | ev["next_tid"][switch[k]]
+        holder = np.full(len(k), -1, np.int64)
+        if len(keys):
+            rank = np.searchsorted(keys[by_key], nxt).clip(0, len(keys) - 1)
+            holder = np.where(keys[by_key][rank] == nxt, by_key[rank], -1)
+        row = waits[w]
+        # a switch to the waiting vCPU itself ends its wait: inside one, the records contradict each other
+        vcpu = (holder >= 0) & (ns > 0) & (holder != table.timeline[row])
+        if vcpu.any():
+            r, h, n = row[vcpu], holder[vcpu], ns[vcpu]
+            by_blank = np.lexsort((h, r))  # by blank, then in the order of the timelines
+            r, h, n = r[by_blank], h[by_blank], n[by_blank]
+            new = np.ones(len(r), bool)
+            new[1:] = (r[1:] != r[:-1]) | (h[1:] != h[:-1])
+            runs = np.flatnonzero(new)
+            r, h, n = r[runs], h[runs], np.add.reduceat(n, runs)
+            pid = np.array([tl.pid for tl in timelines], np.int64)
+            table.held_blank, table.held_same_vm, table.held_ns = r, pid[h] == pid[table.timeline[r]], n
+            table.held_vcpu = np.array([tl.vcpu for tl in timelines], np.int64)[h]
+            table.held_vm = np.array([tl.vm for tl in timelines], object)[h]
+        if self.shares_only:  # the shares need the vCPUs that held a pCPU, not the names of the other tasks
+            return
+        ok = (holder < 0) & (ns > 0)
         used, name_of = np.unique(switch[k[ok]], return_inverse=True)
         names = np.array([self._holder(pid, comm) for pid, comm in zip(
             ev["next_pid"][used].tolist(), ev["next_comm"][used].tolist(), strict=True)] + [""], object)
         # by blank, then in time order
-        table.host_blank, table.host_holder, table.host_ns = waits[w][ok], names[name_of.reshape(-1)], ns[ok]
+        table.host_blank, table.host_holder, table.host_ns = row[ok], names[name_of.reshape(-1)], ns[ok]
 
     def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
