@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -190,15 +191,16 @@ def test_full_disk_during_record_says_the_path_and_what_was_kept(small_disk: Pat
     what the file keeps, and the file holds just that."""
     out = small_disk / "rec.vmprof"
     proc = start_recording(out, "-d", "60")
+    # readiness: a progress line (each second) with samples, so at least one flush to disk came before it
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:  # readiness: samples written, not a fixed wait
-        with contextlib.suppress(recording.RecordingError, OSError):
-            if len(recording.load(out).samples):
-                break
-        time.sleep(0.1)
+    while not any(re.search(r"samples [1-9]", line) for line in proc.lines):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline and proc.poll() is None, proc.lines  # type: ignore[attr-defined]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
     fill(small_disk)
     assert proc.wait(timeout=60) == 1
-    lines = [line for line in proc.lines if ": sampling every CPU" not in line]  # type: ignore[attr-defined]
+    said = proc.lines  # type: ignore[attr-defined]
+    lines = [line for line in said if ": sampling every CPU" not in line and not line.startswith("recording ")]
     assert len(lines) == 1, lines
     assert str(out) in lines[0] and "No space left on device" in lines[0] and "keeps the first" in lines[0], lines
     rec = recording.load(out)
