@@ -72,7 +72,7 @@ class CallGraph:
             self.resolved = SampleStacks(np.full(len(an.samples), -1, np.int64))
         else:
             self.resolved = resolve_stacks(an.samples, rec.stacks, rec.host_stacks, an.resolver, rec.processes(),
-                                           an.vm_by_pid)
+                                           an.vm_by_pid, rec.ustacks)
 
     @property
     def recorded(self) -> bool:

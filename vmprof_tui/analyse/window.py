@@ -47,9 +47,10 @@ from vmprof_tui.resolve.symtab import kallsyms_table
 
 def _window_recording(path: Path, meta: dict, samples: np.ndarray, sched: np.ndarray, snapshot: dict,
                       bundles: dict[str, bytes], seconds: float, lost: dict | None = None,
-                      stacks: np.ndarray | None = None, host_stacks: dict | None = None) -> recording.Recording:
+                      stacks: np.ndarray | None = None, host_stacks: dict | None = None,
+                      ustacks: np.ndarray | None = None) -> recording.Recording:
     rec = recording.Recording(path, meta, samples, sched, snapshot, bundles, stacks=stacks,
-                              host_stacks=host_stacks or {})
+                              host_stacks=host_stacks or {}, ustacks=ustacks)
     # rec.end is still None here, so vms() reads the window's snapshot
     rec.end = {"duration_s": seconds, "lost": lost or {"samples": [], "sched": []}, recording.VMS_KEY: rec.vms()}
     return rec
@@ -429,7 +430,8 @@ class ReplayWindow:
         def analyse() -> Analysis:
             s, resolved, e, st = joined(chunks)
             rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, seconds,
-                                    stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
+                                    stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks,
+                                    ustacks=self.rec.ustacks)  # joined to the window's samples by (cpu, time)
             rec.problems = list(self.rec.problems)
             return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now))
 

@@ -33,9 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vm", action="append", default=[], metavar="NAME",
                    help="keep only samples of this VM (repeatable; scheduler events are always kept)")
     p.add_argument("-p", "--pid", type=int, default=None, help="keep only samples of this host process")
-    p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
-                   help="record call stacks: host kernel and user chains (frame pointers) and guest chains "
-                        "walked through guest memory (docs/stacks.md)")
+    p.add_argument("-g", dest="stacks", action="store_true",
+                   help="record call stacks: host kernel and user chains and guest chains read through guest "
+                        "memory (docs/stacks.md); user chains as --call-graph says")
+    p.add_argument("--call-graph", default=None, metavar="fp|cfi|dwarf[,SIZE]",
+                   help="implies -g: fp walks frame pointers at sample time; cfi (dwarf, as perf calls it) copies "
+                        "SIZE bytes of user stack per sample (default 8192) and unwinds them by the objects' "
+                        "call-frame information when reporting (default: fp)")
     p.add_argument("--stack-map-entries", type=int, default=None, metavar="N",
                    help="with -g: host chains the BPF stack map holds (default 16384); a chain whose slot "
                         "another holds is stored in its sample's record instead")
@@ -49,6 +53,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record while this command runs, from its start to its end")
 
 
+def parse_call_graph(text: str | None) -> tuple[str, int]:
+    """(mode, stack copy bytes) of --call-graph fp|cfi|dwarf[,SIZE] (dwarf is cfi)."""
+    from vmprof_tui.record.records import STACK_COPY_BYTES
+
+    mode, _, size = (text or "fp").partition(",")
+    mode = "cfi" if mode == "dwarf" else mode
+    if mode not in ("fp", "cfi") or (size and mode != "cfi"):
+        raise Usage(f"--call-graph {text}: say fp, cfi or dwarf, the last two with an optional ,SIZE")
+    if not size:
+        return mode, STACK_COPY_BYTES
+    if not size.isdigit() or int(size) not in [1 << k for k in range(10, 17)]:
+        raise Usage(f"--call-graph {text}: SIZE is the bytes of stack copied per sample, a power of two "
+                    "from 1024 to 65536")
+    return mode, int(size)
+
+
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.collect.backends import BackendError
     from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, CollectError
@@ -59,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.frequency <= 0 or args.frequency > 100_000:
         raise Usage("-F must be between 1 and 100000 Hz")
+    call_graph, copy_bytes = parse_call_graph(args.call_graph)
+    args.stacks = args.stacks or args.call_graph is not None
     if args.stack_map_entries is not None and not (args.stacks and 1 <= args.stack_map_entries <= 1 << 20):
         raise Usage("--stack-map-entries needs -g and a count between 1 and 1048576")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -87,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         lbr = LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0) if args.lbr else None
         session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr, stacks=args.stacks,
-                                    stack_map_entries=args.stack_map_entries or HOST_STACK_ENTRIES)
+                                    stack_map_entries=args.stack_map_entries or HOST_STACK_ENTRIES,
+                                    call_graph=call_graph, stack_copy_bytes=copy_bytes)
         for note in session.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
         recorder = Recorder(Path(args.output), session)

@@ -30,7 +30,7 @@ from typing import BinaryIO
 import numpy as np
 
 from vmprof_tui import arrays
-from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
+from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE, ustack_dtype
 
 MAGIC = b"VMPROFREC\0"
 VERSION = 1
@@ -41,9 +41,10 @@ MAX_INFLATED = 1 << 30
 MAX_OBJECT_TABLE = 128 << 20  # one host object's symbol table in a spool, inflated (4M symbols fit)
 MAX_OBJECT_TABLES = 4096  # tables one window references
 
-META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR, STACKS, HOST_STACKS = 1, 2, 3, 4, 5, 6, 7, 8, 9
+META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR, STACKS, HOST_STACKS, USTACKS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 KIND_NAMES = {META: "meta", SAMPLES: "samples", SCHED: "sched", SNAPSHOT: "snapshot", BUNDLE: "bundle", END: "end",
-              LBR: "lbr", STACKS: "stacks", HOST_STACKS: "host stacks"}
+              LBR: "lbr", STACKS: "stacks", HOST_STACKS: "host stacks", USTACKS: "user stack copies"}
+MAX_STACK_COPY = 1 << 16  # bytes of one user-stack copy a recording may hold
 TABLE_DTYPES = {SAMPLES: SAMPLE_DTYPE, SCHED: SCHED_DTYPE, STACKS: STACK_DTYPE}
 MAX_HOST_STACK_DEPTH = 127  # the kernel's PERF_MAX_STACK_DEPTH
 
@@ -90,10 +91,10 @@ def snapshot(vms: list[dict] | None = None, processes: dict[int, dict] | None = 
     return out
 
 
-def _pack_rows(header: dict, body: bytes) -> bytes:
+def _pack_rows(header: dict, body: bytes, level: int = 6) -> bytes:
     """A row chunk's payload: header length, JSON header (with "rows"), zlib body."""
     h = json.dumps(header).encode()
-    return struct.pack("<I", len(h)) + h + zlib.compress(body, 6)
+    return struct.pack("<I", len(h)) + h + zlib.compress(body, level)
 
 
 def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
@@ -108,7 +109,7 @@ def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
     return header, raw
 
 
-def _encode_table(table: np.ndarray) -> bytes:
+def _encode_table(table: np.ndarray, level: int = 6) -> bytes:
     """Columns one after another; time_ns as its first value plus deltas."""
     columns = []
     for name in table.dtype.names:
@@ -116,7 +117,7 @@ def _encode_table(table: np.ndarray) -> bytes:
         if name == "time_ns" and len(col):
             col = np.concatenate(([col[0]], np.diff(col.astype(np.int64)))).astype("<i8")
         columns.append(col.tobytes())
-    return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, b"".join(columns))
+    return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, b"".join(columns), level)
 
 
 def _table_rows(payload: bytes, dtype: np.dtype) -> int:
@@ -212,6 +213,7 @@ class Writer:
         self._pending_sched: list[np.ndarray] = []
         self._pending_stacks: list[np.ndarray] = []
         self._pending_host_stacks: dict[int, np.ndarray] = {}
+        self._pending_ustacks: list[np.ndarray] = []
         self.chunk(META, json.dumps(meta).encode())
         self.sync()
 
@@ -222,7 +224,7 @@ class Writer:
         self.file.write(payload)
 
     def add(self, samples: np.ndarray, sched: np.ndarray, stacks: np.ndarray | None = None,
-            host_stacks: dict[int, np.ndarray] | None = None) -> None:
+            host_stacks: dict[int, np.ndarray] | None = None, ustacks: np.ndarray | None = None) -> None:
         """Rows to write at the next flush; stacks (-g) are STACK_DTYPE rows and the stack-map entries
         (id -> addresses) their ids use that were not added before."""
         if len(samples):
@@ -232,6 +234,8 @@ class Writer:
         if stacks is not None and len(stacks):
             self._pending_stacks.append(stacks)
         self._pending_host_stacks.update(host_stacks or {})
+        if ustacks is not None and len(ustacks):
+            self._pending_ustacks.append(ustacks)
 
     def flush(self) -> None:
         if self._pending_host_stacks:  # before the stacks that use them
@@ -242,6 +246,9 @@ class Writer:
             if pending:
                 self.chunk(kind, _encode_table(np.concatenate(pending)))
                 pending.clear()
+        if self._pending_ustacks:  # 8 KiB a sample: the fastest zlib level (stacks compress 2-4x at any)
+            self.chunk(USTACKS, _encode_table(np.concatenate(self._pending_ustacks), level=1))
+            self._pending_ustacks.clear()
         self.sync()
 
     def add_snapshot(self, snapshot: dict) -> None:
@@ -280,6 +287,7 @@ class Recording:
     lbr: np.ndarray | None = None  # raw LBR records (vmprof record --lbr)
     stacks: np.ndarray | None = None  # STACK_DTYPE rows (vmprof record -g); None: recorded without stacks
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # host stack-map id -> addresses (-g)
+    ustacks: np.ndarray | None = None  # user-stack copies (record -g --call-graph cfi), ustack_dtype rows
     problems: list[str] = field(default_factory=list)  # what was cut or skipped
 
     @property
@@ -360,7 +368,8 @@ def _load_static(rec: Recording) -> None:
             rec.object_tables[build_id] = data
 
 
-def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: list[str]) -> dict[int, np.ndarray]:
+def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: list[str],
+                   dtypes: dict[int, np.dtype]) -> dict[int, np.ndarray]:
     """Each kind's table chunks decoded straight into one array of that kind (no copy to join them, which at
     millions of rows costs as much as the decoding); inflating is most of a load and zlib lets other threads
     run meanwhile, so chunks are decoded one thread per CPU.  A chunk that fails is left out, and its problem
@@ -369,13 +378,13 @@ def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: li
     spans: list[tuple[int, int, int, int, Future]] = []  # (kind, problems before it, start, rows, job)
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         for kind in {k for k, *_ in pending}:
-            out[kind] = np.empty(sum(rows for k, _at, _p, rows in pending if k == kind), TABLE_DTYPES[kind])
+            out[kind] = np.empty(sum(rows for k, _at, _p, rows in pending if k == kind), dtypes[kind])
         filled = dict.fromkeys(out, 0)
         for kind, at, payload, rows in pending:
             start = filled[kind]
             filled[kind] += rows
             spans.append((kind, at, start, rows,
-                          pool.submit(_decode_table, payload, TABLE_DTYPES[kind], out[kind][start:start + rows])))
+                          pool.submit(_decode_table, payload, dtypes[kind], out[kind][start:start + rows])))
         failed: dict[int, list[tuple[int, int]]] = {}
         for kind, at, start, rows, job in spans:
             try:
@@ -408,6 +417,7 @@ def load(path: Path) -> Recording:
     rec = Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
     lbr_parts: list[np.ndarray] = []
     pending: list[tuple[int, int, memoryview, int]] = []  # table chunks: (kind, problems before it, payload, rows)
+    dtypes = dict(TABLE_DTYPES)  # user-stack copies: their size is in the meta chunk
     view = memoryview(data)
     chunks = 0
     while pos < len(data):
@@ -433,8 +443,11 @@ def load(path: Path) -> Recording:
         try:
             if kind == META:
                 meta = json.loads(bytes(payload))
-            elif kind in TABLE_DTYPES:
-                pending.append((kind, len(rec.problems), payload, _table_rows(payload, TABLE_DTYPES[kind])))
+                copy = meta.get("stack_copy_bytes") if isinstance(meta, dict) else None
+                if isinstance(copy, int) and 0 < copy <= MAX_STACK_COPY:
+                    dtypes[USTACKS] = ustack_dtype(copy)
+            elif kind in dtypes:
+                pending.append((kind, len(rec.problems), payload, _table_rows(payload, dtypes[kind])))
             elif kind == SNAPSHOT:
                 rec.snapshot.update(json.loads(zlib.decompressobj().decompress(payload, MAX_INFLATED)))
             elif kind == BUNDLE:
@@ -448,7 +461,7 @@ def load(path: Path) -> Recording:
                 rec.host_stacks.update(_decode_host_stacks(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
             rec.problems.append(f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
-    joined = _decode_tables(pending, rec.problems)
+    joined = _decode_tables(pending, rec.problems, dtypes)
     payload = view = data = pending = None  # the file's bytes go
     if meta is None:
         raise RecordingError(f"{path} has no readable metadata chunk: it is not a usable recording")
@@ -464,6 +477,8 @@ def load(path: Path) -> Recording:
         rec.lbr = np.concatenate(lbr_parts)
     if STACKS in joined or meta.get("stacks"):
         rec.stacks = joined.get(STACKS, np.empty(0, STACK_DTYPE))
+    if USTACKS in joined:
+        rec.ustacks = joined[USTACKS]
     _load_static(rec)
     if rec.end is None and not rec.problems:
         rec.problems.append("the recorder did not finish (no end chunk): this is the part flushed before it stopped")
