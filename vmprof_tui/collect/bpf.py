@@ -137,6 +137,7 @@ class Drained:
 # never replaced: a chain whose bucket another chain holds gets no id (never a wrong one).  A host user
 # chain then goes into its stack record (STACK_HOST_USER_INLINE); a kernel chain is left out.
 HOST_STACK_ENTRIES = 16384
+USTACK_RING_S, USTACK_RING_MAX = 2, 512 << 20  # the user-stack copies' ring: seconds of copies it holds, bytes
 HOST_COUNT_ENTRIES = 65536  # distinct (process, privilege, IP) of host tasks between two drains
 HOST_COUNTS_DTYPE = np.dtype(HOST_COUNT_KEY_DTYPE.descr + [("count", "<u8")])  # a map entry: its key, its count
 
@@ -175,8 +176,10 @@ class Collector:
             cflags += ["-DWITH_STACKS", f"-DSTACK_RING_PAGES={self.ring_pages * 4}",
                        f"-DHOST_STACK_ENTRIES={self.stack_map_entries}"]
             if self.call_graph == "cfi":
-                # ring room for ~2 drains of 10 kHz on 2 CPUs; a power of two of pages as the ring needs
-                pages = 1 << max(4, (self.stack_copy_bytes * self.ring_pages // 1024 - 1).bit_length())
+                # 8 KiB a sample: room for USTACK_RING_S of copies on every CPU (a flush of the recording, on
+                # a loaded machine, holds up draining for that long), a power of two of pages as rings need
+                want = USTACK_RING_S * self.frequency * (os.cpu_count() or 1) * self.ustack_dtype.itemsize
+                pages = 1 << max(4, (min(want, USTACK_RING_MAX) // mmap.PAGESIZE - 1).bit_length())
                 cflags += ["-DSTACK_COPY", f"-DSTACK_COPY_BYTES={self.stack_copy_bytes}",
                            f"-DUSTACK_RING_PAGES={pages}"]
         if self.host_counts:

@@ -179,7 +179,7 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     chains[:, 0] = np.where(guest, s["guest_ip"], s["host_ip"])  # a lost copy: the leaf is known anyway
     if have.any():
         at = np.nonzero(have)[0]
-        chains[at], depth[at], reason[at] = unwind(ustacks[urows[at]], [spaces[i] for i in at.tolist()], rules)
+        chains[at], depth[at], reason[at] = unwind(ustacks, urows[at], [spaces[i] for i in at.tolist()], rules)
     st["guest"][idx] = chains
     st["guest_depth"][idx] = depth
     partial = np.where(reason != COMPLETE, STACK_GUEST_PARTIAL, 0).astype(np.uint8)
@@ -262,6 +262,7 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
                         np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64), st["guest"][idx]]
         distinct, inverse = _distinct(columns)
         first = len(out.stacks)
+        chains = []
         for pid, kid, uid, kernel_mode, ip, *inline_chain in distinct.tolist():
             kchain = host_stacks.get(kid - 1, np.empty(0, np.uint64)) if kid else np.empty(0, np.uint64)
             uchain = host_stacks.get(uid - 1, np.empty(0, np.uint64)) if uid else np.empty(0, np.uint64)
@@ -274,7 +275,10 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
                 kchain = np.array([ip], np.uint64)
             if not kernel_mode and not len(uchain):
                 uchain = np.array([ip], np.uint64)
-            out.stacks.append(_host_stack(pid, kchain, uchain, ks, resolver, processes, partial))
+            chains.append((pid, kchain, uchain, partial))
+        frames = _user_frames(chains, resolver, processes)
+        for pid, kchain, uchain, partial in chains:
+            out.stacks.append(_host_stack(pid, kchain, uchain, ks, frames.get(pid), partial))
         out.stack_of[idx] = first + inverse
     if missing:
         out.notes.append(f"{missing} host stack ids had no stored chain (the stack map was read after they "
@@ -288,20 +292,35 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
                          "leaf only")
 
 
-def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymbols, resolver: Resolver,
-                processes: Mapping[int, dict], partial: bool = False) -> Stack:
-    kframes = _kernel_frames(ks, _lookup_addresses(kchain), KERNEL_MODULE)[0] if len(kchain) else []
-    uframes: list[Frame] = []
-    truncated, broken_in = False, None
-    snap = processes.get(pid)
-    if len(uchain):
-        lookup = _lookup_addresses(uchain)
+def _user_frames(chains: list[tuple[int, np.ndarray, np.ndarray, bool]], resolver: Resolver,
+                 processes: Mapping[int, dict]) -> dict[int, dict[int, Frame]]:
+    """pid -> lookup address -> frame, for every user address of these chains: one lookup per process, not per
+    chain (chains unwound from stack copies are many and deep: 20 000 distinct ones in a minute of a busy host)."""
+    wanted: dict[int, set[int]] = {}
+    for pid, _kchain, uchain, _partial in chains:
+        if len(uchain):
+            wanted.setdefault(pid, set()).update(_lookup_addresses(uchain).tolist())
+    out: dict[int, dict[int, Frame]] = {}
+    for pid, addrs in wanted.items():
+        snap = processes.get(pid)
+        lookup = np.array(sorted(addrs), np.uint64)
         if snap and snap.get("maps"):
             name = "swapper" if pid == 0 else snap["comm"]
             space = resolver.objects.host_space(name, pid, snap["maps"])
-            uframes = _space_frames(space, lookup, resolver, snap.get("build_ids") or {})[0]
+            frames = _space_frames(space, lookup, resolver, snap.get("build_ids") or {})[0]
         else:
-            uframes = [Frame(f"{a:#x}", UNKNOWN, a) for a in lookup.tolist()]
+            frames = [Frame(f"{a:#x}", UNKNOWN, a) for a in lookup.tolist()]
+        out[pid] = dict(zip(lookup.tolist(), frames, strict=True))
+    return out
+
+
+def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymbols,
+                frames: Mapping[int, Frame] | None, partial: bool = False) -> Stack:
+    kframes = _kernel_frames(ks, _lookup_addresses(kchain), KERNEL_MODULE)[0] if len(kchain) else []
+    uframes: list[Frame] = []
+    truncated, broken_in = False, None
+    if len(uchain) and frames is not None:
+        uframes = [frames[a] for a in _lookup_addresses(uchain).tolist()]
         outermost = uframes[-1]
         if outermost.function not in ENTRY_FUNCTIONS:
             truncated, broken_in = not partial, outermost.module

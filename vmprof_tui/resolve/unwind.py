@@ -20,6 +20,7 @@ sample's frames repeat across samples: the lookups are the expensive part).
 
 from __future__ import annotations
 
+import bisect
 import struct
 from dataclasses import dataclass, field
 
@@ -39,6 +40,7 @@ from vmprof_tui.resolve.cfi import (
     empty_table,
     read_cfi,
 )
+from vmprof_tui.resolve.elf import ET_EXEC
 from vmprof_tui.resolve.spaces import AddressSpace, Mapping, ObjectCache
 from vmprof_tui.resolve.untrusted import BundleError
 
@@ -57,12 +59,24 @@ _NO_ROW = (-2, 0, 0, 0, 0, 0)  # an object with CFI that has no row for the addr
 
 
 @dataclass
+class _Object:
+    """One mapping's unwind table, ready for lookups one address at a time (bisect over Python lists)."""
+    table: CfiTable
+    starts: list[int]
+    link_delta: int | None  # link-time address = address + link_delta (None: through the symbols' segments)
+    mapping: Mapping
+    symbols: object | None
+
+
+@dataclass
 class Rules:
     """The unwind rule of each (address space, pc) met, found once."""
     objects: ObjectCache
     entries: frozenset[str]  # the functions a complete chain starts in (_start, ...)
     notes: list[str] = field(default_factory=list)
-    _tables: dict[str, CfiTable] = field(default_factory=dict)
+    _tables: dict[str, tuple[CfiTable, list[int]]] = field(default_factory=dict)
+    _spaces: dict[int, tuple[list[int], list[int], list[Mapping]]] = field(default_factory=dict)
+    _objects: dict[tuple[int, int], _Object] = field(default_factory=dict)
     _rules: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(default_factory=dict)
     _entry: dict[tuple[int, int], bool] = field(default_factory=dict)
 
@@ -73,37 +87,58 @@ class Rules:
             self._entry[key] = space.resolve(np.array([pc], np.uint64), self.objects)[0][0] in self.entries
         return self._entry[key]
 
-    def table(self, m: Mapping) -> tuple[CfiTable, object | None]:
-        """The unwind table of what `m` maps and its symbols (to turn addresses into link-time ones)."""
-        sym = self.objects.symbols(m)
-        if sym is None or m.object_path is None:
-            return empty_table(), None
+    def _table(self, m: Mapping) -> tuple[CfiTable, list[int]]:
         key = str(m.object_path)
         if key not in self._tables:
             try:
-                self._tables[key] = read_cfi(m.object_path)
+                table = read_cfi(m.object_path)  # type: ignore[arg-type]
             except (BundleError, OSError) as e:
                 if len(self.notes) < 100:
                     self.notes.append(f"{e}: its frames unwind by frame pointers")
-                self._tables[key] = empty_table()
-        return self._tables[key], sym
+                table = empty_table()
+            self._tables[key] = (table, table.start.tolist())
+        return self._tables[key]
+
+    def _object(self, space: AddressSpace, mi: int, m: Mapping) -> _Object:
+        key = (id(space), mi)
+        if key not in self._objects:
+            sym = self.objects.symbols(m)
+            table, starts = self._table(m) if sym is not None and m.object_path is not None else (empty_table(), [])
+            delta = None
+            if sym is not None and sym.elf_type == ET_EXEC:
+                delta = 0
+            elif sym is not None:  # the segment the mapping's file offset lies in gives every address's
+                for seg in sym.segments:
+                    if seg.offset <= m.offset < seg.offset + max(seg.filesz, 1):
+                        delta = m.offset - m.start + seg.vaddr - seg.offset
+                        break
+            self._objects[key] = _Object(table, starts, delta, m, sym)
+        return self._objects[key]
 
     def rule(self, space: AddressSpace, pc: int) -> tuple[int, int, int, int, int, int] | None:
         """(cfa kind, cfa register, cfa offset, ra offset, rbp rule, plt threshold) for `pc` (a lookup address),
         _NO_CFI, _NO_ROW, or None when no mapping holds it."""
         key = (id(space), pc)
-        if key in self._rules:
-            return self._rules[key]
+        rule = self._rules.get(key, False)
+        if rule is not False:
+            return rule  # type: ignore[return-value]
+        if id(space) not in self._spaces:
+            maps = sorted(space.maps, key=lambda m: m.start)
+            self._spaces[id(space)] = ([m.start for m in maps], [m.end for m in maps], maps)
+        starts, ends, maps = self._spaces[id(space)]
+        mi = bisect.bisect_right(starts, pc) - 1
         rule = None
-        for _at, m, _obj, _sym in space.hits(np.array([pc], np.uint64), self.objects):
-            table, sym = self.table(m)
-            if not len(table):
+        if mi >= 0 and pc < ends[mi]:
+            obj = self._object(space, mi, maps[mi])
+            if not len(obj.table):
                 rule = _NO_CFI
-                break
-            link = int(sym.link_addrs(m, np.array([pc], np.uint64))[0])  # type: ignore[attr-defined]
-            i = table.row(link)
-            rule = _NO_ROW if i < 0 else (int(table.cfa_kind[i]), int(table.cfa_reg[i]), int(table.cfa_off[i]),
-                                          int(table.ra[i]), int(table.bp[i]), int(table.plt_at[i]))
+            else:
+                link = pc + obj.link_delta if obj.link_delta is not None else \
+                    int(obj.symbols.link_addrs(obj.mapping, np.array([pc], np.uint64))[0])  # type: ignore[union-attr]
+                t, i = obj.table, bisect.bisect_right(obj.starts, link) - 1
+                rule = _NO_ROW if i < 0 or link >= int(t.end[i]) else (
+                    int(t.cfa_kind[i]), int(t.cfa_reg[i]), int(t.cfa_off[i]), int(t.ra[i]), int(t.bp[i]),
+                    int(t.plt_at[i]))
         if len(self._rules) >= 1 << 20:
             self._rules.clear()
         self._rules[key] = rule
@@ -168,18 +203,18 @@ def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: AddressSpac
         sp, pc = cfa & _MASK, ra
 
 
-def unwind(ustacks: np.ndarray, spaces: list[AddressSpace | None], rules: Rules) -> tuple[np.ndarray, np.ndarray,
-                                                                                          np.ndarray]:
-    """Chains (n, STACK_GUEST_MAX) leaf first, their depths and why each ended, for ustack rows and the
-    address space of each (None: unknown process)."""
-    n = len(ustacks)
+def unwind(ustacks: np.ndarray, rows: np.ndarray, spaces: list[AddressSpace | None], rules: Rules
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chains (n, STACK_GUEST_MAX) leaf first, their depths and why each ended, for the ustack `rows` and the
+    address space of each (None: unknown process).  The copies are read in place (8 KiB each)."""
+    n = len(rows)
     chains = np.zeros((n, STACK_GUEST_MAX), np.uint64)
     depth = np.zeros(n, np.uint8)
     reason = np.zeros(n, np.int8)
     data = ustacks["data"]
-    for i, (ip, sp, bp, size) in enumerate(zip(ustacks["ip"].tolist(), ustacks["sp"].tolist(),
-                                               ustacks["bp"].tolist(), ustacks["copied"].tolist(), strict=True)):
-        chain, why = unwind_one(ip, sp, bp, data[i, :min(size, data.shape[1])].tobytes(), spaces[i], rules)
+    regs = zip(rows.tolist(), *(ustacks[k][rows].tolist() for k in ("ip", "sp", "bp", "copied")), strict=True)
+    for i, (row, ip, sp, bp, copied) in enumerate(regs):
+        chain, why = unwind_one(ip, sp, bp, data[row, :min(copied, data.shape[1])].tobytes(), spaces[i], rules)
         chains[i, :len(chain)] = chain
         depth[i], reason[i] = len(chain), why
     return chains, depth, reason
