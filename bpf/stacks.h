@@ -174,8 +174,7 @@ static __always_inline int copy_user_stack(struct vmprof_sample *s, u64 ip, u64 
 	u->rec.sp = sp;
 	u->rec.bp = bp;
 	u32 done = 0;
-#pragma unroll
-	for (int k = 0; k < STACK_COPY_BYTES / 4096 + 1; k++) {
+	for (int k = 0; k < STACK_COPY_BYTES / 4096 + 1; k++) {  /* a bounded loop: the verifier follows it */
 		if (done >= STACK_COPY_BYTES)
 			break;
 		u64 len = 4096 - ((sp + done) & 4095);
@@ -234,9 +233,15 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 		if (copy_guest_stack(vcpu, s->guest_ip, s->guest_cr3, s) == 0)
 			st->flags |= STACK_USER_COPY;
 	} else if (s->pid && !(s->flags & SAMPLE_HOST_KERNEL)) {
-		/* a host sample in user mode: the interrupted registers are the user's.  A kernel-mode sample keeps
-		 * the frame-pointer user chain below: its user registers are not in the context. */
+		/* a host sample in user mode: the interrupted registers are the user's */
 		if (copy_user_stack(s, s->host_ip, ctx->regs.sp, ctx->regs.bp, 0) == 0)
+			st->flags |= STACK_USER_COPY;
+	} else if (s->pid) {
+		/* in the kernel on a task's behalf: its user registers are where it entered the kernel (a kernel
+		 * thread has none: not user mode there) */
+		struct pt_regs user = {};
+		bpf_probe_read_kernel(&user, sizeof(user), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
+		if ((user.cs & 3) == 3 && user.ip && copy_user_stack(s, user.ip, user.sp, user.bp, 0) == 0)
 			st->flags |= STACK_USER_COPY;
 	}
 #else

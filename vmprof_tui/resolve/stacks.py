@@ -81,6 +81,7 @@ class SampleStacks:
     stack_of: np.ndarray
     stacks: list[Stack] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    level_notes: dict[str, list[str]] = field(default_factory=dict)  # "guest"/"host" -> notes of that level only
 
 
 def _mapping_index(space: AddressSpace, addrs: np.ndarray) -> np.ndarray:
@@ -176,7 +177,8 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     chains = np.zeros((len(idx), STACK_GUEST_MAX), np.uint64)
     depth = np.ones(len(idx), np.uint8)
     reason = np.full(len(idx), LOST, np.int8)
-    chains[:, 0] = np.where(guest, s["guest_ip"], s["host_ip"])  # a lost copy: the leaf is known anyway
+    chains[:, 0] = np.where(guest, s["guest_ip"], s["host_ip"])  # a lost copy: the leaf is known anyway,
+    depth[~guest & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0)] = 0  # except a kernel-mode sample's user leaf
     if have.any():
         at = np.nonzero(have)[0]
         chains[at], depth[at], reason[at] = unwind(ustacks, urows[at], [spaces[i] for i in at.tolist()], rules)
@@ -184,8 +186,8 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     st["guest_depth"][idx] = depth
     partial = np.where(reason != COMPLETE, STACK_GUEST_PARTIAL, 0).astype(np.uint8)
     st["flags"][idx] |= np.where(guest, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE).astype(np.uint8) | partial
-    for part, what in ((guest, "guest"), (~guest, "host user")):
-        out.notes += reason_notes(reason[part], what)
+    for part, level, what in ((guest, "guest", "guest"), (~guest, "host", "host user")):
+        out.level_notes.setdefault(level, []).extend(reason_notes(reason[part], what))
     out.notes += rules.notes
 
 
