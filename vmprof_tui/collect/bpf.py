@@ -137,7 +137,7 @@ class Drained:
 # never replaced: a chain whose bucket another chain holds gets no id (never a wrong one).  A host user
 # chain then goes into its stack record (STACK_HOST_USER_INLINE); a kernel chain is left out.
 HOST_STACK_ENTRIES = 16384
-USTACK_RING_S, USTACK_RING_MAX = 2, 512 << 20  # the user-stack copies' ring: seconds of copies it holds, bytes
+USTACK_RING_S, USTACK_RING_MAX = 4, 512 << 20  # the user-stack copies' ring: seconds of copies it holds, bytes
 HOST_COUNT_ENTRIES = 65536  # distinct (process, privilege, IP) of host tasks between two drains
 HOST_COUNTS_DTYPE = np.dtype(HOST_COUNT_KEY_DTYPE.descr + [("count", "<u8")])  # a map entry: its key, its count
 
