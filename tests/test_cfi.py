@@ -10,6 +10,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ROOT, Recorded, record_scenario, require_root, start_recording
 from test_stacks import CHAINS, DEPTHS, assert_shares
@@ -19,7 +20,20 @@ from vmprof_tui.analyse.callgraph import CallGraph
 from vmprof_tui.demo import programs
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import SAMPLE_GUEST, STACK_USER_COPY, stack_rows
+from vmprof_tui.resolve import elf
 from vmprof_tui.resolve.resolver import KERNEL_MODULE, UNKNOWN
+from vmprof_tui.resolve.spaces import AddressSpace, Mapping, ObjectCache
+from vmprof_tui.resolve.stacks import ENTRY_FUNCTIONS
+from vmprof_tui.resolve.unwind import (
+    COMPLETE,
+    NO_MAPPING,
+    NO_RULE,
+    NOT_CLIMBING,
+    SHORT_COPY,
+    TOO_DEEP,
+    Rules,
+    unwind_one,
+)
 
 COMPUTE = {("_start", "main", "compute_a"): 0.8, ("_start", "main", "compute_b"): 0.2}
 
@@ -206,3 +220,181 @@ def test_debian_python_matches_perf_dwarf(tmp_path: Path) -> None:
     script.write_text(PY_SCRIPT)
     rec, perf_data, pid = record_beside_perf(tmp_path, ["/usr/bin/python3", str(script), "8"])
     assert_top_chains_agree(vmprof_chains(rec, pid), perf_chains(perf_data, pid))
+
+
+# -- the CFI reader and the unwinder on bad input ------------------------------------------------------------------
+
+
+def _section(data: bytes, name: str) -> tuple[int, int]:
+    """(file offset, size) of an ELF section."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
+
+    sec = ELFFile(io.BytesIO(data)).get_section_by_name(name)
+    return int(sec["sh_offset"]), int(sec["sh_size"])
+
+
+def test_cfi_tables_of_real_objects() -> None:
+    """glibc's .eh_frame (with the PLT's expression rule), python3's, and a demo program's .debug_frame."""
+    from vmprof_tui.resolve.cfi import CFA_PLT, CFA_REG, RSP, read_cfi
+
+    libc = read_cfi(Path("/lib/x86_64-linux-gnu/libc.so.6"))
+    assert libc.source == ".eh_frame" and len(libc) > 10_000 and (libc.cfa_kind == CFA_PLT).any()
+    assert bool((libc.start[1:] >= libc.start[:-1]).all()) and bool((libc.end > libc.start).all())
+    program = programs.program_path("chain-nofp")
+    table = read_cfi(program)
+    assert table.source == ".debug_frame"
+    syms = elf.read_elf_symbols(program)
+    entry = int(syms.starts[list(syms.names).index("kernel_a")])
+    row = table.row(entry)  # at a function's first instruction the CFA is the caller's RSP: rsp + 8, RA at CFA - 8
+    assert row >= 0 and table.cfa_kind[row] == CFA_REG and table.cfa_reg[row] == RSP and table.cfa_off[row] == 8
+    assert table.ra[row] == -8
+
+
+def test_corrupt_eh_frame_is_a_table_or_one_line(tmp_path: Path) -> None:
+    """Random bytes over .eh_frame: every file gives a table or one ElfError line, fast (no hang)."""
+    import random
+    import time
+
+    from vmprof_tui.resolve.cfi import cfi_from_bytes
+
+    data = Path("/usr/bin/true").read_bytes()
+    off, size = _section(data, ".eh_frame")
+    rng = random.Random(34)
+    t0, tables, errors = time.monotonic(), 0, 0
+    for _ in range(300):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 16)):
+            at = off + rng.randrange(size)
+            b[at:at + 4] = rng.randbytes(4)
+        try:
+            cfi_from_bytes(bytes(b))
+            tables += 1
+        except elf.ElfError as e:
+            assert "\n" not in str(e) and len(str(e)) < 400
+            errors += 1
+    print(f"{tables} tables, {errors} rejections in {time.monotonic() - t0:.1f} s")
+    assert time.monotonic() - t0 < 120
+
+
+@pytest.fixture
+def space() -> tuple[AddressSpace, Rules, int]:
+    """chain-nofp mapped at its link address, the unwinder's rules for it, and kernel_a's address."""
+    program = programs.program_path("chain-nofp")
+    syms = elf.read_elf_symbols(program)
+    text = next(s for s in syms.segments if s.flags & 1)
+    m = Mapping(text.vaddr, text.vaddr + text.memsz, text.offset, str(program), program)
+    kernel_a = int(syms.starts[list(syms.names).index("kernel_a")])
+    return AddressSpace("chain-nofp", 1, [m]), Rules(ObjectCache(), ENTRY_FUNCTIONS), kernel_a
+
+
+def _fake_table(rules: Rules, sp: AddressSpace, cfa_off: int, ra: int) -> None:
+    """Every address of the program's mapping gets one row: CFA = rsp + cfa_off, return address at CFA + ra."""
+    from vmprof_tui.resolve.cfi import CFA_REG, RSP, SAME, CfiTable
+
+    m = sp.maps[0]
+    one = lambda v, t: np.array([v], t)  # noqa: E731
+    table = CfiTable(one(m.start, np.uint64), one(m.end, np.uint64), one(CFA_REG, np.uint8), one(RSP, np.int8),
+                     one(cfa_off, np.int64), one(ra, np.int32), one(SAME, np.int32), one(0, np.uint8), ".eh_frame")
+    rules._tables[str(m.object_path)] = (table, table.start.tolist())
+
+
+def test_a_cfi_loop_ends_partial(space: tuple[AddressSpace, Rules, int]) -> None:
+    """A table whose CFA does not climb (CFA = rsp) ends at once; one that climbs forever stops at the depth
+    limit or the end of the copy: bounded, and every frame read from the copy."""
+    sp_, rules, pc = space
+    _fake_table(rules, sp_, 0, 0)
+    stack = (pc + 5).to_bytes(8, "little") * 1024
+    chain, why = unwind_one(pc, 0x7000_0000, None, stack, sp_, rules)
+    assert chain == [pc] and why == NOT_CLIMBING
+    rules = Rules(ObjectCache(), ENTRY_FUNCTIONS)
+    _fake_table(rules, sp_, 8, -8)  # each frame's return address is pc + 5 again, 8 bytes higher
+    chain, why = unwind_one(pc, 0x7000_0000, None, stack, sp_, rules)
+    assert why == TOO_DEEP and len(chain) == 64 and set(chain[1:]) == {pc + 5}
+    chain, why = unwind_one(pc, 0x7000_0000, None, stack[:80], sp_, rules)
+    assert why == SHORT_COPY and len(chain) == 11  # the leaf and one frame per word of the copy
+
+
+def test_stack_slices_outside_memory_end_partial(space: tuple[AddressSpace, Rules, int]) -> None:
+    """A copy too short for the frame, an empty copy, a pc in no mapping, an unknown process: partial, no frame
+    beyond the leaf."""
+    sp_, rules, pc = space
+    assert unwind_one(pc, 0x7000_0000, None, b"", sp_, rules) == ([pc], SHORT_COPY)
+    assert unwind_one(pc, 0x7000_0000, None, b"\0" * 4, sp_, rules) == ([pc], SHORT_COPY)
+    assert unwind_one(0x10, 0x7000_0000, None, b"\0" * 64, sp_, rules) == ([0x10], NO_MAPPING)
+    assert unwind_one(pc, 0x7000_0000, None, b"\0" * 64, None, rules) == ([pc], NO_MAPPING)
+    # a return address that is 0 is the outermost frame (complete); one into no mapping ends partial
+    chain, why = unwind_one(pc, 0x7000_0000, None, (0).to_bytes(8, "little") * 4, sp_, rules)
+    assert chain == [pc] and why == COMPLETE
+    chain, why = unwind_one(pc, 0x7000_0000, None, (0x10).to_bytes(8, "little") * 4, sp_, rules)
+    assert chain == [pc, 0x10] and why == NO_MAPPING
+
+
+def test_a_hostile_guest_table_is_one_note(space: tuple[AddressSpace, Rules, int], tmp_path: Path) -> None:
+    """A guest object whose .debug_frame is garbage: one note line, and its frames unwind by frame pointers
+    (none here: the chain ends at the leaf, partial), never a crash."""
+    sp_, _rules, pc = space
+    data = bytearray(sp_.maps[0].object_path.read_bytes())
+    off, size = _section(bytes(data), ".debug_frame")
+    data[off:off + size] = b"\xff" * size
+    bad = tmp_path / "chain-nofp"
+    bad.write_bytes(bytes(data))
+    m = sp_.maps[0]
+    hostile = AddressSpace("chain-nofp", 1, [Mapping(m.start, m.end, m.offset, str(bad), bad)])
+    rules = Rules(ObjectCache(), ENTRY_FUNCTIONS)
+    chain, why = unwind_one(pc, 0x7000_0000, None, b"\0" * 256, hostile, rules)
+    assert chain == [pc] and why == NO_RULE
+    assert len(rules.notes) == 1 and "\n" not in rules.notes[0] and "frame pointers" in rules.notes[0]
+    print(rules.notes[0])
+
+
+def test_fuzz_cfi_parser(tmp_path: Path) -> None:
+    """The atheris target `cfi` (tests/fuzz/fuzz_bundle.py) for a bounded time: no crash, hang or OOM."""
+    import os
+    import sys
+
+    script = ROOT / "tests" / "fuzz" / "fuzz_bundle.py"
+    (tmp_path / "corpus").mkdir()
+    proc = subprocess.run([sys.executable, str(script), "cfi", "-max_total_time=8", "-timeout=10", "-rss_limit_mb=4096",
+                           f"-artifact_prefix={tmp_path}/", str(tmp_path / "corpus")], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=180,
+                          env={**os.environ, "VMPROF_FUZZ_SCRATCH": str(tmp_path)})
+    done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
+    crashes = [c.name for c in tmp_path.iterdir() if c.name.startswith(("crash-", "timeout-", "oom-"))]
+    print(done[-1] if done else proc.stderr[-2000:])
+    assert proc.returncode == 0 and done and not crashes, proc.stderr[-3000:]
+
+
+def test_stack_copies_round_trip_and_a_corrupt_chunk_is_one_problem(tmp_path: Path) -> None:
+    """Kind 10 (zstd) written and read back exactly, at the copy size the meta chunk states; a chunk whose zstd
+    body is garbage is skipped with one problem line, the rest of the recording loads."""
+    from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, ustack_dtype
+
+    u = np.zeros(3, ustack_dtype(4096))
+    u["time_ns"], u["cpu"], u["copied"], u["sp"] = [10, 20, 30], [0, 1, 0], [16, 4096, 0], 0x7FFF0000
+    u["data"][0, :16] = np.arange(16)
+    u["data"][1] = np.arange(4096) % 251
+    path = tmp_path / "u.vmprof"
+    w = recording.Writer(path, {"stacks": True, "call_graph": "cfi", "stack_copy_bytes": 4096})
+    w.add(np.zeros(1, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE), ustacks=u)
+    w.flush()
+    w.close({})
+    rec = recording.load(path)
+    assert rec.ustacks is not None and np.array_equal(rec.ustacks, u) and not rec.problems
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"codec": "zstd"}') + len(b'"codec": "zstd"}')
+    data[at:at + 40] = b"\x00" * 40  # the frame's magic and header: not zstd any more
+    import struct
+    import zlib
+
+    # keep the chunk's checksum right: the body itself is what is bad
+    start = data.rfind(recording.CHUNK_MAGIC, 0, at)
+    _magic, kind, _r, length, _crc = recording.CHUNK_HEADER.unpack_from(data, start)
+    body = bytes(data[start + recording.CHUNK_HEADER.size:start + recording.CHUNK_HEADER.size + length])
+    struct.pack_into("<I", data, start + 12, zlib.crc32(body))
+    path.write_bytes(bytes(data))
+    rec = recording.load(path)
+    assert kind == recording.USTACKS and len(rec.samples) == 1
+    assert len(rec.problems) == 1 and "user stack copies" in rec.problems[0] and "\n" not in rec.problems[0]
+    print(rec.problems[0])
