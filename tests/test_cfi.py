@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, Recorded, record_scenario, require_root, start_recording
-from test_stacks import CHAINS, DEPTHS, assert_shares
+from conftest import ROOT, Recorded, record_scenario, require_root, start_recording, vmprof
+from test_stacks import CHAINS, DEPTHS, assert_shares, drive_flame_and_callers
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import CallGraph
@@ -106,6 +106,42 @@ def test_compiled_without_frame_pointers_chains_reach_main(nofp_graph: CallGraph
         two = {c: got[c] for c in COMPUTE}
         assert_shares(Counter(two), COMPUTE, sum(two.values()))
 
+
+
+def test_every_stack_output_shows_the_unwound_chains(nofp: Recorded, tmp_path: Path) -> None:
+    """collapsed, pprof, speedscope, svg, --children and --callers of a cfi recording: the chains as unwound."""
+    import json
+
+    from test_export_formats import Decoded
+
+    path = str(nofp.rec.path)
+    res = vmprof("report", path, "--vm", "nofp", "--callers", "copy")
+    assert res.returncode == 0, res.stderr
+    assert [line for line in res.stdout.splitlines() if "→" in line][0].endswith(
+        "nofp → chain-nofp → _start → main → solve → copy")
+    res = vmprof("report", path, "--vm", "nofp", "--children")
+    rows = {line.split()[-1]: [int(v) for v in line.split()[:2]] for line in res.stdout.splitlines()
+            if line.split()[:1] and line.split()[0].isdigit()}
+    assert res.returncode == 0 and rows["solve"][0] > rows["sweep"][0] >= rows["kernel_a"][0] > 0
+    assert rows["main"][0] >= 0.99 * sum(n for f, (_t, n) in rows.items() if f not in ("_start", "main"))
+    res = vmprof("report", path, "--vm", "nofp", "--format", "collapsed")
+    assert res.returncode == 0 and "chain-nofp [3];_start;main;solve;sweep;kernel_a " in res.stdout, res.stdout[:500]
+    for fmt, name in (("pprof", "s.pb.gz"), ("speedscope", "s.json"), ("svg", "s.svg")):
+        res = vmprof("report", path, "--vm", "nofp", "--format", fmt, "-o", str(tmp_path / name))
+        assert res.returncode == 0, res.stderr
+    d = Decoded((tmp_path / "s.pb.gz").read_bytes())
+    assert ["kernel_a", "sweep", "solve", "main", "_start", "nofp/chain-nofp [3]", "[nofp]"] in d.stacks
+    doc = json.loads((tmp_path / "s.json").read_text())
+    names = [f["name"] for f in doc["shared"]["frames"]]
+    assert ("[nofp]", "nofp/recurse-nofp [4]", "_start", "main", "descend", "descend") in {
+        tuple(names[i] for i in s) for p in doc["profiles"] for s in p["samples"]}
+    assert "kernel_a" in (tmp_path / "s.svg").read_text()
+
+
+def test_live_screen_flame_of_a_cfi_recording(nofp: Recorded) -> None:
+    """vmprof top --replay of a cfi recording: the flame view and the callers view show the unwound chains."""
+    drive_flame_and_callers(nofp.rec.path, "nofp", "chain-nofp", ("descend", "solve"),
+                            "nofp → chain-nofp → _start → main → solve → sweep → kernel_a")
 
 # -- host: frame-pointer-less programs against perf record --call-graph dwarf on the same run ----------------------
 
