@@ -229,7 +229,9 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 	st->user_stack_id = -1;
 	int guest = (s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu;
 #ifdef STACK_COPY
-	if (guest) {
+	if (guest && (s->flags & SAMPLE_GUEST_KERNEL)) {
+		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);  /* a guest kernel: its frame pointers, as fp */
+	} else if (guest) {
 		if (copy_guest_stack(vcpu, s->guest_ip, s->guest_cr3, s) == 0)
 			st->flags |= STACK_USER_COPY;
 	} else if (s->pid && !(s->flags & SAMPLE_HOST_KERNEL)) {

@@ -143,6 +143,22 @@ def test_live_screen_flame_of_a_cfi_recording(nofp: Recorded) -> None:
     drive_flame_and_callers(nofp.rec.path, "nofp", "chain-nofp", ("descend", "solve"),
                             "nofp → chain-nofp → _start → main → solve → sweep → kernel_a")
 
+
+@pytest.mark.parametrize("value", ["lbr", "fp,8192", "cfi,1000", "dwarf,x", "cfi,131072"])
+def test_call_graph_bad_usage_is_one_line(value: str, tmp_path: Path) -> None:
+    res = vmprof("record", "-o", str(tmp_path / "r.vmprof"), "-d", "1", "--call-graph", value)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "--call-graph" in res.stderr
+    assert not (tmp_path / "r.vmprof").exists()
+
+
+def test_call_graph_dwarf_with_a_size_is_cfi(tmp_path: Path) -> None:
+    """perf's spelling: --call-graph dwarf,4096 records 4 KiB copies (and implies -g)."""
+    res = vmprof("record", "-o", str(tmp_path / "r.vmprof"), "-d", "1", "-q", "--call-graph", "dwarf,4096")
+    assert res.returncode == 0, res.stderr
+    rec = recording.load(tmp_path / "r.vmprof")
+    assert rec.meta["call_graph"] == "cfi" and rec.meta["stack_copy_bytes"] == 4096 and rec.stacks is not None
+    assert rec.ustacks is not None and len(rec.ustacks) and rec.ustacks.dtype["data"].shape == (4096,)
+
 # -- host: frame-pointer-less programs against perf record --call-graph dwarf on the same run ----------------------
 
 PY_SCRIPT = """
