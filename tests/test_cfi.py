@@ -266,6 +266,45 @@ def test_native_chain_without_frame_pointers_matches_perf_dwarf(tmp_path: Path) 
     assert sum(n for c, n in ours.items() if c[:1] == ("_start",)) >= 0.98 * sum(ours.values())
 
 
+SIGNALS_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <time.h>
+volatile unsigned long x;
+__attribute__((noinline)) void in_handler(void) { for (long i = 0; i < 500000; i++) x = x * 6364136223846793005UL + 1; }
+void handler(int s) { (void)s; in_handler(); }
+__attribute__((noinline)) void work(void) { for (long i = 0; i < 1000000; i++) x = x * 6364136223846793005UL + 1; }
+int main(int argc, char **argv)
+{
+	struct itimerval t = {{0, 2000}, {0, 2000}};
+	signal(SIGPROF, handler);
+	setitimer(ITIMER_PROF, &t, 0);
+	time_t end = time(0) + (argc > 1 ? atoi(argv[1]) : 5);
+	while (time(0) < end)
+		work();
+	return 0;
+}
+"""
+
+
+def test_chains_through_a_signal_handler_match_perf_dwarf(tmp_path: Path) -> None:
+    """A frame-pointer-less program that spends part of its time in a signal handler: the chains cross glibc's
+    signal frame (__restore_rt: a CFA read from the frame, registers at RSP + n, the interrupted pc exact)
+    back to _start, as perf --call-graph dwarf shows them."""
+    src = tmp_path / "signals.c"
+    src.write_text(SIGNALS_C)
+    exe = tmp_path / "signals"
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-o", str(exe), str(src)], check=True)
+    rec, perf_data, pid = record_beside_perf(tmp_path, [str(exe), "6"])
+    ours, theirs = vmprof_chains(rec, pid), perf_chains(perf_data, pid)
+    handler = sum(n for c, n in ours.items() if "in_handler" in c)
+    through = sum(n for c, n in ours.items() if "in_handler" in c and c[:1] == ("_start",) and "work" in c)
+    print(f"in the handler: {handler} samples, {through} with the chain through the signal frame to _start")
+    assert handler > 0.05 * sum(ours.values()) and through >= 0.95 * handler
+    assert_top_chains_agree(ours, theirs)
+
+
 def test_debian_python_matches_perf_dwarf(tmp_path: Path) -> None:
     """Debian's python3 (built without frame pointers) running a small script: the top 10 chains."""
     script = tmp_path / "work.py"
@@ -348,7 +387,8 @@ def _fake_table(rules: Rules, sp: AddressSpace, cfa_off: int, ra: int) -> None:
     m = sp.maps[0]
     one = lambda v, t: np.array([v], t)  # noqa: E731
     table = CfiTable(one(m.start, np.uint64), one(m.end, np.uint64), one(CFA_REG, np.uint8), one(RSP, np.int8),
-                     one(cfa_off, np.int64), one(ra, np.int32), one(SAME, np.int32), one(0, np.uint8), ".eh_frame")
+                     one(cfa_off, np.int64), one(ra, np.int32), one(SAME, np.int32), one(0, np.uint8), one(0, np.uint8),
+                     ".eh_frame")
     rules._tables[str(m.object_path)] = (table, table.start.tolist())
 
 

@@ -38,6 +38,9 @@ UNDEFINED = np.iinfo(np.int32).min  # ra: the outermost frame; bp: the value is 
 SAME = np.iinfo(np.int32).min + 1  # bp: unchanged from the callee
 UNSUPPORTED = np.iinfo(np.int32).min + 2
 RSP, RBP, RA = 7, 6, 16  # DWARF register numbers on x86-64
+# row flags: a DW_CFA_expression `DW_OP_breg7 n` saves a register at RSP + n (glibc's __restore_rt: the
+# interrupted registers in the signal frame); SIGNAL_FRAME: the CIE says "S", the caller's pc is no return address
+RA_AT_SP, BP_AT_SP, SIGNAL_FRAME = 1, 2, 4
 MAX_ENTRIES = 2_000_000  # CIEs and FDEs of one object
 MAX_ROWS = 4_000_000
 MAX_INSTRUCTIONS = 10_000  # of one FDE (with its CIE's)
@@ -60,6 +63,7 @@ class CfiTable:
     ra: np.ndarray  # int32: return address at CFA + ra, or UNDEFINED / UNSUPPORTED
     bp: np.ndarray  # int32: saved RBP at CFA + bp, or SAME / UNDEFINED / UNSUPPORTED
     plt_at: np.ndarray  # uint8: CFA_PLT's rip & 15 threshold
+    flags: np.ndarray  # uint8: RA_AT_SP, BP_AT_SP (the offset is from the frame's RSP, not the CFA), SIGNAL_FRAME
     source: str = ""  # ".eh_frame", ".debug_frame" or "" (no call-frame information)
 
     def __len__(self) -> int:
@@ -74,7 +78,7 @@ class CfiTable:
 def empty_table(source: str = "") -> CfiTable:
     return CfiTable(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint8), np.empty(0, np.int8),
                     np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.uint8),
-                    source)
+                    np.empty(0, np.uint8), source)
 
 
 def read_cfi(path: Path, limits: Limits = DEFAULT_LIMITS) -> CfiTable:
@@ -85,10 +89,10 @@ def read_cfi(path: Path, limits: Limits = DEFAULT_LIMITS) -> CfiTable:
         source: BinaryIO = f
         if st.st_size <= HASHED_BYTES:
             data = f.read(HASHED_BYTES + 1)
-            key = cache.content_key("cfi", data)
+            key = cache.content_key("cfi2", data)
             source = io.BytesIO(data)
         else:
-            key = cache.content_key("cfi-file", f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
+            key = cache.content_key("cfi2-file", f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
                                                 f"{st.st_mtime_ns}".encode())
         size = st.st_size if source is f else len(data)
         return cache.parsed(key, lambda: _parse_guarded(source, size, limits, what), _to_arrays, _from_arrays)
@@ -100,13 +104,14 @@ def cfi_from_bytes(data: bytes, limits: Limits = DEFAULT_LIMITS, what: str = "ob
 
 
 def _to_arrays(t: CfiTable) -> dict[str, np.ndarray]:
-    return {k: getattr(t, k) for k in ("start", "end", "cfa_kind", "cfa_reg", "cfa_off", "ra", "bp", "plt_at")} | {
-        "source": np.array([t.source])}
+    return {k: getattr(t, k) for k in _COLUMNS} | {"source": np.array([t.source])}
 
 
 def _from_arrays(a: dict[str, np.ndarray]) -> CfiTable:
-    return CfiTable(*(a[k] for k in ("start", "end", "cfa_kind", "cfa_reg", "cfa_off", "ra", "bp", "plt_at")),
-                    source=str(a["source"][0]))
+    return CfiTable(*(a[k] for k in _COLUMNS), source=str(a["source"][0]))
+
+
+_COLUMNS = ("start", "end", "cfa_kind", "cfa_reg", "cfa_off", "ra", "bp", "plt_at", "flags")
 
 
 def _parse_guarded(f: BinaryIO, size: int, limits: Limits, what: str) -> CfiTable:
@@ -152,11 +157,11 @@ def _parse(f: BinaryIO, size: int, limits: Limits, what: str) -> CfiTable:
 
 
 def _table(rows: list[tuple], source: str) -> CfiTable:
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 8)
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 9)
     arr = arr[np.argsort(arr[:, 0].astype(np.uint64), kind="stable")]
     return CfiTable(arr[:, 0].astype(np.uint64), arr[:, 1].astype(np.uint64), arr[:, 2].astype(np.uint8),
                     arr[:, 3].astype(np.int8), arr[:, 4], arr[:, 5].astype(np.int32), arr[:, 6].astype(np.int32),
-                    arr[:, 7].astype(np.uint8), source)
+                    arr[:, 7].astype(np.uint8), arr[:, 8].astype(np.uint8), source)
 
 
 def _cfa_expression(expr: bytes) -> tuple[int, int, int, int]:
@@ -170,6 +175,15 @@ def _cfa_expression(expr: bytes) -> tuple[int, int, int, int]:
                 and _DW_OP_LIT0 <= rest[4] < _DW_OP_LIT0 + 16:
             return CFA_PLT, RSP, off, rest[4] - _DW_OP_LIT0
     return CFA_UNSUPPORTED, 0, 0, 0
+
+
+def _at_sp(expr: bytes) -> tuple[str, int] | int:
+    """A register rule DW_CFA_expression `DW_OP_breg7 n`: saved at RSP + n (a signal frame's registers)."""
+    if len(expr) >= 2 and expr[0] == _DW_OP_BREG0 + RSP:
+        off, end = _sleb(expr, 1)
+        if end == len(expr) and -(1 << 30) < off < 1 << 30:
+            return ("sp", off)
+    return UNSUPPORTED
 
 
 def _sleb(data: bytes, pos: int) -> tuple[int, int]:
@@ -206,12 +220,17 @@ def _fde_rows(fde: object, rows: list[tuple]) -> None:
     remembered: list[dict] = []
     loc = start
 
+    signal = SIGNAL_FRAME if b"S" in bytes(cie["augmentation"] or b"") else 0
+
     def emit(upto: int) -> None:
         if upto > loc:
             kind, reg, off, plt = state["cfa"]
-            rows.append((loc, min(upto, end), kind, reg, off, state[RA], state[RBP], plt))
+            ra, bp = state[RA], state[RBP]
+            flags = signal | (RA_AT_SP if isinstance(ra, tuple) else 0) | (BP_AT_SP if isinstance(bp, tuple) else 0)
+            rows.append((loc, min(upto, end), kind, reg, off, ra[1] if isinstance(ra, tuple) else ra,
+                         bp[1] if isinstance(bp, tuple) else bp, plt, flags))
 
-    def set_reg(reg: int, rule: int) -> None:
+    def set_reg(reg: int, rule: int | tuple[str, int]) -> None:
         if reg == ra_reg:
             state[RA] = rule
         elif reg == RBP:
@@ -251,7 +270,9 @@ def _fde_rows(fde: object, rows: list[tuple]) -> None:
             set_reg(args[0], UNDEFINED)
         elif name == "same_value":
             set_reg(args[0], SAME)
-        elif name in ("register", "expression", "val_expression", "val_offset", "val_offset_sf"):
+        elif name == "expression":
+            set_reg(args[0], _at_sp(bytes(args[1])))
+        elif name in ("register", "val_expression", "val_offset", "val_offset_sf"):
             set_reg(args[0], UNSUPPORTED)
         elif name == "remember_state":
             if len(remembered) >= MAX_REMEMBER:

@@ -28,12 +28,15 @@ import numpy as np
 
 from vmprof_tui.record.records import STACK_GUEST_MAX
 from vmprof_tui.resolve.cfi import (
+    BP_AT_SP,
     CFA_DEREF,
     CFA_PLT,
     CFA_REG,
+    RA_AT_SP,
     RBP,
     RSP,
     SAME,
+    SIGNAL_FRAME,
     UNDEFINED,
     UNSUPPORTED,
     CfiTable,
@@ -54,8 +57,9 @@ REASONS = {LOST: "the stack copy was lost (its ring buffer was full)",
            TOO_DEEP: f"deeper than {STACK_GUEST_MAX} frames"}
 _U64 = struct.Struct("<Q")
 _MASK = (1 << 64) - 1
-_NO_CFI = (-1, 0, 0, 0, 0, 0)  # an object without call-frame information: frame pointers
-_NO_ROW = (-2, 0, 0, 0, 0, 0)  # an object with CFI that has no row for the address
+_NO_CFI = (-1, 0, 0, 0, 0, 0, 0)  # an object without call-frame information: frame pointers
+_NO_ROW = (-2, 0, 0, 0, 0, 0, 0)  # an object with CFI that has no row for the address
+Rule = tuple[int, int, int, int, int, int, int]  # cfa kind, register, offset; ra, rbp rules; plt threshold; flags
 
 
 @dataclass
@@ -77,7 +81,7 @@ class Rules:
     _tables: dict[str, tuple[CfiTable, list[int]]] = field(default_factory=dict)
     _spaces: dict[int, tuple[list[int], list[int], list[Mapping]]] = field(default_factory=dict)
     _objects: dict[tuple[int, int], _Object] = field(default_factory=dict)
-    _rules: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(default_factory=dict)
+    _rules: dict[tuple[int, int], Rule | None] = field(default_factory=dict)
     _entry: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     def is_entry(self, space: AddressSpace, pc: int) -> bool:
@@ -115,9 +119,9 @@ class Rules:
             self._objects[key] = _Object(table, starts, delta, m, sym)
         return self._objects[key]
 
-    def rule(self, space: AddressSpace, pc: int) -> tuple[int, int, int, int, int, int] | None:
-        """(cfa kind, cfa register, cfa offset, ra offset, rbp rule, plt threshold) for `pc` (a lookup address),
-        _NO_CFI, _NO_ROW, or None when no mapping holds it."""
+    def rule(self, space: AddressSpace, pc: int) -> Rule | None:
+        """(cfa kind, cfa register, cfa offset, ra offset, rbp rule, plt threshold, flags) for `pc` (a lookup
+        address), _NO_CFI, _NO_ROW, or None when no mapping holds it."""
         key = (id(space), pc)
         rule = self._rules.get(key, False)
         if rule is not False:
@@ -138,7 +142,7 @@ class Rules:
                 t, i = obj.table, bisect.bisect_right(obj.starts, link) - 1
                 rule = _NO_ROW if i < 0 or link >= int(t.end[i]) else (
                     int(t.cfa_kind[i]), int(t.cfa_reg[i]), int(t.cfa_off[i]), int(t.ra[i]), int(t.bp[i]),
-                    int(t.plt_at[i]))
+                    int(t.plt_at[i]), int(t.flags[i]))
         if len(self._rules) >= 1 << 20:
             self._rules.clear()
         self._rules[key] = rule
@@ -157,14 +161,15 @@ def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: AddressSpac
         off = addr - sp0
         return _U64.unpack_from(data, off)[0] if 0 <= off <= size - 8 else None
 
-    sp0, pc = sp, ip
+    sp0, pc, exact = sp, ip, True
     while True:
-        # a return address points after its call: its rule is the call's (one byte back), as perf does
-        lookup = pc if len(chain) == 1 else pc - 1
+        # a return address points after its call: its rule is the call's (one byte back), as perf does; the
+        # leaf and a pc a signal interrupted are exact
+        lookup = pc if exact else pc - 1
         rule = rules.rule(space, lookup)
         if rule is None:
             return chain, NO_MAPPING
-        kind, reg, off, ra_off, bp_rule, plt = rule
+        kind, reg, off, ra_off, bp_rule, plt, flags = rule
         if kind == _NO_ROW[0]:
             return chain, COMPLETE if rules.is_entry(space, lookup) else NO_RULE
         if kind == _NO_CFI[0]:  # an object without CFI: its frames are frame-pointer frames
@@ -188,11 +193,11 @@ def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: AddressSpac
             return chain, UNFOLLOWED
         if cfa <= sp:  # each caller's frame lies above its callee's: anything else loops or is corrupt
             return chain, NOT_CLIMBING
-        ra = read(cfa + ra_off)
+        ra = read((sp if flags & RA_AT_SP else cfa) + ra_off)
         if ra is None:
             return chain, SHORT_COPY
         if bp_rule not in (SAME, UNDEFINED, UNSUPPORTED):
-            bp = read(cfa + bp_rule)
+            bp = read((sp if flags & BP_AT_SP else cfa) + bp_rule)
         elif bp_rule != SAME:
             bp = None
         if ra == 0:
@@ -200,7 +205,7 @@ def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: AddressSpac
         if len(chain) >= STACK_GUEST_MAX:
             return chain, TOO_DEEP
         chain.append(ra)
-        sp, pc = cfa & _MASK, ra
+        sp, pc, exact = cfa & _MASK, ra, bool(flags & SIGNAL_FRAME)
 
 
 def unwind(ustacks: np.ndarray, rows: np.ndarray, spaces: list[AddressSpace | None], rules: Rules
