@@ -140,9 +140,30 @@ def test_every_stack_output_shows_the_unwound_chains(nofp: Recorded, tmp_path: P
 
 def test_live_screen_flame_of_a_cfi_recording(nofp: Recorded) -> None:
     """vmprof top --replay of a cfi recording: the flame view and the callers view show the unwound chains."""
-    drive_flame_and_callers(nofp.rec.path, "nofp", "chain-nofp", ("descend", "solve"),
+    from vmprof_tui.analyse.window import ReplayWindow
+
+    drive_flame_and_callers(ReplayWindow(nofp.rec.path), "nofp", "chain-nofp", ("descend", "solve"),
                             "nofp → chain-nofp → _start → main → solve → sweep → kernel_a")
 
+
+def test_live_screen_flame_with_cfi() -> None:
+    """vmprof top --call-graph cfi on a running stacks-nofp demo: the live window unwinds its copies."""
+    import os
+
+    from vmprof_tui.analyse.window import LiveWindow
+    from vmprof_tui.collect.session import CollectionSession
+    from vmprof_tui.demo import runner
+
+    require_root()
+    os.sched_setaffinity(0, {0})
+    with runner.DemoRun(runner.scenario_specs("stacks-nofp"), duration_s=40):
+        window = LiveWindow(CollectionSession(1000, build_ids=False, stacks=True, call_graph="cfi"), 10.0)
+        window.start()
+        try:
+            drive_flame_and_callers(window, "nofp", "chain-nofp", ("descend", "solve"),
+                                    "nofp → chain-nofp → _start → main → solve → sweep → kernel_a")
+        finally:
+            window.close()
 
 @pytest.mark.parametrize("value", ["lbr", "fp,8192", "cfi,1000", "dwarf,x", "cfi,131072"])
 def test_call_graph_bad_usage_is_one_line(value: str, tmp_path: Path) -> None:

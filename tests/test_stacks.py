@@ -224,23 +224,24 @@ def test_stacks_round_trip_through_the_recording_format(tmp_path: Path) -> None:
 
 def test_live_screen_flame_and_callers_views(stacks: Recorded) -> None:
     """vmprof top on the -g recording: f draws the VM's icicle, c lists the callers of a function."""
-    drive_flame_and_callers(stacks.rec.path, "stacks", "chain", ("sweep", "[partial]"),
+    from vmprof_tui.analyse.window import ReplayWindow
+
+    drive_flame_and_callers(ReplayWindow(stacks.rec.path), "stacks", "chain", ("sweep", "[partial]"),
                             "stacks → chain → _start → main → solve → sweep → kernel_a")
 
 
-def drive_flame_and_callers(path: Path, vm: str, process: str, in_flame: tuple[str, ...], callers: str) -> None:
-    """vmprof top --replay PATH: the VM's flame view shows kernel_a and `in_flame`; kernel_a's callers in
-    `process` are first `callers`."""
+def drive_flame_and_callers(window: object, vm: str, process: str, in_flame: tuple[str, ...], callers: str) -> None:
+    """vmprof top on WINDOW (a replayed recording or a live one): the VM's flame view shows kernel_a and
+    `in_flame`; kernel_a's callers in `process` are first `callers`."""
     import asyncio
 
     from test_tui import cells, select, until
     from textual.widgets import Static
 
-    from vmprof_tui.analyse.window import ReplayWindow
     from vmprof_tui.show.tui import CallersScreen, FlameScreen, VmprofTop
 
     async def drive() -> None:
-        app = VmprofTop(ReplayWindow(path), refresh_s=0.5)
+        app = VmprofTop(window, refresh_s=0.5)
         async with app.run_test(size=(160, 40)) as pilot:
             await until(pilot, lambda: any(r[0] == vm and r[1] not in ("0", "-") for r in cells(app)),
                         timeout=15)

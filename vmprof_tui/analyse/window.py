@@ -276,6 +276,7 @@ class LiveWindow:
         self.vms: list[dict] | None = None  # the running VMs (None until the first discovery)
         self.chunks = ResolvedChunks()
         self.host_stacks: dict[int, np.ndarray] = {}  # host stack-map id -> addresses, for the session's life
+        self.ustacks: list[tuple[int, np.ndarray]] = []  # (chunk end, its user-stack copies): --call-graph cfi
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
         self._last_forget = time.monotonic()
         self._chunk_end: int | None = None  # where the last chunk's span ended (the next one begins there)
@@ -332,6 +333,9 @@ class LiveWindow:
         self.host_stacks.update(chunk.host_stacks)
         horizon = hi - int(self.window_s * 1e9)
         chunks, horizon = self.chunks.current(horizon)
+        if chunk.ustacks is not None:  # kept while their chunk is in the window (8 KiB each)
+            self.ustacks = [(end, u) for end, u in self.ustacks if end > horizon] + [(hi, chunk.ustacks)]
+        ustacks = np.concatenate([u for _end, u in self.ustacks]) if self.ustacks else None
         lost = self.session.lost()
         vms, processes, bundles = self.vms, dict(self.processes), self.bundles()
         seconds = (hi - horizon) / 1e9
@@ -340,7 +344,7 @@ class LiveWindow:
             samples, resolved, sched, stacks = joined(chunks)
             rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                     recording.snapshot(vms=vms, processes=processes), {}, seconds, lost,
-                                    stacks if self.session.collector.stacks else None, self.host_stacks)
+                                    stacks if self.session.collector.stacks else None, self.host_stacks, ustacks)
             return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
 
         lost_samples = sum(lost.get("samples", [])) + sum(lost.get("host_counts", []))  # sent or counted

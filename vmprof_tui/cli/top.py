@@ -31,8 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per second per CPU")
     p.add_argument("--window", type=float, default=5.0, metavar="S", help="seconds of history analysed")
     p.add_argument("--refresh", type=float, default=1.0, metavar="S", help="seconds between refreshes")
-    p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
+    p.add_argument("-g", dest="stacks", action="store_true",
                    help="collect call stacks, for the flame view (f) and the callers view (c)")
+    p.add_argument("--call-graph", default=None, metavar="fp|cfi|dwarf[,SIZE]",
+                   help="implies -g: user chains by frame pointers (fp, the default) or unwound from stack copies by "
+                        "call-frame information (cfi), as vmprof record --call-graph")
     p.add_argument("--host-counts", choices=("auto", "on", "off"), default="auto",
                    help="count host tasks' samples in a BPF map by process and IP instead of sending each one "
                         "(the host view's rows; vCPU threads' samples still come one by one): auto is on from "
@@ -40,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
-            should_stop: Callable[[], bool] | None = None, stacks: bool = False, host_counts: bool = False) -> None:
+            should_stop: Callable[[], bool] | None = None, stacks: bool = False, host_counts: bool = False,
+            call_graph: tuple[str, int] | None = None) -> None:
     from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
     from vmprof_tui.show.tui import VmprofTop
 
@@ -52,12 +56,15 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         except RecordingError as e:
             raise Failure(str(e)) from None
     else:
+        from vmprof_tui.cli.record import parse_call_graph
         from vmprof_tui.collect.backends import BackendError
         from vmprof_tui.collect.bpf import CollectError
         from vmprof_tui.collect.session import CollectionSession
 
+        mode, copy_bytes = call_graph or parse_call_graph(None)
         try:  # checks privileges, BTF and KVM here; BPF loads in the app
-            window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks, host_counts=host_counts),
+            window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks, host_counts=host_counts,
+                                                  call_graph=mode, stack_copy_bytes=copy_bytes),
                                 window_s)
         except (BackendError, CollectError) as e:
             raise Failure(str(e)) from None
@@ -68,6 +75,10 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
 
 
 def run(args: argparse.Namespace) -> int:
+    from vmprof_tui.cli.record import parse_call_graph
+
+    call_graph = parse_call_graph(args.call_graph)
+    args.stacks = args.stacks or args.call_graph is not None
     counted = host_counts(args.host_counts, args.frequency, args.stacks)
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise Failure("the live screen needs a terminal (stdout and stdin); for text use `vmprof record` "
@@ -87,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         if not discover.discover_vms():
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)
-    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks, counted)
+    run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks, counted,
+            call_graph)
     return 0
 
 
