@@ -232,8 +232,13 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 	if (guest && (s->flags & SAMPLE_GUEST_KERNEL)) {
 		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);  /* a guest kernel: its frame pointers, as fp */
 	} else if (guest) {
-		if (copy_guest_stack(vcpu, s->guest_ip, s->guest_cr3, s) == 0)
+		if (copy_guest_stack(vcpu, s->guest_ip, s->guest_cr3, s) == 0) {
 			st->flags |= STACK_USER_COPY;
+		} else {  /* its copy could not be sent: the leaf, partial (and never a host chain) */
+			st->flags |= STACK_GUEST_WALKED | STACK_GUEST_PARTIAL;
+			st->guest[0] = s->guest_ip;
+			st->guest_depth = 1;
+		}
 	} else if (s->pid && !(s->flags & SAMPLE_HOST_KERNEL)) {
 		/* a host sample in user mode: the interrupted registers are the user's */
 		if (copy_user_stack(s, s->host_ip, ctx->regs.sp, ctx->regs.bp, 0) == 0)

@@ -19,7 +19,13 @@ from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import CallGraph
 from vmprof_tui.demo import programs
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_GUEST, STACK_USER_COPY, stack_rows
+from vmprof_tui.record.records import (
+    SAMPLE_GUEST,
+    STACK_GUEST_PARTIAL,
+    STACK_GUEST_WALKED,
+    STACK_USER_COPY,
+    stack_rows,
+)
 from vmprof_tui.resolve import elf
 from vmprof_tui.resolve.resolver import KERNEL_MODULE, UNKNOWN
 from vmprof_tui.resolve.spaces import AddressSpace, Mapping, ObjectCache
@@ -64,13 +70,22 @@ def frames_of_vm(graph: CallGraph, vm: str, process: str) -> Counter:
 
 
 def test_every_guest_sample_has_a_stack_copy(nofp: Recorded) -> None:
+    """Each guest sample has its copy; one whose copy could not be sent (its ring full: counted as lost) is a
+    walked leaf-only chain marked partial, never taken for a host sample."""
     rec = nofp.rec
     assert rec.meta["call_graph"] == "cfi" and rec.ustacks is not None
     guest = (rec.samples["flags"] & SAMPLE_GUEST) != 0
     rows = stack_rows(rec.samples, rec.stacks)
-    assert (rows[guest] >= 0).all() and (rec.stacks["flags"][rows[guest]] & STACK_USER_COPY).all()
-    assert (stack_rows(rec.samples[guest], rec.ustacks) >= 0).all(), "a guest sample without its stack copy"
-    assert sum(rec.end["lost"]["ustacks"]) == 0
+    assert (rows[guest] >= 0).all()
+    flags, depth = rec.stacks["flags"][rows[guest]], rec.stacks["guest_depth"][rows[guest]]
+    copied = (flags & STACK_USER_COPY) != 0
+    assert (stack_rows(rec.samples[guest][copied], rec.ustacks) >= 0).all(), "a stack copy missing"
+    lost = sum(rec.end["lost"]["ustacks"])
+    print(f"{int((~copied).sum())} of {int(guest.sum())} guest samples without a copy; {lost} copies lost")
+    assert (~copied).sum() <= lost
+    leaf_only = STACK_GUEST_WALKED | STACK_GUEST_PARTIAL
+    assert ((flags[~copied] & leaf_only) == leaf_only).all()
+    assert (depth[~copied] == 1).all()
 
 
 def test_chain_without_frame_pointers_yields_the_expected_chains(nofp_graph: CallGraph) -> None:
@@ -284,7 +299,11 @@ def test_native_chain_without_frame_pointers_matches_perf_dwarf(tmp_path: Path) 
     rec, perf_data, pid = record_beside_perf(tmp_path, [str(native), "400"])
     ours, theirs = vmprof_chains(rec, pid), perf_chains(perf_data, pid)
     assert_top_chains_agree(ours, theirs)
-    assert sum(n for c, n in ours.items() if c[:1] == ("_start",)) >= 0.98 * sum(ours.values())
+    # chains to _start: all but those whose copy was lost (a loaded machine) and counted so
+    lost = sum(rec.end["lost"]["ustacks"])
+    complete = sum(n for c, n in ours.items() if c[:1] == ("_start",))
+    print(f"{complete} of {sum(ours.values())} chains reach _start; {lost} copies lost on the whole host")
+    assert complete + lost >= 0.98 * sum(ours.values())
 
 
 SIGNALS_C = r"""

@@ -236,7 +236,7 @@ def drive_flame_and_callers(window: object, vm: str, process: str, in_flame: tup
     import asyncio
 
     from test_tui import cells, select, until
-    from textual.widgets import Static
+    from textual.widgets import DataTable, Static
 
     from vmprof_tui.show.tui import CallersScreen, FlameScreen, VmprofTop
 
@@ -244,11 +244,12 @@ def drive_flame_and_callers(window: object, vm: str, process: str, in_flame: tup
         app = VmprofTop(window, refresh_s=0.5)
         async with app.run_test(size=(160, 40)) as pilot:
             await until(pilot, lambda: any(r[0] == vm and r[1] not in ("0", "-") for r in cells(app)),
-                        timeout=15)
+                        timeout=60)
             await select(pilot, app, vm)
             await pilot.press("f")
+            # the views resolve the window's stacks first (unwinding its copies, with cfi): slow on a loaded machine
             await until(pilot, lambda: isinstance(app.screen, FlameScreen)
-                        and "kernel_a" in str(app.screen.query_one("#flame", Static).render()))
+                        and "kernel_a" in str(app.screen.query_one("#flame", Static).render()), timeout=60)
             text = str(app.screen.query_one("#flame", Static).render())
             assert all(word in text for word in in_flame)
             await pilot.press("escape")
@@ -261,7 +262,8 @@ def drive_flame_and_callers(window: object, vm: str, process: str, in_flame: tup
             await until(pilot, lambda: "kernel_a" in [r[0] for r in cells(app)])
             await select(pilot, app, "kernel_a")
             await pilot.press("c")
-            await until(pilot, lambda: isinstance(app.screen, CallersScreen) and bool(cells(app)))
+            await until(pilot, lambda: isinstance(app.screen, CallersScreen) and bool(app.screen.query(DataTable))
+                        and bool(cells(app)), timeout=60)
             assert cells(app)[0][2] == callers
 
     asyncio.run(drive())
