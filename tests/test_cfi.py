@@ -171,7 +171,7 @@ def test_live_screen_flame_with_cfi() -> None:
 
     require_root()
     os.sched_setaffinity(0, {0})
-    with runner.DemoRun(runner.scenario_specs("stacks-nofp"), duration_s=40):
+    with runner.DemoRun(runner.scenario_specs("stacks-nofp"), duration_s=180):  # stopped when the test ends
         window = LiveWindow(CollectionSession(1000, build_ids=False, stacks=True, call_graph="cfi"), 10.0)
         window.start()
         try:
