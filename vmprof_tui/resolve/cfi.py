@@ -19,6 +19,7 @@ first, every count is bounded (`MAX_*`), and any failure of pyelftools on a malf
 
 from __future__ import annotations
 
+import array
 import io
 import os
 from dataclasses import dataclass
@@ -145,19 +146,22 @@ def _parse(f: BinaryIO, size: int, limits: Limits, what: str) -> CfiTable:
         entries = dwarf.EH_CFI_entries() if name == ".eh_frame" else dwarf.CFI_entries()
         if len(entries) > MAX_ENTRIES:
             raise ElfError(f"{what}: {len(entries)} call-frame entries, over the limit of {MAX_ENTRIES}")
-        rows: list[tuple] = []
+        # every row comes from an FDE's own instruction or its end (a CIE's instructions only set the initial
+        # rules): never more rows than the section has bytes, held as 9 int64 each, not as Python tuples
+        most = min(MAX_ROWS, int(sec["sh_size"]))
+        rows = array.array("q")
         for entry in entries:
             if isinstance(entry, FDE):
                 _fde_rows(entry, rows)
-                if len(rows) > MAX_ROWS:
-                    raise ElfError(f"{what}: more than {MAX_ROWS} call-frame rows")
+                if len(rows) > 9 * most:
+                    raise ElfError(f"{what}: more than {most} call-frame rows in {name}")
         if rows:
             return _table(rows, name)
     return empty_table()
 
 
-def _table(rows: list[tuple], source: str) -> CfiTable:
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 9)
+def _table(rows: array.array, source: str) -> CfiTable:
+    arr = np.frombuffer(rows, dtype=np.int64).reshape(-1, 9)
     arr = arr[np.argsort(arr[:, 0].astype(np.uint64), kind="stable")]
     return CfiTable(arr[:, 0].astype(np.uint64), arr[:, 1].astype(np.uint64), arr[:, 2].astype(np.uint8),
                     arr[:, 3].astype(np.int8), arr[:, 4], arr[:, 5].astype(np.int32), arr[:, 6].astype(np.int32),
@@ -168,6 +172,7 @@ def _cfa_expression(expr: bytes) -> tuple[int, int, int, int]:
     """(kind, register, offset, plt threshold) of a DW_CFA_def_cfa_expression this reader follows."""
     if len(expr) >= 2 and _DW_OP_BREG0 <= expr[0] < _DW_OP_BREG0 + 32:
         off, n = _sleb(expr, 1)
+        off = _clamp(off)
         rest = expr[n:]
         if rest == bytes([_DW_OP_DEREF]):
             return CFA_DEREF, expr[0] - _DW_OP_BREG0, off, 0
@@ -201,7 +206,7 @@ def _sleb(data: bytes, pos: int) -> tuple[int, int]:
     return 0, len(data) + 1  # cut short: matches no pattern
 
 
-def _fde_rows(fde: object, rows: list[tuple]) -> None:
+def _fde_rows(fde: object, rows: array.array) -> None:
     """Run the CIE's and the FDE's instructions, one row per address range with one rule set."""
     cie = fde.cie  # type: ignore[attr-defined]
     code_align = int(cie["code_alignment_factor"] or 1)
@@ -223,11 +228,13 @@ def _fde_rows(fde: object, rows: list[tuple]) -> None:
     signal = SIGNAL_FRAME if b"S" in bytes(cie["augmentation"] or b"") else 0
 
     def emit(upto: int) -> None:
-        if upto > loc:
+        if upto > loc and loc < end:  # rows stay inside the FDE's range (and int64)
             kind, reg, off, plt = state["cfa"]
+            if not 0 <= reg < 64 or off == UNSUPPORTED:
+                kind, reg, off = CFA_UNSUPPORTED, 0, 0
             ra, bp = state[RA], state[RBP]
             flags = signal | (RA_AT_SP if isinstance(ra, tuple) else 0) | (BP_AT_SP if isinstance(bp, tuple) else 0)
-            rows.append((loc, min(upto, end), kind, reg, off, ra[1] if isinstance(ra, tuple) else ra,
+            rows.extend((loc, min(upto, end), kind, reg, off, ra[1] if isinstance(ra, tuple) else ra,
                          bp[1] if isinstance(bp, tuple) else bp, plt, flags))
 
     def set_reg(reg: int, rule: int | tuple[str, int]) -> None:
@@ -242,24 +249,26 @@ def _fde_rows(fde: object, rows: list[tuple]) -> None:
         name = _name(ins.opcode)
         args = ins.args
         if name in ("advance_loc", "advance_loc1", "advance_loc2", "advance_loc4"):
-            emit(loc + args[0] * code_align)
-            loc += args[0] * code_align
+            if i >= n_cie:  # a CIE's instructions set the initial rules only
+                emit(loc + args[0] * code_align)
+                loc += args[0] * code_align
         elif name == "set_loc":
-            emit(args[0])
-            loc = max(loc, int(args[0]))
+            if i >= n_cie:
+                emit(args[0])
+                loc = max(loc, int(args[0]))
         elif name == "def_cfa":
-            state["cfa"] = (CFA_REG, args[0], args[1], 0)
+            state["cfa"] = (CFA_REG, args[0], _clamp(args[1]), 0)
         elif name == "def_cfa_sf":
-            state["cfa"] = (CFA_REG, args[0], args[1] * data_align, 0)
+            state["cfa"] = (CFA_REG, args[0], _clamp(args[1] * data_align), 0)
         elif name == "def_cfa_register":
             _kind, _reg, off, _plt = state["cfa"]
             state["cfa"] = (CFA_REG, args[0], off, 0)
         elif name == "def_cfa_offset":
             kind, reg, _off, _plt = state["cfa"]
-            state["cfa"] = (kind if kind == CFA_REG else CFA_UNSUPPORTED, reg, args[0], 0)
+            state["cfa"] = (kind if kind == CFA_REG else CFA_UNSUPPORTED, reg, _clamp(args[0]), 0)
         elif name == "def_cfa_offset_sf":
             kind, reg, _off, _plt = state["cfa"]
-            state["cfa"] = (kind if kind == CFA_REG else CFA_UNSUPPORTED, reg, args[0] * data_align, 0)
+            state["cfa"] = (kind if kind == CFA_REG else CFA_UNSUPPORTED, reg, _clamp(args[0] * data_align), 0)
         elif name == "def_cfa_expression":
             state["cfa"] = _cfa_expression(bytes(args[0]))
         elif name in ("offset", "offset_extended", "offset_extended_sf"):
