@@ -13,7 +13,8 @@ says why, never guesses.  A return-address rule `undefined` is the end of the st
 
 Object files are hostile (guest bundles) or may be corrupt: the file passes the ELF reader's checks
 first, every count is bounded (`MAX_*`), and any failure of pyelftools on a malformed table is one
-`ElfError` line (the object then unwinds by frame pointers, or not at all).  The fuzz target
+`ElfError` line (the object then unwinds by frame pointers, or not at all).  Memory stays bounded: a
+section of at most MAX_SECTION bytes, at most one row per byte of it, rows held as int64.  The fuzz target
 `tests/fuzz/fuzz_bundle.py cfi` drives `cfi_from_bytes`.
 """
 
@@ -43,6 +44,7 @@ RSP, RBP, RA = 7, 6, 16  # DWARF register numbers on x86-64
 # interrupted registers in the signal frame); SIGNAL_FRAME: the CIE says "S", the caller's pc is no return address
 RA_AT_SP, BP_AT_SP, SIGNAL_FRAME = 1, 2, 4
 MAX_ENTRIES = 2_000_000  # CIEs and FDEs of one object
+MAX_SECTION = 64 << 20  # bytes of one .eh_frame / .debug_frame (pyelftools holds every entry as objects)
 MAX_ROWS = 4_000_000
 MAX_INSTRUCTIONS = 10_000  # of one FDE (with its CIE's)
 MAX_REMEMBER = 64  # nesting of DW_CFA_remember_state
@@ -142,6 +144,8 @@ def _parse(f: BinaryIO, size: int, limits: Limits, what: str) -> CfiTable:
         sec = elf.get_section_by_name(name)
         if sec is None or sec["sh_type"] == "SHT_NOBITS" or sec["sh_offset"] + sec["sh_size"] > size:
             continue
+        if sec["sh_size"] > MAX_SECTION:
+            raise ElfError(f"{what}: {name} of {sec['sh_size']} bytes, over the limit of {MAX_SECTION}")
         dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False, follow_links=False)
         entries = dwarf.EH_CFI_entries() if name == ".eh_frame" else dwarf.CFI_entries()
         if len(entries) > MAX_ENTRIES:
