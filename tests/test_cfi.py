@@ -164,13 +164,19 @@ def test_live_screen_flame_of_a_cfi_recording(nofp: Recorded) -> None:
 def test_live_screen_flame_with_cfi() -> None:
     """vmprof top --call-graph cfi on a running stacks-nofp demo: the live window unwinds its copies."""
     import os
+    import time
 
     from vmprof_tui.analyse.window import LiveWindow
+    from vmprof_tui.collect import discover
     from vmprof_tui.collect.session import CollectionSession
     from vmprof_tui.demo import runner
 
     require_root()
     os.sched_setaffinity(0, {0})
+    # the recorded fixture's VM of the same name may still be exiting: two would be told apart as "nofp [PID]"
+    deadline = time.monotonic() + 60
+    while any(vm.name == "nofp" for vm in discover.discover_vms()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     with runner.DemoRun(runner.scenario_specs("stacks-nofp"), duration_s=180):  # stopped when the test ends
         window = LiveWindow(CollectionSession(1000, build_ids=False, stacks=True, call_graph="cfi"), 10.0)
         window.start()
