@@ -5,8 +5,9 @@ same frequency with an empty BPF program); `vmprof record`; `vmprof record` with
 steal-cause programs (VMPROF_STEAL_CAUSES=0: IRQ clock, wake-ups, halt ends); `perf kvm
 --host --guest record`.  Prints each one's cost as the relative drop of the guest's work
 rate, and vmprof's cost above the floor with and without those programs.  With -g, vmprof and
-perf record call stacks (`vmprof record -g`, `perf kvm ... record -g`) and the bytes per sample
-of vmprof's recording are printed.
+perf record call stacks (`vmprof record -g` by frame pointers and `--call-graph cfi` by stack copies,
+`perf kvm ... record -g`, and `perf record -a --call-graph dwarf` beside the cfi mode); the bytes per
+sample of vmprof's recordings and the time `vmprof report` takes on each are printed.
 Usage: python benchmarks/overhead.py [--rounds 5] [--seconds 3] [-g]
 """
 
@@ -54,11 +55,16 @@ def main() -> int:
                                        "-F", str(f), "-o", str(tmp / "n.vmprof")],
     }
     if args.stacks:  # beside plain vmprof, so that the cost of the stacks themselves shows
-        conditions["vmprof -g"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "-g", "-F", str(f),
-                                             "-o", str(tmp / "r.vmprof")]
+        conditions["vmprof -g"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "--call-graph", "fp",
+                                             "-F", str(f), "-o", str(tmp / "r.vmprof")]
+        conditions["vmprof -g cfi"] = lambda f: [sys.executable, "-m", "vmprof_tui", "record", "--call-graph", "cfi",
+                                                 "-F", str(f), "-o", str(tmp / "c.vmprof")]
     if perf:
         conditions["perf"] = lambda f: [perf, "kvm", "--host", "--guest", "record", "-a", *g, "-F", str(f),
                                         "-o", str(tmp / "perf.data")]
+        if args.stacks:
+            conditions["perf dwarf"] = lambda f: [perf, "record", "-a", "--call-graph", "dwarf", "-F", str(f),
+                                                  "-o", str(tmp / "dwarf.data")]
     else:
         print("perf not found (apt-get install linux-perf): perf column skipped")
     for freq in (int(f) for f in args.frequencies.split(",")):
@@ -72,12 +78,16 @@ def main() -> int:
         line += f" (without the steal-cause programs {cost['vmprof-no-causes'] - cost['floor']:+.2f}%)"
         if args.stacks:
             line += f"; vmprof -g above the floor {cost['vmprof -g'] - cost['floor']:+.2f}%"
+            line += f", vmprof -g cfi {cost['vmprof -g cfi'] - cost['floor']:+.2f}%"
+            if "perf dwarf" in cost and cost["perf dwarf"]:
+                line += f"; vmprof -g cfi/perf dwarf cost ratio {cost['vmprof -g cfi'] / cost['perf dwarf']:.2f}"
         if "perf" in cost:
             ours = "vmprof -g" if args.stacks else "vmprof"
             line += f"; {ours}/perf cost ratio {cost[ours] / cost['perf']:.2f}" if cost["perf"] else ""
         print(line, flush=True)
         if args.stacks:
-            print(f"{freq} Hz: {bytes_per_sample(tmp / 'r.vmprof')}", flush=True)
+            for mode, name in (("fp", "r.vmprof"), ("cfi", "c.vmprof")):
+                print(f"{freq} Hz: {mode}: {bytes_per_sample(tmp / name)}; {report_time(tmp / name)}", flush=True)
     return 0
 
 
@@ -94,9 +104,20 @@ def bytes_per_sample(path: Path) -> str:
         sizes[name] = sizes.get(name, 0) + length + recording.CHUNK_HEADER.size
         pos += recording.CHUNK_HEADER.size + length
     n = len(recording.load(path).samples) or 1
-    parts = {k: sizes.get(k, 0) / n for k in ("samples", "stacks", "host stacks")}
+    parts = {k: sizes.get(k, 0) / n for k in ("samples", "stacks", "host stacks", "user stack copies")}
     return (f"vmprof -g recording: {n} samples, {sum(parts.values()):.1f} bytes per sample on disk ("
             + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()) + ")")
+
+
+def report_time(path: Path) -> str:
+    """Wall time of `vmprof report --children` (every stack resolved, every copy unwound) on a recording."""
+    import subprocess
+    import time
+
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "vmprof_tui", "report", str(path), "--children"],
+                          capture_output=True, text=True)
+    return f"report --children {time.monotonic() - t0:.1f} s" + ("" if proc.returncode == 0 else " (failed)")
 
 
 if __name__ == "__main__":

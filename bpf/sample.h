@@ -62,6 +62,27 @@ struct vmprof_stack {
 	__u64 guest[STACK_GUEST_MAX];
 };
 
+/* --call-graph cfi: vmprof_stack.flags STACK_USER_COPY says a vmprof_ustack record with the same cpu and
+ * time_ns carries the user stack (host user code, or the guest's) to be unwound afterwards by call-frame
+ * information (resolve/unwind.py). */
+#define STACK_USER_COPY 0x08
+#ifndef STACK_COPY_BYTES
+#define STACK_COPY_BYTES 8192     /* bytes of user stack copied from RSP up (-DSTACK_COPY_BYTES=N, a power of two) */
+#endif
+#define USTACK_GUEST 0x01         /* vmprof_ustack.flags: a guest's stack, read through its page tables */
+
+/* A bounded copy of a user stack and the registers unwinding starts from.  `copied` bytes from `sp` up
+ * were read (a read stops at the first page that is not resident or not mapped); the rest is zero. */
+struct vmprof_ustack {
+	__u64 time_ns;          /* = its sample's time_ns (with cpu: the key that joins the two) */
+	__u16 cpu;
+	__u8 flags;
+	__u8 pad;
+	__u32 copied;           /* bytes of data[] read */
+	__u64 ip, sp, bp;       /* user (or guest) RIP, RSP, RBP at the sample */
+	__u8 data[STACK_COPY_BYTES];
+};
+
 /* vmprof_sched_event.flags */
 #define SCHED_PREV_VCPU    0x01  /* prev is a vCPU thread */
 #define SCHED_NEXT_VCPU    0x02  /* next is a vCPU thread */

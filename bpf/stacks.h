@@ -144,6 +144,70 @@ static __always_inline void walk_guest_stack(void *vcpu, u64 rip, u64 cr3, struc
 	}
 }
 
+
+#ifdef STACK_COPY
+/* --call-graph cfi: the user stack is copied, not walked; resolve/unwind.py unwinds it afterwards by the
+ * objects' call-frame information (frame pointers where an object has none). */
+BPF_RINGBUF_OUTPUT(ustacks, USTACK_RING_PAGES);
+BPF_PERCPU_ARRAY(ustacks_lost, u64, 1);
+/* Built in a per-CPU scratch value and sent with one ringbuf_output: the page-sized reads land at a
+ * variable offset, and the slack after the record lets the verifier bound offset + length. */
+struct ustack_scratch {
+	struct vmprof_ustack rec;
+	u8 slack[4096];
+};
+BPF_PERCPU_ARRAY(ustack_scratch, struct ustack_scratch, 1);
+
+/* Copy up to STACK_COPY_BYTES from `sp` up, page by page (a page of a guest through its page tables and
+ * the memslots: m != 0), stopping at the first page that cannot be read; emit the record. */
+static __always_inline int copy_user_stack(struct vmprof_sample *s, u64 ip, u64 sp, u64 bp, struct guest_mem *m)
+{
+	int zero = 0;
+	struct ustack_scratch *u = ustack_scratch.lookup(&zero);
+	if (!u)
+		return -1;
+	u->rec.time_ns = s->time_ns;
+	u->rec.cpu = s->cpu;
+	u->rec.flags = m ? USTACK_GUEST : 0;
+	u->rec.pad = 0;
+	u->rec.ip = ip;
+	u->rec.sp = sp;
+	u->rec.bp = bp;
+	u32 done = 0;
+	for (int k = 0; k < STACK_COPY_BYTES / 4096 + 1; k++) {  /* a bounded loop: the verifier follows it */
+		if (done >= STACK_COPY_BYTES)
+			break;
+		u64 len = 4096 - ((sp + done) & 4095);
+		u64 src = sp + done;
+		if (m) {
+			src = gva_to_hva(m, src);
+			if (!src)
+				break;
+		}
+		if (bpf_probe_read_user(u->rec.data + done, len, (void *)src))
+			break;
+		done += len;
+	}
+	u->rec.copied = done > STACK_COPY_BYTES ? STACK_COPY_BYTES : done;
+	if (ustacks.ringbuf_output(&u->rec, sizeof(u->rec), BPF_RB_NO_WAKEUP)) {
+		ustacks_lost.increment(zero);
+		return -1;
+	}
+	return 0;
+}
+
+static __always_inline int copy_guest_stack(void *vcpu, u64 rip, u64 cr3, struct vmprof_sample *s)
+{
+	struct guest_mem m = {.cr3 = cr3};
+	void *kvm = (void *)read_u64(vcpu + VCPU_KVM);
+	m.memslots = kvm ? (void *)read_u64(kvm + KVM_MEMSLOTS) : 0;
+	if (!m.memslots)
+		return -1;
+	m.node_idx = read_u32(m.memslots + MEMSLOTS_NODE_IDX) & 1;
+	return copy_user_stack(s, rip, read_u64(vcpu + VCPU_RSP), read_u64(vcpu + VCPU_RBP), &m);
+}
+#endif
+
 /* Emit the stacks of the sample `s`; returns the sample's stack_id (0: a record follows, -1: none). */
 static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct vmprof_sample *s, void *vcpu)
 {
@@ -160,12 +224,40 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 	st->pad = 0;
 	__builtin_memset(st->guest, 0, sizeof(st->guest));
 	st->kernel_stack_id = (s->flags & SAMPLE_HOST_KERNEL) ? host_stacks.get_stackid(ctx, 0) : -1;
-	st->user_stack_id = s->pid ? host_stacks.get_stackid(ctx, BPF_F_USER_STACK) : -1;
 	if (st->kernel_stack_id < 0)
 		st->kernel_stack_id = -1;
-	if ((s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu) {
+	st->user_stack_id = -1;
+	int guest = (s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu;
+#ifdef STACK_COPY
+	if (guest && (s->flags & SAMPLE_GUEST_KERNEL)) {
+		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);  /* a guest kernel: its frame pointers, as fp */
+	} else if (guest) {
+		if (copy_guest_stack(vcpu, s->guest_ip, s->guest_cr3, s) == 0) {
+			st->flags |= STACK_USER_COPY;
+		} else {  /* its copy could not be sent: the leaf, partial (and never a host chain) */
+			st->flags |= STACK_GUEST_WALKED | STACK_GUEST_PARTIAL;
+			st->guest[0] = s->guest_ip;
+			st->guest_depth = 1;
+		}
+	} else if (s->pid && !(s->flags & SAMPLE_HOST_KERNEL)) {
+		/* a host sample in user mode: the interrupted registers are the user's */
+		if (copy_user_stack(s, s->host_ip, ctx->regs.sp, ctx->regs.bp, 0) == 0)
+			st->flags |= STACK_USER_COPY;
+	} else if (s->pid) {
+		/* in the kernel on a task's behalf: its user registers are where it entered the kernel (a kernel
+		 * thread has none: not user mode there) */
+		struct pt_regs user = {};
+		bpf_probe_read_kernel(&user, sizeof(user), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
+		if ((user.cs & 3) == 3 && user.ip && copy_user_stack(s, user.ip, user.sp, user.bp, 0) == 0)
+			st->flags |= STACK_USER_COPY;
+	}
+#else
+	if (guest)
 		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);
-	} else if (st->user_stack_id < 0 && s->pid) {
+#endif
+	if (s->pid && !(st->flags & STACK_USER_COPY))
+		st->user_stack_id = host_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+	if (!guest && st->user_stack_id < 0 && s->pid && !(st->flags & STACK_USER_COPY)) {
 		/* The map keeps one chain per hash bucket and never replaces it: a hot chain whose bucket
 		 * another chain took would lose every sample's callers.  A host sample has guest[] free. */
 		long n = bpf_get_stack(ctx, st->guest, sizeof(st->guest), BPF_F_USER_STACK);

@@ -106,9 +106,9 @@ class Recorded:
 
 
 def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequency: int = 1000,
-                    stacks: bool = False) -> Recorded:
+                    stacks: bool = False, call_graph: str = "fp") -> Recorded:
     """Record the whole life of a demo scenario: recording starts before the VMs, ends after them
-    (stacks: as `vmprof record -g`)."""
+    (stacks: as `vmprof record -g --call-graph CALL_GRAPH`)."""
     require_root()
     # The profiler and the VMMs' main threads stay on CPU 0, away from the pCPU the demo vCPUs are pinned to
     # (scenarios.SHARED_CPU), so that the only load there is the VMs, as in the papers' experiments.
@@ -116,7 +116,7 @@ def record_scenario(tmp: Path, scenario: str | list[dict], seconds: float, frequ
     specs = runner.scenario_specs(scenario) if isinstance(scenario, str) else scenario
     out = tmp / f"{specs[0]['name']}.vmprof"
     stop = threading.Event()
-    recorder = Recorder(out, CollectionSession(frequency, stacks=stacks))
+    recorder = Recorder(out, CollectionSession(frequency, stacks=stacks, call_graph=call_graph))
     errors: list[BaseException] = []
 
     def work() -> None:

@@ -51,12 +51,6 @@ def test_event_cpu_clock_is_recorded_and_cycles_needs_a_pmu(tmp_path: Path) -> N
         assert recording.load(out).meta["event"] == "cpu-clock" and not Path(f"{out}.old").exists()
 
 
-@pytest.mark.parametrize("mode", ["dwarf", "dwarf,8192", "cfi"])
-def test_call_graph_dwarf_is_refused_saying_only_fp_is_there(mode: str) -> None:
-    for args in (["--call-graph", mode], ["-g", "--call-graph", mode]):
-        one_line(vmprof("record", "-d", "1", *args), 2, f"--call-graph: {mode}: only fp (frame pointers) is available")
-
-
 def test_call_graph_mode_after_g_is_explained() -> None:
     one_line(vmprof("record", "-d", "1", "-g", "dwarf"), 2, "command not found: dwarf (a call-graph mode goes after "
                                                            "--call-graph)")

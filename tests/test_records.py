@@ -37,14 +37,14 @@ def test_dtypes_match_c_structs(tmp_path: Path) -> None:
             assert c_layout[(struct, name)] == dtype.fields[name][1], (struct, name)
 
 
-FLAG_PREFIXES = ("SAMPLE_", "SCHED_", "STACK_")
+FLAG_PREFIXES = ("SAMPLE_", "SCHED_", "STACK_", "USTACK_")
 
 
 def test_flag_constants_match_defines(tmp_path: Path) -> None:
     """Every SAMPLE_*/SCHED_*/STACK_* flag of sample.h exists in records.py with the value the C compiler gives it,
     and records.py has no flag that sample.h lacks."""
     header = (ROOT / "bpf" / "sample.h").read_text()
-    c_names = re.findall(r"^\s*#\s*define\s+((?:SAMPLE|SCHED|STACK)_\w+)\s+\S", header, re.MULTILINE)
+    c_names = re.findall(r"^\s*#\s*define\s+((?:SAMPLE|SCHED|STACK|USTACK)_\w+)\s+\S", header, re.MULTILINE)
     assert c_names, "no flag #defines found in sample.h"
     c_values = {name: int(value) for name, value in (line.split() for line in compile_and_run(
         tmp_path, [f'printf("{n} %llu\\n", (unsigned long long)({n}));' for n in c_names]))}

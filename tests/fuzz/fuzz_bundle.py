@@ -7,6 +7,8 @@ TARGET is one of
   tar    raw archive bytes            -> load_bundle (tar, plain or gzip)
   bundle a tar built from the input   -> load_bundle (structured: member names, kinds, sizes, index)
   elf    object file bytes            -> elf_symbols_from_bytes (and the ELF lookups on success)
+  cfi    object file bytes            -> cfi_from_bytes (call-frame information; seeds: /usr/bin/true and a
+                                         demo program, whose .eh_frame / .debug_frame mutations then reach)
 
 An empty corpus folder is first filled with seeds (the hand-made bundles of
 tests/data/bundles/hostile.py, a minimal ELF, /usr/bin/true).
@@ -38,7 +40,7 @@ with atheris.instrument_imports(include=["vmprof_tui", "elftools"]):
     import elftools.elf.elffile  # noqa: F401 - instrumented for coverage feedback
 
     from vmprof_tui.resolve import bundle as B
-    from vmprof_tui.resolve import elf
+    from vmprof_tui.resolve import cfi, elf
 
 import hostile  # noqa: E402 - after the instrumented import
 
@@ -161,7 +163,18 @@ def fuzz_elf(data: bytes) -> None:
     syms.file_offsets_to_vaddrs(np.array([0, 4096, 1 << 40, (1 << 64) - 1], dtype=np.uint64))
 
 
-TARGETS = {"json": fuzz_json, "tar": fuzz_tar, "bundle": fuzz_bundle, "elf": fuzz_elf}
+def fuzz_cfi(data: bytes) -> None:
+    try:
+        table = cfi.cfi_from_bytes(data, LIMITS)
+    except B.BundleError as e:
+        _check_one_line(e)
+        return
+    assert len(table.start) == len(table.end) == len(table.ra) == len(table.bp)
+    assert bool((table.start[1:] >= table.start[:-1]).all())
+    table.row(0x401000)
+
+
+TARGETS = {"json": fuzz_json, "tar": fuzz_tar, "bundle": fuzz_bundle, "elf": fuzz_elf, "cfi": fuzz_cfi}
 
 
 def main() -> None:
@@ -201,6 +214,11 @@ def write_seeds(target: str, out: Path) -> None:
                     data = Path(name).read_bytes()
                     if len(data) <= 1 << 20:
                         (out / "true").write_bytes(data)
+        elif target == "cfi":
+            from vmprof_tui.demo import programs
+
+            (out / "true").write_bytes(Path("/usr/bin/true").read_bytes())
+            (out / "chain-nofp").write_bytes(programs.program_path("chain-nofp").read_bytes())
         elif target == "bundle":
             (out / "empty").write_bytes(b"\0" * 64)
     finally:

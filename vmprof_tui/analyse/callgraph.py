@@ -43,19 +43,21 @@ class WeightedStacks:
     without_stack: int = 0  # samples that have no stack record (lost, or recorded without -g)
     partial: Counter = field(default_factory=Counter)  # object -> samples whose guest chain ended early there
     truncated: Counter = field(default_factory=Counter)  # object -> samples whose host user chain stopped there
+    resolve_notes: list[str] = field(default_factory=list)  # what resolving the stacks found (resolve.stacks)
 
     def notes(self) -> list[str]:
         out = []
         if self.partial:
-            out.append(f"{sum(self.partial.values())} of {self.samples} samples have a partial guest stack "
-                       f"(a read failed or a return address was no code), by object: {_by_object(self.partial)}")
+            out.append(f"{sum(self.partial.values())} of {self.samples} samples have a partial "
+                       f"{'guest ' if self.level == 'guest' else ''}stack (a read failed, a return address was no "
+                       f"code, or unwinding stopped early), by object: {_by_object(self.partial)}")
         if self.truncated:
             out.append(f"{sum(self.truncated.values())} of {self.samples} samples have a truncated host user stack "
                        f"(no frame pointers), by object: {_by_object(self.truncated)}")
         if self.without_stack:
             out.append(f"{self.without_stack} of {self.samples} samples have no stack record (its ring buffer "
                        "was full, or the recording was made without -g): leaf only")
-        return out
+        return out + self.resolve_notes
 
 
 def _by_object(c: Counter) -> str:
@@ -72,7 +74,7 @@ class CallGraph:
             self.resolved = SampleStacks(np.full(len(an.samples), -1, np.int64))
         else:
             self.resolved = resolve_stacks(an.samples, rec.stacks, rec.host_stacks, an.resolver, rec.processes(),
-                                           an.vm_by_pid)
+                                           an.vm_by_pid, rec.ustacks)
 
     @property
     def recorded(self) -> bool:
@@ -102,7 +104,8 @@ class CallGraph:
             keys += [s["cpu"][idx].astype(np.int64), s["tid"][idx].astype(np.int64)]
         keys = np.column_stack(keys)
         distinct, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
-        out = WeightedStacks(level, [], counts, [], [], samples=len(idx))
+        out = WeightedStacks(level, [], counts, [], [], samples=len(idx),
+                             resolve_notes=self.resolved.notes + self.resolved.level_notes.get(level, []))
         for key, f, n in zip(distinct.tolist(), first.tolist(), counts.tolist(), strict=True):
             sid, i = key[2], int(idx[f])
             stack = self.resolved.stacks[sid] if sid >= 0 else None

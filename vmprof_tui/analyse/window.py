@@ -47,9 +47,10 @@ from vmprof_tui.resolve.symtab import kallsyms_table
 
 def _window_recording(path: Path, meta: dict, samples: np.ndarray, sched: np.ndarray, snapshot: dict,
                       bundles: dict[str, bytes], seconds: float, lost: dict | None = None,
-                      stacks: np.ndarray | None = None, host_stacks: dict | None = None) -> recording.Recording:
+                      stacks: np.ndarray | None = None, host_stacks: dict | None = None,
+                      ustacks: np.ndarray | None = None) -> recording.Recording:
     rec = recording.Recording(path, meta, samples, sched, snapshot, bundles, stacks=stacks,
-                              host_stacks=host_stacks or {})
+                              host_stacks=host_stacks or {}, ustacks=ustacks)
     # rec.end is still None here, so vms() reads the window's snapshot
     rec.end = {"duration_s": seconds, "lost": lost or {"samples": [], "sched": []}, recording.VMS_KEY: rec.vms()}
     return rec
@@ -276,6 +277,7 @@ class LiveWindow:
         self.vms: list[dict] | None = None  # the running VMs (None until the first discovery)
         self.chunks = ResolvedChunks()
         self.host_stacks: dict[int, np.ndarray] = {}  # host stack-map id -> addresses, for the session's life
+        self.ustacks: list[tuple[int, np.ndarray]] = []  # (chunk end, its user-stack copies): --call-graph cfi
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
         self._last_forget = time.monotonic()
         self._chunk_end: int | None = None  # where the last chunk's span ended (the next one begins there)
@@ -332,6 +334,9 @@ class LiveWindow:
         self.host_stacks.update(chunk.host_stacks)
         horizon = hi - int(self.window_s * 1e9)
         chunks, horizon = self.chunks.current(horizon)
+        if chunk.ustacks is not None:  # kept while their chunk is in the window (8 KiB each)
+            self.ustacks = [(end, u) for end, u in self.ustacks if end > horizon] + [(hi, chunk.ustacks)]
+        ustacks = np.concatenate([u for _end, u in self.ustacks]) if self.ustacks else None
         lost = self.session.lost()
         vms, processes, bundles = self.vms, dict(self.processes), self.bundles()
         seconds = (hi - horizon) / 1e9
@@ -340,7 +345,7 @@ class LiveWindow:
             samples, resolved, sched, stacks = joined(chunks)
             rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                     recording.snapshot(vms=vms, processes=processes), {}, seconds, lost,
-                                    stacks if self.session.collector.stacks else None, self.host_stacks)
+                                    stacks if self.session.collector.stacks else None, self.host_stacks, ustacks)
             return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
 
         lost_samples = sum(lost.get("samples", [])) + sum(lost.get("host_counts", []))  # sent or counted
@@ -433,7 +438,8 @@ class ReplayWindow:
         def analyse() -> Analysis:
             s, resolved, e, st = joined(chunks)
             rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, seconds,
-                                    stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
+                                    stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks,
+                                    ustacks=self.rec.ustacks)  # joined to the window's samples by (cpu, time)
             rec.problems = list(self.rec.problems)
             return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now))
 

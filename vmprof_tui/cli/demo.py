@@ -66,6 +66,7 @@ def _mem_mb(text: str) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vmprof_tui.cli.record import parse_call_graph
     from vmprof_tui.cli.top import run_top
     from vmprof_tui.demo import programs, runner, scenarios
     from vmprof_tui.demo.truth import format_truth, load_line
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"scenario": args.scenario, "vms": list(ready.values())}), flush=True)
     elif not args.no_tui and sys.stdout.isatty():
         try:
-            run_top(None, args.frequency, 5.0, 1.0, stopped, stacks=args.scenario == "stacks")
+            run_top(None, args.frequency, 5.0, 1.0, stopped, stacks=args.scenario in ("stacks", "stacks-nofp"),
+                    call_graph=parse_call_graph("cfi") if args.scenario == "stacks-nofp" else None)
         except Failure as e:
             demo.stop()
             return fail(str(e))

@@ -29,7 +29,6 @@ exit status: COMMAND's, as perf's; else 0, 1 on failure, 2 on bad usage."""
 
 EVENTS = {"cpu-clock": "cpu-clock", "cycles": "cycles", "cpu-cycles": "cycles"}  # perf's names -> the collector's
 CALL_GRAPH_MODES = ("fp", "dwarf", "cfi", "lbr")
-CALL_GRAPH_NOTE = "only fp (frame pointers) is available as yet: use -g or --call-graph fp"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,10 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--pid", type=int, default=None,
                    help="keep only samples of this host process; stop when it exits")
     p.add_argument("-g", dest="stacks", action="store_true",
-                   help="record call stacks: host kernel and user chains (frame pointers) and guest chains "
-                        "walked through guest memory (docs/stacks.md)")
-    p.add_argument("--call-graph", type=_call_graph, default=None, metavar="MODE",
-                   help="as perf: implies -g; fp (frame pointers) is the unwinder there is (dwarf, cfi: not yet)")
+                   help="record call stacks: host kernel and user chains and guest chains read through guest "
+                        "memory (docs/stacks.md); user chains as --call-graph says")
+    p.add_argument("--call-graph", default=None, metavar="fp|cfi|dwarf[,SIZE]",
+                   help="implies -g: fp walks frame pointers at sample time; cfi (dwarf, as perf calls it) copies "
+                        "SIZE bytes of user stack per sample (default 8192) and unwinds them by the objects' "
+                        "call-frame information when reporting (default: fp)")
     p.add_argument("--stack-map-entries", type=int, default=None, metavar="N",
                    help="with -g: host chains the BPF stack map holds (default 16384); a chain whose slot "
                         "another holds is stored in its sample's record instead")
@@ -85,18 +86,6 @@ def _event(text: str) -> str:
     return EVENTS[text]
 
 
-def _call_graph(text: str) -> str:
-    """perf's --call-graph MODE[,SIZE]: fp, the frame-pointer walk, is what vmprof has."""
-    mode, _sep, size = text.partition(",")
-    if mode not in CALL_GRAPH_MODES:
-        raise argparse.ArgumentTypeError(f"takes fp (perf's modes: fp, dwarf[,SIZE], lbr), not {text!r}")
-    if mode != "fp":
-        raise argparse.ArgumentTypeError(f"{text}: {CALL_GRAPH_NOTE}")
-    if size:
-        raise argparse.ArgumentTypeError(f"{text}: fp takes no size (perf's SIZE goes with dwarf)")
-    return mode
-
-
 def _refuse_perf_options(args: argparse.Namespace) -> None:
     """perf options vmprof has no equivalent of: one line each, saying what to use instead."""
     if args.count is not None:
@@ -117,6 +106,22 @@ def _process_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def parse_call_graph(text: str | None) -> tuple[str, int]:
+    """(mode, stack copy bytes) of --call-graph fp|cfi|dwarf[,SIZE] (dwarf is cfi)."""
+    from vmprof_tui.record.records import STACK_COPY_BYTES
+
+    mode, _, size = (text or "fp").partition(",")
+    mode = "cfi" if mode == "dwarf" else mode
+    if mode not in ("fp", "cfi") or (size and mode != "cfi"):
+        raise Usage(f"--call-graph {text}: say fp, cfi or dwarf, the last two with an optional ,SIZE")
+    if not size:
+        return mode, STACK_COPY_BYTES
+    if not size.isdigit() or int(size) not in [1 << k for k in range(10, 17)]:
+        raise Usage(f"--call-graph {text}: SIZE is the bytes of stack copied per sample, a power of two "
+                    "from 1024 to 65536")
+    return mode, int(size)
+
+
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.collect.backends import BackendError
     from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, CollectError
@@ -126,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
     from vmprof_tui.record.recording import RecordingError
 
     _refuse_perf_options(args)
-    if args.call_graph:
-        args.stacks = True
+    call_graph, copy_bytes = parse_call_graph(args.call_graph)
+    args.stacks = args.stacks or args.call_graph is not None
     if args.group_readable:
         files.share_with_group()
     if args.stack_map_entries is not None and not (args.stacks and 1 <= args.stack_map_entries <= 1 << 20):
@@ -161,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         lbr = LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0) if args.lbr else None
         session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr, stacks=args.stacks,
                                     stack_map_entries=args.stack_map_entries or HOST_STACK_ENTRIES,
-                                    event=args.event or "")
+                                    event=args.event or "", call_graph=call_graph,
+                                    stack_copy_bytes=copy_bytes)
         for note in session.backend.notes:
             print(f"vmprof record: note: {note}", file=sys.stderr)
         recorder = Recorder(Path(args.output), session, keep_old=True)  # as perf: an older file becomes .old

@@ -39,8 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds of history analysed ({WINDOW_S[0]:g} to {WINDOW_S[1]:g})")
     p.add_argument("--refresh", type=float, default=1.0, metavar="S",
                    help=f"seconds between refreshes ({REFRESH_S[0]:g} to {REFRESH_S[1]:g}, as + and - allow)")
-    p.add_argument("-g", "--call-graph", dest="stacks", action="store_true",
+    p.add_argument("-g", dest="stacks", action="store_true",
                    help="collect call stacks, for the flame view (f) and the callers view (c)")
+    p.add_argument("--call-graph", default=None, metavar="fp|cfi|dwarf[,SIZE]",
+                   help="implies -g: user chains by frame pointers (fp, the default) or unwound from stack copies by "
+                        "call-frame information (cfi), as vmprof record --call-graph")
     p.add_argument("--host-counts", choices=("auto", "on", "off"), default="auto",
                    help="count host tasks' samples in a BPF map by process and IP instead of sending each one "
                         "(the host view's rows; vCPU threads' samples still come one by one): auto is on from "
@@ -76,7 +79,7 @@ def lbr_window(replay: str | None, perf_script: str | None, window_s: float, obj
 def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
             should_stop: Callable[[], bool] | None = None, stacks: bool = False, host_counts: bool = False,
             blocks: str | None = None, perf_script: str | None = None, objects: list[str] | None = None,
-            freq_hz: float | None = None) -> None:
+            freq_hz: float | None = None, call_graph: tuple[str, int] | None = None) -> None:
     from vmprof_tui.analyse.lbr_source import NO_LBR
     from vmprof_tui.analyse.window import LiveWindow
     from vmprof_tui.show.tui import VmprofTop
@@ -87,12 +90,15 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         if blocks and lbr is None:
             raise Failure(f"--blocks: {replay} has no branch records; {NO_LBR}")
     else:
+        from vmprof_tui.cli.record import parse_call_graph
         from vmprof_tui.collect.backends import BackendError
         from vmprof_tui.collect.bpf import CollectError
         from vmprof_tui.collect.session import CollectionSession
 
+        mode, copy_bytes = call_graph or parse_call_graph(None)
         try:  # checks privileges, BTF and KVM here; BPF loads in the app
-            window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks, host_counts=host_counts),
+            window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks, host_counts=host_counts,
+                                                  call_graph=mode, stack_copy_bytes=copy_bytes),
                                 window_s)
         except (BackendError, CollectError) as e:
             raise Failure(str(e)) from None
@@ -107,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     for name, value, (lo, hi) in (("--refresh", args.refresh, REFRESH_S), ("--window", args.window, WINDOW_S)):
         if not lo <= value <= hi:  # NaN fails too
             raise Usage(f"{name} takes seconds from {lo:g} to {hi:g}, not {value:g}")
+    from vmprof_tui.cli.record import parse_call_graph
+
+    call_graph = parse_call_graph(args.call_graph)
+    args.stacks = args.stacks or args.call_graph is not None
     counted = host_counts(args.host_counts, args.frequency, args.stacks)
     if args.replay and args.perf_script:
         raise Usage("give either --replay REC or --perf-script FILE, not both")
@@ -140,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
             print("vmprof top: no KVM guest runs on this host; showing the host alone "
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)
     run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks, counted,
-            args.blocks, args.perf_script, args.object, args.freq_mhz * 1e6 if args.freq_mhz else None)
+            args.blocks, args.perf_script, args.object, args.freq_mhz * 1e6 if args.freq_mhz else None,
+            call_graph)
     return 0
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.collect.backends import Backend
-from vmprof_tui.record.records import HOST_COUNT_KEY_DTYPE, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
+from vmprof_tui.record.records import (
+    HOST_COUNT_KEY_DTYPE,
+    SAMPLE_DTYPE,
+    SCHED_DTYPE,
+    STACK_COPY_BYTES,
+    STACK_DTYPE,
+    ustack_dtype,
+)
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 HELPER_DIR = Path(__file__).resolve().parents[2] / "helper_kmod"
@@ -123,12 +130,14 @@ class Drained:
     stacks: np.ndarray | None = None  # STACK_DTYPE rows (-g)
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # stack-map ids first seen now -> addresses
     host_counts: np.ndarray | None = None  # HOST_COUNTS_DTYPE: host tasks' samples counted since the last drain
+    ustacks: np.ndarray | None = None  # ustack_dtype rows: user-stack copies (--call-graph cfi)
 
 
 # Host stack-map entries (ids of kernel and user chains).  The map is a hash table of buckets that are
 # never replaced: a chain whose bucket another chain holds gets no id (never a wrong one).  A host user
 # chain then goes into its stack record (STACK_HOST_USER_INLINE); a kernel chain is left out.
 HOST_STACK_ENTRIES = 16384
+USTACK_RING_S, USTACK_RING_MAX = 4, 512 << 20  # the user-stack copies' ring: seconds of copies it holds, bytes
 HOST_COUNT_ENTRIES = 65536  # distinct (process, privilege, IP) of host tasks between two drains
 HOST_COUNTS_DTYPE = np.dtype(HOST_COUNT_KEY_DTYPE.descr + [("count", "<u8")])  # a map entry: its key, its count
 
@@ -142,6 +151,8 @@ class Collector:
     ring_pages: int = 1024  # per ring buffer, a power of two
     stacks: bool = False  # record -g: host and guest call stacks
     stack_map_entries: int = HOST_STACK_ENTRIES  # host chains kept by id (more: fewer bucket collisions)
+    call_graph: str = "fp"  # with stacks: "fp" walks frame pointers at sample time, "cfi" copies user stacks
+    stack_copy_bytes: int = STACK_COPY_BYTES  # cfi: bytes of user stack copied per sample (a power of two)
     host_counts: bool = False  # host tasks' samples counted in a BPF map, not sent one by one (top --host-counts)
     _bpf: object = None
     _rings: list[RingReader] = field(default_factory=list)
@@ -164,6 +175,13 @@ class Collector:
             # a stack record is 14x a sample: its ring gets 4x the pages (drained on the same timer)
             cflags += ["-DWITH_STACKS", f"-DSTACK_RING_PAGES={self.ring_pages * 4}",
                        f"-DHOST_STACK_ENTRIES={self.stack_map_entries}"]
+            if self.call_graph == "cfi":
+                # 8 KiB a sample: room for USTACK_RING_S of copies on every CPU (a flush of the recording, on
+                # a loaded machine, holds up draining for that long), a power of two of pages as rings need
+                want = USTACK_RING_S * self.frequency * (os.cpu_count() or 1) * self.ustack_dtype.itemsize
+                pages = 1 << max(4, (min(want, USTACK_RING_MAX) // mmap.PAGESIZE - 1).bit_length())
+                cflags += ["-DSTACK_COPY", f"-DSTACK_COPY_BYTES={self.stack_copy_bytes}",
+                           f"-DUSTACK_RING_PAGES={pages}"]
         if self.host_counts:
             cflags += ["-DHOST_COUNTS", f"-DHOST_COUNT_ENTRIES={HOST_COUNT_ENTRIES}"]
         if os.environ.get("VMPROF_STEAL_CAUSES") == "0":  # benchmarks/overhead.py: the cost of these programs
@@ -180,7 +198,8 @@ class Collector:
         b = self._bpf
         self._rings = [RingReader(b[name].map_fd, b[name].max_entries, dtype)
                        for name, dtype in (("samples", SAMPLE_DTYPE), ("sched_events", SCHED_DTYPE),
-                                           *((("stacks", STACK_DTYPE),) if self.stacks else ()))]
+                                           *((("stacks", STACK_DTYPE),) if self.stacks else ()),
+                                           *((("ustacks", self.ustack_dtype),) if self.copies else ()))]
         if self.event == "cycles":
             ev_type, ev_config = bcc.PerfType.HARDWARE, bcc.PerfHWConfig.CPU_CYCLES
         else:
@@ -216,7 +235,12 @@ class Collector:
         counts = self._take_host_counts() if self.host_counts else None
         if not stacks:
             return Drained(samples, sched, host_counts=counts)
-        return Drained(samples, sched, stacks[0], self._new_host_stacks(stacks[0]), counts)
+        ustacks = stacks[1] if self.copies else None
+        if ustacks is not None and len(ustacks):
+            # the sampler's scratch buffer is reused: bytes past what this copy read are an older stack's
+            for i in np.flatnonzero(ustacks["copied"] < self.stack_copy_bytes).tolist():
+                ustacks["data"][i, ustacks["copied"][i]:] = 0
+        return Drained(samples, sched, stacks[0], self._new_host_stacks(stacks[0]), counts, ustacks)
 
     def _take_host_counts(self) -> np.ndarray:
         """The host tasks' sample counts, taken out of the map (it starts again from empty): one batched
@@ -274,7 +298,17 @@ class Collector:
         """Records dropped because a ring buffer was full, per CPU."""
         return {name: [int(v) for v in self._bpf[f"{name}_lost"][ctypes.c_int(0)]]
                 for name in ("samples", "sched", *(("stacks",) if self.stacks else ()),
+                             *(("ustacks",) if self.copies else ()),
                              *(("host_counts",) if self.host_counts else ()))}
+
+    @property
+    def copies(self) -> bool:
+        """User stacks are copied for unwinding afterwards (-g with --call-graph cfi)."""
+        return self.stacks and self.call_graph == "cfi"
+
+    @property
+    def ustack_dtype(self) -> np.dtype:
+        return ustack_dtype(self.stack_copy_bytes)
 
     @property
     def started(self) -> bool:

@@ -27,7 +27,7 @@ from vmprof_tui.collect.backends import Backend, load_backend
 from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, Collector, check_privileges
 from vmprof_tui.collect.lbr import LbrCollector, LbrConfig, LbrUnsupported
 from vmprof_tui.collect.lbr_capability import detect
-from vmprof_tui.record.records import SAMPLE_DTYPE, stack_rows
+from vmprof_tui.record.records import SAMPLE_DTYPE, STACK_COPY_BYTES, stack_rows
 from vmprof_tui.resolve.elf import read_build_id, read_elf_symbols_uncached
 from vmprof_tui.resolve.object_table import encode_object_table
 from vmprof_tui.resolve.untrusted import BundleError
@@ -55,6 +55,7 @@ class Chunk:
     stacks: np.ndarray | None = None  # STACK_DTYPE rows of the chunk's samples (-g)
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # new stack-map ids -> addresses (-g)
     host_counts: np.ndarray | None = None  # host tasks' samples counted in the kernel (collect.bpf.HOST_COUNTS_DTYPE)
+    ustacks: np.ndarray | None = None  # user-stack copies of the chunk's samples (--call-graph cfi)
 
 
 @lru_cache(maxsize=4096)
@@ -104,7 +105,7 @@ class CollectionSession:
     def __init__(self, frequency: int = 1000, *, vm_names: Iterable[str] = (), pid: int | None = None,
                  lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None,
                  stacks: bool = False, stack_map_entries: int = HOST_STACK_ENTRIES, host_counts: bool = False,
-                 event: str = "") -> None:
+                 event: str = "", call_graph: str = "fp", stack_copy_bytes: int = STACK_COPY_BYTES) -> None:
         check_privileges()  # before anything else, so the user hears the real reason
         self.backend = backend or load_backend()
         self.frequency = frequency
@@ -112,7 +113,8 @@ class CollectionSession:
         self.pid = pid
         self.build_ids = build_ids
         self.collector = Collector(self.backend, frequency=frequency, event=event, stacks=stacks,
-                                   stack_map_entries=stack_map_entries, host_counts=host_counts)
+                                   stack_map_entries=stack_map_entries, host_counts=host_counts,
+                                   call_graph=call_graph, stack_copy_bytes=stack_copy_bytes)
         self.lbr = LbrCollector(lbr) if lbr is not None else None
         self.vmm_exits: dict[str, dict[str, int]] = {}  # returns of KVM_RUN to the VMM by thread, at the end
         if lbr is not None and not lbr.standin:
@@ -169,6 +171,8 @@ class CollectionSession:
                 "clock": "CLOCK_MONOTONIC (bpf_ktime_get_ns)", "start_monotonic_ns": time.monotonic_ns(),
                 "start_unix_s": time.time(), "offsets": be.offsets, "kvm_sched_in": be.kvm_sched_in,
                 "vmx_helper": be.vmx_helper is not None, "notes": be.notes, "stacks": self.collector.stacks,
+                "call_graph": self.collector.call_graph if self.collector.stacks else None,
+                "stack_copy_bytes": self.collector.stack_copy_bytes if self.collector.copies else None,
                 "filters": {"vm": self.vm_names, "pid": self.pid},
                 "lbr": None if self.lbr is None else {"pattern": self.lbr.config.pattern.name,
                                                       "standin": self.lbr.config.standin}}
@@ -226,8 +230,12 @@ class CollectionSession:
         if stacks is not None and len(stacks) and (self.pid is not None or self.vm_names):
             rows = stack_rows(samples, stacks)
             stacks = stacks[np.unique(rows[rows >= 0])]  # the kept samples' stacks only
+        ustacks = drained.ustacks
+        if ustacks is not None and len(ustacks) and (self.pid is not None or self.vm_names):
+            rows = stack_rows(samples, ustacks)
+            ustacks = ustacks[np.unique(rows[rows >= 0])]
         chunk = Chunk(samples, drained.sched, lbr, processes, self._pending_new, self._pending_gone, elapsed_s,
-                      stacks, drained.host_stacks, counts)
+                      stacks, drained.host_stacks, counts, ustacks)
         self._pending_new, self._pending_gone = [], []
         return chunk
 

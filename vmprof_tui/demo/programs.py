@@ -14,7 +14,7 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-NAMES = ("compute", "duty", "jacobi", "load", "chain", "recurse", "clobber", "blink")
+NAMES = ("compute", "duty", "jacobi", "load", "chain", "recurse", "clobber", "blink", "chain-nofp", "recurse-nofp")
 CFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie",
           "-fno-pic", "-fno-stack-protector", "-fcf-protection=none", "-fno-asynchronous-unwind-tables",
           "-g", "-Wl,--build-id"]
@@ -22,9 +22,15 @@ CFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "
 # (no sibling-call jumps), so each sample's chain is known by construction.
 STACK_PROGRAMS = ("chain", "recurse", "clobber")
 FRAME_POINTER_FLAGS = ("-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-fno-optimize-sibling-calls")
+# The same call-stack programs without frame pointers (NAME-nofp): only call-frame information (.debug_frame,
+# from -g) tells their chains (record --call-graph cfi); still real calls, so the chains stay known.
+NO_FRAME_POINTER_FLAGS = ("-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-DVMPROF_NO_FRAME_POINTERS")
+NOFP = "-nofp"
 
 
 def flags_for(name: str) -> list[str]:
+    if name.endswith(NOFP):
+        return CFLAGS + list(NO_FRAME_POINTER_FLAGS)
     return CFLAGS + list(FRAME_POINTER_FLAGS if name in STACK_PROGRAMS else ())
 
 
@@ -47,7 +53,7 @@ def program_path(name: str) -> Path:
     if name not in NAMES:
         raise BuildError(f"unknown demo program {name!r}; choose from {', '.join(NAMES)}")
     src = _source_dir()
-    return compiled(src / f"{name}.c", flags_for(name), name, "the demo guest programs",
+    return compiled(src / f"{name.removesuffix(NOFP)}.c", flags_for(name), name, "the demo guest programs",
                     (src / "guest_rt.h", src / "stack_rt.h"))
 
 

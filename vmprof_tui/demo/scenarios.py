@@ -71,6 +71,9 @@ def build(name: str, custom: Custom | None = None) -> list[dict]:
                 _vm("disturb2", _vcpu(cpu, _proc("jacobi")))]
     if name == "stacks":
         return [_vm("stacks", _vcpu(cpu, _proc("chain"), _proc("recurse"), _proc("clobber")))]
+    if name == "stacks-nofp":  # frame-pointer-less programs: their chains only by call-frame information
+        return [_vm("nofp", _vcpu(cpu, _proc("compute"), _proc("jacobi"), _proc("chain-nofp"),
+                                  _proc("recurse-nofp")))]
     if name == "wakeup":  # the halting VM's wake-ups wait for the busy VM to give up the pCPU
         return [_vm("halting", _vcpu(cpu, duty(2, 8))), _vm("busy", _vcpu(cpu, _proc("compute")))]
     if name == "throttled":
@@ -119,8 +122,8 @@ def real_vm(name: str, c: Custom, pins: tuple[int, ...] = ()) -> dict:
     return {**_vm(name, *vcpus), "mem_mb": c.mem_mb}
 
 
-NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "wakeup", "throttled",
-         "skew", "halt-poll", "native-vs-guest", "smp2", "custom")
+NAMES = ("alone", "two-procs", "steal3", "halt", "vcpu2-on-1", "correction", "stacks", "stacks-nofp", "wakeup",
+         "throttled", "skew", "halt-poll", "native-vs-guest", "smp2", "custom")
 SCENARIOS = (*NAMES, "lbr")  # and the one without VMs (cli/demo.py runs it)
 
 DESCRIPTIONS = {
@@ -132,6 +135,8 @@ DESCRIPTIONS = {
     "correction": f"measured VM (compute) + two disturbance VMs, all on CPU {SHARED_CPU}",
     "stacks": "call stacks: chain (main→solve→sweep→kernel_a 60%, main→solve→copy 30%, main→report 10%), "
               "recurse (depth 1..4: 10/20/30/40%), clobber (a broken frame-pointer chain), on one vCPU",
+    "stacks-nofp": "call stacks without frame pointers (record --call-graph cfi): compute, jacobi, chain-nofp, "
+                   "recurse-nofp on one vCPU",
     "wakeup": f"a VM halting 8 ms in 10 beside a busy VM, both on CPU {SHARED_CPU} (wake-up wait)",
     "throttled": "a busy VM whose vCPU thread has a cpu.max quota of 30 ms per 100 ms (throttling)",
     "skew": f"a 2-vCPU VM (compute, jacobi) and a busy VM, all on CPU {SHARED_CPU} (co-stop)",

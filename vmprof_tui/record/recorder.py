@@ -31,7 +31,7 @@ class Progress:
     vms: list[str] = field(default_factory=list)
 
     def count_lost(self, lost: dict[str, list[int]]) -> None:
-        self.lost = sum(lost["samples"]) + sum(lost["sched"]) + sum(lost.get("stacks", []))
+        self.lost = sum(sum(lost.get(k, [])) for k in ("samples", "sched", "stacks", "ustacks"))
 
     def summary(self) -> str:
         return f"samples {self.samples}, guest {self.guest}, lost {self.lost}, duration {self.elapsed_s:.1f}"
@@ -112,7 +112,7 @@ class Recorder:
         w, session = self.writer, self.session
         if chunk.lbr is not None and len(chunk.lbr):
             w.add_lbr(chunk.lbr, session.lbr.nr, int(session.lbr.config.effective.fields))
-        w.add(chunk.samples, chunk.sched, chunk.stacks, chunk.host_stacks)
+        w.add(chunk.samples, chunk.sched, chunk.stacks, chunk.host_stacks, chunk.ustacks)
         for vm in chunk.new_vms:
             if vm.bundle and Path(vm.bundle, "bundle.json").exists():
                 w.add_bundle(vm.name, Path(vm.bundle))

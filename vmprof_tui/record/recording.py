@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays, bounded_json, files
-from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
+from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE, ustack_dtype
 
 MAGIC = b"VMPROFREC\0"
 VERSION = 1
@@ -41,9 +41,10 @@ MAX_INFLATED = 1 << 30
 MAX_OBJECT_TABLE = 128 << 20  # one host object's symbol table in a spool, inflated (4M symbols fit)
 MAX_OBJECT_TABLES = 4096  # tables one window references
 
-META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR, STACKS, HOST_STACKS = 1, 2, 3, 4, 5, 6, 7, 8, 9
+META, SAMPLES, SCHED, SNAPSHOT, BUNDLE, END, LBR, STACKS, HOST_STACKS, USTACKS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 KIND_NAMES = {META: "meta", SAMPLES: "samples", SCHED: "sched", SNAPSHOT: "snapshot", BUNDLE: "bundle", END: "end",
-              LBR: "lbr", STACKS: "stacks", HOST_STACKS: "host stacks"}
+              LBR: "lbr", STACKS: "stacks", HOST_STACKS: "host stacks", USTACKS: "user stack copies"}
+MAX_STACK_COPY = 1 << 16  # bytes of one user-stack copy a recording may hold
 TABLE_DTYPES = {SAMPLES: SAMPLE_DTYPE, SCHED: SCHED_DTYPE, STACKS: STACK_DTYPE}
 MAX_HOST_STACK_DEPTH = 127  # the kernel's PERF_MAX_STACK_DEPTH
 MAX_FREQUENCY = 1_000_000  # samples per second per CPU a recording may state (perf's limit is far below)
@@ -91,8 +92,14 @@ def snapshot(vms: list[dict] | None = None, processes: dict[int, dict] | None = 
     return out
 
 
-def _pack_rows(header: dict, body: bytes) -> bytes:
-    """A row chunk's payload: header length, JSON header (with "rows"), zlib body."""
+def _pack_rows(header: dict, body: bytes | memoryview, codec: str = "zlib") -> bytes:
+    """A row chunk's payload: header length, JSON header (with "rows"), compressed body (zlib; zstd for user-stack
+    copies, said in the header: 8 KiB a sample, where zlib at its fastest level held a recorder back)."""
+    if codec == "zstd":
+        import pyarrow as pa
+
+        h = json.dumps({**header, "codec": "zstd"}).encode()
+        return struct.pack("<I", len(h)) + h + pa.compress(body, codec="zstd", asbytes=True)
     h = json.dumps(header).encode()
     return struct.pack("<I", len(h)) + h + zlib.compress(body, 6)
 
@@ -104,21 +111,33 @@ def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
     header = bounded_json.expect(bounded_json.loads(bytes(payload[4:4 + hlen]), f"the header of {what}"), dict,
                                  f"the header of {what}")
     size = int(header["rows"]) * itemsize_of(header) + extra_of(header)
-    raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
+    if header.get("codec") == "zstd":
+        import pyarrow as pa
+
+        try:  # never more than the header's size: a hostile frame cannot make it inflate further
+            raw = pa.decompress(bytes(payload[4 + hlen:]), decompressed_size=size, codec="zstd", asbytes=True)
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise RecordingError(f"{what} does not decompress: {str(e).splitlines()[0][:200]}") from None
+    else:
+        raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
     if len(raw) != size:
         raise RecordingError(f"{what} is shorter than its header says")
     return header, raw
 
 
-def _encode_table(table: np.ndarray) -> bytes:
-    """Columns one after another; time_ns as its first value plus deltas."""
-    columns = []
+def _encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
+    """Columns one after another; time_ns as its first value plus deltas.  Each column is copied once, straight
+    into the body (user-stack copies are 8 KiB a row)."""
+    body = np.empty(len(table) * table.dtype.itemsize, np.uint8)
+    pos = 0
     for name in table.dtype.names:
-        col = np.ascontiguousarray(table[name])
+        col = table[name]
         if name == "time_ns" and len(col):
             col = np.concatenate(([col[0]], np.diff(col.astype(np.int64)))).astype("<i8")
-        columns.append(col.tobytes())
-    return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, b"".join(columns))
+        size = len(col) * table.dtype.fields[name][0].itemsize
+        body[pos:pos + size].view(col.dtype).reshape(col.shape)[...] = col
+        pos += size
+    return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, body.data, codec)
 
 
 def _table_rows(payload: bytes, dtype: np.dtype) -> int:
@@ -227,6 +246,7 @@ class Writer:
         self._pending_sched: list[np.ndarray] = []
         self._pending_stacks: list[np.ndarray] = []
         self._pending_host_stacks: dict[int, np.ndarray] = {}
+        self._pending_ustacks: list[np.ndarray] = []
         try:
             self._write(MAGIC + struct.pack("<H", VERSION))
             self.chunk(META, json.dumps(meta).encode())
@@ -252,7 +272,7 @@ class Writer:
         self._write(payload)
 
     def add(self, samples: np.ndarray, sched: np.ndarray, stacks: np.ndarray | None = None,
-            host_stacks: dict[int, np.ndarray] | None = None) -> None:
+            host_stacks: dict[int, np.ndarray] | None = None, ustacks: np.ndarray | None = None) -> None:
         """Rows to write at the next flush; stacks (-g) are STACK_DTYPE rows and the stack-map entries
         (id -> addresses) their ids use that were not added before."""
         if len(samples):
@@ -262,6 +282,8 @@ class Writer:
         if stacks is not None and len(stacks):
             self._pending_stacks.append(stacks)
         self._pending_host_stacks.update(host_stacks or {})
+        if ustacks is not None and len(ustacks):
+            self._pending_ustacks.append(ustacks)
 
     def flush(self) -> None:
         if self._pending_host_stacks:  # before the stacks that use them
@@ -272,6 +294,9 @@ class Writer:
             if pending:
                 self.chunk(kind, _encode_table(np.concatenate(pending)))
                 pending.clear()
+        if self._pending_ustacks:  # 8 KiB a sample: zstd, 4x zlib's fastest level here, and 2x its ratio
+            self.chunk(USTACKS, _encode_table(np.concatenate(self._pending_ustacks), codec="zstd"))
+            self._pending_ustacks.clear()
         self.sync()
 
     def add_snapshot(self, snapshot: dict) -> None:
@@ -337,6 +362,7 @@ class Recording:
     lbr: np.ndarray | None = None  # raw LBR records (vmprof record --lbr)
     stacks: np.ndarray | None = None  # STACK_DTYPE rows (vmprof record -g); None: recorded without stacks
     host_stacks: dict[int, np.ndarray] = field(default_factory=dict)  # host stack-map id -> addresses (-g)
+    ustacks: np.ndarray | None = None  # user-stack copies (record -g --call-graph cfi), ustack_dtype rows
     problems: list[str] = field(default_factory=list)  # what was cut or skipped
     skipped_chunks: int = 0  # damaged chunks passed over (with the bytes up to the next whole chunk)
     skipped_bytes: int = 0
@@ -433,7 +459,8 @@ def _load_static(rec: Recording) -> None:
             rec.object_tables[build_id] = data
 
 
-def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: list[str]) -> dict[int, np.ndarray]:
+def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: list[str],
+                   dtypes: dict[int, np.dtype]) -> dict[int, np.ndarray]:
     """Each kind's table chunks decoded straight into one array of that kind (no copy to join them, which at
     millions of rows costs as much as the decoding); inflating is most of a load and zlib lets other threads
     run meanwhile, so chunks are decoded one thread per CPU.  A chunk that fails is left out, and its problem
@@ -442,13 +469,13 @@ def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: li
     spans: list[tuple[int, int, int, int, Future]] = []  # (kind, problems before it, start, rows, job)
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         for kind in {k for k, *_ in pending}:
-            out[kind] = np.empty(sum(rows for k, _at, _p, rows in pending if k == kind), TABLE_DTYPES[kind])
+            out[kind] = np.empty(sum(rows for k, _at, _p, rows in pending if k == kind), dtypes[kind])
         filled = dict.fromkeys(out, 0)
         for kind, at, payload, rows in pending:
             start = filled[kind]
             filled[kind] += rows
             spans.append((kind, at, start, rows,
-                          pool.submit(_decode_table, payload, TABLE_DTYPES[kind], out[kind][start:start + rows])))
+                          pool.submit(_decode_table, payload, dtypes[kind], out[kind][start:start + rows])))
         failed: dict[int, list[tuple[int, int]]] = {}
         for kind, at, start, rows, job in spans:
             try:
@@ -572,6 +599,7 @@ def load(path: Path) -> Recording:
     rec = Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
     lbr_parts: list[np.ndarray] = []
     pending: list[tuple[int, int, memoryview, int]] = []  # table chunks: (kind, problems before it, payload, rows)
+    dtypes = dict(TABLE_DTYPES)  # user-stack copies: their size is in the meta chunk
     view = memoryview(data)
     chunks = 0
     while pos < len(data):
@@ -611,8 +639,11 @@ def load(path: Path) -> Recording:
                 except bounded_json.JSONLimitError as e:
                     meta_problem = f": {e}"
                     raise
-            elif kind in TABLE_DTYPES:
-                pending.append((kind, len(rec.problems), payload, _table_rows(payload, TABLE_DTYPES[kind])))
+                copy = meta.get("stack_copy_bytes")
+                if isinstance(copy, int) and 0 < copy <= MAX_STACK_COPY:
+                    dtypes[USTACKS] = ustack_dtype(copy)
+            elif kind in dtypes:
+                pending.append((kind, len(rec.problems), payload, _table_rows(payload, dtypes[kind])))
             elif kind == SNAPSHOT:
                 text = zlib.decompressobj().decompress(payload, MAX_INFLATED)
                 rec.snapshot.update(_snapshot(bounded_json.loads(text, "a snapshot chunk")))
@@ -627,7 +658,7 @@ def load(path: Path) -> Recording:
                 rec.host_stacks.update(_decode_host_stacks(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
             rec.problems.append(f"unreadable {what} skipped: {e}")
-    joined = _decode_tables(pending, rec.problems)
+    joined = _decode_tables(pending, rec.problems, dtypes)
     payload = view = data = pending = None  # the file's bytes go
     if meta is None:
         raise RecordingError(f"{path} has no readable metadata chunk{meta_problem}: it is not a usable recording")
@@ -643,6 +674,8 @@ def load(path: Path) -> Recording:
         rec.lbr = np.concatenate(lbr_parts)
     if STACKS in joined or meta.get("stacks"):
         rec.stacks = joined.get(STACKS, np.empty(0, STACK_DTYPE))
+    if USTACKS in joined:
+        rec.ustacks = joined[USTACKS]
     _load_static(rec)
     if rec.end is None and not rec.problems:
         rec.problems.append("the recorder did not finish (no end chunk): this is the part flushed before it stopped")

@@ -20,6 +20,17 @@ STACK_DTYPE = np.dtype([
     ("guest_depth", "u1"), ("flags", "u1"), ("pad", "<u4"), ("guest", "<u8", STACK_GUEST_MAX),
 ])
 
+STACK_COPY_BYTES = 8192  # the default user-stack copy of --call-graph cfi (bpf/sample.h)
+
+
+def ustack_dtype(copy_bytes: int = STACK_COPY_BYTES) -> np.dtype:
+    """struct vmprof_ustack with `copy_bytes` of stack (the sampler is compiled with -DSTACK_COPY_BYTES)."""
+    return np.dtype([("time_ns", "<u8"), ("cpu", "<u2"), ("flags", "u1"), ("pad", "u1"), ("copied", "<u4"),
+                     ("ip", "<u8"), ("sp", "<u8"), ("bp", "<u8"), ("data", "u1", copy_bytes)])
+
+
+USTACK_DTYPE = ustack_dtype()
+
 # vmprof top --host-counts: the key of a host task's sample counts (the map's value is the count)
 HOST_COUNT_KEY_DTYPE = np.dtype([("pid", "<u4"), ("flags", "<u2"), ("pad", "<u2"), ("ip", "<u8")])
 
@@ -51,6 +62,8 @@ SAMPLE_HALTED = 0x0020
 STACK_GUEST_WALKED = 0x01
 STACK_GUEST_PARTIAL = 0x02
 STACK_HOST_USER_INLINE = 0x04  # a host user chain that lost its stack-map bucket, stored in guest[]
+STACK_USER_COPY = 0x08  # a vmprof_ustack record (same cpu, time_ns) holds the user stack (--call-graph cfi)
+USTACK_GUEST = 0x01  # vmprof_ustack.flags: a guest's stack
 
 # vmprof_sched_event.flags
 SCHED_PREV_VCPU = 0x01
@@ -65,6 +78,7 @@ SCHED_NOT_SWITCH = SCHED_WAKEUP | SCHED_HALT_END
 SCHED_THROTTLE_END = SCHED_NOT_SWITCH  # both bits: the throttled time of a vCPU thread that takes a CPU again
 
 C_STRUCTS = {"vmprof_sample": SAMPLE_DTYPE, "vmprof_sched_event": SCHED_DTYPE, "vmprof_stack": STACK_DTYPE,
+             "vmprof_ustack": USTACK_DTYPE,
              "vmprof_host_count_key": HOST_COUNT_KEY_DTYPE}
 
 

@@ -32,12 +32,14 @@ from vmprof_tui.record.records import (
     STACK_GUEST_PARTIAL,
     STACK_GUEST_WALKED,
     STACK_HOST_USER_INLINE,
+    STACK_USER_COPY,
     stack_rows,
 )
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
 from vmprof_tui.resolve.resolver import GUEST_KERNEL_MODULE, KERNEL_MODULE, UNKNOWN, Resolver
 from vmprof_tui.resolve.spaces import AddressSpace
 from vmprof_tui.resolve.symtab import EMPTY_KERNEL, KernelSymbols
+from vmprof_tui.resolve.unwind import COMPLETE, LOST, Rules, reason_notes, unwind
 
 KERNEL_HALF = np.uint64(0xFFFF800000000000)
 # Where a complete user chain of a host process or thread starts (glibc, musl, Go, Rust runtimes).
@@ -79,6 +81,7 @@ class SampleStacks:
     stack_of: np.ndarray
     stacks: list[Stack] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    level_notes: dict[str, list[str]] = field(default_factory=dict)  # "guest"/"host" -> notes of that level only
 
 
 def _mapping_index(space: AddressSpace, addrs: np.ndarray) -> np.ndarray:
@@ -128,20 +131,64 @@ def _lookup_addresses(chain: np.ndarray) -> np.ndarray:
 
 
 def resolve_stacks(samples: np.ndarray, stacks: np.ndarray, host_stacks: Mapping[int, np.ndarray],
-                   resolver: Resolver, processes: Mapping[int, dict], vm_of_pid: Mapping[int, str]) -> SampleStacks:
-    """Stacks of `samples` from their stack records (`Recording.stacks`) and the host stack map entries.
-    `resolver` must have resolved these samples already (its kallsyms and guest bundles are used)."""
+                   resolver: Resolver, processes: Mapping[int, dict], vm_of_pid: Mapping[int, str],
+                   ustacks: np.ndarray | None = None) -> SampleStacks:
+    """Stacks of `samples` from their stack records (`Recording.stacks`), the host stack map entries and the
+    user-stack copies (`Recording.ustacks`, --call-graph cfi).  `resolver` must have resolved these samples
+    already (its kallsyms and guest bundles are used)."""
     rows = stack_rows(samples, stacks)
     out = SampleStacks(np.full(len(samples), -1, np.int64))
     has = rows >= 0
     if not has.any():
         return out
-    st = stacks[np.where(has, rows, 0)]
+    st = stacks[np.where(has, rows, 0)]  # a copy: unwound chains are written into it
+    copied = has & ((st["flags"] & STACK_USER_COPY) != 0)
+    if copied.any():
+        _unwind_copies(samples, st, copied, ustacks, resolver, processes, vm_of_pid, out)
     guest = has & ((samples["flags"] & SAMPLE_GUEST) != 0) & ((st["flags"] & STACK_GUEST_WALKED) != 0)
     host = has & ~guest
     _guest_stacks(samples, st, guest, resolver, vm_of_pid, out)
     _host_stacks(samples, st, host, host_stacks, resolver, processes, out)
     return out
+
+
+def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, ustacks: np.ndarray | None,
+                   resolver: Resolver, processes: Mapping[int, dict], vm_of_pid: Mapping[int, str],
+                   out: SampleStacks) -> None:
+    """Unwind the user-stack copies of these samples into their stack records' guest[] as walked chains (guest)
+    or inline user chains (host), marked partial where the unwinding stopped early."""
+    idx = np.nonzero(copied)[0]
+    s = samples[idx]
+    urows = stack_rows(s, ustacks) if ustacks is not None and len(ustacks) else np.full(len(idx), -1, np.int64)
+    guest = (s["flags"] & SAMPLE_GUEST) != 0
+    cr3 = normalise_cr3_array(s["guest_cr3"])
+    found: dict[tuple[int, int], AddressSpace | None] = {}
+    for pid, is_guest, c in set(zip(s["pid"].tolist(), guest.tolist(), np.where(guest, cr3, 0).tolist(), strict=True)):
+        if is_guest:
+            vm = resolver.guests.get(vm_of_pid.get(pid, f"vm-{pid}"))
+            found[(pid, c)] = vm.processes.get(c) if vm is not None else None
+        else:
+            snap = processes.get(pid)
+            found[(pid, c)] = resolver.objects.host_space(snap["comm"], pid, snap["maps"]) \
+                if snap and snap.get("maps") else None
+    spaces = [found[k] for k in zip(s["pid"].tolist(), np.where(guest, cr3, 0).tolist(), strict=True)]
+    have = urows >= 0
+    rules = Rules(resolver.objects, ENTRY_FUNCTIONS)
+    chains = np.zeros((len(idx), STACK_GUEST_MAX), np.uint64)
+    depth = np.ones(len(idx), np.uint8)
+    reason = np.full(len(idx), LOST, np.int8)
+    chains[:, 0] = np.where(guest, s["guest_ip"], s["host_ip"])  # a lost copy: the leaf is known anyway,
+    depth[~guest & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0)] = 0  # except a kernel-mode sample's user leaf
+    if have.any():
+        at = np.nonzero(have)[0]
+        chains[at], depth[at], reason[at] = unwind(ustacks, urows[at], [spaces[i] for i in at.tolist()], rules)
+    st["guest"][idx] = chains
+    st["guest_depth"][idx] = depth
+    partial = np.where(reason != COMPLETE, STACK_GUEST_PARTIAL, 0).astype(np.uint8)
+    st["flags"][idx] |= np.where(guest, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE).astype(np.uint8) | partial
+    for part, level, what in ((guest, "guest", "guest"), (~guest, "host", "host user")):
+        out.level_notes.setdefault(level, []).extend(reason_notes(reason[part], what))
+    out.notes += rules.notes
 
 
 def _distinct(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -213,20 +260,27 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
         columns = [s["pid"], kernel_ids, st["user_stack_id"][idx].astype(np.int64) + 1, in_kernel, leaf]
         # a user chain stored inline (its stack-map bucket was taken) is part of the key itself
         if chains_inline:
-            columns += [np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64), st["guest"][idx]]
+            columns += [st["flags"][idx] & STACK_GUEST_PARTIAL,
+                        np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64), st["guest"][idx]]
         distinct, inverse = _distinct(columns)
         first = len(out.stacks)
+        chains = []
         for pid, kid, uid, kernel_mode, ip, *inline_chain in distinct.tolist():
             kchain = host_stacks.get(kid - 1, np.empty(0, np.uint64)) if kid else np.empty(0, np.uint64)
             uchain = host_stacks.get(uid - 1, np.empty(0, np.uint64)) if uid else np.empty(0, np.uint64)
             missing += (kid and (kid - 1) not in host_stacks) or (uid and (uid - 1) not in host_stacks)
+            partial = False
             if inline_chain:
-                uchain = np.array(inline_chain[1:1 + inline_chain[0]], np.uint64)
+                partial = bool(inline_chain[0])  # a chain unwound from a stack copy that stopped early
+                uchain = np.array(inline_chain[2:2 + inline_chain[1]], np.uint64)
             if kernel_mode and not len(kchain) and ip:
                 kchain = np.array([ip], np.uint64)
             if not kernel_mode and not len(uchain):
                 uchain = np.array([ip], np.uint64)
-            out.stacks.append(_host_stack(pid, kchain, uchain, ks, resolver, processes))
+            chains.append((pid, kchain, uchain, partial))
+        frames = _user_frames(chains, resolver, processes)
+        for pid, kchain, uchain, partial in chains:
+            out.stacks.append(_host_stack(pid, kchain, uchain, ks, frames.get(pid), partial))
         out.stack_of[idx] = first + inverse
     if missing:
         out.notes.append(f"{missing} host stack ids had no stored chain (the stack map was read after they "
@@ -260,24 +314,39 @@ def collapse_unknown(frames: list[Frame]) -> list[Frame]:
     return out
 
 
-def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymbols, resolver: Resolver,
-                processes: Mapping[int, dict]) -> Stack:
-    kframes = _kernel_frames(ks, _lookup_addresses(kchain), KERNEL_MODULE)[0] if len(kchain) else []
-    uframes: list[Frame] = []
-    truncated, broken_in = False, None
-    snap = processes.get(pid)
-    if len(uchain):
-        lookup = _lookup_addresses(uchain)
+def _user_frames(chains: list[tuple[int, np.ndarray, np.ndarray, bool]], resolver: Resolver,
+                 processes: Mapping[int, dict]) -> dict[int, dict[int, Frame]]:
+    """pid -> lookup address -> frame, for every user address of these chains: one lookup per process, not per
+    chain (chains unwound from stack copies are many and deep: 20 000 distinct ones in a minute of a busy host)."""
+    wanted: dict[int, set[int]] = {}
+    for pid, _kchain, uchain, _partial in chains:
+        if len(uchain):
+            wanted.setdefault(pid, set()).update(_lookup_addresses(uchain).tolist())
+    out: dict[int, dict[int, Frame]] = {}
+    for pid, addrs in wanted.items():
+        snap = processes.get(pid)
+        lookup = np.array(sorted(addrs), np.uint64)
         if snap and snap.get("maps"):
             name = "swapper" if pid == 0 else snap["comm"]
             space = resolver.objects.host_space(name, pid, snap["maps"])
-            uframes = _space_frames(space, lookup, resolver, snap.get("build_ids") or {})[0]
+            frames = _space_frames(space, lookup, resolver, snap.get("build_ids") or {})[0]
         else:
-            uframes = [Frame(f"{a:#x}", UNKNOWN, a) for a in lookup.tolist()]
+            frames = [Frame(f"{a:#x}", UNKNOWN, a) for a in lookup.tolist()]
+        out[pid] = dict(zip(lookup.tolist(), frames, strict=True))
+    return out
+
+
+def _host_stack(pid: int, kchain: np.ndarray, uchain: np.ndarray, ks: KernelSymbols,
+                frames: Mapping[int, Frame] | None, partial: bool = False) -> Stack:
+    kframes = _kernel_frames(ks, _lookup_addresses(kchain), KERNEL_MODULE)[0] if len(kchain) else []
+    uframes: list[Frame] = []
+    truncated, broken_in = False, None
+    if len(uchain) and frames is not None:
+        uframes = [frames[a] for a in _lookup_addresses(uchain).tolist()]
         outermost = uframes[-1]
         if outermost.function not in ENTRY_FUNCTIONS:
-            truncated, broken_in = True, outermost.module
+            truncated, broken_in = not partial, outermost.module
         uframes = collapse_unknown(uframes)
     # leaf first in both chains: the stack is the user chain from its entry inwards, then the kernel's
-    return Stack(tuple(reversed(uframes)) + tuple(reversed(kframes)), truncated=truncated,
+    return Stack(tuple(reversed(uframes)) + tuple(reversed(kframes)), truncated=truncated, partial=partial,
                  broken_in=os.path.basename(broken_in) if broken_in else None)

@@ -1,7 +1,8 @@
 /* Shared by the call-stack demo programs (chain, recurse, clobber): one unit of
  * work is the same loop body everywhere, so the time a function takes is
  * proportional to the units it runs, and the time split over call chains is
- * known by construction.  These programs are built with frame pointers. */
+ * known by construction.  These programs are built with frame pointers, and again without them
+ * (-DVMPROF_NO_FRAME_POINTERS -fomit-frame-pointer: the `-nofp` programs, unwound by call-frame information). */
 #ifndef VMPROF_STACK_RT_H
 #define VMPROF_STACK_RT_H
 
@@ -11,9 +12,14 @@
 
 /* Inlined into each leaf so that samples fall inside the leaf itself.  gcc 12 omits the frame of a
  * leaf function even with -mno-omit-leaf-frame-pointer; taking the frame address forces one. */
+#ifdef VMPROF_NO_FRAME_POINTERS
+#define FORCE_FRAME() do { } while (0)
+#else
+#define FORCE_FRAME() __asm__ volatile("" : : "r"(__builtin_frame_address(0)))
+#endif
 #define WORK(x, units)                                                            \
 	do {                                                                      \
-		__asm__ volatile("" : : "r"(__builtin_frame_address(0)));         \
+		FORCE_FRAME();                                                    \
 		for (unsigned long _i = 0; _i < (units) * UNIT_ITERS; _i++) {     \
 			(x) = (x) * 6364136223846793005UL + 1442695040888963407UL; \
 			__asm__ volatile("" : "+r"(x));                            \
