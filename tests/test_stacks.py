@@ -413,10 +413,12 @@ def test_runs_of_unknown_host_frames_are_one_frame() -> None:
     resolve to nothing; the stack model makes each run of them one `[unknown ×N]` frame."""
     from vmprof_tui.analyse.callgraph import frame_label
     from vmprof_tui.resolve.resolver import UNKNOWN, Resolver
-    from vmprof_tui.resolve.stacks import EMPTY_KERNEL, _host_stack
+    from vmprof_tui.resolve.stacks import EMPTY_KERNEL, _host_stack, _user_frames
 
     chain = np.arange(0x7000_0000, 0x7000_0000 + 125 * 16, 16, dtype=np.uint64)
-    stack = _host_stack(4242, np.empty(0, np.uint64), chain, EMPTY_KERNEL, Resolver(), {})
+    no_kernel = np.empty(0, np.uint64)
+    frames = _user_frames([(4242, no_kernel, chain, False)], Resolver(), {})[4242]
+    stack = _host_stack(4242, no_kernel, chain, EMPTY_KERNEL, frames)
     assert [frame_label(f) for f in stack.frames] == ["[unknown ×125]"] and stack.truncated
     assert stack.frames[0].module == UNKNOWN
 
