@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import record_scenario, require_root, start_sampling, vmprof
 
-from vmprof_tui.analyse.analysis import Analysis, Profile
+from vmprof_tui.analyse.analysis import Profile, analyse
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
@@ -110,8 +110,8 @@ def test_windows_touch_and_match_a_one_shot_recording(tmp_path: Path, frequency:
         if w["start_ns"] < lived[0] or w["end_ns"] > lived[1]:
             continue  # windows where the VMs did not run all along
         lo, hi = (w["start_ns"] - first_ns) / 1e9, (w["end_ns"] - 1 - first_ns) / 1e9
-        window_an = Analysis(recording.load(spool.windows / w["file"]))
-        ref_an = Analysis(rec, time_range=(lo, hi))  # what `report --time-range` analyses
+        window_an = analyse(recording.load(spool.windows / w["file"]))
+        ref_an = analyse(rec, time_range=(lo, hi))  # what `report --time-range` analyses
         for vm in vm_pids:
             got, want = shares(window_an.guest_profile(vm)), shares(ref_an.guest_profile(vm))
             print(f"window {w['seq']} {vm}: " + ", ".join(f"{k[0]} {k[1]} {got.get(k, 0):.1f}/{want.get(k, 0):.1f}"
@@ -338,7 +338,7 @@ def test_metrics_holder_labels_stay_bounded(tmp_path: Path) -> None:
                         end_ns=t + 5 * MS + (i + 1) * MS)
             t += 5 * MS + (i + 1) * MS
         b.run(web, 0, cpu=1, start_ns=t, end_ns=t + 5 * MS)
-        an = Analysis(recording.load(b.write(tmp_path / f"w{window}.vmprof")))
+        an = analyse(recording.load(b.write(tmp_path / f"w{window}.vmprof")))
         metrics.add_window(an, True, 0.0, 0.0, 0)
         expected += sum(range(1, 9)) / 1000
     labels = {s.labels["cause"]: s.value for m in registry.collect() if m.name == "vmprof_vcpu_steal_seconds"

@@ -34,6 +34,7 @@ from synth import (
 )
 
 from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline
+from vmprof_tui.analyse.analysis import analyse as analyse_recording
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.steal import steal_report, vcpu_steal
 from vmprof_tui.record.recording import CHUNK_HEADER, END, MAGIC, META, SAMPLES, SCHED, SNAPSHOT, load
@@ -57,7 +58,7 @@ approx = pytest.approx
 
 def analyse(b: SynthRecording, tmp_path: Path, **kw: object) -> Analysis:
     """Write the recording with the real Writer, read it back with the real loader, analyse it."""
-    return Analysis(load(b.write(tmp_path / "synth.vmprof")), **kw)  # type: ignore[arg-type]
+    return analyse_recording(load(b.write(tmp_path / "synth.vmprof")), **kw)  # type: ignore[arg-type]
 
 
 def rows(p: Profile) -> dict[tuple[str, str, str | None], float]:
@@ -586,7 +587,7 @@ def test_recording_of_several_chunks(tmp_path: Path) -> None:
         pos += CHUNK_HEADER.size + length
     # meta, vms; per flush: snapshots of the processes first sampled, then the tables; kallsyms, end
     assert kinds == [META, SNAPSHOT, SNAPSHOT, SAMPLES, SNAPSHOT, SAMPLES, SCHED, SAMPLES, SNAPSHOT, END]
-    an = Analysis(load(path))
+    an = analyse_recording(load(path))
     assert len(an.samples) == 1200
     # the 50 ms blank at the vCPU's measured rate: 1150 samples in 1149 ms on the CPU (the first one at its start)
     assert rows(an.guest_profile("long")) == approx({("[unknown]", "[unknown]", "[cr3 0x1000]"): 700 + 450,
@@ -726,7 +727,7 @@ def test_finding_time_range_before_a_blank_open_at_the_end(tmp_path: Path) -> No
 
 def test_finding_time_range_bounds_count_twice(tmp_path: Path) -> None:
     rec = load(host_mix().write(tmp_path / "x.vmprof"))
-    first, second = Analysis(rec, time_range=(0.0, 0.05)), Analysis(rec, time_range=(0.05, 0.1))
+    first, second = analyse_recording(rec, time_range=(0.0, 0.05)), analyse_recording(rec, time_range=(0.05, 0.1))
     assert first.host_profile().total_samples == 100
     assert len(first.samples) + len(second.samples) == len(rec.samples)
 
@@ -735,8 +736,8 @@ def test_time_range_to_the_end_keeps_the_last_record(tmp_path: Path) -> None:
     """Without an end chunk (a cut recording) the window ends at the last record, the samples at 99 ms."""
     rec = load(host_mix().write(tmp_path / "x.vmprof"))
     rec.end = None
-    assert Analysis(rec).window()[1] == BASE_NS + 99 * MS
-    assert len(Analysis(rec, time_range=(0.05, 0.099)).samples) == 2 * 50
+    assert analyse_recording(rec).window()[1] == BASE_NS + 99 * MS
+    assert len(analyse_recording(rec, time_range=(0.05, 0.099)).samples) == 2 * 50
 
 
 def test_finding_cpu_idle_the_whole_recording(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from conftest import Recorded, record_scenario, vmprof
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from vmprof_tui.analyse import timeline
-from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.analyse.analysis import Analysis, Profile, Row, analyse
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.show.formats import ReportInput, chrome, pprof
 
@@ -172,7 +172,7 @@ def test_sample_runs_tile_on_cpu_segments() -> None:
 @pytest.fixture(scope="module")
 def twoprocs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Analysis]:
     r = record_scenario(tmp_path_factory.mktemp("fmt"), "two-procs", 2.0)
-    return r, Analysis(r.rec)
+    return r, analyse(r.rec)
 
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import Analysis, analyse
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.analyse.timeline import SegmentKind, steal_of_type, vcpu_segments
@@ -19,7 +19,7 @@ STEAL3 = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
 
 @pytest.fixture(scope="module")
 def an() -> Analysis:
-    return Analysis(recording.load(STEAL3))  # a stored recording (tests/data/golden/make.py made it)
+    return analyse(recording.load(STEAL3))  # a stored recording (tests/data/golden/make.py made it)
 
 
 def test_labels_are_made_from_kinds(an: Analysis) -> None:

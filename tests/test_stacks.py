@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, Recorded, record_scenario, require_root, start_recording, vmprof
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
 from vmprof_tui.demo import programs
 from vmprof_tui.record import recording
@@ -37,7 +37,7 @@ def stacks(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
 
 @pytest.fixture(scope="module")
 def graph(stacks: Recorded) -> CallGraph:
-    return CallGraph(Analysis(stacks.rec))
+    return CallGraph(analyse(stacks.rec))
 
 
 def frames_of(graph: CallGraph, process: str) -> Counter:
@@ -186,7 +186,7 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path, map_entries: int
     print(f"user chains stored inline: {inline.sum()} of {len(inline)}")
     if map_entries:
         assert inline.sum() > 0.5 * len(inline)
-    graph = CallGraph(Analysis(loaded))
+    graph = CallGraph(analyse(loaded))
     ws = graph.weighted("host")
     ours: Counter = Counter()
     for path, ctx, n, stack in zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks, strict=True):

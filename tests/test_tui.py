@@ -288,11 +288,11 @@ def test_overview_summary_agrees_with_the_guest_profile() -> None:
     """The overview and the VM screen read the host and each VM (and vCPU) from Analysis.host_summary and
     guest_summary (no rows built); they must say what the profiles say: shares, steal of each type, the top
     process and the top resolved function."""
-    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.analysis import analyse
     from vmprof_tui.analyse.kinds import RowKind
     from vmprof_tui.record import recording
 
-    an = Analysis(recording.load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof"))
+    an = analyse(recording.load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof"))
     host, h = an.host_profile(), an.host_summary()
     assert (h.ratios, h.total_samples, h.lost_samples) == (host.ratios, host.total_samples, host.lost_samples)
     top = max((r for r in host.rows if r.kind is RowKind.FUNCTION), key=lambda r: r.samples)
@@ -333,7 +333,7 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     it) instead of analysing the whole window each refresh.  On one span the sum is the whole analysis exactly;
     over a sliding window of whole chunks it agrees with the window's whole Analysis to a fraction of a percentage
     point (each chunk prices a vCPU's blank time at that chunk's sampling rate) and names the same top names."""
-    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.analysis import analyse
     from vmprof_tui.analyse.kinds import RowKind
     from vmprof_tui.analyse.shares import WindowSummary
     from vmprof_tui.analyse.steal import vcpu_steal
@@ -341,7 +341,7 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     from vmprof_tui.record import recording
 
     golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
-    an = Analysis(recording.load(golden))
+    an = analyse(recording.load(golden))
     one = WindowSummary([an.span_summary()], an.rec.lost_samples)
     assert one.host_summary() == an.host_summary()
     for vm in an.vm_names():

@@ -58,56 +58,8 @@ from vmprof_tui.record.records import (
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
 )
+from vmprof_tui.resolve.prepare import Prepared, prepare
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
-from vmprof_tui.resolve.spaces import dense_ranks, group_by
-
-
-def _rank_among(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(the distinct wanted keys sorted, each key's rank among them, whether it is one of them): a binary search
-    each, where np.isin would sort both.  `wanted` must not be empty."""
-    wanted = np.unique(wanted)
-    rank = np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)
-    return wanted, rank, wanted[rank] == keys
-
-
-def _member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """keys that are in `wanted` (few)."""
-    return _rank_among(keys, wanted)[2] if len(wanted) else np.zeros(len(keys), bool)
-
-
-def _few(keys: np.ndarray, size: int) -> bool:
-    """Keys few beside their range `size` (one vCPU's samples in one second): a sort costs less than a table."""
-    return len(keys) * 8 < size
-
-
-def counts_of(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(keys, return_counts=True) for small non-negative keys (below `size`): by counting where they are
-    many (ten times faster than unique's sort on a large report)."""
-    if _few(keys, size):
-        return arrays.unique(keys, return_counts=True)
-    counts = np.bincount(keys, minlength=size)
-    present = np.flatnonzero(counts)
-    return present, counts[present]
-
-
-def first_and_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """np.unique(keys, return_index=True, return_counts=True) for small non-negative keys (below `size`, as
-    the dense ranks Analysis.key are), by counting as counts_of does."""
-    if _few(keys, size):
-        return arrays.unique(keys, return_index=True, return_counts=True)
-    present, counts = counts_of(keys, size)
-    first = np.full(size, len(keys), np.int64)
-    np.minimum.at(first, keys, np.arange(len(keys)))
-    return present, first[present], counts
-
-
-def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarray]:
-    """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one binary search
-    each and one sort of their ranks among the wanted (small integers: sorted by radix, not 64-bit keys)."""
-    if not len(wanted) or not len(keys):
-        return {}
-    wanted, rank, found = _rank_among(keys, wanted)
-    return {int(wanted[r]): at for r, at in group_by(rank, np.flatnonzero(found))}
 
 MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
@@ -275,61 +227,21 @@ class Attribution:
 
 
 
-def recording_window(rec: Recording) -> tuple[int, int]:
-    """The span a recording covers on the host clock: from its first record to its end.
-
-    The end is where sampling stopped, not the last record: an idle CPU that takes no sampling interrupts
-    (the PVM machines) leaves nothing at the end, and a vCPU halted there is still halted.  The end chunk
-    gives it two ways: `end_monotonic_ns`, which the recorder takes after reading kallsyms (so it can be
-    late by that), and `duration_s`, counted from the start of sampling, which is about the first record
-    (so it is not late); the earlier one is the end.  Without an end time (live windows) the last record ends it.
-    """
-    times = [a["time_ns"] for a in (rec.samples, rec.sched) if len(a)]
-    if not times:
-        return 0, 0
-    w0, w1 = int(min(t.min() for t in times)), int(max(t.max() for t in times))
-    end = rec.end or {}
-    if "end_monotonic_ns" in end and "duration_s" in end:
-        w1 = max(w1, min(int(end["end_monotonic_ns"]), w0 + round(float(end["duration_s"]) * 1e9)))
-    return w0, w1
-
-
 class Analysis:
     """Everything derived from one recording (and the guest bundles that name its guests)."""
 
-    def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
-                 resolver: Resolver | None = None, time_range: tuple[float, float] | None = None,
-                 resolved: Resolved | None = None, keep: Callable[[np.ndarray], np.ndarray] | None = None,
-                 span_ns: tuple[int, int] | None = None, shares_only: bool = False) -> None:
-        """resolver: symbol sources kept across analyses (the live screen's windows share one);
-        time_range: (from, to) in seconds after the first record; the analysis covers only that span.
-        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
-        keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged.
-        span_ns: [lo, hi) on the host clock that timelines, blanks and idle are cut to, with the samples as given
-        (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext).
+    def __init__(self, prepared: Prepared, shares_only: bool = False) -> None:
+        """prepared: the recording's samples made ready by the resolve stage (resolve/prepare.py).
         shares_only: the timelines carry what the shares need and no more (the live screen's chunk summaries):
         no holder of each blank, no co-stop."""
         self.shares_only = shares_only
-        self.rec = rec
+        rec = self.rec = prepared.rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
         self.backend = rec.meta.get("backend", backends.NONE)
-        t = rec.samples["time_ns"]
-        if np.all(t[1:] >= t[:-1]):  # the live screen's window usually is
-            self.samples, self._given = rec.samples, resolved
-        else:
-            order = arrays.stable_argsort(t)
-            self.samples = rec.samples[order]
-            self._given = resolved.take(order) if resolved is not None else None
-        ts = rec.sched["time_ns"]
-        # strictly increasing: a full-record sort would not move anything (the window usually is)
-        sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
-        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
-        # context switches; and apart, the wake-ups of vCPU threads and the ends of their halts
-        self.sched, self.wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (
-            sched, sched[:0])
-        self.range_ns: tuple[int, int] | None = span_ns
-        self._window = recording_window(rec)
+        self.samples, self.sched, self.wake_events = prepared.samples, prepared.sched, prepared.wake_events
+        self.range_ns: tuple[int, int] | None = prepared.range_ns
+        self._window = prepared.window
         self._profiles: dict[tuple, Profile] = {}
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
         self._host_share_cache: dict[int | None, _HostShares] = {}
@@ -337,63 +249,23 @@ class Analysis:
         self._splits: dict[bool, dict[int, dict[Cause, float]]] = {}  # blank_split: in ns? -> vCPU thread -> ...
         self._polling: dict[int, np.ndarray] = {}  # vCPU thread (pid << 32 | tid) -> its polling samples
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
-        if time_range is not None:
-            w0, w1 = self.window()
-            lo, hi = (w0 + round(x * 1e9) for x in time_range)
-            self.range_ns = (lo, hi)
-            t = self.samples["time_ns"]
-            # half-open, as the blanks: adjacent ranges share no sample; a range to the end keeps the last record
-            inside = (t >= lo) & ((t < hi) | (hi >= w1))
-            self.samples = self.samples[inside]
-            self._given = self._given.take(inside) if self._given is not None else None
-        if keep is not None:
-            kept = keep(self.samples)
-            self.samples = self.samples[kept]
-            self._given = self._given.take(kept) if self._given is not None else None
-        self.notes: list[str] = list(rec.problems)
-        self.vm_by_pid: dict[int, str] = {}
-        self.vm_index: dict[str, int] = {}
-        self.vcpu_of_tid: dict[int, tuple[int, int]] = {}  # tid -> (vmm pid, vcpu id)
-        self.is_guest = (self.samples["flags"] & SAMPLE_GUEST) != 0  # the samples that interrupted a guest
-        self._learn_vms()
-        self.resolver = resolver or Resolver()
-        self.resolver.objects.add_tables(rec.object_tables)
-        self.notes += self.resolver.load_guests(self.vm_by_pid.values(), guest_bundles or {}, rec.bundles)
-        self._resolve()
+        self.notes: list[str] = prepared.notes
+        self.vm_by_pid = prepared.vms.by_pid
+        self.vm_index = prepared.vms.index
+        self.vcpu_of_tid = prepared.vms.vcpu_of_tid  # tid -> (vmm pid, vcpu id)
+        self.is_guest = prepared.is_guest  # the samples that interrupted a guest
+        self.resolver = prepared.resolver
+        self._names(prepared.names)
 
     @functools.cached_property
     def timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread id: its timeline (built when first asked for: the host level needs none)."""
         return self._build_timelines()
 
-    # -- VMs, vCPU threads ---------------------------------------------------------
-    def _learn_vms(self) -> None:
-        for i, vm in enumerate(sorted(self.rec.vms(), key=lambda v: (v["name"], v["pid"]))):
-            self.vm_by_pid[int(vm["pid"])] = vm["name"]
-            self.vm_index.setdefault(vm["name"], i + 1)
-            for tid, vcpu in vm.get("vcpu_threads", {}).items():
-                if vcpu is not None:
-                    self.vcpu_of_tid[int(tid)] = (int(vm["pid"]), int(vcpu))
-        s = self.samples
-        # Only a thread in KVM_RUN runs guest code: VMM threads that load a vCPU for an ioctl are not vCPUs.
-        guest = self.is_guest
-        if guest.any():
-            # one int per (pid, tid, vcpu): pid and tid fit in 22 bits, vCPU ids in 16
-            packed = (s["pid"][guest].astype(np.int64) << 38 | s["tid"][guest].astype(np.int64) << 16
-                      | s["vcpu_id"][guest])
-            known = np.fromiter((pid << 38 | tid << 16 | vcpu for tid, (pid, vcpu) in self.vcpu_of_tid.items()),
-                                np.int64, len(self.vcpu_of_tid))
-            packed = packed[~_member(packed, known)]  # the VM list names nearly all: one sort of the rest
-            for p in np.unique(packed).tolist():
-                pid, tid, vcpu = p >> 38, (p >> 16) & 0x3FFFFF, p & 0xFFFF
-                self.vcpu_of_tid[tid] = (pid, vcpu)
-                if pid not in self.vm_by_pid:
-                    name = f"vm-{pid}"
-                    self.vm_by_pid[pid] = name
-                    self.vm_index.setdefault(name, len(self.vm_index) + 1)
-
-    # -- resolution --------------------------------------------------------------------
-    def _resolve(self) -> None:
+    # -- names ----------------------------------------------------------------------------
+    def _names(self, g: Resolved) -> None:
+        """The per-sample names as the analysis groups them: VM codes, and (unless only shares are asked for) the
+        dense keys of profile rows."""
         s = self.samples
         vmm_pids = np.array(sorted(self.vm_by_pid), np.int64)
         at = np.searchsorted(vmm_pids, s["pid"]).clip(0, max(len(vmm_pids) - 1, 0))
@@ -404,14 +276,11 @@ class Analysis:
         for name, code in self.vm_index.items():
             self.vm_name_of_code[code] = name
         guest = self.is_guest
-        g = self._given
-        if g is None:
-            g = self.resolver.resolve(s, self.rec.processes(), self.vm_by_pid, self.rec.kallsyms(), self.notes)
         self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        self.in_vm = guest | _member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
+        self.in_vm = guest | arrays.member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
         # a live chunk's summary groups its samples by name code and needs no keys (made if something asks)
         self._codes = g
         if not self.shares_only:
@@ -436,7 +305,7 @@ class Analysis:
         def dense(code: np.ndarray) -> np.ndarray:
             """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""
             key = self.vm_code.astype(np.int64) * (int(code.max()) + 1 if len(code) else 1) + code
-            ranks = dense_ranks(key)
+            ranks = arrays.dense_ranks(key)
             return ranks if ranks is not None else arrays.unique(key, return_inverse=True)[1].astype(np.int32)
         # int32: these and the other per-sample arrays are most of a large report's memory
         self._proc_key = dense(g.proc_code)
@@ -467,12 +336,12 @@ class Analysis:
         """pid << 32 | tid of a vCPU thread -> the indices of its samples (ascending): one sort for all threads,
         8 bytes per sample of a vCPU thread (a mask per thread would be 1 byte per sample per thread)."""
         s = self.samples
-        return _positions_by_key(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
+        return arrays.positions_by_key(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
 
     @functools.cached_property
     def _switches_on_cpu(self) -> dict[int, np.ndarray]:
         """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs."""
-        return dict(group_by(self.sched["cpu"], np.arange(len(self.sched))))
+        return dict(arrays.group_by(self.sched["cpu"], np.arange(len(self.sched))))
 
     def _build_timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events, for every thread at once (its
@@ -492,7 +361,8 @@ class Analysis:
             by_key = np.argsort(keys)  # a thread's rank among the sorted keys -> its index
             parts = []
             for side, switched_in in (("prev", False), ("next", True)):
-                _keys, rank, found = _rank_among(ev[f"{side}_pid"].astype(np.int64) << 32 | ev[f"{side}_tid"], keys)
+                ends = ev[f"{side}_pid"].astype(np.int64) << 32 | ev[f"{side}_tid"]
+                _keys, rank, found = arrays.rank_among(ends, keys)
                 at = np.flatnonzero(found)
                 parts.append((by_key[rank[at]], at, np.full(len(at), switched_in)))
             thread, event, is_in = (np.concatenate(c) for c in zip(*parts, strict=True))
@@ -622,7 +492,7 @@ class Analysis:
         w_cpu = table.cpu[waits]
         mine = iv_tl >= 0
         iv_tl, iv_lo, iv_hi, iv_cpu = iv_tl[mine], iv_lo[mine], iv_hi[mine], iv_cpu[mine]
-        on = dict(group_by(iv_cpu, np.arange(len(iv_cpu)))) if len(iv_cpu) else {}
+        on = dict(arrays.group_by(iv_cpu, np.arange(len(iv_cpu)))) if len(iv_cpu) else {}
         found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (wait's row, holder's timeline, ns)
 
         def overlaps(rows: np.ndarray, ivs: np.ndarray) -> None:
@@ -638,7 +508,7 @@ class Analysis:
             ok = (ns > 0) & (holder != table.timeline[rows][w])
             found.append((rows[w][ok], holder[ok], ns[ok]))
 
-        for c, at in group_by(w_cpu, np.arange(len(waits))) if len(waits) else ():
+        for c, at in arrays.group_by(w_cpu, np.arange(len(waits))) if len(waits) else ():
             ivs = on.get(c)
             if ivs is None:
                 continue
@@ -646,7 +516,7 @@ class Analysis:
             if np.all(iv_lo[ivs][1:] >= iv_hi[ivs][:-1]):
                 overlaps(waits[at], ivs)
             else:
-                for _tl, own in group_by(iv_tl, ivs):
+                for _tl, own in arrays.group_by(iv_tl, ivs):
                     overlaps(waits[at], own)
         if not found:
             return
@@ -691,7 +561,7 @@ class Analysis:
         held_until = np.append(s_time[1:], np.iinfo(np.int64).max)
         held_until[:-1][s_cpu[1:] != s_cpu[:-1]] = np.iinfo(np.int64).max  # the last switch of a CPU: until the end
         vcpu_threads = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
-        to_host = ~_member(ev["next_pid"][switch].astype(np.int64) << 32 | ev["next_tid"][switch], vcpu_threads)
+        to_host = ~arrays.member(ev["next_pid"][switch].astype(np.int64) << 32 | ev["next_tid"][switch], vcpu_threads)
         many = (last - first).clip(0)
         w = np.repeat(np.arange(len(waits)), many)
         k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
@@ -710,7 +580,7 @@ class Analysis:
         long each throttled blank was really throttled (the kernel's count, when the thread ran again).
         `keys`: pid << 32 | tid of each timeline's thread."""
         ev = self.wake_events
-        of = _positions_by_key(ev["prev_pid"].astype(np.int64) << 32 | ev["prev_tid"], keys)
+        of = arrays.positions_by_key(ev["prev_pid"].astype(np.int64) << 32 | ev["prev_tid"], keys)
         for tl, key in zip(timelines, keys.tolist(), strict=True):
             if key not in of:
                 continue
@@ -766,7 +636,7 @@ class Analysis:
         mine = iv_tl >= 0
         iv_tl, iv_lo, iv_hi = iv_tl[mine], iv_lo[mine], iv_hi[mine]
         on = pid[iv_tl]
-        for vm_pid, members in group_by(pid, np.arange(len(timelines))) if len(timelines) > 1 else ():
+        for vm_pid, members in arrays.group_by(pid, np.arange(len(timelines))) if len(timelines) > 1 else ():
             at = np.flatnonzero(on == vm_pid)
             if len(members) < 2 or not len(at):
                 continue
@@ -843,9 +713,10 @@ class Analysis:
         """One Row per distinct (vm, process, pid, function, module) among the selected samples (as row()
         makes them, from the names of each group's first sample)."""
         idx = np.nonzero(sel)[0]
-        keys, first, counts = first_and_counts(self.key[idx], self.key_count)
+        keys, first, counts = arrays.first_and_counts(self.key[idx], self.key_count)
         # each row's kernel-mode samples: what a filtered profile's OS:USER split is made of
-        kernel_keys, kernel_counts = counts_of(self.key[idx[kernel_mode(self.samples["flags"][idx])]], self.key_count)
+        in_kernel_mode = idx[kernel_mode(self.samples["flags"][idx])]
+        kernel_keys, kernel_counts = arrays.counts_of(self.key[in_kernel_mode], self.key_count)
         kernel = np.zeros(len(keys))
         kernel[np.searchsorted(keys, kernel_keys)] = kernel_counts
         at = idx[first]
@@ -970,7 +841,7 @@ class Analysis:
             owner, codes = (keys >> 32) // vms, keys & 0xFFFFFFFF
         else:  # by the dense keys: counted, not sorted, on a large recording
             size = max(self.key_count, 1)
-            keys, counts = counts_of(owner * size + self.key[idx], size * len(groups))
+            keys, counts = arrays.counts_of(owner * size + self.key[idx], size * len(groups))
             owner, codes = keys // size, self.name_code_of_key[keys % size]
         # each group's rows by code (a window's sums merge by code): so already where a group is of one VM
         same = owner[1:] == owner[:-1]
@@ -1154,7 +1025,7 @@ class Analysis:
             before = before[ok]
             same = keys[before] == keys[before + 1]
             np.add.at(steal[0], keys[before][same], ns_per_sample)
-            uniq, first, counts = first_and_counts(keys, len(steal[0]))
+            uniq, first, counts = arrays.first_and_counts(keys, len(steal[0]))
             at = sel[first]  # the names of each group's first sample, as row() gives them
             funcs = self.func[at].tolist() if per_function else [""] * len(at)
             modules = self.module[at].tolist() if per_function else [""] * len(at)
@@ -1162,3 +1033,11 @@ class Analysis:
                     for p, f, m, c, s0, s1 in zip(self.process[at].tolist(), funcs, modules, counts.tolist(),
                                                   steal[0, uniq].tolist(), steal[1, uniq].tolist(), strict=True)]
         return sorted(out, key=lambda a: -a.apparent_ns)
+
+
+def analyse(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolver: Resolver | None = None,
+            time_range: tuple[float, float] | None = None, resolved: Resolved | None = None,
+            keep: Callable[[np.ndarray], np.ndarray] | None = None, span_ns: tuple[int, int] | None = None,
+            shares_only: bool = False) -> Analysis:
+    """The pipeline from a loaded recording: the resolve stage (resolve/prepare.py), then the analysis."""
+    return Analysis(prepare(rec, guest_bundles, resolver, time_range, resolved, keep, span_ns), shares_only)

@@ -41,6 +41,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_VCPU,
     STACK_DTYPE,
 )
+from vmprof_tui.resolve.prepare import prepare
 from vmprof_tui.resolve.resolver import Resolved, Resolver, RowNames
 from vmprof_tui.resolve.symtab import kallsyms_table
 
@@ -341,7 +342,7 @@ class LiveWindow:
             rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                     recording.snapshot(vms=vms, processes=processes), {}, seconds, lost,
                                     stacks if self.session.collector.stacks else None, self.host_stacks)
-            return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
+            return Analysis(prepare(rec, bundles, self.resolver, resolved=resolved, span_ns=(horizon, hi)))
 
         lost_samples = sum(lost.get("samples", [])) + sum(lost.get("host_counts", []))  # sent or counted
         return WindowView(self.chunks.summary(chunks, int(lost_samples)), analyse, chunks)
@@ -352,8 +353,7 @@ class LiveWindow:
                 if int(vm["pid"]) in self.processes}  # the host view's VM rows name the VMM process
         rec = _window_recording(Path("(live)"), self.meta, samples, sched, recording.snapshot(self.vms, vmms), {},
                                 (span[1] - span[0]) / 1e9)
-        return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved, span_ns=span,
-                        shares_only=shares_only)
+        return Analysis(prepare(rec, self.bundles(), self.resolver, resolved=resolved, span_ns=span), shares_only)
 
     def close(self) -> None:
         self.session.close()
@@ -435,7 +435,7 @@ class ReplayWindow:
             rec = _window_recording(self.rec.path, self.meta, s, e, self.snapshot, self.rec.bundles, seconds,
                                     stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks)
             rec.problems = list(self.rec.problems)
-            return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now))
+            return Analysis(prepare(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now)))
 
         return WindowView(self.chunks.summary(chunks, 0), analyse, chunks)  # a replay loses nothing
 
@@ -443,7 +443,7 @@ class ReplayWindow:
                       span: tuple[int, int], shares_only: bool) -> Analysis:
         rec = _window_recording(self.rec.path, self.meta, samples, sched, self.snapshot, self.rec.bundles,
                                 (span[1] - span[0]) / 1e9)
-        return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=span, shares_only=shares_only)
+        return Analysis(prepare(rec, resolver=self.resolver, resolved=resolved, span_ns=span), shares_only)
 
     def close(self) -> None:
         pass

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vmprof_tui import files
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import Analysis, analyse
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, load
 from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL
@@ -93,7 +93,7 @@ def window_vms(path: str) -> tuple[list[str], float]:
     t = time.monotonic()
     rec = load(Path(path))
     rec.snapshot.pop(KALLSYMS_KEY, None)
-    return Analysis(rec).vm_names(), time.monotonic() - t
+    return analyse(rec).vm_names(), time.monotonic() - t
 
 
 def _window_base(ref: WindowRef, rec: Recording) -> dict:
@@ -120,7 +120,7 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     pids = [int(v["pid"]) for v in rec.vms() if v["name"] == vm]
     if not pids and (m := re.fullmatch(r"vm-(\d+)", vm)):  # a VM known only from its guest samples (Analysis)
         pids = [int(m.group(1))]
-    an = Analysis(rec, keep=lambda s: np.isin(s["pid"], pids))
+    an = analyse(rec, keep=lambda s: np.isin(s["pid"], pids))
     base = {**_window_base(ref, rec), "vm": vm}
     tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES}
     for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu):
@@ -145,7 +145,7 @@ def analyse_window_host(ref: WindowRef, store: str) -> dict:
     host_profile: what `vmprof report WINDOW` shows."""
     t = time.monotonic()
     rec = load(Path(ref.path))
-    an = Analysis(rec)
+    an = analyse(rec)
     rows = _function_rows(_window_base(ref, rec), an.host_profile().rows, an.period_ns / 1e9)
     for row, r in zip(rows, [r for r in an.host_profile().rows if r.samples > 0], strict=True):
         row["vm"] = r.vm
