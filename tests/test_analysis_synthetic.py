@@ -33,10 +33,11 @@ from synth import (
     SynthRecording,
 )
 
-from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline
+from vmprof_tui.analyse.analysis import Analysis, Profile
 from vmprof_tui.analyse.analysis import analyse as analyse_recording
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.steal import steal_report, vcpu_steal
+from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.recording import CHUNK_HEADER, END, MAGIC, META, SAMPLES, SCHED, SNAPSHOT, load
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,

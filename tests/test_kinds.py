@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from vmprof_tui.analyse.analysis import Analysis, analyse
+from vmprof_tui.analyse.blanks import steal_of_type
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
+from vmprof_tui.analyse.segments import SegmentKind, vcpu_segments
 from vmprof_tui.analyse.steal import vcpu_steal
-from vmprof_tui.analyse.timeline import SegmentKind, steal_of_type, vcpu_segments
 from vmprof_tui.record import recording
 
 STEAL3 = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"

@@ -335,9 +335,9 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     point (each chunk prices a vCPU's blank time at that chunk's sampling rate) and names the same top names."""
     from vmprof_tui.analyse.analysis import analyse
     from vmprof_tui.analyse.kinds import RowKind
+    from vmprof_tui.analyse.segments import SegmentKind, vcpu_segments
     from vmprof_tui.analyse.shares import WindowSummary
     from vmprof_tui.analyse.steal import vcpu_steal
-    from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
     from vmprof_tui.record import recording
 
     golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"

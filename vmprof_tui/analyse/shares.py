@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vmprof_tui import arrays
+from vmprof_tui.analyse.blanks import IDLE_CAUSE, Cause, steal_of_type
 from vmprof_tui.analyse.kinds import RowKind
-from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import RowNames
 

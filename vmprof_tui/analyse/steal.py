@@ -2,7 +2,7 @@
 throttled, IRQ) vs type 2 (by exit reason), who stole, co-stop, halt polling, the host's own
 run-queue wait beside vmprof's, and corrected execution times beside apparent ones.
 
-The split of blank time by cause is analyse.timeline.steal_split (the guest
+The split of blank time by cause is analyse.blanks.steal_split (the guest
 profile uses the same); this module adds the breakdowns by exit reason and by
 who held the pCPU, in seconds of each vCPU's wall time."""
 
@@ -13,9 +13,8 @@ from collections import defaultdict
 import numpy as np
 
 from vmprof_tui.analyse import exits
-from vmprof_tui.analyse.analysis import Analysis, Attribution, VcpuTimeline
-from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.timeline import (
+from vmprof_tui.analyse.analysis import Analysis, Attribution
+from vmprof_tui.analyse.blanks import (
     BLOCKED_CAUSE,
     IDLE_CAUSE,
     IRQ_CAUSE,
@@ -23,6 +22,8 @@ from vmprof_tui.analyse.timeline import (
     WAKEUP_CAUSE,
     steal_of_type,
 )
+from vmprof_tui.analyse.kinds import BlankKind
+from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.records import SAMPLE_VCPU
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.segments import Segment, vcpu_segments
 from vmprof_tui.analyse.shares import (
     GuestSummary,
     HostParts,
@@ -29,7 +30,6 @@ from vmprof_tui.analyse.shares import (
     WindowSummary,
 )
 from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
-from vmprof_tui.analyse.timeline import Segment, vcpu_segments
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import (
@@ -122,7 +122,7 @@ class Chunk:
         return self._steal[vm]
 
     def segments(self, vm: str) -> dict[int, list[Segment]]:
-        """What each vCPU of a VM did over this span, in segments (timeline.vcpu_segments)."""
+        """What each vCPU of a VM did over this span, in segments (segments.vcpu_segments)."""
         if vm not in self._segments:
             an = self.detail()
             self._segments[vm] = {tl.vcpu: vcpu_segments(an, tl) for tl in an.vm_timelines(vm)}

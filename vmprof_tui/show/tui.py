@@ -27,7 +27,7 @@ from textual_plotext import PlotextPlot
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import WeightedStacks, callers
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
-from vmprof_tui.analyse.timeline import SegmentKind
+from vmprof_tui.analyse.segments import SegmentKind
 from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show import flame
@@ -607,7 +607,7 @@ class FlameScreen(DrawingScreen):
 
 
 class TimelineScreen(VmKeys, DrawingScreen):
-    """Per-vCPU strips of the window: guest running, VMM, steal, idle (analyse.timeline.vcpu_segments)."""
+    """Per-vCPU strips of the window: guest running, VMM, steal, idle (analyse.segments.vcpu_segments)."""
 
     BINDINGS = [*DrawingScreen.BINDINGS, *VmKeys.BINDINGS]
     drawing_id = "timeline"
