@@ -232,7 +232,9 @@ def test_live_screen_flame_and_callers_views(stacks: Recorded) -> None:
     from textual.widgets import Static
 
     from vmprof_tui.analyse.window import ReplayWindow
-    from vmprof_tui.show.tui import CallersScreen, FlameScreen, VmprofTop
+    from vmprof_tui.show.callers_screen import CallersScreen
+    from vmprof_tui.show.flame_screen import FlameScreen
+    from vmprof_tui.show.tui import VmprofTop
 
     async def drive() -> None:
         app = VmprofTop(ReplayWindow(stacks.rec.path), refresh_s=0.5)

@@ -16,7 +16,11 @@ from textual.widgets import DataTable
 from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
 from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
-from vmprof_tui.show.tui import HelpScreen, HostScreen, TableScreen, TimelineScreen, VmprofTop
+from vmprof_tui.show.dialogs import HelpScreen
+from vmprof_tui.show.host_screen import HostScreen
+from vmprof_tui.show.screen import TableScreen
+from vmprof_tui.show.timeline_screen import TimelineScreen
+from vmprof_tui.show.tui import VmprofTop
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +192,9 @@ def test_screens_of_a_new_user() -> None:
     """Issue 16 on the stored recording of three VMs: the host view tells its [unknown] rows apart, drill-down
     screens sort by samples, s and t work from every screen of a VM, rows of 0 samples are not listed, and the
     overview plots the selected VM's user, steal and idle."""
-    from vmprof_tui.show.tui import OverviewScreen, ProcessScreen, StealScreen
+    from vmprof_tui.show.overview_screen import OverviewScreen
+    from vmprof_tui.show.process_screen import ProcessScreen
+    from vmprof_tui.show.steal_screen import StealScreen
 
     app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
 
@@ -449,7 +455,7 @@ def test_timeline_tells_steal_wakeup_wait_and_throttled_apart() -> None:
 def test_host_view_at_80x24_gives_the_function_column_its_width() -> None:
     """Issue 36.16: at 80x24 the host view's module (and process) column, sized to its longest name, pushed
     the function column off the screen; now process and module names are cut first."""
-    from vmprof_tui.show.tui import SCROLLBAR
+    from vmprof_tui.show.screen import SCROLLBAR
 
     app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "lbr.vmprof", window_s=1.0), refresh_s=0.3)
 
@@ -596,7 +602,7 @@ def test_q_and_sigterm_end_top_at_any_refresh_it_accepts(refresh: str) -> None:
 def test_overview_shows_the_vm_table_in_a_small_terminal(size: tuple[int, int]) -> None:
     """In a 40x10 terminal the overview showed only the plot: the VM table now keeps the room (the plot shows
     from 26 rows up)."""
-    from vmprof_tui.show.tui import OverviewScreen
+    from vmprof_tui.show.overview_screen import OverviewScreen
 
     app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
 

@@ -29,7 +29,9 @@ from vmprof_tui.record.lbr_records import to_samples
 from vmprof_tui.record.recording import Writer, load
 from vmprof_tui.resolve.lbr_recording import samples_of_recording
 from vmprof_tui.show.blocks_screen import BlockScreen, BlocksScreen
-from vmprof_tui.show.tui import FunctionScreen, HostScreen, VmprofTop
+from vmprof_tui.show.function_screen import FunctionScreen
+from vmprof_tui.show.host_screen import HostScreen
+from vmprof_tui.show.tui import VmprofTop
 
 SIZE = (80, 24)
 

@@ -17,7 +17,7 @@ from textual.widgets import Footer, Header, Static
 from vmprof_tui.analyse.lbr_source import NO_LBR, FunctionBlocks, LbrSource, chain_of
 from vmprof_tui.analyse.window import WindowView
 from vmprof_tui.show.live_table import LiveTable
-from vmprof_tui.show.tui import DrawingScreen, TableScreen
+from vmprof_tui.show.screen import DrawingScreen, TableScreen
 
 
 def open_blocks(app: App, function: str | None, vm: str | None) -> None:
