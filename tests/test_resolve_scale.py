@@ -99,7 +99,7 @@ def test_replay_window_resolved_by_stretches_reads_as_the_whole_window() -> None
     window = ReplayWindow(GOLDEN, window_s=2.0)
     window.start()
     for _ in range(4):  # the window slides: later polls add a stretch and forget the oldest
-        an = window.poll(step_s=0.7)
+        an = window.poll(step_s=0.7).analysis  # the window joined, as its screens that need more read it
         whole = analyse(_window_recording(an.rec.path, an.rec.meta, an.rec.samples, an.rec.sched,
                                            window.snapshot, window.rec.bundles, an.rec.duration_s),
                          resolver=Resolver(kallsyms=window.resolver.kallsyms), span_ns=an.window())

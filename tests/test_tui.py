@@ -619,3 +619,28 @@ def test_overview_shows_the_vm_table_in_a_small_terminal(size: tuple[int, int]) 
             await pilot.press("q")
 
     asyncio.run(go())
+
+
+def test_screens_read_a_declared_interface_of_the_window_and_of_a_recording() -> None:
+    """show/ reads a span through source.ProfileSource: the live window's view implements it (nothing forwarded
+    to its Analysis) and so does a recording's analysis (RecordingSource), with the same rows; both windows are
+    a source.Window, which VmprofTop reads without probing."""
+    from vmprof_tui.analyse.analysis import analyse
+    from vmprof_tui.analyse.source import ProfileSource, RecordingSource, Window
+    from vmprof_tui.analyse.window import WindowView
+    from vmprof_tui.record import recording
+
+    golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
+    assert "__getattr__" not in vars(WindowView)
+    window = ReplayWindow(golden, window_s=100.0)
+    window.start()
+    view = window.poll(step_s=100.0)
+    whole = RecordingSource(analyse(recording.load(golden)))
+    assert isinstance(view, ProfileSource) and isinstance(whole, ProfileSource)
+    assert all(hasattr(window, name) for name in Window.__annotations__)
+    assert all(hasattr(LiveWindow, name) for name in ("live", "started", "damage", "at_end"))  # the rest: __init__
+    assert view.vm_names() == whole.vm_names()
+    vm = whole.vm_names()[0]
+    assert len(view.vcpu_steal(vm)) == len(whole.vcpu_steal(vm))
+    assert sorted(view.vcpu_segments(vm)) == sorted(whole.vcpu_segments(vm))
+    assert view.call_paths(vm) is None and whole.call_paths(vm) is None  # recorded without -g

@@ -173,6 +173,7 @@ class Analysis:
         self.vcpu_of_tid = prepared.vms.vcpu_of_tid  # tid -> (vmm pid, vcpu id)
         self.is_guest = prepared.is_guest  # the samples that interrupted a guest
         self.resolver = prepared.resolver
+        self.derived: dict[str, object] = {}  # what other analyse modules derive from it once (the call graph)
         self._names(prepared.names)
 
     @functools.cached_property
@@ -572,6 +573,19 @@ class Analysis:
                     for p, f, m, c, s0, s1 in zip(self.process[at].tolist(), funcs, modules, counts.tolist(),
                                                   steal[0, uniq].tolist(), steal[1, uniq].tolist(), strict=True)]
         return sorted(out, key=lambda a: -a.apparent_ns)
+
+
+def vm_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
+    """A host-level VM row split into the rows of its vCPU threads' samples (guest functions, and the VMM or
+    KVM working for the vCPU); [row] when they do not add up to it."""
+    if row.kind is not RowKind.VM or row.pid is None:
+        return [row]
+    sel = an.in_vm & (an.samples["pid"] == row.pid)
+    if cpu is not None:
+        sel &= an.samples["cpu"] == cpu
+    if int(np.count_nonzero(sel)) != int(round(row.samples)):
+        return [row]
+    return an.aggregate(sel)
 
 
 def analyse(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolver: Resolver | None = None,

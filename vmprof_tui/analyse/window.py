@@ -3,8 +3,9 @@
 ``LiveWindow`` keeps the chunks of a collection session on this host (the same session as
 `vmprof record`); ``ReplayWindow`` plays a recording at its own pace.  Each chunk is resolved and
 analysed once, when it arrives, into a summary of its span (analyse/shares.py); both windows hand out
-the same thing, a ``WindowView``: the summed summaries, and the window's whole ``Analysis`` when a
-screen needs more, so `vmprof top` has no analysis code of its own (docs/analysis.md).
+the same thing, a ``WindowView`` (a source.ProfileSource): the summed summaries, each chunk's detail, and the
+window's whole ``Analysis`` for its call paths, so `vmprof top` has no analysis code of its own
+(docs/analysis.md).  Both windows are a source.Window.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.callgraph import WeightedStacks, call_paths
 from vmprof_tui.analyse.segments import Segment, vcpu_segments
 from vmprof_tui.analyse.shares import (
     GuestSummary,
@@ -204,9 +206,10 @@ def joined(chunks: list[Chunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray
 
 
 class WindowView:
-    """One refresh of the live screen.  The overview's numbers (host and guest summaries, each VM's shares and
-    vCPUs) come from the summaries of the window's chunks; everything else is the window's whole Analysis,
-    joined and analysed the first time a screen asks for it (attributes not defined here are the Analysis')."""
+    """One refresh of the live screen (a source.ProfileSource).  The overview's numbers (host and guest
+    summaries, each VM's shares and vCPUs) and the rows come from the summaries of the window's chunks, steal
+    and segments from each chunk's detail; call paths from the window's whole Analysis, joined and analysed the
+    first time a screen asks for it."""
 
     def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis], chunks: list[Chunk]) -> None:
         self.summary = summary
@@ -218,9 +221,6 @@ class WindowView:
     @functools.cached_property
     def analysis(self) -> Analysis:
         return self._analyse()
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.analysis, name)
 
     def window(self) -> tuple[int, int]:
         return self.summary.window()
@@ -262,12 +262,16 @@ class WindowView:
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self.summary.guest_ratios(vm, vcpu)
 
+    def call_paths(self, vm: str | None) -> WeightedStacks | None:
+        return call_paths(self.analysis, vm)
+
 
 class LiveWindow:
     """The last `window_s` seconds of a collection session on this host."""
 
     live = True
     damage = None
+    at_end = False  # a live window never ends
 
     def __init__(self, session: CollectionSession, window_s: float = 10.0) -> None:
         self.session = session
@@ -363,6 +367,7 @@ class ReplayWindow:
     """Play a recording through the same screens, one refresh interval of recorded time per poll."""
 
     live = False
+    messages: list[str] = []  # nothing happens in a recording played back (the list stays empty)
 
     def __init__(self, path: Path, window_s: float = 10.0, rec: recording.Recording | None = None) -> None:
         self.rec = rec if rec is not None else recording.load(path)  # rec: one made in memory (perf script)

@@ -198,7 +198,7 @@ def _ranges(values: list[int]) -> str:
 def with_stack_notes(an: Analysis, profile: Profile, cpu: int | None) -> Profile:
     """The profile with the notes of its call stacks (a recording made with -g): how many were partial,
     truncated or missing, which every format carries as it carries the analysis' notes."""
-    from vmprof_tui.show.stacks import call_graph
+    from vmprof_tui.analyse.callgraph import call_graph
 
     graph = call_graph(an)
     if not graph.recorded:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.show import flame
-from vmprof_tui.show.callers_screen import NO_STACKS, weighted
-from vmprof_tui.show.screen import DrawingScreen
+from vmprof_tui.show.screen import NO_STACKS, DrawingScreen
 
 
 class FlameScreen(DrawingScreen):
@@ -19,8 +18,11 @@ class FlameScreen(DrawingScreen):
         super().__init__(vm)
         self.process = process
 
-    def draw(self, an: Analysis) -> Text | str:
-        ws = weighted(an, self.vm)
+    def prepare(self, an: ProfileSource) -> None:
+        an.call_paths(self.vm)  # the window's call paths, made once in the worker thread
+
+    def draw(self, an: ProfileSource) -> Text | str:
+        ws = an.call_paths(self.vm)
         what = (f"VM {self.vm}" + (f" process {self.process}" if self.process else "")) if self.vm else "host"
         if ws is None:
             return f"{what}: {NO_STACKS}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.screen import BlockKeys, VmTableScreen
 
@@ -12,7 +12,6 @@ from vmprof_tui.show.screen import BlockKeys, VmTableScreen
 class FunctionScreen(BlockKeys, VmTableScreen):
     BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame"), *BlockKeys.BINDINGS]
     columns = ("function", "module", "samples", "% of process")
-    summaries_only = True
 
     def action_callers(self) -> None:
         if key := self.selected():
@@ -25,10 +24,10 @@ class FunctionScreen(BlockKeys, VmTableScreen):
         super().__init__(vm)
         self.vcpu, self.process = vcpu, process
 
-    def title_text(self, an: Analysis) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         return f"VM {self.vm} vcpu{self.vcpu} process {self.process}: functions"
 
-    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def vm_rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         mine = [r for r in an.guest_rows(self.vm, self.vcpu) if r.process == self.process]
         total = sum(r.samples for r in mine) or 1.0
         return [(r.function, (demangle(r.function), r.module, int(round(r.samples)), 100 * r.samples / total))

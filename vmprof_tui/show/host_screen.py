@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats.table import column_widths
 from vmprof_tui.show.screen import SCROLLBAR, BlockKeys, TableScreen
@@ -15,7 +15,6 @@ from vmprof_tui.show.text import cut
 class HostScreen(BlockKeys, TableScreen):
     BINDINGS = [Binding("c", "callers", "callers"), Binding("f", "flame", "flame"), *BlockKeys.BINDINGS]
     columns = ("samples", "%", "process", "module", "function")
-    summaries_only = True  # the rows are the window's (WindowView.host_rows), with host samples counted in the kernel
 
     def action_callers(self) -> None:
         if key := self.selected():
@@ -24,7 +23,7 @@ class HostScreen(BlockKeys, TableScreen):
     def action_flame(self) -> None:
         self.app.open_view("flame", None)
 
-    def title_text(self, an: Analysis) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         return "Host: host kernel, VMM and other processes, and one [VM] row per VM"
 
     def fit(self, rows: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
@@ -41,7 +40,7 @@ class HostScreen(BlockKeys, TableScreen):
         return [(k, (*r[:2], *(cut(t, w) for t, w in zip(text[2:], widths[2:], strict=True))))
                 for (k, r), text in zip(rows, texts, strict=True)]
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         # sorted by samples and not filtered, the first rows are all the table holds; otherwise every row
         by_samples = self.columns[self.sort_column] in ("samples", "%") and not self.filter
         shown, all_rows = an.host_rows(self.max_rows if by_samples else None)

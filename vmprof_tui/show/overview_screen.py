@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable
 from textual_plotext import PlotextPlot
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.screen import HOST_KEY, TableScreen
 
@@ -35,7 +35,7 @@ class VmSummary:
     top_function: str
 
 
-def vm_summary(an: Analysis, vm: str) -> VmSummary:
+def vm_summary(an: ProfileSource, vm: str) -> VmSummary:
     g = an.guest_summary(vm)
     total = g.total_samples or 1.0
     return VmSummary(len(an.vcpu_threads(vm)), g.ratios["user"], g.ratios["os"], 100 * g.steal1 / total,
@@ -48,7 +48,6 @@ class OverviewScreen(TableScreen):
     columns = ("VM", "vCPUs", "user %", "kernel %", "steal % (t1/t2)", "idle %", "top process",
                "top function", "history (busy %)")
     default_sort = "VM"
-    summaries_only = True
 
     PLOT_FROM_HEIGHT = 26  # terminal rows from which the plot (14 rows) leaves the VM table room to show VMs
 
@@ -59,7 +58,7 @@ class OverviewScreen(TableScreen):
         # in a small terminal the VM table is what matters: the plot goes until there is room for both
         self.query_one("#plot", PlotextPlot).display = event.size.height >= self.PLOT_FROM_HEIGHT
 
-    def refresh_from(self, an: Analysis | None) -> None:
+    def refresh_from(self, an: ProfileSource | None) -> None:
         super().refresh_from(an)
         if an is not None and self.ready:
             self.draw_plot()
@@ -88,13 +87,13 @@ class OverviewScreen(TableScreen):
             plt.ylim(0, 100)
         widget.refresh()
 
-    def title_text(self, an: Analysis) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         h = an.host_summary()
         r = h.ratios
         return (f"OS:USER:IDLE:VM = {r['os']:.1f}:{r['user']:.1f}:{r['idle']:.1f}:{r['vm']:.1f}   "
                 f"host samples {int(h.total_samples)}   lost {h.lost_samples}   VMs {len(an.vm_names())}")
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         h = an.host_summary()
         r = h.ratios
         out = [(HOST_KEY, ("(host)", "-", r["user"], r["os"], "-", r["idle"], h.top_process, h.top_function,

@@ -6,8 +6,8 @@ from collections import defaultdict
 
 from textual.binding import Binding
 
-from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.show.screen import VmTableScreen
 
 
@@ -18,17 +18,16 @@ class ProcessScreen(VmTableScreen):
         key = self.selected()
         self.app.open_view("flame", self.vm, key if key in self.processes else None)
     columns = ("process", "pid", "samples", "%")
-    summaries_only = True
 
     def __init__(self, vm: str, vcpu: int | None) -> None:
         super().__init__(vm)
         self.vcpu = vcpu
         self.processes: set[str] = set()  # the guest processes among the rows (they have functions)
 
-    def title_text(self, an: Analysis) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         return f"VM {self.vm} vcpu{self.vcpu}: guest processes, steal and idle (Enter: functions)"
 
-    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def vm_rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         total = an.guest_summary(self.vm, self.vcpu).total_samples or 1.0
         agg: dict[tuple[str, int | None], float] = defaultdict(float)
         self.processes.clear()

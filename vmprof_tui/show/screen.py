@@ -14,13 +14,13 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from vmprof_tui.analyse.analysis import Analysis
-from vmprof_tui.analyse.window import WindowView
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.show.dialogs import FilterScreen
 from vmprof_tui.show.live_table import LiveTable
 
 SCROLLBAR = 2  # the columns a table's vertical scrollbar takes
 HOST_KEY = "(host)"
+NO_STACKS = "no call stacks in this window: start vmprof top with -g (or replay a recording made with -g)"
 
 
 def cell(value: object) -> Text:
@@ -35,7 +35,19 @@ def cell(value: object) -> Text:
     return Text(str(value))
 
 
-class TableScreen(Screen):
+class View(Screen):
+    """A screen of the app's window: VmprofTop has each refresh prepared off the UI thread, then drawn."""
+
+    detail = False  # the screen reads each chunk's detail (steal, segments): polls analyse new chunks in full
+
+    def prepare(self, an: ProfileSource) -> None:
+        """What the screen will read that takes time, computed in the poll's worker thread."""
+
+    def refresh_from(self, an: ProfileSource | None) -> None:
+        raise NotImplementedError
+
+
+class TableScreen(View):
     """A screen with a title line and one table, re-rendered from each new Analysis."""
 
     BINDINGS = [Binding("escape", "back", "back"), Binding("o", "sort", "sort"),
@@ -45,7 +57,6 @@ class TableScreen(Screen):
     # Rows handed to the table, the first by the sort: Textual lays out every row it holds, and a 64-CPU host
     # has ~65,000 host functions in a 10 s window (minutes a refresh); the rest are reached with / or o.
     max_rows = 500
-    summaries_only = False  # the screen reads only the window's summaries (no whole-window Analysis)
     hidden_rows = 0  # rows the window has beyond those rows() gave (it gave the first by the sort)
 
     def __init__(self) -> None:
@@ -91,23 +102,20 @@ class TableScreen(Screen):
             self.refresh_from(self.app.analysis)
         self.app.push_screen(FilterScreen(), done)
 
-    def prepare(self, an: WindowView) -> None:
-        """What rows() will read, computed in the poll's worker thread: the whole window's Analysis, unless the
-        screen reads only summaries."""
-        if not self.summaries_only:
-            an.analysis  # noqa: B018
+    def prepare(self, an: ProfileSource) -> None:
+        """What rows() will read that takes time (a window's call paths), computed in the poll's worker thread."""
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         raise NotImplementedError
 
-    def title_text(self, an: Analysis) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         return ""
 
     def fit(self, rows: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
         """The rows' cells as shown (after the filter and the sort, which read them whole): as they are."""
         return rows
 
-    def refresh_from(self, an: Analysis | None) -> None:
+    def refresh_from(self, an: ProfileSource | None) -> None:
         # refreshes can arrive before the screen is mounted, and after the app began to exit
         if an is None or not self.ready or not self.is_attached:
             return
@@ -218,14 +226,14 @@ class VmTableScreen(VmKeys, TableScreen):
         super().__init__()
         self.vm = vm
 
-    def rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         return self.vm_rows(an) if self.vm in an.vm_names() else []
 
-    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def vm_rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         raise NotImplementedError
 
 
-class DrawingScreen(Screen):
+class DrawingScreen(View):
     """A screen that is one drawing (Static `#<drawing_id>`), redrawn from each new Analysis."""
 
     BINDINGS = [Binding("escape", "back", "back")]
@@ -248,13 +256,12 @@ class DrawingScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
-    def prepare(self, an: WindowView) -> None:
-        """What draw() will read, computed in the poll's worker thread: the whole window's Analysis."""
-        an.analysis  # noqa: B018
+    def prepare(self, an: ProfileSource) -> None:
+        """What draw() will read that takes time, computed in the poll's worker thread."""
 
-    def refresh_from(self, an: Analysis | None) -> None:
+    def refresh_from(self, an: ProfileSource | None) -> None:
         if an is not None and self.ready:
             self.query_one(f"#{self.drawing_id}", Static).update(self.draw(an))
 
-    def draw(self, an: Analysis) -> Text | str:
+    def draw(self, an: ProfileSource) -> Text | str:
         raise NotImplementedError

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from vmprof_tui.analyse.analysis import Analysis
-from vmprof_tui.analyse.window import WindowView
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.show.screen import VmTableScreen
 
 
@@ -13,14 +12,14 @@ class StealScreen(VmTableScreen):
     default_sort = "seconds"
     detail = True  # each new chunk analysed in full once (window.poll)
 
-    def prepare(self, an: WindowView) -> None:
+    def prepare(self, an: ProfileSource) -> None:
         an.vcpu_steal(self.vm)  # each chunk's steal detail, computed once (WindowView.vcpu_steal)
 
-    def title_text(self, an: Analysis) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         return (f"VM {self.vm}: steal by cause and by who held the pCPU (type 1), by exit reason (type 2); "
                 "co-stop and halt polling")
 
-    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def vm_rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         out = []
         for v in an.vcpu_steal(self.vm):
             wall = v["wall_s"] or 1.0

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 from rich.text import Text
 
-from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.segments import SegmentKind
-from vmprof_tui.analyse.window import WindowView
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.show.screen import DrawingScreen, VmKeys
 
 
@@ -30,10 +29,10 @@ class TimelineScreen(VmKeys, DrawingScreen):
     PAINT_ORDER = (SegmentKind.BLANK, SegmentKind.VMM, SegmentKind.GUEST)
     detail = True  # each new chunk analysed in full once (window.poll)
 
-    def prepare(self, an: WindowView) -> None:
+    def prepare(self, an: ProfileSource) -> None:
         an.vcpu_segments(self.vm)  # each chunk's segments, computed once (WindowView.vcpu_segments)
 
-    def draw(self, an: Analysis) -> Text | str:
+    def draw(self, an: ProfileSource) -> Text | str:
         width = max(self.size.width - 12, 20)
         w0, w1 = an.window()
         seconds = (w1 - w0) / 1e9

@@ -16,8 +16,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
-from vmprof_tui.analyse.analysis import Analysis
-from vmprof_tui.analyse.window import WindowView
+from vmprof_tui.analyse.source import ProfileSource, Window
 from vmprof_tui.show.blocks_screen import open_blocks
 from vmprof_tui.show.callers_screen import CallersScreen
 from vmprof_tui.show.dialogs import HelpScreen
@@ -26,11 +25,12 @@ from vmprof_tui.show.function_screen import FunctionScreen
 from vmprof_tui.show.host_screen import HostScreen
 from vmprof_tui.show.overview_screen import OverviewScreen
 from vmprof_tui.show.process_screen import ProcessScreen
-from vmprof_tui.show.screen import HOST_KEY, TableScreen
+from vmprof_tui.show.screen import HOST_KEY, TableScreen, View
 from vmprof_tui.show.steal_screen import StealScreen
 from vmprof_tui.show.timeline_screen import TimelineScreen
 from vmprof_tui.show.vm_screen import VmScreen
 
+UsagePoint = tuple[str, float, float, float, float]  # VM, end of the window (s), user+kernel %, steal %, idle %
 # the screens by the name they open each other with (VmprofTop.open_view)
 VIEWS: dict[str, type[Screen]] = {"host": HostScreen, "vm": VmScreen, "process": ProcessScreen,
                                   "function": FunctionScreen, "steal": StealScreen, "callers": CallersScreen,
@@ -48,7 +48,7 @@ class VmprofTop(App):
                 Binding("minus", "slower", "slower"), Binding("left_square_bracket", "shorter", show=False),
                 Binding("right_square_bracket", "longer", show=False)]
 
-    def __init__(self, window: object, refresh_s: float = 1.0, should_stop: Callable[[], bool] | None = None,
+    def __init__(self, window: Window, refresh_s: float = 1.0, should_stop: Callable[[], bool] | None = None,
                  lbr: object | None = None, blocks: str | None = None) -> None:
         super().__init__()
         self.window = window  # analyse.window.LiveWindow or ReplayWindow
@@ -56,7 +56,7 @@ class VmprofTop(App):
         self.should_stop = should_stop or (lambda: False)
         self.refresh_s = refresh_s
         self.paused = False
-        self.analysis: WindowView | None = None  # what every screen reads: the summaries, else the Analysis
+        self.analysis: ProfileSource | None = None  # what every screen reads: the window of the last refresh
         self.history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=60))
         # per VM: (end of the window in s, user+kernel %, steal %, idle %) of each refresh, for the overview's plot
         self.usage: dict[str, deque[tuple[float, float, float, float]]] = defaultdict(lambda: deque(maxlen=600))
@@ -73,7 +73,7 @@ class VmprofTop(App):
         open_blocks(self, function, vm)
 
     def on_mount(self) -> None:
-        self.sub_title = "live" if getattr(self.window, "live", False) else "replay"
+        self.sub_title = "live" if self.window.live else "replay"
         self.push_screen(OverviewScreen())
         if self.blocks:
             self.open_blocks(self.blocks, None)
@@ -118,9 +118,10 @@ class VmprofTop(App):
         self._polling = True
         self.run_worker(self._poll, thread=True, group="poll")
 
-    def poll_window(self) -> tuple[WindowView, list[tuple[str, float]], list[tuple[str, float, float, float, float]]]:
+    def poll_window(self) -> tuple[ProfileSource, list[tuple[str, float]], list[UsagePoint]]:
         """One refresh's analysis (off the UI thread): the window, each VM's load and its usage point."""
-        an = self.window.poll(detail=getattr(self.screen, "detail", False))
+        screen = self.screen
+        an = self.window.poll(detail=isinstance(screen, View) and screen.detail)
         loads = [(HOST_KEY, 100.0 - an.host_summary().ratios["idle"])]
         usage = []
         now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
@@ -128,8 +129,8 @@ class VmprofTop(App):
             r = an.guest_ratios(vm)
             loads.append((vm, r["user"] + r["os"]))
             usage.append((vm, now, r["user"] + r["os"], r["steal"], r["idle"]))
-        if hasattr(self.screen, "prepare"):  # analysed here, in the worker thread, not while drawing
-            self.screen.prepare(an)
+        if isinstance(screen, View):  # analysed here, in the worker thread, not while drawing
+            screen.prepare(an)
         return an, loads, usage
 
     def _poll(self) -> None:
@@ -146,11 +147,11 @@ class VmprofTop(App):
         self.paused = True
         self._refresh_screen()
 
-    def _show(self, an: WindowView, loads: list[tuple[str, float]],
-              usage: list[tuple[str, float, float, float, float]]) -> None:
+    def _show(self, an: ProfileSource, loads: list[tuple[str, float]],
+              usage: list[UsagePoint]) -> None:
         self._polling = False
         self.analysis = an
-        news = getattr(self.window, "messages", None)
+        news = self.window.messages
         if news:
             self.message = "; ".join(news[-2:])
             news.clear()
@@ -158,26 +159,25 @@ class VmprofTop(App):
             self.history[key].append(load)
         for vm, *point in usage:
             self.usage[vm].append(tuple(point))
-        if getattr(self.window, "at_end", False):
+        if self.window.at_end:
             self.message = "end of the recording"
         self._refresh_screen()
 
     def _refresh_screen(self) -> None:
         screen = self.screen
-        if hasattr(screen, "refresh_from"):
+        if isinstance(screen, View):
             screen.refresh_from(self.analysis)
 
-    def status_text(self, an: Analysis, filt: str, sort: str) -> str:
+    def status_text(self, an: ProfileSource, filt: str, sort: str) -> str:
         parts = ["PAUSED" if self.paused else f"refresh {self.refresh_s:g}s",
-                 f"window {getattr(self.window, 'window_s', 0):g}s", f"sort: {sort}"]
+                 f"window {self.window.window_s:g}s", f"sort: {sort}"]
         if filt:
             parts.append(f"filter: {filt}")
-        damage = getattr(self.window, "damage", None)
+        damage = self.window.damage
         if damage:
             parts.append(damage)
         if not an.vm_names() and self.lbr is None:  # (LBR data come without VMs)
-            live = getattr(self.window, "live", False)
-            parts.append("no VM on this host — try `vmprof demo`" if live else
+            parts.append("no VM on this host — try `vmprof demo`" if self.window.live else
                          "no readable VM in this recording" if damage else "no VM in this recording")
         if self.message:
             parts.append(self.message)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.screen import VmTableScreen
 
@@ -13,12 +13,11 @@ class VmScreen(VmTableScreen):
     BINDINGS = [Binding("enter", "drill", "processes")]
     columns = ("vCPU", "tid", "guest %", "idle %", "steal %", "top function")
     default_sort = "vCPU"
-    summaries_only = True
 
-    def title_text(self, an: Analysis) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         return f"VM {self.vm}: vCPUs (Enter: processes on the vCPU)"
 
-    def vm_rows(self, an: Analysis) -> list[tuple[str, tuple]]:
+    def vm_rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         out = []
         for vcpu, tid in an.vcpu_threads(self.vm):
             g = an.guest_summary(self.vm, vcpu)
