@@ -39,10 +39,6 @@ def module(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{MODULES[name]}")
 
 
-def renderer(name: str) -> Callable[[ReportInput], str | bytes]:
-    return module(name).render
-
-
 def joined(inp: ReportInput, one: Callable[[Profile, str, int | None], str]) -> str:
     """Text formats that hold several profiles: one after the other, separated by a blank line."""
     return "\n".join(one(p, inp.sort, inp.limit) for p in inp.profiles)
