@@ -36,7 +36,7 @@ from synth import (
 from vmprof_tui.analyse.analysis import Analysis, Profile
 from vmprof_tui.analyse.analysis import analyse as analyse_recording
 from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.steal import steal_report, vcpu_steal
+from vmprof_tui.analyse.steal import attributions, steal_report, vcpu_steal
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.recording import CHUNK_HEADER, END, MAGIC, META, SAMPLES, SCHED, SNAPSHOT, load
 from vmprof_tui.record.records import (
@@ -500,7 +500,7 @@ def test_attribution_per_function(tmp_path: Path) -> None:
     tl = timeline(an, "app", 0)
     assert tl.on_cpu_ns == 60 * MS  # = 60 samples of the thread: 1 ms of run time per sample
     got = [(a.process, a.function, a.module, a.vcpu, a.samples, a.run_ns / MS, a.steal_ns / MS,
-            a.steal_type1_ns / MS, a.apparent_ns / MS) for a in an.attributions("app")]
+            a.steal_type1_ns / MS, a.apparent_ns / MS) for a in attributions(an, "app")]
     assert got == [
         # B: preempted 45-50 between B and B (type 1), the VMM in user space 78-80 (2 samples) and blocked
         # 80-85 between B (77) and B (85) (type 2); not 60-70 (halt: idle is not steal)
@@ -513,7 +513,7 @@ def test_attribution_per_function(tmp_path: Path) -> None:
 def test_attribution_per_process(tmp_path: Path) -> None:
     an = analyse(attribution_mix(), tmp_path)
     got = [(a.process, a.function, a.samples, a.run_ns / MS, a.steal_ns / MS, a.steal_type1_ns / MS)
-           for a in an.attributions("app", per_function=False)]
+           for a in attributions(an, "app", per_function=False)]
     # per process, 30-35 (between A and B, both worker) is worker's too
     assert got == [("worker", "", 53, 53.0, 10.0 + 5.0 + 5.0 + 2.0 + 5.0, 10.0 + 5.0 + 5.0),
                    ("other", "", 5, 5.0, 0.0, 0.0)]

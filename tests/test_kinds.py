@@ -56,7 +56,7 @@ def test_steal_split_is_what_the_profile_and_the_steal_table_show(an: Analysis) 
                                                 / 1e9)
             g = an.guest_profile(vm, v["vcpu"])
             type1 = sum(r.samples for r in g.rows if r.kind.steal_type == 1)
-            assert type1 == pytest.approx(steal_of_type(split, 1) / an.sample_ns(tl))
+            assert type1 == pytest.approx(steal_of_type(split, 1) / an.vcpus.sample_ns(tl))
 
 
 def test_segments_tile_each_vcpu(an: Analysis) -> None:
@@ -72,4 +72,4 @@ def test_segments_tile_each_vcpu(an: Analysis) -> None:
         assert [s.blank for s in blanks] == sorted(tl.blanks, key=lambda b: b.start_ns)
         preempted = [s for s in blanks if s.blank.kind == BlankKind.PREEMPTED]
         assert all(s.holder in s.blank.holders() or s.holder == s.blank.first_holder for s in preempted)
-        assert int(np.count_nonzero(an.thread_mask(tl))) >= sum(s.samples for s in runs)
+        assert int(np.count_nonzero(an.vcpus.thread_mask(tl))) >= sum(s.samples for s in runs)

@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays
-from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import Cause, steal_split
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import (
@@ -42,26 +41,16 @@ from vmprof_tui.analyse.shares import (
     guest_summary,
 )
 from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
+from vmprof_tui.analyse.vcpu_samples import VcpuSamples
 from vmprof_tui.collect import backends
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
-    SAMPLE_HALTED,
     SAMPLE_HOST_KERNEL,
-    SAMPLE_VCPU,
 )
 from vmprof_tui.resolve.prepare import Prepared, prepare
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
-
-MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
-def _inside(times: np.ndarray, intervals: np.ndarray) -> np.ndarray:
-    """Which times fall in one of the [start, end) intervals (disjoint, in time order)."""
-    if not len(intervals):
-        return np.zeros(len(times), bool)
-    t = times.astype(np.int64)
-    k = np.searchsorted(intervals[:, 0], t, side="right") - 1
-    return (k >= 0) & (t < intervals[k.clip(0), 1])
 
 
 def in_kernel(samples: np.ndarray) -> np.ndarray:
@@ -166,20 +155,20 @@ class Analysis:
         self._host_share_cache: dict[int | None, _HostShares] = {}
         self._summaries: dict[tuple, HostSummary | GuestSummary] = {}
         self._splits: dict[bool, dict[int, dict[Cause, float]]] = {}  # blank_split: in ns? -> vCPU thread -> ...
-        self._polling: dict[int, np.ndarray] = {}  # vCPU thread (pid << 32 | tid) -> its polling samples
         self.notes: list[str] = prepared.notes
         self.vm_by_pid = prepared.vms.by_pid
         self.vm_index = prepared.vms.index
         self.vcpu_of_tid = prepared.vms.vcpu_of_tid  # tid -> (vmm pid, vcpu id)
         self.is_guest = prepared.is_guest  # the samples that interrupted a guest
         self.resolver = prepared.resolver
+        self.vcpus = VcpuSamples(self.samples, self.is_guest, self.vcpu_of_tid, self.period_ns)
         self.derived: dict[str, object] = {}  # what other analyse modules derive from it once (the call graph)
         self._names(prepared.names)
 
     @functools.cached_property
     def timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread id: its timeline (built when first asked for: the host level needs none)."""
-        return self._schedule.timelines(self._thread_samples, self.samples["time_ns"])
+        return self._schedule.timelines(self.vcpus.positions, self.samples["time_ns"])
 
     @functools.cached_property
     def _schedule(self) -> Schedule:
@@ -204,7 +193,7 @@ class Analysis:
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        self.in_vm = guest | arrays.member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
+        self.in_vm = guest | arrays.member(s["pid"].astype(np.int64) << 32 | s["tid"], self.vcpus.keys())
         # a live chunk's summary groups its samples by name code and needs no keys (made if something asks)
         self._codes = g
         if not self.shares_only:
@@ -250,18 +239,6 @@ class Analysis:
             return self.range_ns
         return self._window
 
-    def _thread_keys(self) -> np.ndarray:
-        """pid << 32 | tid of every vCPU thread."""
-        return np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
-                           len(self.vcpu_of_tid))
-
-    @functools.cached_property
-    def _thread_samples(self) -> dict[int, np.ndarray]:
-        """pid << 32 | tid of a vCPU thread -> the indices of its samples (ascending): one sort for all threads,
-        8 bytes per sample of a vCPU thread (a mask per thread would be 1 byte per sample per thread)."""
-        s = self.samples
-        return arrays.positions_by_key(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
-
     # -- profiles --------------------------------------------------------------------
     def row(self, i: int, samples: float) -> Row:
         """The names of sample i as a Row of `samples`."""
@@ -301,21 +278,44 @@ class Analysis:
 
     def host_profile(self, cpu: int | None = None) -> Profile:
         key = ("host", cpu)
-        if key not in self._profiles:  # the live screen asks for the same profile several times a refresh
-            self._profiles[key] = self._host_profile(cpu)
-        return self._profiles[key]
+        if key in self._profiles:  # the live screen asks for the same profile several times a refresh
+            return self._profiles[key]
+        shares = self._host_shares(cpu)
+        rows = self.aggregate(shares.host)
+        for row in rows:  # host rows carry no VM, only the VMM process name
+            row.vm = None
+        rows += self._host_other_rows(shares)
+        notes = list(self.notes)
+        if cpu is not None:
+            notes.append(f"CPU {cpu} only")
+        profile = self._profiles[key] = Profile(
+            "host", None, None, shares.parts.total, self.duration_s, self.rec.lost_samples, shares.parts.ratios(), rows,
+            int(np.count_nonzero(shares.selected & self.unresolved)), notes)
+        return profile
 
     def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
         key = ("guest", vm, vcpu)
-        if key not in self._profiles:
-            self._profiles[key] = self._guest_profile(vm, vcpu)
-        return self._profiles[key]
+        if key in self._profiles:
+            return self._profiles[key]
+        shares = self._guest_shares(vm, vcpu)
+        rows = self.aggregate(shares.real_guest)
+        for row in rows:
+            row.vm = vm
+        for (kind, v), n in shares.parts.virtual().items():
+            rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
+        notes = list(self.notes)
+        if not len(self.sched):
+            notes.append("no scheduler events in this recording: idle and steal are unknown")
+        profile = self._profiles[key] = Profile(
+            "guest", vm, vcpu, shares.parts.total, self.duration_s, self.rec.lost_samples, shares.parts.ratios(), rows,
+            int(np.count_nonzero(shares.real_guest & self.unresolved)), notes)
+        return profile
 
     def host_summary(self) -> HostSummary:
         """The host at a glance (the live overview) without its rows: shares and the top process and function."""
         if ("host",) not in self._summaries:  # the overview's title, its host row and the history all ask
             shares = self._host_shares(None)
-            rows = self.row_counts(np.flatnonzero(shares.host))
+            rows = self.row_counts_of([np.flatnonzero(shares.host)])[0]
             self._summaries[("host",)] = HostSummary(shares.parts.ratios(), shares.parts.total, self.rec.lost_samples,
                                                      *rows.top(by_name=False))
         return self._summaries[("host",)]
@@ -339,19 +339,6 @@ class Analysis:
             self._host_share_cache[cpu] = _HostShares(sel, host, guest, idle_virtual, parts)
         return self._host_share_cache[cpu]
 
-    def _host_profile(self, cpu: int | None) -> Profile:
-        shares = self._host_shares(cpu)
-        rows = self.aggregate(shares.host)
-        for row in rows:  # host rows carry no VM, only the VMM process name
-            row.vm = None
-        rows += self._host_other_rows(shares)
-        notes = list(self.notes)
-        if cpu is not None:
-            notes.append(f"CPU {cpu} only")
-        return Profile("host", None, None, shares.parts.total, self.duration_s, self.rec.lost_samples,
-                       shares.parts.ratios(), rows,
-                       int(np.count_nonzero(shares.selected & self.unresolved)), notes)
-
     def _host_other_rows(self, shares: _HostShares) -> list[Row]:
         """The host profile's rows that are no function: CPU idle from the sched events, and one per VM."""
         s, guest = self.samples, shares.guest
@@ -365,13 +352,10 @@ class Analysis:
                             pid, name, RowKind.VM))
         return rows
 
-    def row_counts(self, idx: np.ndarray) -> RowCounts:
-        """The samples `idx` (indices) by profile row (process, pid, function, module) under the resolver's name
-        codes (the same in every analysis that shares the resolver: counts of spans add)."""
-        return self.row_counts_of([idx])[0]
-
     def row_counts_of(self, groups: list[np.ndarray]) -> list[RowCounts]:
-        """row_counts of each array of indices, all at once (a span's vCPUs: one grouping, not one per vCPU)."""
+        """The samples of each array of indices by profile row (process, pid, function, module) under the resolver's
+        name codes (the same in every analysis that shares the resolver: counts of spans add), all at once (a span's
+        vCPUs: one grouping, not one per vCPU)."""
         idx = np.concatenate(groups) if len(groups) > 1 else groups[0]
         owner = np.repeat(np.arange(len(groups), dtype=np.int64), [len(g) for g in groups])
         if self._codes is not None:  # no keys made: by (group, VM, name code), one sort (name codes count names)
@@ -390,59 +374,6 @@ class Analysis:
         bounds = np.searchsorted(owner, np.arange(len(groups) + 1)).tolist()
         names = self.resolver.row_names  # the resolver's names of its codes
         return [RowCounts(codes[a:b], counts[a:b], names) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-    def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
-        """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
-        return self._thread_samples.get(tl.pid << 32 | tl.tid, np.empty(0, np.int64))
-
-    def sample_ns(self, tl: VcpuTimeline) -> float:
-        """The on-CPU time one sample of a vCPU thread stands for: its exact on-CPU time over its samples.
-
-        Blank time is exact (sched events) and on-CPU time is sampled; priced at the nominal period the two
-        do not add up, because a thread's cpu-clock samples stray from its on-CPU time (steal3 at 10 kHz:
-        one per 100.0-100.9 us) or alias with a guest's timer-driven cycle (a 30 ms halt cycle at 1 kHz:
-        +-15%).  Priced at this rate, a guest's run, idle, steal and halt-polling shares are its exact times;
-        samples only split the on-CPU time.  Too few samples to measure a rate: the nominal period.
-        """
-        n = len(self.thread_samples(tl))
-        on_cpu = tl.on_cpu_ns
-        if (poll_ns := self._exact_poll_ns(tl)) is not None:  # priced exactly too: the rate is of the rest
-            n -= len(self.polling_samples(tl))
-            on_cpu -= poll_ns
-        return on_cpu / n if n >= MIN_SAMPLES_FOR_RATE and on_cpu > 0 else self.period_ns
-
-    def polling_samples(self, tl: VcpuTimeline) -> np.ndarray:
-        """The indices of a vCPU thread's samples that caught KVM polling its halted vCPU: KVM with the vCPU
-        halted, and inside a stretch KVM polled when the recording has them.  Kept per thread: the rate, the
-        polling time and the profile of each vCPU all ask for them."""
-        key = tl.pid << 32 | tl.tid
-        if key not in self._polling:
-            idx = self.thread_samples(tl)
-            flags = self.samples["flags"][idx]
-            polled = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
-            if tl.poll_intervals is not None:
-                polled &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
-            self._polling[key] = idx[polled]
-        return self._polling[key]
-
-    def poll_ns(self, tl: VcpuTimeline) -> float:
-        """How long KVM polled the vCPU's halts within its life here: exact from kvm_vcpu_wakeup records (sampled,
-        it aliases with a guest's timer), else its polling samples at the thread's rate."""
-        exact = self._exact_poll_ns(tl)
-        return float(len(self.polling_samples(tl))) * self.sample_ns(tl) if exact is None else float(exact)
-
-    def _exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
-        if tl.poll_intervals is None:
-            return None
-        clipped = np.clip(tl.poll_intervals, tl.start_ns, tl.end_ns)
-        return int((clipped[:, 1] - clipped[:, 0]).sum())
-
-    def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
-        """The samples of one vCPU thread as a mask (made on each call: masks of many threads would take
-        a byte per sample each)."""
-        mask = np.zeros(len(self.samples), bool)
-        mask[self.thread_samples(tl)] = True
-        return mask
 
     def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
         """(vCPU id, thread id) of each vCPU of a VM in the window, by vCPU id."""
@@ -477,7 +408,7 @@ class Analysis:
         if ("guest", vm, vcpu) not in self._summaries:
             shares = self._guest_shares(vm, vcpu)
             self._summaries[("guest", vm, vcpu)] = guest_summary(shares.parts,
-                                                                 self.row_counts(np.flatnonzero(shares.real_guest)))
+                                                                 self.row_counts_of([np.flatnonzero(shares.real_guest)])[0])
         return self._summaries[("guest", vm, vcpu)]
 
     def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
@@ -497,12 +428,13 @@ class Analysis:
         """One vCPU's guest-mode samples (indices) and its parts: its thread's samples outside guest mode are the
         VMM/KVM working for the vCPU (type 2 steal), except KVM polling the halted vCPU (neither guest work nor
         idle); its blanks are virtual samples by cause, at the thread's rate, and so is its halt polling."""
-        idx = self.thread_samples(tl)
+        idx = self.vcpus.thread_samples(tl)
         real = idx[self.is_guest[idx]]
         kernel = np.count_nonzero(self.samples["flags"][real] & SAMPLE_GUEST_KERNEL)
-        unit = self.sample_ns(tl)
+        unit = self.vcpus.sample_ns(tl)
+        polling = len(self.vcpus.polling_samples(tl))
         parts = GuestParts(float(kernel), float(len(real) - kernel), self.blank_split(tl),
-                           float(len(idx) - len(real) - len(self.polling_samples(tl))), self.poll_ns(tl) / unit)
+                           float(len(idx) - len(real) - polling), self.vcpus.poll_ns(tl) / unit)
         return real, parts
 
     def blank_split(self, tl: VcpuTimeline, in_ns: bool = False) -> dict[Cause, float]:
@@ -510,69 +442,11 @@ class Analysis:
         made for every vCPU at once."""
         if in_ns not in self._splits:
             timelines = list(self.timelines.values())  # in the order of the table's timeline column
-            units = np.ones(len(timelines)) if in_ns else np.array([self.sample_ns(t) for t in timelines], float)
+            units = np.ones(len(timelines)) if in_ns else np.array([self.vcpus.sample_ns(t) for t in timelines], float)
             self._splits[in_ns] = dict(zip((t.tid for t in timelines), steal_split(tl.table, units), strict=True))
         return defaultdict(float, self._splits[in_ns][tl.tid])
 
-    def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
-        shares = self._guest_shares(vm, vcpu)
-        rows = self.aggregate(shares.real_guest)
-        for row in rows:
-            row.vm = vm
-        for (kind, v), n in shares.parts.virtual().items():
-            rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
-        notes = list(self.notes)
-        if not len(self.sched):
-            notes.append("no scheduler events in this recording: idle and steal are unknown")
-        return Profile("guest", vm, vcpu, shares.parts.total, self.duration_s, self.rec.lost_samples,
-                       shares.parts.ratios(), rows,
-                       int(np.count_nonzero(shares.real_guest & self.unresolved)), notes)
 
-    # -- steal attribution and corrected times -------------------------------------
-    def attributions(self, vm: str, per_function: bool = True) -> list[Attribution]:
-        """Per vCPU and (process, function) — or per process — its real samples, and the steal that sat
-        between two of its consecutive samples (thesis §3.4.2)."""
-        s = self.samples
-        out: list[Attribution] = []
-        for tl in sorted(self.vm_timelines(vm), key=lambda t: t.vcpu):
-            mine = self.thread_samples(tl)
-            sel = mine[self.is_guest[mine]]
-            if not len(sel):
-                continue
-            keys = (self.key if per_function else self.proc_key)[sel]
-            steal = np.zeros((2, int(keys.max()) + 1))
-            table, (lo, hi) = tl.table, tl.rows
-            steals = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
-            if len(steals):
-                times = s["time_ns"][sel].astype(np.int64)
-                starts, ends = table.start[steals], table.end[steals]
-                type1 = table.kind[steals] != bt.BLOCKED
-                before = np.searchsorted(times, starts, side="right") - 1
-                after = np.searchsorted(times, ends, side="left")
-                ok = (before >= 0) & (after < len(times))
-                before, after, type1 = before[ok], after[ok], type1[ok]
-                dur = (ends - starts)[ok].astype(float)
-                same = keys[before] == keys[after]
-                np.add.at(steal[0], keys[before][same], dur[same])
-                np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
-            # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
-            # sampling interrupt that never came does not shorten anybody's time.
-            ns_per_sample = self.sample_ns(tl)
-            # the VMM/KVM at work (steal of type 2, on the CPU) between two of its samples is steal too
-            vmm = mine[~self.is_guest[mine]]
-            before = np.searchsorted(sel, vmm) - 1  # sample indices are in time order
-            ok = (before >= 0) & (before + 1 < len(sel))
-            before = before[ok]
-            same = keys[before] == keys[before + 1]
-            np.add.at(steal[0], keys[before][same], ns_per_sample)
-            uniq, first, counts = arrays.first_and_counts(keys, len(steal[0]))
-            at = sel[first]  # the names of each group's first sample, as row() gives them
-            funcs = self.func[at].tolist() if per_function else [""] * len(at)
-            modules = self.module[at].tolist() if per_function else [""] * len(at)
-            out += [Attribution(p, f, m, tl.vcpu, c, c * ns_per_sample, s0, s1)
-                    for p, f, m, c, s0, s1 in zip(self.process[at].tolist(), funcs, modules, counts.tolist(),
-                                                  steal[0, uniq].tolist(), steal[1, uniq].tolist(), strict=True)]
-        return sorted(out, key=lambda a: -a.apparent_ns)
 
 
 def vm_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:

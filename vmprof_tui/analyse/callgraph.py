@@ -103,7 +103,7 @@ class CallGraph:
         if level == "guest":
             sel = np.zeros(len(s), bool)
             for tl in an.vm_timelines(vm, vcpu):
-                sel |= an.thread_mask(tl)
+                sel |= an.vcpus.thread_mask(tl)
             sel &= an.is_guest
         else:
             sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu

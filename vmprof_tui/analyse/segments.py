@@ -90,7 +90,7 @@ def vcpu_segments(an: Analysis, tl: VcpuTimeline) -> list[Segment]:
     # on-CPU interval k runs from the end of blank k-1 to the start of blank k
     seg_lo = np.concatenate([[tl.start_ns], b_end]).astype(np.int64)
     seg_hi = np.concatenate([b_start, [tl.end_ns]]).astype(np.int64)
-    idx = np.nonzero(an.thread_mask(tl))[0]
+    idx = np.nonzero(an.vcpus.thread_mask(tl))[0]
     times = an.samples["time_ns"][idx].astype(np.int64)
     seg = np.searchsorted(b_end, times, side="right")
     keep = np.searchsorted(b_start, times, side="right") <= seg

@@ -12,6 +12,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from vmprof_tui import arrays
+from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse import exits
 from vmprof_tui.analyse.analysis import Analysis, Attribution
 from vmprof_tui.analyse.blanks import (
@@ -25,6 +27,52 @@ from vmprof_tui.analyse.blanks import (
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.records import SAMPLE_VCPU
+
+
+def attributions(an: Analysis, vm: str, per_function: bool = True) -> list[Attribution]:
+    """Per vCPU and (process, function) — or per process — its real samples, and the steal that sat
+    between two of its consecutive samples (thesis §3.4.2)."""
+    s = an.samples
+    out: list[Attribution] = []
+    for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
+        mine = an.vcpus.thread_samples(tl)
+        sel = mine[an.is_guest[mine]]
+        if not len(sel):
+            continue
+        keys = (an.key if per_function else an.proc_key)[sel]
+        steal = np.zeros((2, int(keys.max()) + 1))
+        table, (lo, hi) = tl.table, tl.rows
+        steals = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
+        if len(steals):
+            times = s["time_ns"][sel].astype(np.int64)
+            starts, ends = table.start[steals], table.end[steals]
+            type1 = table.kind[steals] != bt.BLOCKED
+            before = np.searchsorted(times, starts, side="right") - 1
+            after = np.searchsorted(times, ends, side="left")
+            ok = (before >= 0) & (after < len(times))
+            before, after, type1 = before[ok], after[ok], type1[ok]
+            dur = (ends - starts)[ok].astype(float)
+            same = keys[before] == keys[after]
+            np.add.at(steal[0], keys[before][same], dur[same])
+            np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
+        # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
+        # sampling interrupt that never came does not shorten anybody's time.
+        ns_per_sample = an.vcpus.sample_ns(tl)
+        # the VMM/KVM at work (steal of type 2, on the CPU) between two of its samples is steal too
+        vmm = mine[~an.is_guest[mine]]
+        before = np.searchsorted(sel, vmm) - 1  # sample indices are in time order
+        ok = (before >= 0) & (before + 1 < len(sel))
+        before = before[ok]
+        same = keys[before] == keys[before + 1]
+        np.add.at(steal[0], keys[before][same], ns_per_sample)
+        uniq, first, counts = arrays.first_and_counts(keys, len(steal[0]))
+        at = sel[first]  # the names of each group's first sample, as row() gives them
+        funcs = an.func[at].tolist() if per_function else [""] * len(at)
+        modules = an.module[at].tolist() if per_function else [""] * len(at)
+        out += [Attribution(p, f, m, tl.vcpu, c, c * ns_per_sample, s0, s1)
+                for p, f, m, c, s0, s1 in zip(an.process[at].tolist(), funcs, modules, counts.tolist(),
+                                              steal[0, uniq].tolist(), steal[1, uniq].tolist(), strict=True)]
+    return sorted(out, key=lambda a: -a.apparent_ns)
 
 
 def host_run_delay(an: Analysis, tl: VcpuTimeline) -> tuple[int, int, int] | None:
@@ -78,10 +126,10 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
-        thread = an.thread_mask(tl)
+        thread = an.vcpus.thread_mask(tl)
         polling = np.zeros(len(s), bool)  # KVM polling the halted vCPU
-        polling[an.polling_samples(tl)] = True
-        period = an.sample_ns(tl)  # so that guest time, type 2 and polling add up to the exact on-CPU time
+        polling[an.vcpus.polling_samples(tl)] = True
+        period = an.vcpus.sample_ns(tl)  # so that guest time, type 2 and polling add up to the exact on-CPU time
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)
@@ -114,7 +162,7 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
                   "irq": split.get(IRQ_CAUSE, 0.0)}
         causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
-        poll_ns = an.poll_ns(tl)
+        poll_ns = an.vcpus.poll_ns(tl)
         host = host_run_delay(an, tl)
         mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
         vcpus.append({
@@ -192,6 +240,6 @@ def steal_report(an: Analysis, vm: str) -> dict:
                 # what a guest could do with the steal the host reports to it: subtract the run-queue wait
                 "host_steal_corrected_s": (apparent - a.steal_type1_ns) / 1e9}
 
-    functions = [corrected(a) for a in an.attributions(vm)]
-    processes = [corrected(a) for a in an.attributions(vm, per_function=False)]
+    functions = [corrected(a) for a in attributions(an, vm)]
+    processes = [corrected(a) for a in attributions(an, vm, per_function=False)]
     return {"vm": vm, "vcpus": vcpu_steal(an, vm), "processes": processes, "functions": functions, "notes": an.notes}

@@ -78,8 +78,8 @@ def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
     out = []
     for v in vcpu_steal(an, vm):
         tl = timelines[v["vcpu"]]
-        in_guest = an.thread_mask(tl) & an.is_guest
-        guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.sample_ns(tl) / 1e9
+        in_guest = an.vcpus.thread_mask(tl) & an.is_guest
+        guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.vcpus.sample_ns(tl) / 1e9
         out.append({"vcpu": v["vcpu"], "guest_user": max(v["guest_s"] - guest_kernel_s, 0.0),
                     "guest_kernel": guest_kernel_s, "idle": v["idle_s"], "steal_type1": v["steal_type1_s"],
                     "steal_type2": v["steal_type2_s"], "type1_by_holder": v["type1_by_holder_s"],
@@ -126,7 +126,7 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu):
         # the guest profile's samples, real and virtual, at the vCPU's rate
         tables["profile"] += _function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
-                                            an.sample_ns(tl) / 1e9)
+                                            an.vcpus.sample_ns(tl) / 1e9)
     for v in vcpu_seconds(an, vm):
         at = {**base, "vcpu": v["vcpu"]}
         tables["vcpu"] += [{**at, "state": state, "seconds": v[state]} for state in STATES]
