@@ -93,7 +93,7 @@ AnalyseSpan = Callable[[np.ndarray, "Resolved | None", np.ndarray, tuple[int, in
 
 
 @dataclass
-class Chunk:
+class WindowChunk:
     """A drained stretch of records covering [lo, hi) of the host clock, resolved once when it arrived, and the
     summary of its span (analysed with the switches before it)."""
     lo: int
@@ -137,7 +137,7 @@ class ResolvedChunks:
     screens that need more (the cost of a refresh does not grow with what earlier refreshes saw)."""
 
     def __init__(self) -> None:
-        self.chunks: deque[Chunk] = deque()
+        self.chunks: deque[WindowChunk] = deque()
         self.context = SwitchContext()
         self._summary: WindowSummary | None = None
 
@@ -145,7 +145,7 @@ class ResolvedChunks:
             resolve: Callable[[np.ndarray], Resolved], analyse: AnalyseSpan, stacks: np.ndarray | None = None,
             host_counts: np.ndarray | None = None, detail: bool = False) -> None:
         """Take in the records of [lo, hi) (and the host tasks' samples the kernel counted meanwhile).  detail: a
-        screen will ask for the span's detail (Chunk.detail), so it is analysed in full now, once, and summarised
+        screen will ask for the span's detail (WindowChunk.detail), so it is analysed in full now, once, and summarised
         from that (the summary's parts do not depend on the detail: holders and co-stop)."""
         samples, sched = _time_ordered(samples), _time_ordered(sched)
         resolved = resolve(samples) if len(samples) else None
@@ -157,10 +157,10 @@ class ResolvedChunks:
             summary = with_host_counts(summary, host_counts, resolve, an.resolver.row_names)
         self.context.advance(sched)
         counted = np.unique(host_counts["pid"]) if host_counts is not None else np.empty(0, np.uint32)
-        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted,
+        self.chunks.append(WindowChunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted,
                                  _detail=an if detail else None))
 
-    def summary(self, chunks: list[Chunk], lost_samples: int) -> WindowSummary:
+    def summary(self, chunks: list[WindowChunk], lost_samples: int) -> WindowSummary:
         """The summary of the window made of `chunks`, slid from the last one this made."""
         self._summary = WindowSummary([c.summary for c in chunks], lost_samples, self._summary)
         return self._summary
@@ -168,7 +168,7 @@ class ResolvedChunks:
     def pids(self) -> set[int]:
         return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist() + c.counted_pids.tolist()}
 
-    def current(self, horizon: int) -> tuple[list[Chunk], int]:
+    def current(self, horizon: int) -> tuple[list[WindowChunk], int]:
         """The window's chunks and where the first begins: the window is made of whole chunks, those with the
         larger part of their span after `horizon` (ns), so that its summaries add up exactly (older chunks are
         forgotten)."""
@@ -194,7 +194,7 @@ def with_host_counts(summary: SpanSummary, counts: np.ndarray, resolve: Callable
     return replace(summary, host=parts, host_rows=RowCounts.combine([summary.host_rows, rows]))
 
 
-def joined(chunks: list[Chunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
+def joined(chunks: list[WindowChunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
     """(samples, their names, sched events, stack records) of the window's chunks, whole (as their summaries
     count them); the sched events begin with the switches before the first chunk."""
     names = [c.resolved for c in chunks if c.resolved is not None]
@@ -211,7 +211,7 @@ class WindowView:
     and segments from each chunk's detail; call paths from the window's whole Analysis, joined and analysed the
     first time a screen asks for it."""
 
-    def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis], chunks: list[Chunk]) -> None:
+    def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis], chunks: list[WindowChunk]) -> None:
         self.summary = summary
         self._analyse = analysis
         self._chunks = chunks
