@@ -287,7 +287,7 @@ def test_metrics_colon_port_listens_on_every_interface(tmp_path: Path) -> None:
     `ADDR:PORT` that address; a bad port is one line of usage; --help says which is which."""
     import socket
 
-    from vmprof_tui.show.metrics import AgentMetrics, parse_address
+    from vmprof_tui.fleet.metrics import AgentMetrics, parse_address
 
     assert parse_address(":9466") == ("0.0.0.0", 9466) and parse_address("9466") == ("127.0.0.1", 9466)
     assert parse_address("10.0.0.1:80") == ("10.0.0.1", 80) and parse_address("[::1]:9466") == ("::1", 9466)
@@ -322,7 +322,7 @@ def test_metrics_holder_labels_stay_bounded(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from synth import MS, SynthRecording
 
-    from vmprof_tui.show.metrics import MAX_HOLDER_LABELS, AgentMetrics
+    from vmprof_tui.fleet.metrics import MAX_HOLDER_LABELS, AgentMetrics
 
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry)

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("--window must be at least 1 s")
     listen = None
     if args.metrics:  # checked before the spool is made: bad usage touches nothing
-        from vmprof_tui.show.metrics import parse_address
+        from vmprof_tui.fleet.metrics import parse_address
 
         try:
             listen = parse_address(args.metrics)
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise Failure(f"cannot use the spool {args.spool}: {e.strerror or e}") from None
     metrics = None
     if args.metrics:
-        from vmprof_tui.show.metrics import AgentMetrics
+        from vmprof_tui.fleet.metrics import AgentMetrics
 
         metrics = AgentMetrics()
         try:

@@ -193,8 +193,8 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from vmprof_tui.estimate import histogram as model_histogram
     from vmprof_tui.estimate import model as M
-    from vmprof_tui.show import model_histogram
 
     model = _model(args.model)
     if not 2 <= args.grid <= 21:
