@@ -1,11 +1,11 @@
 """Sorting and grouping of integer arrays: np.unique and a stable argsort through one sort of packed keys.
 
-Written by hand because of measured costs on these machines (3.84M int64 keys): numpy sorts values with its
-vectorised sort (0.09 s) but sorts indices (argsort, and np.unique with an index or inverse) with a generic one
-(0.5-0.8 s).  Where a key's range and its position fit in 63 bits together, `key << bits | position` sorted as
-values gives the keys in order and, in the low bits, their positions, ties by position: a stable argsort for a
-fifth of the cost.  pandas' hash-based `factorize` is faster still but costs 0.35 s and 80 MB to import, more than
-it saves a recording of 600k samples.  Keys that do not fit go to numpy's own functions, so results are the same.
+Written by hand because numpy sorts values with its vectorised sort but sorts indices (argsort, and np.unique
+with an index or inverse) with a generic, several times slower one.  Where a key's range and its position fit in
+63 bits together, `key << bits | position` sorted as values gives the keys in order and, in the low bits, their
+positions, ties by position: a stable argsort at a fraction of the cost.  Keys that do not fit go to numpy's own
+functions, so results are the same.  The measured costs, and why not pandas' factorize: docs/analysis.md, "Cost
+at scale".
 
 Below them, the grouping every stage shares: by key (group_by), dense ranks, membership among few keys, and
 counts of small keys (the dense ranks an analysis groups its samples by).
@@ -88,7 +88,7 @@ def group_by(keys: np.ndarray, pos: np.ndarray) -> Iterator[tuple[int, np.ndarra
 
 def _small_ranks(k: np.ndarray) -> np.ndarray:
     """Keys that sort as `k` does, as uint16 where they fit (pids, mapping indices: numpy sorts those by radix,
-    3-4x faster than 64-bit keys), else `k` itself."""
+    faster than 64-bit keys), else `k` itself."""
     lo, hi = int(k.min()), int(k.max())
     if hi - lo < 1 << 16:
         return (k - lo).astype(np.uint16)
@@ -129,7 +129,7 @@ def _few(keys: np.ndarray, size: int) -> bool:
 
 def counts_of(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(keys, return_counts=True) for small non-negative keys (below `size`): by counting where they are
-    many (ten times faster than unique's sort on a large report)."""
+    many (a table instead of unique's sort)."""
     if _few(keys, size):
         return unique(keys, return_counts=True)
     counts = np.bincount(keys, minlength=size)
