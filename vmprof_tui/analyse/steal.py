@@ -169,14 +169,14 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
             "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
             "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
             "steal_type2_s": type2 / 1e9,
-            "ratios": _ratios(wall, guest_ns, idle, type1, type2, causes, tl.skew_ns, poll_ns),
+            "ratios": _ratios(wall, guest_ns, idle, type1, type2, causes, tl.costop_ns, poll_ns),
             "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
             "type2_in_kvm_by_exit_name_s": {k: v / 1e9 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])},
             **({"exits_to_vmm": to_vmm} if to_vmm else {}),  # a recording's (not a live window's)
             # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
-            "skew_s": tl.skew_ns / 1e9,
+            "skew_s": tl.costop_ns / 1e9,
             # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same
             "irq_while_running_s": tl.irq_running_ns / 1e9,
             # KVM polling halts (sched events: exact; samples: KVM with the vCPU halted)
@@ -194,12 +194,12 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
 
 
 def _ratios(wall: float, guest: float, idle: float, type1: float, type2: float, causes: dict[str, float],
-            skew: float, poll: float) -> dict[str, float]:
+            costop: float, poll: float) -> dict[str, float]:
     """A vCPU's shares of its wall time, in %, from its times (all in one unit)."""
     return {"guest": 100 * guest / wall, "idle": 100 * idle / wall,
             "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall, "steal_type2": 100 * type2 / wall,
             **{f"steal_{k}": 100 * n / wall for k, n in causes.items()},
-            "skew": 100 * skew / wall, "halt_poll": 100 * poll / wall}
+            "skew": 100 * costop / wall, "halt_poll": 100 * poll / wall}  # "skew": the output key of co-stop
 
 
 _ADDED = ("wall_s", "on_cpu_s", "guest_s", "idle_s", "steal_type1_s", "steal_type2_s", "skew_s", "irq_while_running_s",

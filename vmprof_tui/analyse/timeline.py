@@ -78,7 +78,7 @@ class VcpuTimeline:
     end_ns: int
     on_cpu_ns: int = 0
     irq_running_ns: int = 0  # IRQ time on its pCPU while it ran (inside its on-CPU time)
-    skew_ns: int = 0  # co-stop: time it could not run (any blank but a halt) while a sibling vCPU ran
+    costop_ns: int = 0  # co-stop: time it could not run (any blank but a halt) while a sibling vCPU ran
     halt_poll_ns: int = 0  # KVM polled its halts this long before blocking (or instead of blocking)
     halt_polls_ok: int = 0  # halts that polling ended: the wake-up came while KVM polled
     halts: int = 0  # halts KVM reported ending (kvm_vcpu_wakeup)
@@ -227,7 +227,7 @@ class Schedule:
             tl.table = table
         if not self.shares_only:
             self._host_holders(timelines, table)
-            self._skew(timelines, table, *intervals[:3])
+            self._costop(timelines, table, *intervals[:3])
         return {tl.tid: tl for tl in timelines}
 
     @staticmethod
@@ -403,7 +403,7 @@ class Schedule:
             begun = (t - halt_ns)[known]
             tl.poll_intervals = np.stack([begun, begun + poll[known]], axis=1)
 
-    def _skew(self, timelines: list[VcpuTimeline], table: BlankTable, iv_tl: np.ndarray, iv_lo: np.ndarray,
+    def _costop(self, timelines: list[VcpuTimeline], table: BlankTable, iv_tl: np.ndarray, iv_lo: np.ndarray,
               iv_hi: np.ndarray) -> None:
         """Co-stop: how long each vCPU could not run though its guest had work (preempted, throttled, woken
         up, or its thread blocked in the VMM) while at least one sibling vCPU of its VM ran, on any pCPU:
@@ -432,7 +432,7 @@ class Schedule:
                 waiting = (kinds != bt.IDLE) | (wake != NO_TIME)
                 if waiting.any():
                     start = np.where(kinds == bt.IDLE, wake, table.start[a:z])[waiting]
-                    tl.skew_ns = int(overlap(run_lo, run_hi, start, table.end[a:z][waiting]).sum())
+                    tl.costop_ns = int(overlap(run_lo, run_hi, start, table.end[a:z][waiting]).sum())
 
     def _clip(self, timelines: list[VcpuTimeline], alive: np.ndarray,
               table: BlankTable) -> tuple[list[VcpuTimeline], np.ndarray, BlankTable]:
