@@ -410,7 +410,7 @@ class ReplayWindow:
             t = self._times[id(table)] = table["time_ns"].astype(np.int64)
         return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
 
-    def poll(self, step_s: float | None = None, detail: bool = False) -> WindowView:
+    def poll(self, detail: bool = False, step_s: float | None = None) -> WindowView:
         step_s = self.step_s if step_s is None else step_s
         self.now = min(self.now + int(step_s * 1e9), self.t_end)
         lo = max(self.t0, self.now - int(self.window_s * 1e9))
