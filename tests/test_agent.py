@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import record_scenario, require_root, start_sampling, vmprof
 
-from vmprof_tui.analyse.analysis import Profile, analyse
+from vmprof_tui.analyse.analysis import analyse
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording

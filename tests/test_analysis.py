@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import Recorded, record_scenario, vmprof
 
-from vmprof_tui.analyse.analysis import Analysis, Profile, analyse
+from vmprof_tui.analyse.analysis import Analysis, analyse
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.analyse.steal import steal_report
 from vmprof_tui.demo import runner
 

@@ -33,9 +33,10 @@ from synth import (
     SynthRecording,
 )
 
-from vmprof_tui.analyse.analysis import Analysis, Profile
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.analysis import analyse as analyse_recording
 from vmprof_tui.analyse.kinds import BlankKind
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.analyse.steal import attributions, steal_report, vcpu_steal
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.recording import CHUNK_HEADER, END, MAGIC, META, SAMPLES, SCHED, SNAPSHOT, load

@@ -17,8 +17,9 @@ from conftest import Recorded, record_scenario, vmprof
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from vmprof_tui.analyse import segments
-from vmprof_tui.analyse.analysis import Analysis, Profile, Row, analyse
+from vmprof_tui.analyse.analysis import Analysis, analyse
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import Profile, Row
 from vmprof_tui.show.formats import ReportInput, chrome, pprof
 
 VM = "twoprocs"

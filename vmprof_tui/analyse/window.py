@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays
-from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.callgraph import WeightedStacks, call_paths
 from vmprof_tui.analyse.segments import Segment, vcpu_segments
 from vmprof_tui.analyse.shares import (
     GuestSummary,
     HostParts,
     HostSummary,
+    Row,
     RowCounts,
     SpanSummary,
     WindowSummary,

@@ -19,7 +19,8 @@ from vmprof_tui.show.formats.table import SORT_KEYS
 from vmprof_tui.show.text import MIN_WIDTH, report_width
 
 if TYPE_CHECKING:
-    from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.shares import Profile, Row
 
 ORDERED = ("table", "json", "csv")  # the formats whose rows --sort orders
 KNOWN_SHOWN = 8  # functions named when --callers matches none

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from vmprof_tui.analyse.analysis import Analysis, Profile, Row, vm_rows
+from vmprof_tui.analyse.analysis import Analysis, vm_rows
 from vmprof_tui.analyse.callgraph import call_graph
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import Profile, Row
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
 from vmprof_tui.resolve.stacks import MappingInfo

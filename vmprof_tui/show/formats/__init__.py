@@ -14,7 +14,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vmprof_tui.analyse.analysis import Analysis, Profile
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.shares import Profile
 
 # format name -> module in this package
 MODULES = {"table": "table", "json": "jsonfmt", "csv": "csvfmt", "collapsed": "collapsed", "pprof": "pprof",

@@ -42,10 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import Analysis, Profile
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.exits import exit_category, exit_name
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.segments import Segment, SegmentKind, vcpu_segments
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.analyse.timeline import VcpuTimeline, task_name
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
