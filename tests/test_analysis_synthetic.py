@@ -775,3 +775,26 @@ def test_finding_blank_at_the_end_on_a_silent_idle_cpu(tmp_path: Path) -> None:
     b.halt(vm, 0, 80 * MS, 100 * MS)
     g = analyse(b, tmp_path).guest_profile("early")
     assert g.total_samples == 100 and g.ratios["idle"] == approx(20.0)
+
+
+def test_resolution_is_a_stage_before_the_analysis() -> None:
+    """resolve/prepare.py prepares a recording (time order, span, kept samples, VMs, names) and Analysis only
+    analyses what it is given: the two stages called apart give what analyse() gives."""
+    import inspect
+
+    from conftest import ROOT
+
+    from vmprof_tui.resolve.prepare import Prepared, prepare, recording_window
+
+    assert list(inspect.signature(Analysis.__init__).parameters) == ["self", "prepared", "shares_only"]
+    rec = load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof")
+    p = prepare(rec, time_range=(0.5, 1.5))
+    assert isinstance(p, Prepared) and p.window == recording_window(rec)
+    t = p.samples["time_ns"]
+    assert np.all(t[1:] >= t[:-1]) and t[0] >= p.range_ns[0] and t[-1] < p.range_ns[1]
+    assert len(p.names.func) == len(p.samples) and set(p.vms.by_pid.values()) == {"steal1", "steal2", "steal3"}
+    staged, whole = Analysis(p), analyse_recording(rec, time_range=(0.5, 1.5))
+    for vm in [None, "steal1", "steal2", "steal3"]:
+        got = staged.host_profile() if vm is None else staged.guest_profile(vm)
+        want = whole.host_profile() if vm is None else whole.guest_profile(vm)
+        assert got.to_json() == want.to_json()
