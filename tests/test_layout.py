@@ -172,3 +172,10 @@ def test_nothing_cites_files_outside_the_repository() -> None:
             if name != "tests/test_layout.py" and any(w in text for w in outside):
                 citing.append(name)
     assert not citing, citing
+
+
+def test_timelines_know_nothing_of_profiles() -> None:
+    """analyse/timeline.py builds the vCPU timelines from sched events alone: no profile, name or analysis in it."""
+    known = modules()
+    used = imports(known["vmprof_tui.analyse.timeline"], known)
+    assert used <= {"vmprof_tui.arrays", "vmprof_tui.analyse.blanks", "vmprof_tui.record.records"}, used
