@@ -16,7 +16,7 @@ from conftest import ROOT, Recorded, record_scenario, require_root, start_record
 
 from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
-from vmprof_tui.demo import programs
+from vmprof_tui.demo import builds
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE, stack_rows
 
@@ -154,9 +154,9 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path, map_entries: int
     With a 2-bucket stack map nearly every user chain finds its bucket taken and is stored inline in its
     stack record: the chains must come out the same (once, one hot chain's lost bucket cost it 80%)."""
     require_root()
-    src = Path(str(programs._source_dir()))
+    src = Path(str(builds._source_dir()))
     native = tmp_path / "chain-native"
-    flags = ["-O2", *programs.FRAME_POINTER_FLAGS]
+    flags = ["-O2", *builds.FRAME_POINTER_FLAGS]
     subprocess.run(["gcc", *flags, "-c", "-DVMPROF_NATIVE", "-Dmain=guest_main", f"-I{src}", "-o",
                     str(tmp_path / "chain.o"), str(src / "chain.c")], check=True)
     subprocess.run(["gcc", *flags, "-o", str(native), str(tmp_path / "chain.o"), str(ROOT / "tests/native/harness.c")],

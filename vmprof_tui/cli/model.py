@@ -97,7 +97,7 @@ def _bench(workloads: list[str], args: argparse.Namespace, cpus: list[int]):  # 
 def _measurer(bench, resource: str, log):  # noqa: ANN001, ANN202
     from vmprof_tui.collect.bpf import CollectError
     from vmprof_tui.collect.session import SessionError
-    from vmprof_tui.demo.programs import BuildError
+    from vmprof_tui.demo.builds import BuildError
     from vmprof_tui.demo.runner import DemoError
 
     def measure(levels: np.ndarray) -> dict:
