@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from synth import SynthRecording  # noqa: E402
 
-from vmprof_tui.fleet.analyze import Analyzer, find_windows, hosts_per_node  # noqa: E402
+from vmprof_tui.fleet.analyse import Analyser, find_windows, hosts_per_node  # noqa: E402
 from vmprof_tui.record import recording  # noqa: E402
 from vmprof_tui.record.recording import Writer  # noqa: E402
 
@@ -67,7 +67,7 @@ def main() -> int:
     for vms in (int(v) for v in args.vms.split(",")):
         tmp = Path(tempfile.mkdtemp(prefix="vmprof-fleet-"))
         t0s = build_spool(tmp / "spool", vms, args.windows)
-        with Analyzer(tmp / "store", workers=os.cpu_count()) as an:
+        with Analyser(tmp / "store", workers=os.cpu_count()) as an:
             results = an.run(find_windows([tmp / "spool"]))
             threads = an.n_threads
         t2s = [r.t2_s for r in results if r.error is None]

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui.estimate import histogram as model_histogram
 from vmprof_tui.estimate import model as M
 from vmprof_tui.estimate.model_measure import Bench, l_max
-from vmprof_tui.show import model_histogram
 
 RESOURCE = "host-cpu"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import perf_binary  # noqa: E402
 
-from vmprof_tui.analyse.analysis import Analysis  # noqa: E402
+from vmprof_tui.analyse.analysis import analyse  # noqa: E402
 from vmprof_tui.collect.session import CollectionSession  # noqa: E402
 from vmprof_tui.demo import runner, scenarios, workloads  # noqa: E402
 from vmprof_tui.record import recording  # noqa: E402
@@ -76,7 +76,7 @@ def guest(program: Path, name: str, args: list[str], freq: int, tmp: Path) -> tu
     truth = run.truth[name]
     if truth["faults"] or truth["processes"][0]["exit_code"] != 0:
         raise SystemExit(f"{name}: the program did not end cleanly in the VM: {truth['faults']}")
-    g = Analysis(recording.load(out)).guest_profile(name)
+    g = analyse(recording.load(out)).guest_profile(name)
     rows = [r for r in g.rows if r.process == program.name]
     total = sum(r.samples for r in rows) or 1
     shares: dict[str, float] = {}

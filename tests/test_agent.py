@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import record_scenario, require_root, start_sampling, vmprof
 
-from vmprof_tui.analyse.analysis import Analysis, Profile
+from vmprof_tui.analyse.analysis import analyse
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
@@ -110,8 +111,8 @@ def test_windows_touch_and_match_a_one_shot_recording(tmp_path: Path, frequency:
         if w["start_ns"] < lived[0] or w["end_ns"] > lived[1]:
             continue  # windows where the VMs did not run all along
         lo, hi = (w["start_ns"] - first_ns) / 1e9, (w["end_ns"] - 1 - first_ns) / 1e9
-        window_an = Analysis(recording.load(spool.windows / w["file"]))
-        ref_an = Analysis(rec, time_range=(lo, hi))  # what `report --time-range` analyses
+        window_an = analyse(recording.load(spool.windows / w["file"]))
+        ref_an = analyse(rec, time_range=(lo, hi))  # what `report --time-range` analyses
         for vm in vm_pids:
             got, want = shares(window_an.guest_profile(vm)), shares(ref_an.guest_profile(vm))
             print(f"window {w['seq']} {vm}: " + ", ".join(f"{k[0]} {k[1]} {got.get(k, 0):.1f}/{want.get(k, 0):.1f}"
@@ -287,7 +288,7 @@ def test_metrics_colon_port_listens_on_every_interface(tmp_path: Path) -> None:
     `ADDR:PORT` that address; a bad port is one line of usage; --help says which is which."""
     import socket
 
-    from vmprof_tui.show.metrics import AgentMetrics, parse_address
+    from vmprof_tui.fleet.metrics import AgentMetrics, parse_address
 
     assert parse_address(":9466") == ("0.0.0.0", 9466) and parse_address("9466") == ("127.0.0.1", 9466)
     assert parse_address("10.0.0.1:80") == ("10.0.0.1", 80) and parse_address("[::1]:9466") == ("::1", 9466)
@@ -322,7 +323,7 @@ def test_metrics_holder_labels_stay_bounded(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from synth import MS, SynthRecording
 
-    from vmprof_tui.show.metrics import MAX_HOLDER_LABELS, AgentMetrics
+    from vmprof_tui.fleet.metrics import MAX_HOLDER_LABELS, AgentMetrics
 
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry)
@@ -338,7 +339,7 @@ def test_metrics_holder_labels_stay_bounded(tmp_path: Path) -> None:
                         end_ns=t + 5 * MS + (i + 1) * MS)
             t += 5 * MS + (i + 1) * MS
         b.run(web, 0, cpu=1, start_ns=t, end_ns=t + 5 * MS)
-        an = Analysis(recording.load(b.write(tmp_path / f"w{window}.vmprof")))
+        an = analyse(recording.load(b.write(tmp_path / f"w{window}.vmprof")))
         metrics.add_window(an, True, 0.0, 0.0, 0)
         expected += sum(range(1, 9)) / 1000
     labels = {s.labels["cause"]: s.value for m in registry.collect() if m.name == "vmprof_vcpu_steal_seconds"

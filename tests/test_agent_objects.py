@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import require_root, start_sampling
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.record import recording
 from vmprof_tui.record.recording import MAX_OBJECT_TABLE, OBJECTS_REF_KEY, Writer, object_ref
 from vmprof_tui.record.spool import Spool
@@ -79,7 +79,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def busy_functions(rec: recording.Recording) -> tuple[dict[str, float], list[str]]:
-    an = Analysis(rec)
+    an = analyse(rec)
     return {r.function: r.samples for r in an.host_profile().rows if r.process == "hostbusy"}, an.notes
 
 

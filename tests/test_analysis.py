@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import Recorded, record_scenario, vmprof
 
-from vmprof_tui.analyse.analysis import Analysis, Profile
+from vmprof_tui.analyse.analysis import Analysis, analyse
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.analyse.steal import steal_report
 from vmprof_tui.demo import runner
 
@@ -24,7 +25,7 @@ def share(profile: Profile, **match: str) -> float:
 @pytest.fixture(scope="module")
 def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Analysis]:
     r = record_scenario(tmp_path_factory.mktemp("a"), "alone", 3.0)
-    return r, Analysis(r.rec)
+    return r, analyse(r.rec)
 
 
 def test_alone_function_shares(alone: tuple[Recorded, Analysis]) -> None:
@@ -64,7 +65,7 @@ def test_alone_report_cli(alone: tuple[Recorded, Analysis], tmp_path: Path) -> N
 
 def test_two_procs_shares(tmp_path: Path) -> None:
     r = record_scenario(tmp_path, "two-procs", 3.0)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     g = an.guest_profile("twoprocs")
     truth = {p["pid"]: p for p in r.truth["twoprocs"]["processes"]}
     total_run = sum(p["run_ns"] for p in truth.values())
@@ -86,12 +87,12 @@ def test_steal3(tmp_path: Path) -> None:
     # 10 kHz: a share of the host's samples has a sampling error of about 0.9 points at 3000 samples on the
     # pCPU, 0.3 points at 30000, and the comparison of the host's samples with the exact type-1 steal allows 1 point
     r = record_scenario(tmp_path, "steal3", 3.0, frequency=10000)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     # the host level over the span in which all three VMs ran, on their shared pCPU
     tls = list(an.timelines.values())
     w0 = an.window()[0]
     span = ((max(t.start_ns for t in tls) - w0) / 1e9, (min(t.end_ns for t in tls) - w0) / 1e9)
-    in_span = Analysis(r.rec, time_range=span)
+    in_span = analyse(r.rec, time_range=span)
     host = in_span.host_profile(cpu=1)
     for name, t in r.truth.items():
         v = t["vcpus"][0]
@@ -119,12 +120,12 @@ def test_steal3(tmp_path: Path) -> None:
 
 def test_halt(tmp_path: Path) -> None:
     r = record_scenario(tmp_path, "halt", 3.0)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     g = an.guest_profile("halt")
     idle = share(g, function="[idle]", module="(halt_exit)")
     tl = an.vm_timelines("halt")[0]  # the host level over the VM's life, on its pCPU
     w0 = an.window()[0]
-    host_idle = Analysis(r.rec, time_range=((tl.start_ns - w0) / 1e9, (tl.end_ns - w0) / 1e9)).host_profile(
+    host_idle = analyse(r.rec, time_range=((tl.start_ns - w0) / 1e9, (tl.end_ns - w0) / 1e9)).host_profile(
         cpu=1).ratios["idle"]
     # The duty program halts 20 ms after a fixed amount of work (10 ms when undisturbed): if anything delays
     # the work the halted share drops below 2/3, so the truth is the VMM's measured halt time.
@@ -143,7 +144,7 @@ def test_halt(tmp_path: Path) -> None:
 
 def test_vcpu2_on_1(tmp_path: Path) -> None:
     r = record_scenario(tmp_path, "vcpu2-on-1", 3.0)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     for vcpu, other in ((0, 1), (1, 0)):
         g = an.guest_profile("vcpu2", vcpu=vcpu)
         on_other = share(g, function="[steal]", module=f"(on vcpu{other})")
@@ -167,7 +168,7 @@ def test_correction(tmp_path: Path) -> None:
     specs = runner.scenario_specs("correction")
     specs[0] = _fixed_work_spec("measured", 1500)
     disturbed = record_scenario(tmp_path, specs, 30)
-    an = Analysis(disturbed.rec)
+    an = analyse(disturbed.rec)
     rep = steal_report(an, "measured")
     (mine,) = [c for c in rep["processes"] if c["process"] == "compute"]
     corrected, host_corr = mine["corrected_s"], mine["host_steal_corrected_s"]

@@ -33,9 +33,12 @@ from synth import (
     SynthRecording,
 )
 
-from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse as analyse_recording
 from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.steal import steal_report, vcpu_steal
+from vmprof_tui.analyse.shares import Profile
+from vmprof_tui.analyse.steal import attributions, steal_report, vcpu_steal
+from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.recording import CHUNK_HEADER, END, MAGIC, META, SAMPLES, SCHED, SNAPSHOT, load
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
@@ -57,7 +60,7 @@ approx = pytest.approx
 
 def analyse(b: SynthRecording, tmp_path: Path, **kw: object) -> Analysis:
     """Write the recording with the real Writer, read it back with the real loader, analyse it."""
-    return Analysis(load(b.write(tmp_path / "synth.vmprof")), **kw)  # type: ignore[arg-type]
+    return analyse_recording(load(b.write(tmp_path / "synth.vmprof")), **kw)  # type: ignore[arg-type]
 
 
 def rows(p: Profile) -> dict[tuple[str, str, str | None], float]:
@@ -498,7 +501,7 @@ def test_attribution_per_function(tmp_path: Path) -> None:
     tl = timeline(an, "app", 0)
     assert tl.on_cpu_ns == 60 * MS  # = 60 samples of the thread: 1 ms of run time per sample
     got = [(a.process, a.function, a.module, a.vcpu, a.samples, a.run_ns / MS, a.steal_ns / MS,
-            a.steal_type1_ns / MS, a.apparent_ns / MS) for a in an.attributions("app")]
+            a.steal_type1_ns / MS, a.apparent_ns / MS) for a in attributions(an, "app")]
     assert got == [
         # B: preempted 45-50 between B and B (type 1), the VMM in user space 78-80 (2 samples) and blocked
         # 80-85 between B (77) and B (85) (type 2); not 60-70 (halt: idle is not steal)
@@ -511,7 +514,7 @@ def test_attribution_per_function(tmp_path: Path) -> None:
 def test_attribution_per_process(tmp_path: Path) -> None:
     an = analyse(attribution_mix(), tmp_path)
     got = [(a.process, a.function, a.samples, a.run_ns / MS, a.steal_ns / MS, a.steal_type1_ns / MS)
-           for a in an.attributions("app", per_function=False)]
+           for a in attributions(an, "app", per_function=False)]
     # per process, 30-35 (between A and B, both worker) is worker's too
     assert got == [("worker", "", 53, 53.0, 10.0 + 5.0 + 5.0 + 2.0 + 5.0, 10.0 + 5.0 + 5.0),
                    ("other", "", 5, 5.0, 0.0, 0.0)]
@@ -586,7 +589,7 @@ def test_recording_of_several_chunks(tmp_path: Path) -> None:
         pos += CHUNK_HEADER.size + length
     # meta, vms; per flush: snapshots of the processes first sampled, then the tables; kallsyms, end
     assert kinds == [META, SNAPSHOT, SNAPSHOT, SAMPLES, SNAPSHOT, SAMPLES, SCHED, SAMPLES, SNAPSHOT, END]
-    an = Analysis(load(path))
+    an = analyse_recording(load(path))
     assert len(an.samples) == 1200
     # the 50 ms blank at the vCPU's measured rate: 1150 samples in 1149 ms on the CPU (the first one at its start)
     assert rows(an.guest_profile("long")) == approx({("[unknown]", "[unknown]", "[cr3 0x1000]"): 700 + 450,
@@ -726,7 +729,7 @@ def test_finding_time_range_before_a_blank_open_at_the_end(tmp_path: Path) -> No
 
 def test_finding_time_range_bounds_count_twice(tmp_path: Path) -> None:
     rec = load(host_mix().write(tmp_path / "x.vmprof"))
-    first, second = Analysis(rec, time_range=(0.0, 0.05)), Analysis(rec, time_range=(0.05, 0.1))
+    first, second = analyse_recording(rec, time_range=(0.0, 0.05)), analyse_recording(rec, time_range=(0.05, 0.1))
     assert first.host_profile().total_samples == 100
     assert len(first.samples) + len(second.samples) == len(rec.samples)
 
@@ -735,8 +738,8 @@ def test_time_range_to_the_end_keeps_the_last_record(tmp_path: Path) -> None:
     """Without an end chunk (a cut recording) the window ends at the last record, the samples at 99 ms."""
     rec = load(host_mix().write(tmp_path / "x.vmprof"))
     rec.end = None
-    assert Analysis(rec).window()[1] == BASE_NS + 99 * MS
-    assert len(Analysis(rec, time_range=(0.05, 0.099)).samples) == 2 * 50
+    assert analyse_recording(rec).window()[1] == BASE_NS + 99 * MS
+    assert len(analyse_recording(rec, time_range=(0.05, 0.099)).samples) == 2 * 50
 
 
 def test_finding_cpu_idle_the_whole_recording(tmp_path: Path) -> None:
@@ -772,3 +775,26 @@ def test_finding_blank_at_the_end_on_a_silent_idle_cpu(tmp_path: Path) -> None:
     b.halt(vm, 0, 80 * MS, 100 * MS)
     g = analyse(b, tmp_path).guest_profile("early")
     assert g.total_samples == 100 and g.ratios["idle"] == approx(20.0)
+
+
+def test_resolution_is_a_stage_before_the_analysis() -> None:
+    """resolve/prepare.py prepares a recording (time order, span, kept samples, VMs, names) and Analysis only
+    analyses what it is given: the two stages called apart give what analyse() gives."""
+    import inspect
+
+    from conftest import ROOT
+
+    from vmprof_tui.resolve.prepare import Prepared, prepare, recording_window
+
+    assert list(inspect.signature(Analysis.__init__).parameters) == ["self", "prepared", "shares_only"]
+    rec = load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof")
+    p = prepare(rec, time_range=(0.5, 1.5))
+    assert isinstance(p, Prepared) and p.window == recording_window(rec)
+    t = p.samples["time_ns"]
+    assert np.all(t[1:] >= t[:-1]) and t[0] >= p.range_ns[0] and t[-1] < p.range_ns[1]
+    assert len(p.names.func) == len(p.samples) and set(p.vms.by_pid.values()) == {"steal1", "steal2", "steal3"}
+    staged, whole = Analysis(p), analyse_recording(rec, time_range=(0.5, 1.5))
+    for vm in [None, "steal1", "steal2", "steal3"]:
+        got = staged.host_profile() if vm is None else staged.guest_profile(vm)
+        want = whole.host_profile() if vm is None else whole.guest_profile(vm)
+        assert got.to_json() == want.to_json()

@@ -194,10 +194,10 @@ def test_mode_filters_make_the_totals_and_ratios_of_what_they_keep() -> None:
 
 def test_ratios_made_from_the_rows_are_the_profiles_ratios() -> None:
     """What a filtered profile's ratios are made of (its rows) gives the unfiltered ratios back."""
-    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.analysis import analyse
     from vmprof_tui.analyse.shares import row_ratios
 
-    an = Analysis(recording.load(ROOT / GOLDEN))
+    an = analyse(recording.load(ROOT / GOLDEN))
     for p in [an.host_profile(), an.host_profile(1)] + [an.guest_profile(vm) for vm in an.vm_names()]:
         made = row_ratios(p.level, p.rows)
         assert made.keys() == p.ratios.keys() and all(abs(made[k] - p.ratios[k]) < 1e-6 for k in made)

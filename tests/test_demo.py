@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, vmprof
 
-from vmprof_tui.demo import programs, runner, scenarios
+from vmprof_tui.demo import builds, runner, scenarios
 
 pytestmark = pytest.mark.usefixtures("kvm_available")
 
@@ -32,7 +32,7 @@ def run_scenario(name: str, seconds: float, custom: scenarios.Custom | None = No
 
 def test_guest_runs_natively(tmp_path: Path) -> None:
     native = tmp_path / "compute-native"
-    src = Path(str(programs._source_dir()))
+    src = Path(str(builds._source_dir()))
     obj = tmp_path / "compute.o"
     subprocess.run(["gcc", "-O2", "-c", "-DVMPROF_NATIVE", "-Dmain=guest_main", f"-I{src}", "-o", str(obj),
                     str(src / "compute.c")], check=True)
@@ -106,7 +106,7 @@ def test_signal_stops_everything_and_prints_truth(sig: int) -> None:
 
 def test_faulting_program_is_reported(tmp_path: Path) -> None:
     elf = tmp_path / "fault"
-    programs.build(ROOT / "tests/native/fault.c", elf)
+    builds.build(ROOT / "tests/native/fault.c", elf)
     spec = {"name": "faulty", "vcpus": [{"pin": None, "processes": [{"path": str(elf), "name": "fault"}]}]}
     out = subprocess.run([sys.executable, "-m", "vmprof_tui.demo.vmm", json.dumps(spec)],
                          capture_output=True, text=True, timeout=30)

@@ -16,9 +16,10 @@ import pytest
 from conftest import Recorded, record_scenario, vmprof
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from vmprof_tui.analyse import timeline
-from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+from vmprof_tui.analyse import segments
+from vmprof_tui.analyse.analysis import Analysis, analyse
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import Profile, Row
 from vmprof_tui.show.formats import ReportInput, chrome, pprof
 
 VM = "twoprocs"
@@ -160,11 +161,11 @@ def test_sample_runs_tile_on_cpu_segments() -> None:
     codes = np.array([7, 7, 8, 8, 8, 8, 8, -1])
     seg = np.array([0, 0, 0, 0, 0, 1, 1, 1])  # a blank from 5.6 ms to 8.5 ms
     lo, hi = np.array([200_000, 8_500_000]), np.array([5_600_000, 12 * p])
-    first, count, start, end = timeline.sample_runs(times, codes, seg, lo, hi)
+    first, count, start, end = segments.sample_runs(times, codes, seg, lo, hi)
     assert first.tolist() == [0, 2, 5, 7] and count.tolist() == [2, 3, 2, 1]
     assert start.tolist() == [200_000, 2_500_000, 8_500_000, 10_500_000]
     assert end.tolist() == [2_500_000, 5_600_000, 10_500_000, 12_000_000]
-    assert timeline.sample_runs(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64), lo, hi)[0].size == 0
+    assert segments.sample_runs(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64), lo, hi)[0].size == 0
 
 
 # -- a real recording ------------------------------------------------------------------
@@ -172,7 +173,7 @@ def test_sample_runs_tile_on_cpu_segments() -> None:
 @pytest.fixture(scope="module")
 def twoprocs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Analysis]:
     r = record_scenario(tmp_path_factory.mktemp("fmt"), "two-procs", 2.0)
-    return r, Analysis(r.rec)
+    return r, analyse(r.rec)
 
 
 

@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Static
 from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
 from vmprof_tui.demo.scenarios import SHARED_CPU
-from vmprof_tui.fleet.analyze import corrupt_path, done_path, find_windows
+from vmprof_tui.fleet.analyse import corrupt_path, done_path, find_windows
 from vmprof_tui.fleet.history import Store
 from vmprof_tui.fleet.tasks import HOST_TASK, TABLES, analyse_window_vm, window_vms
 from vmprof_tui.record.spool import Agent, Spool

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, record_scenario, vmprof
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.demo import runner, scenarios, workloads
@@ -45,7 +45,7 @@ def test_syscall_heavy_program_has_named_guest_kernel_and_os_share(tmp_path: Pat
     assert served == truth["vcpus"][0]["served_syscalls"] >= 3000
     assert proc["syscalls"]["pread64"]["count"] == proc["syscalls"]["pwrite64"]["count"] > 1000
     assert (files / "blocks.bin").stat().st_size == 64 * 4096  # written where the VM's directory is
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     g = an.guest_profile("real")
     kernel = {row.function: row.samples for row in g.rows if row.module == "[guest.kallsyms]"}
     user = {row.function for row in g.rows if row.module == "syscall_heavy"}
@@ -117,7 +117,7 @@ def test_smp2_each_vcpu_profile_and_steal_against_the_vmm(tmp_path: Path) -> Non
     r = record_scenario(tmp_path, "smp2", 4.0)
     truth = r.truth["smp2"]
     assert not truth["faults"]
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     steal = vcpu_steal(an, "smp2")
     for v, s, program in zip(truth["vcpus"], steal, ("shor", "gzip"), strict=True):
         g = an.guest_profile("smp2", vcpu=v["vcpu"])
@@ -146,7 +146,7 @@ def test_record_g_chains_run_from_the_guest_kernel_into_user_code(tmp_path: Path
     user function that made the call (the kernel's entry frame links to the user RIP and RBP)."""
     program = static_program(tmp_path, "syscall_heavy")
     r = record_scenario(tmp_path, [real_vm("real", program, ["2.5"], tmp_path)], 4.0, frequency=2000, stacks=True)
-    ws = CallGraph(Analysis(r.rec)).weighted("guest", "real")
+    ws = CallGraph(analyse(r.rec)).weighted("guest", "real")
     chains: Counter = Counter()
     for path, ctx, n in zip(ws.paths, ws.contexts, ws.counts.tolist(), strict=True):
         frames = tuple(f for f in path[ctx:] if f != PARTIAL)

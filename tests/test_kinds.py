@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import Analysis, analyse
+from vmprof_tui.analyse.blanks import steal_of_type
 from vmprof_tui.analyse.kinds import BlankKind, RowKind
+from vmprof_tui.analyse.segments import SegmentKind, vcpu_segments
 from vmprof_tui.analyse.steal import vcpu_steal
-from vmprof_tui.analyse.timeline import SegmentKind, steal_of_type, vcpu_segments
 from vmprof_tui.record import recording
 
 STEAL3 = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -19,7 +20,7 @@ STEAL3 = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
 
 @pytest.fixture(scope="module")
 def an() -> Analysis:
-    return Analysis(recording.load(STEAL3))  # a stored recording (tests/data/golden/make.py made it)
+    return analyse(recording.load(STEAL3))  # a stored recording (tests/data/golden/make.py made it)
 
 
 def test_labels_are_made_from_kinds(an: Analysis) -> None:
@@ -55,7 +56,7 @@ def test_steal_split_is_what_the_profile_and_the_steal_table_show(an: Analysis) 
                                                 / 1e9)
             g = an.guest_profile(vm, v["vcpu"])
             type1 = sum(r.samples for r in g.rows if r.kind.steal_type == 1)
-            assert type1 == pytest.approx(steal_of_type(split, 1) / an.sample_ns(tl))
+            assert type1 == pytest.approx(steal_of_type(split, 1) / an.vcpus.sample_ns(tl))
 
 
 def test_segments_tile_each_vcpu(an: Analysis) -> None:
@@ -71,4 +72,4 @@ def test_segments_tile_each_vcpu(an: Analysis) -> None:
         assert [s.blank for s in blanks] == sorted(tl.blanks, key=lambda b: b.start_ns)
         preempted = [s for s in blanks if s.blank.kind == BlankKind.PREEMPTED]
         assert all(s.holder in s.blank.holders() or s.holder == s.blank.first_holder for s in preempted)
-        assert int(np.count_nonzero(an.thread_mask(tl))) >= sum(s.samples for s in runs)
+        assert int(np.count_nonzero(an.vcpus.thread_mask(tl))) >= sum(s.samples for s in runs)

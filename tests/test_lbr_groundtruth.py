@@ -25,8 +25,8 @@ from vmprof_tui.analyse.blocks import STATUS_BACKWARDS, STATUS_CROSSES_FUNCTION,
 from vmprof_tui.analyse.disasm import KIND_CALL, KIND_RET, CodeCache
 from vmprof_tui.analyse.lbr_reconstruct import reconstruct
 from vmprof_tui.cli.blocks import run_blocks_from_perf_script
-from vmprof_tui.record import perf_script
 from vmprof_tui.record.lbr_model import BranchFilter, Fields, LbrSample, from_msr_stack
+from vmprof_tui.resolve import perf_script
 from vmprof_tui.resolve.elfcode import ElfResolver, ImageCache
 from vmprof_tui.show.formats import blocks_csv as format_csv
 from vmprof_tui.show.formats import blocks_json as format_json

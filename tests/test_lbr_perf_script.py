@@ -15,7 +15,7 @@ from conftest import ROOT
 from vmprof_tui.analyse.blocks import BlocksError
 from vmprof_tui.cli.blocks import run_blocks_from_perf_script
 from vmprof_tui.record.lbr_model import BranchFilter, Fields
-from vmprof_tui.record.perf_script import PerfScriptError, parse
+from vmprof_tui.resolve.perf_script import PerfScriptError, parse
 
 DATA = ROOT / "tests/data/lbr"
 

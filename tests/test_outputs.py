@@ -18,8 +18,8 @@ import jsonschema
 import pandas as pd
 import pytest
 
-from vmprof_tui.analyse.analysis import Profile, Row
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import Profile, Row
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"

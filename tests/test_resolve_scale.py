@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmprof_tui.analyse.analysis import Analysis, first_and_counts
+from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.window import ReplayWindow, _window_recording
+from vmprof_tui.arrays import first_and_counts
 from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.elf import read_elf_symbols
 from vmprof_tui.resolve.resolver import NameCodes, Resolver, StringTable
@@ -98,8 +99,8 @@ def test_replay_window_resolved_by_stretches_reads_as_the_whole_window() -> None
     window = ReplayWindow(GOLDEN, window_s=2.0)
     window.start()
     for _ in range(4):  # the window slides: later polls add a stretch and forget the oldest
-        an = window.poll(step_s=0.7)
-        whole = Analysis(_window_recording(an.rec.path, an.rec.meta, an.rec.samples, an.rec.sched,
+        an = window.poll(step_s=0.7).analysis  # the window joined, as its screens that need more read it
+        whole = analyse(_window_recording(an.rec.path, an.rec.meta, an.rec.samples, an.rec.sched,
                                            window.snapshot, window.rec.bundles, an.rec.duration_s),
                          resolver=Resolver(kallsyms=window.resolver.kallsyms), span_ns=an.window())
         for vm in [None, *an.vm_names()]:
@@ -113,10 +114,10 @@ def test_processes_past_one_search_resolve_through_their_own(monkeypatch: pytest
     from vmprof_tui.record.recording import load
     from vmprof_tui.resolve import resolver, spaces
 
-    together = Analysis(load(GOLDEN))
+    together = analyse(load(GOLDEN))
     monkeypatch.setattr(resolver, "MAX_SPACES", 0)
     monkeypatch.setattr(spaces, "MAX_SPACES", 0)
-    one_by_one = Analysis(load(GOLDEN))
+    one_by_one = analyse(load(GOLDEN))
     assert (together.func == one_by_one.func).all() and (together.module == one_by_one.module).all()
 
 

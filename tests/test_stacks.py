@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, Recorded, record_scenario, require_root, start_recording, vmprof
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
-from vmprof_tui.demo import programs
+from vmprof_tui.demo import builds
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE, stack_rows
 
@@ -37,7 +37,7 @@ def stacks(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
 
 @pytest.fixture(scope="module")
 def graph(stacks: Recorded) -> CallGraph:
-    return CallGraph(Analysis(stacks.rec))
+    return CallGraph(analyse(stacks.rec))
 
 
 def frames_of(graph: CallGraph, process: str) -> Counter:
@@ -154,9 +154,9 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path, map_entries: int
     With a 2-bucket stack map nearly every user chain finds its bucket taken and is stored inline in its
     stack record: the chains must come out the same (once, one hot chain's lost bucket cost it 80%)."""
     require_root()
-    src = Path(str(programs._source_dir()))
+    src = Path(str(builds._source_dir()))
     native = tmp_path / "chain-native"
-    flags = ["-O2", *programs.FRAME_POINTER_FLAGS]
+    flags = ["-O2", *builds.FRAME_POINTER_FLAGS]
     subprocess.run(["gcc", *flags, "-c", "-DVMPROF_NATIVE", "-Dmain=guest_main", f"-I{src}", "-o",
                     str(tmp_path / "chain.o"), str(src / "chain.c")], check=True)
     subprocess.run(["gcc", *flags, "-o", str(native), str(tmp_path / "chain.o"), str(ROOT / "tests/native/harness.c")],
@@ -186,7 +186,7 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path, map_entries: int
     print(f"user chains stored inline: {inline.sum()} of {len(inline)}")
     if map_entries:
         assert inline.sum() > 0.5 * len(inline)
-    graph = CallGraph(Analysis(loaded))
+    graph = CallGraph(analyse(loaded))
     ws = graph.weighted("host")
     ours: Counter = Counter()
     for path, ctx, n, stack in zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks, strict=True):
@@ -240,7 +240,9 @@ def drive_flame_and_callers(window: object, vm: str, process: str, in_flame: tup
     from test_tui import cells, select, until
     from textual.widgets import DataTable, Static
 
-    from vmprof_tui.show.tui import CallersScreen, FlameScreen, VmprofTop
+    from vmprof_tui.show.callers_screen import CallersScreen
+    from vmprof_tui.show.flame_screen import FlameScreen
+    from vmprof_tui.show.tui import VmprofTop
 
     async def drive() -> None:
         app = VmprofTop(window, refresh_s=0.5)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import record_scenario
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import Analysis, analyse
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.steal import steal_report
 
@@ -19,7 +19,7 @@ def share(an: Analysis, vm: str, kind: RowKind, vcpu: int | None = None) -> floa
 
 def test_wakeup_wait(tmp_path: Path) -> None:
     r = record_scenario(tmp_path, "wakeup", 6.0)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     truth = r.truth["halting"]["vcpus"][0]
     wall = truth["wall_ns"]
     # the VMM's truth is the kernel's: each halted KVM_RUN's wall time minus the thread's CPU time and run-queue
@@ -56,7 +56,7 @@ def test_throttled(tmp_path: Path) -> None:
     # vCPU thread ran through it unthrottled (6.18 stops a throttled task only on its way to user space, and a
     # vCPU may stay in KVM_RUN; docs/analysis.md). Over 8 s that is under 0.9 points; the causes are printed.
     r = record_scenario(tmp_path, "throttled", 8.0)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     print(f"throttled: type 1 by cause {steal_report(an, 'throttled')['vcpus'][0]['type1_by_cause_s']}")
     truth = r.truth["throttled"]
     wall = truth["vcpus"][0]["wall_ns"]
@@ -74,7 +74,7 @@ def test_throttled(tmp_path: Path) -> None:
 
 def test_skew(tmp_path: Path) -> None:
     r = record_scenario(tmp_path, "skew", 3.0)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     vcpus = {v["vcpu"]: v for v in steal_report(an, "skew")["vcpus"]}
     truth = {v["vcpu"]: v for v in r.truth["skew"]["vcpus"]}
     for vcpu, other in ((0, 1), (1, 0)):
@@ -91,7 +91,7 @@ def test_halt_polling(tmp_path: Path) -> None:
     """Halts of ~100 us, which KVM polls out (halt_poll_ns 200 us): vmprof's halt polling from kvm_vcpu_wakeup
     against KVM's own counters of the vCPU (its binary stats, read by the VMM at the vCPU's end)."""
     r = record_scenario(tmp_path, "halt-poll", 3.0)
-    an = Analysis(r.rec)
+    an = analyse(r.rec)
     truth = r.truth["blink"]["vcpus"][0]
     kvm, wall = truth["kvm"], truth["wall_ns"]
     assert kvm, "this kernel gave no KVM binary stats (KVM_GET_STATS_FD)"

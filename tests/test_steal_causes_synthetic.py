@@ -11,13 +11,14 @@ import pytest
 from synth import MS, VMX_IO, SynthRecording
 
 from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse as analyse_recording
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.record.recording import load
 
 
 def analyse(b: SynthRecording, tmp_path: Path) -> Analysis:
-    return Analysis(load(b.write(tmp_path / "x.vmprof")))
+    return analyse_recording(load(b.write(tmp_path / "x.vmprof")))
 
 
 def rows(an: Analysis, vm: str) -> dict[RowKind, float]:

@@ -16,7 +16,11 @@ from textual.widgets import DataTable
 from vmprof_tui.analyse.window import LiveWindow, ReplayWindow
 from vmprof_tui.collect.session import CollectionSession
 from vmprof_tui.demo import runner
-from vmprof_tui.show.tui import HelpScreen, HostScreen, TableScreen, TimelineScreen, VmprofTop
+from vmprof_tui.show.dialogs import HelpScreen
+from vmprof_tui.show.host_screen import HostScreen
+from vmprof_tui.show.screen import TableScreen
+from vmprof_tui.show.timeline_screen import TimelineScreen
+from vmprof_tui.show.tui import VmprofTop
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +192,9 @@ def test_screens_of_a_new_user() -> None:
     """Issue 16 on the stored recording of three VMs: the host view tells its [unknown] rows apart, drill-down
     screens sort by samples, s and t work from every screen of a VM, rows of 0 samples are not listed, and the
     overview plots the selected VM's user, steal and idle."""
-    from vmprof_tui.show.tui import OverviewScreen, ProcessScreen, StealScreen
+    from vmprof_tui.show.overview_screen import OverviewScreen
+    from vmprof_tui.show.process_screen import ProcessScreen
+    from vmprof_tui.show.steal_screen import StealScreen
 
     app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
 
@@ -288,11 +294,11 @@ def test_overview_summary_agrees_with_the_guest_profile() -> None:
     """The overview and the VM screen read the host and each VM (and vCPU) from Analysis.host_summary and
     guest_summary (no rows built); they must say what the profiles say: shares, steal of each type, the top
     process and the top resolved function."""
-    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.analysis import analyse
     from vmprof_tui.analyse.kinds import RowKind
     from vmprof_tui.record import recording
 
-    an = Analysis(recording.load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof"))
+    an = analyse(recording.load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof"))
     host, h = an.host_profile(), an.host_summary()
     assert (h.ratios, h.total_samples, h.lost_samples) == (host.ratios, host.total_samples, host.lost_samples)
     top = max((r for r in host.rows if r.kind is RowKind.FUNCTION), key=lambda r: r.samples)
@@ -333,15 +339,15 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     it) instead of analysing the whole window each refresh.  On one span the sum is the whole analysis exactly;
     over a sliding window of whole chunks it agrees with the window's whole Analysis to a fraction of a percentage
     point (each chunk prices a vCPU's blank time at that chunk's sampling rate) and names the same top names."""
-    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.analysis import analyse
     from vmprof_tui.analyse.kinds import RowKind
+    from vmprof_tui.analyse.segments import SegmentKind, vcpu_segments
     from vmprof_tui.analyse.shares import WindowSummary
     from vmprof_tui.analyse.steal import vcpu_steal
-    from vmprof_tui.analyse.timeline import SegmentKind, vcpu_segments
     from vmprof_tui.record import recording
 
     golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
-    an = Analysis(recording.load(golden))
+    an = analyse(recording.load(golden))
     one = WindowSummary([an.span_summary()], an.rec.lost_samples)
     assert one.host_summary() == an.host_summary()
     for vm in an.vm_names():
@@ -449,7 +455,7 @@ def test_timeline_tells_steal_wakeup_wait_and_throttled_apart() -> None:
 def test_host_view_at_80x24_gives_the_function_column_its_width() -> None:
     """Issue 36.16: at 80x24 the host view's module (and process) column, sized to its longest name, pushed
     the function column off the screen; now process and module names are cut first."""
-    from vmprof_tui.show.tui import SCROLLBAR
+    from vmprof_tui.show.screen import SCROLLBAR
 
     app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "lbr.vmprof", window_s=1.0), refresh_s=0.3)
 
@@ -596,7 +602,7 @@ def test_q_and_sigterm_end_top_at_any_refresh_it_accepts(refresh: str) -> None:
 def test_overview_shows_the_vm_table_in_a_small_terminal(size: tuple[int, int]) -> None:
     """In a 40x10 terminal the overview showed only the plot: the VM table now keeps the room (the plot shows
     from 26 rows up)."""
-    from vmprof_tui.show.tui import OverviewScreen
+    from vmprof_tui.show.overview_screen import OverviewScreen
 
     app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=0.3)
 
@@ -613,3 +619,28 @@ def test_overview_shows_the_vm_table_in_a_small_terminal(size: tuple[int, int]) 
             await pilot.press("q")
 
     asyncio.run(go())
+
+
+def test_screens_read_a_declared_interface_of_the_window_and_of_a_recording() -> None:
+    """show/ reads a span through source.ProfileSource: the live window's view implements it (nothing forwarded
+    to its Analysis) and so does a recording's analysis (RecordingSource), with the same rows; both windows are
+    a source.Window, which VmprofTop reads without probing."""
+    from vmprof_tui.analyse.analysis import analyse
+    from vmprof_tui.analyse.source import ProfileSource, RecordingSource, Window
+    from vmprof_tui.analyse.window import WindowView
+    from vmprof_tui.record import recording
+
+    golden = ROOT / "tests" / "data" / "golden" / "steal3.vmprof"
+    assert "__getattr__" not in vars(WindowView)
+    window = ReplayWindow(golden, window_s=100.0)
+    window.start()
+    view = window.poll(step_s=100.0)
+    whole = RecordingSource(analyse(recording.load(golden)))
+    assert isinstance(view, ProfileSource) and isinstance(whole, ProfileSource)
+    assert all(hasattr(window, name) for name in Window.__annotations__)
+    assert all(hasattr(LiveWindow, name) for name in ("live", "started", "damage", "at_end"))  # the rest: __init__
+    assert view.vm_names() == whole.vm_names()
+    vm = whole.vm_names()[0]
+    assert len(view.vcpu_steal(vm)) == len(whole.vcpu_steal(vm))
+    assert sorted(view.vcpu_segments(vm)) == sorted(whole.vcpu_segments(vm))
+    assert view.call_paths(vm) is None and whole.call_paths(vm) is None  # recorded without -g

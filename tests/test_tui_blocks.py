@@ -23,13 +23,15 @@ from vmprof_tui.analyse.lbr_source import NO_LBR, LbrSource, from_recording
 from vmprof_tui.analyse.window import ReplayWindow
 from vmprof_tui.cli import main
 from vmprof_tui.cli.top import lbr_window
-from vmprof_tui.record import perf_script
 from vmprof_tui.record.lbr_model import CALL_RETURN_USER, Fields, LbrSample, ResolvedAddr
 from vmprof_tui.record.lbr_records import to_samples
 from vmprof_tui.record.recording import Writer, load
+from vmprof_tui.resolve import perf_script
 from vmprof_tui.resolve.lbr_recording import samples_of_recording
 from vmprof_tui.show.blocks_screen import BlockScreen, BlocksScreen
-from vmprof_tui.show.tui import FunctionScreen, HostScreen, VmprofTop
+from vmprof_tui.show.function_screen import FunctionScreen
+from vmprof_tui.show.host_screen import HostScreen
+from vmprof_tui.show.tui import VmprofTop
 
 SIZE = (80, 24)
 

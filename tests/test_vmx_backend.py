@@ -10,7 +10,7 @@ import pytest
 from conftest import require_root
 
 from vmprof_tui.analyse import exits
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.steal import steal_report
 from vmprof_tui.collect import backends
 from vmprof_tui.collect import bpf as collect
@@ -114,7 +114,7 @@ def _vmx_recording(tmp_path: Path) -> recording.Recording:
 
 
 def test_vmx_without_helper_is_reported_not_dropped(tmp_path: Path) -> None:
-    an = Analysis(_vmx_recording(tmp_path))
+    an = analyse(_vmx_recording(tmp_path))
     g = an.guest_profile("web1")
     unknown = [r for r in g.rows if r.module == "(guest RIP unknown)"]
     assert unknown and sum(r.samples for r in unknown) == 2900

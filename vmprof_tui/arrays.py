@@ -1,14 +1,19 @@
 """Sorting and grouping of integer arrays: np.unique and a stable argsort through one sort of packed keys.
 
-Written by hand because of measured costs on these machines (3.84M int64 keys): numpy sorts values with its
-vectorised sort (0.09 s) but sorts indices (argsort, and np.unique with an index or inverse) with a generic one
-(0.5-0.8 s).  Where a key's range and its position fit in 63 bits together, `key << bits | position` sorted as
-values gives the keys in order and, in the low bits, their positions, ties by position: a stable argsort for a
-fifth of the cost.  pandas' hash-based `factorize` is faster still but costs 0.35 s and 80 MB to import, more than
-it saves a recording of 600k samples.  Keys that do not fit go to numpy's own functions, so results are the same.
+Written by hand because numpy sorts values with its vectorised sort but sorts indices (argsort, and np.unique
+with an index or inverse) with a generic, several times slower one.  Where a key's range and its position fit in
+63 bits together, `key << bits | position` sorted as values gives the keys in order and, in the low bits, their
+positions, ties by position: a stable argsort at a fraction of the cost.  Keys that do not fit go to numpy's own
+functions, so results are the same.  The measured costs, and why not pandas' factorize: docs/analysis.md, "Cost
+at scale".
+
+Below them, the grouping every stage shares: by key (group_by), dense ranks, membership among few keys, and
+counts of small keys (the dense ranks an analysis groups its samples by).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -67,3 +72,86 @@ def unique(keys: np.ndarray, return_index: bool = False, return_inverse: bool = 
     if return_counts:
         result.append(np.diff(np.append(at, n)))
     return result[0] if len(result) == 1 else tuple(result)
+
+
+def group_by(keys: np.ndarray, pos: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(key, the positions `pos` with that key, in their order) for each distinct keys[pos], with one sort."""
+    if not len(pos):
+        return
+    k = keys[pos]
+    order = np.argsort(_small_ranks(k), kind="stable")
+    k, pos = k[order], pos[order]
+    cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
+    for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(k)].tolist(), strict=True):
+        yield int(k[lo]), pos[lo:hi]
+
+
+def _small_ranks(k: np.ndarray) -> np.ndarray:
+    """Keys that sort as `k` does, as uint16 where they fit (pids, mapping indices: numpy sorts those by radix,
+    faster than 64-bit keys), else `k` itself."""
+    lo, hi = int(k.min()), int(k.max())
+    if hi - lo < 1 << 16:
+        return (k - lo).astype(np.uint16)
+    ranks = dense_ranks(k)
+    return ranks.astype(np.uint16) if ranks is not None and ranks.max() < 1 << 16 else k
+
+
+def dense_ranks(keys: np.ndarray) -> np.ndarray | None:
+    """The rank of each key among the distinct keys (np.unique's inverse, int32) by a table over their range,
+    without a sort; None where the range is too wide for a table (then sort)."""
+    if not len(keys):
+        return np.empty(0, np.int32)
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo > 4 * len(keys) + (1 << 20):
+        return None
+    present = np.zeros(hi - lo + 1, bool)
+    present[keys - lo] = True
+    return (np.cumsum(present, dtype=np.int32) - 1)[keys - lo]
+
+
+def rank_among(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the distinct wanted keys sorted, each key's rank among them, whether it is one of them): a binary search
+    each, where np.isin would sort both.  `wanted` must not be empty."""
+    wanted = np.unique(wanted)
+    rank = np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)
+    return wanted, rank, wanted[rank] == keys
+
+
+def member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """keys that are in `wanted` (few)."""
+    return rank_among(keys, wanted)[2] if len(wanted) else np.zeros(len(keys), bool)
+
+
+def _few(keys: np.ndarray, size: int) -> bool:
+    """Keys few beside their range `size` (one vCPU's samples in one second): a sort costs less than a table."""
+    return len(keys) * 8 < size
+
+
+def counts_of(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(keys, return_counts=True) for small non-negative keys (below `size`): by counting where they are
+    many (a table instead of unique's sort)."""
+    if _few(keys, size):
+        return unique(keys, return_counts=True)
+    counts = np.bincount(keys, minlength=size)
+    present = np.flatnonzero(counts)
+    return present, counts[present]
+
+
+def first_and_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """np.unique(keys, return_index=True, return_counts=True) for small non-negative keys (below `size`, as
+    the dense ranks of analysis keys are), by counting as counts_of does."""
+    if _few(keys, size):
+        return unique(keys, return_index=True, return_counts=True)
+    present, counts = counts_of(keys, size)
+    first = np.full(size, len(keys), np.int64)
+    np.minimum.at(first, keys, np.arange(len(keys)))
+    return present, first[present], counts
+
+
+def positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarray]:
+    """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one binary search
+    each and one sort of their ranks among the wanted (small integers: sorted by radix, not 64-bit keys)."""
+    if not len(wanted) or not len(keys):
+        return {}
+    wanted, rank, found = rank_among(keys, wanted)
+    return {int(wanted[r]): at for r, at in group_by(rank, np.flatnonzero(found))}

@@ -147,9 +147,6 @@ class Btf:
                         return found[0], bits + found[1]
         return None
 
-    def size_of(self, struct_name: str) -> int:
-        return self.type(self.struct_id(struct_name)).size_or_type
-
 
 def _extra_size(kind: int, vlen: int) -> int:
     if kind in (KIND_INT, KIND_VAR, KIND_DECL_TAG):

@@ -22,126 +22,36 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui import arrays
-from vmprof_tui.analyse import blanks as bt
-from vmprof_tui.analyse.blanks import NO_TIME, Blank, BlankTable
+from vmprof_tui.analyse.blanks import Cause, steal_split
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import (
     GuestParts,
     GuestSummary,
     HostParts,
     HostSummary,
+    Profile,
     Row,
     RowCounts,
     SpanSummary,
     guest_summary,
 )
-from vmprof_tui.analyse.timeline import Cause, steal_split
+from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
+from vmprof_tui.analyse.vcpu_samples import VcpuSamples
 from vmprof_tui.collect import backends
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
-    SAMPLE_HALTED,
     SAMPLE_HOST_KERNEL,
-    SAMPLE_VCPU,
-    SCHED_HALT_END,
-    SCHED_NOT_SWITCH,
-    SCHED_PREV_HALTED,
-    SCHED_PREV_RUNNABLE,
-    SCHED_PREV_THROTTLED,
-    SCHED_THROTTLE_END,
-    SCHED_WAKEUP,
 )
+from vmprof_tui.resolve.prepare import Prepared, prepare
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
-from vmprof_tui.resolve.spaces import dense_ranks, group_by
-
-
-def _rank_among(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(the distinct wanted keys sorted, each key's rank among them, whether it is one of them): a binary search
-    each, where np.isin would sort both.  `wanted` must not be empty."""
-    wanted = np.unique(wanted)
-    rank = np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)
-    return wanted, rank, wanted[rank] == keys
-
-
-def _member(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """keys that are in `wanted` (few)."""
-    return _rank_among(keys, wanted)[2] if len(wanted) else np.zeros(len(keys), bool)
-
-
-def _few(keys: np.ndarray, size: int) -> bool:
-    """Keys few beside their range `size` (one vCPU's samples in one second): a sort costs less than a table."""
-    return len(keys) * 8 < size
-
-
-def counts_of(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(keys, return_counts=True) for small non-negative keys (below `size`): by counting where they are
-    many (ten times faster than unique's sort on a large report)."""
-    if _few(keys, size):
-        return arrays.unique(keys, return_counts=True)
-    counts = np.bincount(keys, minlength=size)
-    present = np.flatnonzero(counts)
-    return present, counts[present]
-
-
-def first_and_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """np.unique(keys, return_index=True, return_counts=True) for small non-negative keys (below `size`, as
-    the dense ranks Analysis.key are), by counting as counts_of does."""
-    if _few(keys, size):
-        return arrays.unique(keys, return_index=True, return_counts=True)
-    present, counts = counts_of(keys, size)
-    first = np.full(size, len(keys), np.int64)
-    np.minimum.at(first, keys, np.arange(len(keys)))
-    return present, first[present], counts
-
-
-def _positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarray]:
-    """key -> the positions (ascending) where `keys` holds it, for the keys in `wanted`: one binary search
-    each and one sort of their ranks among the wanted (small integers: sorted by radix, not 64-bit keys)."""
-    if not len(wanted) or not len(keys):
-        return {}
-    wanted, rank, found = _rank_among(keys, wanted)
-    return {int(wanted[r]): at for r, at in group_by(rank, np.flatnonzero(found))}
-
-MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
-HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
-
-
-def overlap(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """How much of each [a, b) the intervals [lo, hi) cover (sorted, not overlapping each other).
-
-    The time they cover before t is a step function F(t) (cumulative durations); the overlap with [a, b)
-    is F(b) - F(a), for all of them at once."""
-    if not len(lo):
-        return np.zeros(len(a), np.int64)
-    cum = np.concatenate([[0], np.cumsum(hi - lo)])
-
-    def covered_before(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(lo, t, side="right") - 1  # last interval started by t
-        k = i.clip(0)
-        return np.where(i >= 0, cum[k] + np.minimum(t, hi[k]) - lo[k], 0)
-
-    return covered_before(b) - covered_before(a)
-
-
-def _inside(times: np.ndarray, intervals: np.ndarray) -> np.ndarray:
-    """Which times fall in one of the [start, end) intervals (disjoint, in time order)."""
-    if not len(intervals):
-        return np.zeros(len(times), bool)
-    t = times.astype(np.int64)
-    k = np.searchsorted(intervals[:, 0], t, side="right") - 1
-    return (k >= 0) & (t < intervals[k.clip(0), 1])
-
-
-def irq_between(a: int, b: int) -> int:
-    """IRQ time of one CPU between two of its events (cpu_irq_ns runs modulo 2^32)."""
-    return (b - a) & 0xFFFFFFFF
 
 
 def in_kernel(samples: np.ndarray) -> np.ndarray:
@@ -152,13 +62,6 @@ def in_kernel(samples: np.ndarray) -> np.ndarray:
 def kernel_mode(flags: np.ndarray) -> np.ndarray:
     """in_kernel of the samples' flags."""
     return np.where((flags & SAMPLE_GUEST) != 0, (flags & SAMPLE_GUEST_KERNEL) != 0, (flags & SAMPLE_HOST_KERNEL) != 0)
-
-
-def task_name(comm: bytes) -> str:
-    """A task's comm from a sched record.  The BPF program copies the comm with bpf_probe_read_kernel_str into a
-    ring-buffer slot that is not cleared, so after the string's NUL the slot keeps bytes of an older record
-    ("ksoftirqd/1\\0-91" after "memfd:sealed-91"), and numpy's S16 strips only trailing NULs: cut at the first."""
-    return comm.split(b"\0", 1)[0].decode(errors="replace")
 
 
 @dataclass
@@ -179,85 +82,6 @@ class _HostShares:
 
 
 @dataclass
-class Profile:
-    level: str  # host | guest
-    vm: str | None
-    vcpu: int | None
-    total_samples: float
-    duration_s: float
-    lost_samples: int
-    ratios: dict[str, float]
-    rows: list[Row]
-    unresolved_samples: int = 0
-    notes: list[str] = field(default_factory=list)
-    virtual_samples: float | None = None  # of total_samples, made from the scheduler events (idle, steal)
-
-    def __post_init__(self) -> None:
-        if self.virtual_samples is None:
-            # most rows are functions: an identity test first (is_virtual hashes an Enum, a Python call)
-            self.virtual_samples = sum(r.samples for r in self.rows
-                                       if r.kind is not RowKind.FUNCTION and r.kind.is_virtual)
-
-    @property
-    def shown_rows(self) -> list[Row]:
-        """The rows users see: one that rounds to 0 samples (a few virtual samples of steal) is noise on a screen
-        or in a table; `rows` keeps them for whoever adds rows up (the fleet store, pprof's totals)."""
-        return [r for r in self.rows if r.samples >= 0.5]
-
-    def to_json(self) -> dict:
-        total = self.total_samples
-        unresolved = self.unresolved_samples / total if total else 0.0
-        return {"level": self.level, "vm": self.vm, "vcpu": self.vcpu, "total_samples": int(round(total)),
-                "duration_s": round(self.duration_s, 6), "lost_samples": self.lost_samples,
-                "unresolved_samples": self.unresolved_samples,
-                "unresolved_ratio": round(unresolved, 5), "unresolved_percent": round(100.0 * unresolved, 3),
-                "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
-                "rows": [r.to_json(total) for r in self.shown_rows], "notes": self.notes}
-
-
-def _first_inside(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Per interval [start, end] (in time order), the first of the sorted `times` inside it, or NO_TIME."""
-    if not len(times):
-        return np.full(len(starts), NO_TIME, np.int64)
-    k = np.searchsorted(times, starts)
-    t = times[k.clip(0, len(times) - 1)]
-    return np.where((k < len(times)) & (t <= ends), t, NO_TIME)
-
-
-@dataclass
-class VcpuTimeline:
-    vm: str
-    pid: int
-    tid: int
-    vcpu: int
-    start_ns: int
-    end_ns: int
-    on_cpu_ns: int = 0
-    irq_running_ns: int = 0  # IRQ time on its pCPU while it ran (inside its on-CPU time)
-    skew_ns: int = 0  # co-stop: time it could not run (any blank but a halt) while a sibling vCPU ran
-    halt_poll_ns: int = 0  # KVM polled its halts this long before blocking (or instead of blocking)
-    halt_polls_ok: int = 0  # halts that polling ended: the wake-up came while KVM polled
-    halts: int = 0  # halts KVM reported ending (kvm_vcpu_wakeup)
-    # [start, end) of each stretch KVM polled (None without kvm_vcpu_wakeup records: then every sample of KVM
-    # with the vCPU halted counts as polling)
-    poll_intervals: np.ndarray | None = None
-    table: BlankTable | None = field(default=None, repr=False, compare=False)  # the analysis' blanks
-    rows: tuple[int, int] = (0, 0)  # its blanks: these rows of `table`
-    _blanks: list[Blank] | None = field(default=None, init=False, repr=False, compare=False)
-
-    @property
-    def wall_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-    @property
-    def blanks(self) -> list[Blank]:
-        """Its blanks as objects, in time order (made when first asked for: the shares read the table)."""
-        if self._blanks is None:
-            self._blanks = self.table.blanks(*self.rows) if self.table is not None else []
-        return self._blanks
-
-
-@dataclass
 class Attribution:
     process: str
     function: str  # "" when attributed per process
@@ -275,125 +99,50 @@ class Attribution:
 
 
 
-def recording_window(rec: Recording) -> tuple[int, int]:
-    """The span a recording covers on the host clock: from its first record to its end.
-
-    The end is where sampling stopped, not the last record: an idle CPU that takes no sampling interrupts
-    (the PVM machines) leaves nothing at the end, and a vCPU halted there is still halted.  The end chunk
-    gives it two ways: `end_monotonic_ns`, which the recorder takes after reading kallsyms (so it can be
-    late by that), and `duration_s`, counted from the start of sampling, which is about the first record
-    (so it is not late); the earlier one is the end.  Without an end time (live windows) the last record ends it.
-    """
-    times = [a["time_ns"] for a in (rec.samples, rec.sched) if len(a)]
-    if not times:
-        return 0, 0
-    w0, w1 = int(min(t.min() for t in times)), int(max(t.max() for t in times))
-    end = rec.end or {}
-    if "end_monotonic_ns" in end and "duration_s" in end:
-        w1 = max(w1, min(int(end["end_monotonic_ns"]), w0 + round(float(end["duration_s"]) * 1e9)))
-    return w0, w1
-
-
 class Analysis:
     """Everything derived from one recording (and the guest bundles that name its guests)."""
 
-    def __init__(self, rec: Recording, guest_bundles: dict[str, Path] | None = None,
-                 resolver: Resolver | None = None, time_range: tuple[float, float] | None = None,
-                 resolved: Resolved | None = None, keep: Callable[[np.ndarray], np.ndarray] | None = None,
-                 span_ns: tuple[int, int] | None = None, shares_only: bool = False) -> None:
-        """resolver: symbol sources kept across analyses (the live screen's windows share one);
-        time_range: (from, to) in seconds after the first record; the analysis covers only that span.
-        resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
-        keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged.
-        span_ns: [lo, hi) on the host clock that timelines, blanks and idle are cut to, with the samples as given
-        (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext).
+    def __init__(self, prepared: Prepared, shares_only: bool = False) -> None:
+        """prepared: the recording's samples made ready by the resolve stage (resolve/prepare.py).
         shares_only: the timelines carry what the shares need and no more (the live screen's chunk summaries):
         no holder of each blank, no co-stop."""
         self.shares_only = shares_only
-        self.rec = rec
+        rec = self.rec = prepared.rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
         self.backend = rec.meta.get("backend", backends.NONE)
-        t = rec.samples["time_ns"]
-        if np.all(t[1:] >= t[:-1]):  # the live screen's window usually is
-            self.samples, self._given = rec.samples, resolved
-        else:
-            order = arrays.stable_argsort(t)
-            self.samples = rec.samples[order]
-            self._given = resolved.take(order) if resolved is not None else None
-        ts = rec.sched["time_ns"]
-        # strictly increasing: a full-record sort would not move anything (the window usually is)
-        sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
-        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
-        # context switches; and apart, the wake-ups of vCPU threads and the ends of their halts
-        self.sched, self.wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (
-            sched, sched[:0])
-        self.range_ns: tuple[int, int] | None = span_ns
-        self._window = recording_window(rec)
+        self.samples, self.sched, self.wake_events = prepared.samples, prepared.sched, prepared.wake_events
+        self.range_ns: tuple[int, int] | None = prepared.range_ns
+        self._window = prepared.window
         self._profiles: dict[tuple, Profile] = {}
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
         self._host_share_cache: dict[int | None, _HostShares] = {}
         self._summaries: dict[tuple, HostSummary | GuestSummary] = {}
         self._splits: dict[bool, dict[int, dict[Cause, float]]] = {}  # blank_split: in ns? -> vCPU thread -> ...
-        self._polling: dict[int, np.ndarray] = {}  # vCPU thread (pid << 32 | tid) -> its polling samples
-        self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
-        if time_range is not None:
-            w0, w1 = self.window()
-            lo, hi = (w0 + round(x * 1e9) for x in time_range)
-            self.range_ns = (lo, hi)
-            t = self.samples["time_ns"]
-            # half-open, as the blanks: adjacent ranges share no sample; a range to the end keeps the last record
-            inside = (t >= lo) & ((t < hi) | (hi >= w1))
-            self.samples = self.samples[inside]
-            self._given = self._given.take(inside) if self._given is not None else None
-        if keep is not None:
-            kept = keep(self.samples)
-            self.samples = self.samples[kept]
-            self._given = self._given.take(kept) if self._given is not None else None
-        self.notes: list[str] = list(rec.problems)
-        self.vm_by_pid: dict[int, str] = {}
-        self.vm_index: dict[str, int] = {}
-        self.vcpu_of_tid: dict[int, tuple[int, int]] = {}  # tid -> (vmm pid, vcpu id)
-        self.is_guest = (self.samples["flags"] & SAMPLE_GUEST) != 0  # the samples that interrupted a guest
-        self._learn_vms()
-        self.resolver = resolver or Resolver()
-        self.resolver.objects.add_tables(rec.object_tables)
-        self.notes += self.resolver.load_guests(self.vm_by_pid.values(), guest_bundles or {}, rec.bundles)
-        self._resolve()
+        self.notes: list[str] = prepared.notes
+        self.vm_by_pid = prepared.vms.by_pid
+        self.vm_index = prepared.vms.index
+        self.vcpu_of_tid = prepared.vms.vcpu_of_tid  # tid -> (vmm pid, vcpu id)
+        self.is_guest = prepared.is_guest  # the samples that interrupted a guest
+        self.resolver = prepared.resolver
+        self.vcpus = VcpuSamples(self.samples, self.is_guest, self.vcpu_of_tid, self.period_ns)
+        self.derived: dict[str, object] = {}  # what other analyse modules derive from it once (the call graph)
+        self._names(prepared.names)
 
     @functools.cached_property
     def timelines(self) -> dict[int, VcpuTimeline]:
         """Per vCPU thread id: its timeline (built when first asked for: the host level needs none)."""
-        return self._build_timelines()
+        return self._schedule.timelines(self.vcpus.positions, self.samples["time_ns"])
 
-    # -- VMs, vCPU threads ---------------------------------------------------------
-    def _learn_vms(self) -> None:
-        for i, vm in enumerate(sorted(self.rec.vms(), key=lambda v: (v["name"], v["pid"]))):
-            self.vm_by_pid[int(vm["pid"])] = vm["name"]
-            self.vm_index.setdefault(vm["name"], i + 1)
-            for tid, vcpu in vm.get("vcpu_threads", {}).items():
-                if vcpu is not None:
-                    self.vcpu_of_tid[int(tid)] = (int(vm["pid"]), int(vcpu))
-        s = self.samples
-        # Only a thread in KVM_RUN runs guest code: VMM threads that load a vCPU for an ioctl are not vCPUs.
-        guest = self.is_guest
-        if guest.any():
-            # one int per (pid, tid, vcpu): pid and tid fit in 22 bits, vCPU ids in 16
-            packed = (s["pid"][guest].astype(np.int64) << 38 | s["tid"][guest].astype(np.int64) << 16
-                      | s["vcpu_id"][guest])
-            known = np.fromiter((pid << 38 | tid << 16 | vcpu for tid, (pid, vcpu) in self.vcpu_of_tid.items()),
-                                np.int64, len(self.vcpu_of_tid))
-            packed = packed[~_member(packed, known)]  # the VM list names nearly all: one sort of the rest
-            for p in np.unique(packed).tolist():
-                pid, tid, vcpu = p >> 38, (p >> 16) & 0x3FFFFF, p & 0xFFFF
-                self.vcpu_of_tid[tid] = (pid, vcpu)
-                if pid not in self.vm_by_pid:
-                    name = f"vm-{pid}"
-                    self.vm_by_pid[pid] = name
-                    self.vm_index.setdefault(name, len(self.vm_index) + 1)
+    @functools.cached_property
+    def _schedule(self) -> Schedule:
+        return Schedule(self.sched, self.wake_events, self.vcpu_of_tid, self.vm_by_pid, self.window(), self.range_ns,
+                        self.shares_only)
 
-    # -- resolution --------------------------------------------------------------------
-    def _resolve(self) -> None:
+    # -- names ----------------------------------------------------------------------------
+    def _names(self, g: Resolved) -> None:
+        """The per-sample names as the analysis groups them: VM codes, and (unless only shares are asked for) the
+        dense keys of profile rows."""
         s = self.samples
         vmm_pids = np.array(sorted(self.vm_by_pid), np.int64)
         at = np.searchsorted(vmm_pids, s["pid"]).clip(0, max(len(vmm_pids) - 1, 0))
@@ -404,14 +153,11 @@ class Analysis:
         for name, code in self.vm_index.items():
             self.vm_name_of_code[code] = name
         guest = self.is_guest
-        g = self._given
-        if g is None:
-            g = self.resolver.resolve(s, self.rec.processes(), self.vm_by_pid, self.rec.kallsyms(), self.notes)
         self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
         self.unresolved = self.func == UNKNOWN
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        self.in_vm = guest | _member(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
+        self.in_vm = guest | arrays.member(s["pid"].astype(np.int64) << 32 | s["tid"], self.vcpus.keys())
         # a live chunk's summary groups its samples by name code and needs no keys (made if something asks)
         self._codes = g
         if not self.shares_only:
@@ -436,7 +182,7 @@ class Analysis:
         def dense(code: np.ndarray) -> np.ndarray:
             """Rank of each key among the distinct keys (np.unique's inverse; by a table where keys are few)."""
             key = self.vm_code.astype(np.int64) * (int(code.max()) + 1 if len(code) else 1) + code
-            ranks = dense_ranks(key)
+            ranks = arrays.dense_ranks(key)
             return ranks if ranks is not None else arrays.unique(key, return_inverse=True)[1].astype(np.int32)
         # int32: these and the other per-sample arrays are most of a large report's memory
         self._proc_key = dense(g.proc_code)
@@ -457,358 +203,6 @@ class Analysis:
             return self.range_ns
         return self._window
 
-    def _thread_keys(self) -> np.ndarray:
-        """pid << 32 | tid of every vCPU thread."""
-        return np.fromiter((pid << 32 | tid for tid, (pid, _v) in self.vcpu_of_tid.items()), np.int64,
-                           len(self.vcpu_of_tid))
-
-    @functools.cached_property
-    def _thread_samples(self) -> dict[int, np.ndarray]:
-        """pid << 32 | tid of a vCPU thread -> the indices of its samples (ascending): one sort for all threads,
-        8 bytes per sample of a vCPU thread (a mask per thread would be 1 byte per sample per thread)."""
-        s = self.samples
-        return _positions_by_key(s["pid"].astype(np.int64) << 32 | s["tid"], self._thread_keys())
-
-    @functools.cached_property
-    def _switches_on_cpu(self) -> dict[int, np.ndarray]:
-        """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs."""
-        return dict(group_by(self.sched["cpu"], np.arange(len(self.sched))))
-
-    def _build_timelines(self) -> dict[int, VcpuTimeline]:
-        """Per vCPU thread: on-CPU time and blank intervals from the sched events, for every thread at once (its
-        switches, in one table by thread and time)."""
-        _w0, w1 = self.window()
-        ev = self.sched
-        threads = sorted(self.vcpu_of_tid.items())
-        count = len(threads)
-        keys = np.array([pid << 32 | tid for tid, (pid, _v) in threads], np.int64)
-        ev_time = ev["time_ns"].astype(np.int64)
-        ev_cpu = ev["cpu"].astype(np.int64)
-        ev_irq = ev["cpu_irq_ns"].astype(np.int64)
-        # every recorded switch of a thread counts, also those before it was known as a vCPU thread; the pid keeps
-        # out an earlier thread that had the same id.  A record: (thread, event, switched in)
-        thread, event, is_in = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, bool)
-        if count and len(ev):
-            by_key = np.argsort(keys)  # a thread's rank among the sorted keys -> its index
-            parts = []
-            for side, switched_in in (("prev", False), ("next", True)):
-                _keys, rank, found = _rank_among(ev[f"{side}_pid"].astype(np.int64) << 32 | ev[f"{side}_tid"], keys)
-                at = np.flatnonzero(found)
-                parts.append((by_key[rank[at]], at, np.full(len(at), switched_in)))
-            thread, event, is_in = (np.concatenate(c) for c in zip(*parts, strict=True))
-        # by thread, then in time order (a switch-out before a switch-in at the same time)
-        order = np.lexsort((is_in, ev_time[event], thread))
-        thread, event, is_in = thread[order], event[order], is_in[order]
-        t, cpu = ev_time[event], ev_cpu[event]
-        first = np.ones(len(event), bool)
-        first[1:] = thread[1:] != thread[:-1]
-        last = np.ones(len(event), bool)
-        last[:-1] = first[1:]
-        # The vCPU's life starts at its first record: a thread first seen leaving a CPU ran since its first sample
-        # (which comes within one sampling period of the start of the recording if it was already running then).
-        start = np.full(count, np.iinfo(np.int64).max)
-        end = np.full(count, np.iinfo(np.int64).min)
-        start[thread[first]], end[thread[last]] = t[first], t[last]
-        times = self.samples["time_ns"]
-        for i, key in enumerate(keys.tolist()):
-            own = self._thread_samples.get(key)
-            if own is not None:
-                start[i], end[i] = min(start[i], int(times[own[0]])), max(end[i], int(times[own[-1]]))
-        # before its first switch a thread is on a CPU since its start (as after a switch-in); one first seen
-        # leaving a CPU ran there until then, wherever it is switched in later
-        first_cpu = np.full(count, -1, np.int64)
-        first_cpu[thread[first]] = cpu[first]
-        after_in = np.where(first, True, np.roll(is_in, 1))
-        since = np.where(first, start[thread], np.roll(t, 1))
-        cpu_before = np.where(first, first_cpu[thread], np.roll(cpu, 1))
-        closes_run = ~is_in & after_in  # a switch-out after a switch-in ends an on-CPU interval
-        closes_blank = is_in & ~after_in  # a switch-in after a switch-out ends a blank (never a thread's first record)
-        on_cpu = np.zeros(count, np.int64)
-        np.add.at(on_cpu, thread[closes_run], t[closes_run] - since[closes_run])
-        # IRQ time on the pCPU while a vCPU ran (its IRQ clock at both ends, when both are on that CPU), for the runs
-        # that began with a recorded switch-in
-        ran = np.flatnonzero(closes_run & ~first)
-        run_in, run_out = event[ran - 1], event[ran]
-        irq = np.minimum(irq_between(ev_irq[run_in], ev_irq[run_out]), ev_time[run_out] - ev_time[run_in])
-        irq_running = np.zeros(count, np.int64)
-        same_cpu = ev_cpu[run_in] == ev_cpu[run_out]
-        np.add.at(irq_running, thread[ran][same_cpu], irq[same_cpu])
-        # what is open at a thread's last record runs to the end: a blank if it left runnable or halted, else nothing
-        # is known after a switch-out; after a switch-in (or with no switch at all) it is on a CPU until its end
-        ends = np.flatnonzero(last)
-        went = ends[~is_in[ends]]
-        tail = went[(ev["flags"][event[went]] & (SCHED_PREV_RUNNABLE | SCHED_PREV_HALTED)) != 0]
-        end[thread[tail]] = w1
-        on_since = np.where(np.isin(np.arange(count), thread), np.iinfo(np.int64).max, start)
-        on_where = np.full(count, -1, np.int64)
-        came = ends[is_in[ends]]
-        on_since[thread[came]], on_where[thread[came]] = t[came], cpu[came]
-        still = np.flatnonzero((on_since <= end) & (start <= end))
-        on_cpu[still] += end[still] - on_since[still]
-        # each thread's on-CPU intervals: (thread, from, to, CPU)
-        intervals = [np.concatenate(p) for p in zip((a[closes_run] for a in (thread, since, t, cpu_before)),
-                                                    (still, on_since[still], end[still], on_where[still]), strict=True)]
-        # the blanks: from the switch-out before each closing switch-in, and the open ones, by thread and time
-        closing = np.flatnonzero(closes_blank)
-        by_time = np.argsort(np.concatenate([closing, tail]), kind="stable")
-        began = np.concatenate([event[closing - 1], event[tail]])[by_time]
-        back_in = np.concatenate([event[closing], np.full(len(tail), -1, np.int64)])[by_time]
-        # (an open blank that began after the end of an analysed time range is empty there: _clip drops it)
-        table = self._blank_table(np.concatenate([thread[closing], thread[tail]])[by_time], began,
-                                  np.concatenate([t[closing], np.maximum(t[tail], w1)])[by_time])
-        # IRQ time on its pCPU while a preempted vCPU waited (when it came back on that CPU)
-        closed = np.flatnonzero(back_in >= 0)
-        out, back = began[closed], back_in[closed]
-        irq = np.minimum(irq_between(ev_irq[out], ev_irq[back]), ev_time[back] - ev_time[out])
-        table.irq[closed] = np.where((ev_cpu[out] == ev_cpu[back]) & (table.kind[closed] == bt.PREEMPTED), irq, 0)
-        alive = np.flatnonzero(start <= end)
-        timelines = [VcpuTimeline(self.vm_by_pid.get(pid, f"vm-{pid}"), pid, tid, vcpu, int(start[i]), int(end[i]),
-                                  int(on_cpu[i]), int(irq_running[i])) for i, (tid, (pid, vcpu)) in
-                     ((i, threads[i]) for i in alive.tolist())]
-        self._set_rows(timelines, alive, table)
-        self._wakeups(timelines, keys[alive], table)
-        if self.range_ns is not None:  # before the holders: those of a cut blank are what held it in the range
-            timelines, alive, table = self._clip(timelines, alive, table)
-        # from here the table's timeline column is the index among the timelines kept (-1: none)
-        index = np.full(count, -1, np.int64)
-        index[alive] = np.arange(len(alive))
-        table.timeline = index[table.timeline]
-        intervals[0] = index[intervals[0]]
-        self._set_rows(timelines, np.arange(len(timelines)), table)
-        self._pcpu_holders(timelines, table)
-        for tl in timelines:
-            tl.table = table
-        if not self.shares_only:
-            self._skew(timelines, table, *intervals[:3])
-        return {tl.tid: tl for tl in timelines}
-
-    @staticmethod
-    def _set_rows(timelines: list[VcpuTimeline], index: np.ndarray, table: BlankTable) -> None:
-        """Each timeline's rows of the table (`index`: each one's value in the table's timeline column)."""
-        at = np.searchsorted(table.timeline, index).tolist()
-        upto = np.searchsorted(table.timeline, index, side="right").tolist()
-        for tl, a, z in zip(timelines, at, upto, strict=True):
-            tl.rows = a, z
-
-    def _blank_table(self, timeline: np.ndarray, events: np.ndarray, ends: np.ndarray) -> BlankTable:
-        """The blanks that began with the sched events at indices `events` and end at `ends`."""
-        e = self.sched[events]
-        flags = e["flags"]
-        kind = np.full(len(e), bt.BLOCKED, np.int8)
-        kind[(flags & SCHED_PREV_RUNNABLE) != 0] = bt.PREEMPTED
-        kind[(flags & SCHED_PREV_THROTTLED) != 0] = bt.THROTTLED
-        kind[(flags & SCHED_PREV_HALTED) != 0] = bt.IDLE
-        known = self._holders  # looked up here first: a call per blank costs more than the lookup
-        holders = np.full(len(e), "", object)
-        if not self.shares_only:
-            holders[:] = [known.get(k) or self._holder(*k)
-                          for k in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
-        none = np.full(len(e), NO_TIME, np.int64)
-        held = np.empty(0, np.int64)
-        return BlankTable(timeline, e["time_ns"].astype(np.int64), ends, kind, e["prev_exit_reason"].astype(np.int64),
-                          e["cpu"].astype(np.int64), holders, none, np.zeros(len(e), np.int64), none.copy(),
-                          none.copy(), held, np.empty(0, bool), held, np.empty(0, object), held)
-
-    def _pcpu_holders(self, timelines: list[VcpuTimeline], table: BlankTable) -> None:
-        """Who held the pCPU while each vCPU waited (preempted), and how long: the recorded switches on that CPU
-        from the one that began the wait (or the last before a cut wait's start) to the last before its end,
-        each holding it until the next recorded switch there (host-to-host switches are not recorded).  A
-        switch to a vCPU thread of the analysis gives a held_ row, to any other task a host_ row (named unless
-        shares_only).  So a wait's holders never overlap, and add up to at most its length (Blank.holders gives
-        the rest to first_holder).
-
-        Not each vCPU thread's own on-CPU intervals: some of its switches go unrecorded (the sched program
-        records a thread outside KVM_RUN only once the recorder has discovered it as a vCPU thread, up to a
-        discovery interval after it starts), and an interval closed by its next recorded switch can then span
-        what other tasks held the CPU: counted beside them, a wait's holders added up to more than the wait.
-
-        For every CPU at once: the switches and the waits' ends in one order by (CPU, time), where counting the
-        switches before each end finds the switches in each wait."""
-        waits = np.flatnonzero(table.kind == bt.PREEMPTED)
-        ev = self.sched
-        if not len(waits) or not len(ev):
-            return
-        cpu = np.concatenate([ev["cpu"].astype(np.int64), table.cpu[waits], table.cpu[waits]])
-        time = np.concatenate([ev["time_ns"].astype(np.int64), table.start[waits], table.end[waits]])
-        # at one time: a wait's end before a switch (switches before its end: side="left"), a switch before a
-        # wait's start (the switch that began it, or the last before: side="right")
-        what = np.repeat(np.array([1, 2, 0], np.int8), [len(ev), len(waits), len(waits)])
-        order = np.lexsort((what, time, cpu))
-        is_switch = what[order] == 1
-        switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
-        at = np.empty(len(order), np.int64)
-        at[order] = switches_upto
-        switch = order[is_switch]  # the switches (indices into ev) by CPU and time
-        s_cpu, s_time = cpu[switch], time[switch]
-        cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
-        first = np.maximum(at[len(ev):len(ev) + len(waits)] - 1, cpu_first)
-        last = at[len(ev) + len(waits):]
-        held_until = np.append(s_time[1:], np.iinfo(np.int64).max)
-        held_until[:-1][s_cpu[1:] != s_cpu[:-1]] = np.iinfo(np.int64).max  # the last switch of a CPU: until the end
-        many = (last - first).clip(0)
-        w = np.repeat(np.arange(len(waits)), many)
-        k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
-        a, b = table.start[waits][w], table.end[waits][w]
-        ns = np.minimum(held_until[k], b) - np.maximum(s_time[k], a)
-        # the timeline each switch gives the CPU to (-1: a task that is no vCPU thread of the analysis)
-        keys = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
-        by_key = np.argsort(keys)
-        nxt = ev["next_pid"][switch[k]].astype(np.int64) << 32 | ev["next_tid"][switch[k]]
-        holder = np.full(len(k), -1, np.int64)
-        if len(keys):
-            rank = np.searchsorted(keys[by_key], nxt).clip(0, len(keys) - 1)
-            holder = np.where(keys[by_key][rank] == nxt, by_key[rank], -1)
-        row = waits[w]
-        # a switch to the waiting vCPU itself ends its wait: inside one, the records contradict each other
-        vcpu = (holder >= 0) & (ns > 0) & (holder != table.timeline[row])
-        if vcpu.any():
-            r, h, n = row[vcpu], holder[vcpu], ns[vcpu]
-            by_blank = np.lexsort((h, r))  # by blank, then in the order of the timelines
-            r, h, n = r[by_blank], h[by_blank], n[by_blank]
-            new = np.ones(len(r), bool)
-            new[1:] = (r[1:] != r[:-1]) | (h[1:] != h[:-1])
-            runs = np.flatnonzero(new)
-            r, h, n = r[runs], h[runs], np.add.reduceat(n, runs)
-            pid = np.array([tl.pid for tl in timelines], np.int64)
-            table.held_blank, table.held_same_vm, table.held_ns = r, pid[h] == pid[table.timeline[r]], n
-            table.held_vcpu = np.array([tl.vcpu for tl in timelines], np.int64)[h]
-            table.held_vm = np.array([tl.vm for tl in timelines], object)[h]
-        if self.shares_only:  # the shares need the vCPUs that held a pCPU, not the names of the other tasks
-            return
-        ok = (holder < 0) & (ns > 0)
-        used, name_of = np.unique(switch[k[ok]], return_inverse=True)
-        names = np.array([self._holder(pid, comm) for pid, comm in zip(
-            ev["next_pid"][used].tolist(), ev["next_comm"][used].tolist(), strict=True)] + [""], object)
-        # by blank, then in time order
-        table.host_blank, table.host_holder, table.host_ns = row[ok], names[name_of.reshape(-1)], ns[ok]
-
-    def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
-        """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
-        KVM polled its halts (kvm_vcpu_wakeup: the halt's length; it blocked or polling ended it), and how
-        long each throttled blank was really throttled (the kernel's count, when the thread ran again).
-        `keys`: pid << 32 | tid of each timeline's thread."""
-        ev = self.wake_events
-        of = _positions_by_key(ev["prev_pid"].astype(np.int64) << 32 | ev["prev_tid"], keys)
-        for tl, key in zip(timelines, keys.tolist(), strict=True):
-            if key not in of:
-                continue
-            mine = ev[of[key]]
-            lo, hi = tl.rows
-            kinds, starts, ends = table.kind[lo:hi], table.start[lo:hi], table.end[lo:hi]
-            kind = mine["flags"] & SCHED_NOT_SWITCH
-            idle = np.flatnonzero(kinds == bt.IDLE)
-            wakeups = mine[kind == SCHED_WAKEUP]
-            wake_t = wakeups["time_ns"].astype(np.int64)
-            table.wakeup[lo + idle] = _first_inside(starts[idle], ends[idle], wake_t)
-            # wake-ups into a throttled group, in blanks that began with a sleep (halted, or blocked in the VMM)
-            slept = np.flatnonzero((kinds == bt.IDLE) | (kinds == bt.BLOCKED))
-            thr_t = wake_t[(wakeups["flags"] & SCHED_PREV_THROTTLED) != 0]
-            table.throttled_wakeup[lo + slept] = _first_inside(starts[slept], ends[slept], thr_t)
-            # the kernel's throttled time, recorded as the thread took a CPU again: for the blank that ends there
-            done = mine[kind == SCHED_THROTTLE_END]
-            if len(done) and hi > lo:
-                k = np.searchsorted(ends, done["time_ns"].astype(np.int64), side="right") - 1
-                ns = done["prev_exit_reason"].astype(np.int64)
-                row = lo + k.clip(0)
-                ok = (k >= 0) & (ns != HALT_NS_UNKNOWN) & (
-                    (table.kind[row] == bt.THROTTLED) | (table.throttled_wakeup[row] != NO_TIME))
-                last, at = np.unique(row[ok][::-1], return_index=True)  # the last count of a blank holds
-                table.throttled[last] = ns[ok][::-1][at]
-            halt_ends = mine[kind == SCHED_HALT_END]
-            known = halt_ends["prev_exit_reason"] != HALT_NS_UNKNOWN
-            t = halt_ends["time_ns"].astype(np.int64)
-            halt_ns = halt_ends["prev_exit_reason"].astype(np.int64)
-            ok = (halt_ends["flags"] & SCHED_PREV_RUNNABLE) != 0
-            tl.halts = len(halt_ends)
-            tl.halt_polls_ok = int(np.count_nonzero(ok))
-            poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
-            if len(idle):  # one that blocked polled from its start until it first left the CPU (a halt can span
-                # several blanks: the thread wakes, finds nothing to do and blocks again)
-                idle_starts = starts[idle]
-                halt_start = t - halt_ns
-                k = np.searchsorted(idle_starts, halt_start)
-                first = idle_starts[k.clip(0, len(idle_starts) - 1)]
-                blocked = ~ok & (k < len(idle_starts)) & (first <= t)
-                poll = np.where(blocked, np.clip(first - halt_start, 0, halt_ns), poll)
-            tl.halt_poll_ns = int(poll[known].sum())
-            begun = (t - halt_ns)[known]
-            tl.poll_intervals = np.stack([begun, begun + poll[known]], axis=1)
-
-    def _skew(self, timelines: list[VcpuTimeline], table: BlankTable, iv_tl: np.ndarray, iv_lo: np.ndarray,
-              iv_hi: np.ndarray) -> None:
-        """Co-stop: how long each vCPU could not run though its guest had work (preempted, throttled, woken
-        up, or its thread blocked in the VMM) while at least one sibling vCPU of its VM ran, on any pCPU:
-        the union of the siblings' on-CPU intervals.  A vCPU's own intervals and its blanks never overlap, so that
-        is its waits' overlap with the union of all its VM's vCPUs' intervals: one union per VM."""
-        pid = np.array([tl.pid for tl in timelines], np.int64)
-        mine = iv_tl >= 0
-        iv_tl, iv_lo, iv_hi = iv_tl[mine], iv_lo[mine], iv_hi[mine]
-        on = pid[iv_tl]
-        for vm_pid, members in group_by(pid, np.arange(len(timelines))) if len(timelines) > 1 else ():
-            at = np.flatnonzero(on == vm_pid)
-            if len(members) < 2 or not len(at):
-                continue
-            order = np.argsort(iv_lo[at])
-            lo, hi = iv_lo[at][order], iv_hi[at][order]
-            # merge overlapping intervals: a new run starts where an interval begins after all before ended
-            reach = np.maximum.accumulate(hi)
-            new = np.ones(len(lo), bool)
-            new[1:] = lo[1:] > reach[:-1]
-            run_lo = lo[new]
-            run_hi = np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
-            for i in members.tolist():
-                tl = timelines[i]
-                a, z = tl.rows
-                kinds, wake = table.kind[a:z], table.wakeup[a:z]
-                waiting = (kinds != bt.IDLE) | (wake != NO_TIME)
-                if waiting.any():
-                    start = np.where(kinds == bt.IDLE, wake, table.start[a:z])[waiting]
-                    tl.skew_ns = int(overlap(run_lo, run_hi, start, table.end[a:z][waiting]).sum())
-
-    def _clip(self, timelines: list[VcpuTimeline], alive: np.ndarray,
-              table: BlankTable) -> tuple[list[VcpuTimeline], np.ndarray, BlankTable]:
-        """Restrict the timelines and their blanks (table rows by `alive`, each timeline's index among all threads)
-        to the analysed time range: what is left of them."""
-        lo, hi = self.range_ns
-        kept = []
-        for tl in timelines:
-            tl.start_ns, tl.end_ns = max(tl.start_ns, lo), min(tl.end_ns, hi)
-            kept.append(tl.end_ns > tl.start_ns)
-        # blanks are in time order and do not overlap: only a run at either end of a timeline reaches past the range
-        cut = np.flatnonzero((table.start < lo) | (table.end > hi))
-        full = table.end[cut] - table.start[cut]
-        start, end = table.start[cut].clip(lo), table.end[cut].clip(None, hi)
-        table.start[cut], table.end[cut] = start, end
-        part = (end - start > 0) & (end - start < full)  # IRQ time is known for the whole wait only: its share here
-        table.irq[cut[part]] = table.irq[cut[part]] * (end - start)[part] // full[part]
-        for column in (table.wakeup, table.throttled_wakeup):
-            w = column[cut]
-            column[cut] = np.where((w == NO_TIME) | (w >= end), NO_TIME, np.maximum(w, start))
-        keep = np.ones(len(table), bool)
-        keep[cut] = end > start
-        keep &= np.isin(table.timeline, alive[np.array(kept, bool)])
-        table = table.take(np.flatnonzero(keep))
-        blank_ns = np.zeros(int(alive.max(initial=-1)) + 1, np.int64)
-        np.add.at(blank_ns, table.timeline, table.duration)
-        timelines = [tl for tl, k in zip(timelines, kept, strict=True) if k]
-        alive = alive[np.array(kept, bool)]
-        for tl, i in zip(timelines, alive.tolist(), strict=True):
-            tl.on_cpu_ns = tl.wall_ns - int(blank_ns[i])
-        return timelines, alive, table
-
-    def _holder(self, pid: int, comm: bytes) -> str:
-        """Who took the pCPU in a switch (the next task's pid and comm)."""
-        holder = self._holders.get((pid, comm))
-        if holder is None:
-            if pid in self.vm_by_pid:  # a VMM thread that is not a vCPU (those are split out by overlap)
-                holder = f"{self.vm_by_pid[pid]} (VMM)"
-            elif pid == 0:
-                holder = "idle"
-            else:
-                holder = task_name(comm) or str(pid)
-            self._holders[(pid, comm)] = holder
-        return holder
-
     # -- profiles --------------------------------------------------------------------
     def row(self, i: int, samples: float) -> Row:
         """The names of sample i as a Row of `samples`."""
@@ -821,9 +215,10 @@ class Analysis:
         """One Row per distinct (vm, process, pid, function, module) among the selected samples (as row()
         makes them, from the names of each group's first sample)."""
         idx = np.nonzero(sel)[0]
-        keys, first, counts = first_and_counts(self.key[idx], self.key_count)
+        keys, first, counts = arrays.first_and_counts(self.key[idx], self.key_count)
         # each row's kernel-mode samples: what a filtered profile's OS:USER split is made of
-        kernel_keys, kernel_counts = counts_of(self.key[idx[kernel_mode(self.samples["flags"][idx])]], self.key_count)
+        in_kernel_mode = idx[kernel_mode(self.samples["flags"][idx])]
+        kernel_keys, kernel_counts = arrays.counts_of(self.key[in_kernel_mode], self.key_count)
         kernel = np.zeros(len(keys))
         kernel[np.searchsorted(keys, kernel_keys)] = kernel_counts
         at = idx[first]
@@ -843,46 +238,48 @@ class Analysis:
         filters = self.rec.meta.get("filters")
         if isinstance(filters, dict) and filters.get("pid") is not None:
             return {}
-        ev = self.sched
-        idle: dict[int, int] = {}
-        w0, w1 = self.window()
-        times, next_tid, prev_tid = ev["time_ns"], ev["next_tid"], ev["prev_tid"]
-        for cpu, at in self._switches_on_cpu.items():
-            t = times[at]
-            to_idle = np.nonzero(next_tid[at] == 0)[0]
-            from_idle = np.nonzero(prev_tid[at] == 0)[0]
-            if not len(to_idle) and not len(from_idle):
-                continue
-            ends = np.searchsorted(from_idle, to_idle)  # first switch away from idle after each entry
-            ok = ends < len(from_idle)
-            start = t[to_idle[ok]].astype(np.int64)
-            end = t[from_idle[ends[ok]]].astype(np.int64)
-            if len(from_idle) and (not len(to_idle) or from_idle[0] < to_idle[0]):
-                start, end = np.append(w0, start), np.append(t[from_idle[0]], end)  # idle from the start
-            if len(to_idle) and not ok[-1]:
-                start, end = np.append(start, t[to_idle[-1]]), np.append(end, w1)  # idle to the end
-            if self.range_ns is not None:
-                start, end = start.clip(*self.range_ns), end.clip(*self.range_ns)
-            idle[int(cpu)] = int((end - start).sum())
-        return idle
+        return self._schedule.cpu_idle_ns()
 
     def host_profile(self, cpu: int | None = None) -> Profile:
         key = ("host", cpu)
-        if key not in self._profiles:  # the live screen asks for the same profile several times a refresh
-            self._profiles[key] = self._host_profile(cpu)
-        return self._profiles[key]
+        if key in self._profiles:  # the live screen asks for the same profile several times a refresh
+            return self._profiles[key]
+        shares = self._host_shares(cpu)
+        rows = self.aggregate(shares.host)
+        for row in rows:  # host rows carry no VM, only the VMM process name
+            row.vm = None
+        rows += self._host_other_rows(shares)
+        notes = list(self.notes)
+        if cpu is not None:
+            notes.append(f"CPU {cpu} only")
+        profile = self._profiles[key] = Profile(
+            "host", None, None, shares.parts.total, self.duration_s, self.rec.lost_samples, shares.parts.ratios(), rows,
+            int(np.count_nonzero(shares.selected & self.unresolved)), notes)
+        return profile
 
     def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
         key = ("guest", vm, vcpu)
-        if key not in self._profiles:
-            self._profiles[key] = self._guest_profile(vm, vcpu)
-        return self._profiles[key]
+        if key in self._profiles:
+            return self._profiles[key]
+        shares = self._guest_shares(vm, vcpu)
+        rows = self.aggregate(shares.real_guest)
+        for row in rows:
+            row.vm = vm
+        for (kind, v), n in shares.parts.virtual().items():
+            rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
+        notes = list(self.notes)
+        if not len(self.sched):
+            notes.append("no scheduler events in this recording: idle and steal are unknown")
+        profile = self._profiles[key] = Profile(
+            "guest", vm, vcpu, shares.parts.total, self.duration_s, self.rec.lost_samples, shares.parts.ratios(), rows,
+            int(np.count_nonzero(shares.real_guest & self.unresolved)), notes)
+        return profile
 
     def host_summary(self) -> HostSummary:
         """The host at a glance (the live overview) without its rows: shares and the top process and function."""
         if ("host",) not in self._summaries:  # the overview's title, its host row and the history all ask
             shares = self._host_shares(None)
-            rows = self.row_counts(np.flatnonzero(shares.host))
+            rows = self.row_counts_of([np.flatnonzero(shares.host)])[0]
             self._summaries[("host",)] = HostSummary(shares.parts.ratios(), shares.parts.total, self.rec.lost_samples,
                                                      *rows.top(by_name=False))
         return self._summaries[("host",)]
@@ -906,19 +303,6 @@ class Analysis:
             self._host_share_cache[cpu] = _HostShares(sel, host, guest, idle_virtual, parts)
         return self._host_share_cache[cpu]
 
-    def _host_profile(self, cpu: int | None) -> Profile:
-        shares = self._host_shares(cpu)
-        rows = self.aggregate(shares.host)
-        for row in rows:  # host rows carry no VM, only the VMM process name
-            row.vm = None
-        rows += self._host_other_rows(shares)
-        notes = list(self.notes)
-        if cpu is not None:
-            notes.append(f"CPU {cpu} only")
-        return Profile("host", None, None, shares.parts.total, self.duration_s, self.rec.lost_samples,
-                       shares.parts.ratios(), rows,
-                       int(np.count_nonzero(shares.selected & self.unresolved)), notes)
-
     def _host_other_rows(self, shares: _HostShares) -> list[Row]:
         """The host profile's rows that are no function: CPU idle from the sched events, and one per VM."""
         s, guest = self.samples, shares.guest
@@ -932,13 +316,10 @@ class Analysis:
                             pid, name, RowKind.VM))
         return rows
 
-    def row_counts(self, idx: np.ndarray) -> RowCounts:
-        """The samples `idx` (indices) by profile row (process, pid, function, module) under the resolver's name
-        codes (the same in every analysis that shares the resolver: counts of spans add)."""
-        return self.row_counts_of([idx])[0]
-
     def row_counts_of(self, groups: list[np.ndarray]) -> list[RowCounts]:
-        """row_counts of each array of indices, all at once (a span's vCPUs: one grouping, not one per vCPU)."""
+        """The samples of each array of indices by profile row (process, pid, function, module) under the resolver's
+        name codes (the same in every analysis that shares the resolver: counts of spans add), all at once (a span's
+        vCPUs: one grouping, not one per vCPU)."""
         idx = np.concatenate(groups) if len(groups) > 1 else groups[0]
         owner = np.repeat(np.arange(len(groups), dtype=np.int64), [len(g) for g in groups])
         if self._codes is not None:  # no keys made: by (group, VM, name code), one sort (name codes count names)
@@ -948,7 +329,7 @@ class Analysis:
             owner, codes = (keys >> 32) // vms, keys & 0xFFFFFFFF
         else:  # by the dense keys: counted, not sorted, on a large recording
             size = max(self.key_count, 1)
-            keys, counts = counts_of(owner * size + self.key[idx], size * len(groups))
+            keys, counts = arrays.counts_of(owner * size + self.key[idx], size * len(groups))
             owner, codes = keys // size, self.name_code_of_key[keys % size]
         # each group's rows by code (a window's sums merge by code): so already where a group is of one VM
         same = owner[1:] == owner[:-1]
@@ -957,59 +338,6 @@ class Analysis:
         bounds = np.searchsorted(owner, np.arange(len(groups) + 1)).tolist()
         names = self.resolver.row_names  # the resolver's names of its codes
         return [RowCounts(codes[a:b], counts[a:b], names) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-    def thread_samples(self, tl: VcpuTimeline) -> np.ndarray:
-        """The indices of the samples of one vCPU thread, ascending (callers do not change them)."""
-        return self._thread_samples.get(tl.pid << 32 | tl.tid, np.empty(0, np.int64))
-
-    def sample_ns(self, tl: VcpuTimeline) -> float:
-        """The on-CPU time one sample of a vCPU thread stands for: its exact on-CPU time over its samples.
-
-        Blank time is exact (sched events) and on-CPU time is sampled; priced at the nominal period the two
-        do not add up, because a thread's cpu-clock samples stray from its on-CPU time (steal3 at 10 kHz:
-        one per 100.0-100.9 us) or alias with a guest's timer-driven cycle (a 30 ms halt cycle at 1 kHz:
-        +-15%).  Priced at this rate, a guest's run, idle, steal and halt-polling shares are its exact times;
-        samples only split the on-CPU time.  Too few samples to measure a rate: the nominal period.
-        """
-        n = len(self.thread_samples(tl))
-        on_cpu = tl.on_cpu_ns
-        if (poll_ns := self._exact_poll_ns(tl)) is not None:  # priced exactly too: the rate is of the rest
-            n -= len(self.polling_samples(tl))
-            on_cpu -= poll_ns
-        return on_cpu / n if n >= MIN_SAMPLES_FOR_RATE and on_cpu > 0 else self.period_ns
-
-    def polling_samples(self, tl: VcpuTimeline) -> np.ndarray:
-        """The indices of a vCPU thread's samples that caught KVM polling its halted vCPU: KVM with the vCPU
-        halted, and inside a stretch KVM polled when the recording has them.  Kept per thread: the rate, the
-        polling time and the profile of each vCPU all ask for them."""
-        key = tl.pid << 32 | tl.tid
-        if key not in self._polling:
-            idx = self.thread_samples(tl)
-            flags = self.samples["flags"][idx]
-            polled = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
-            if tl.poll_intervals is not None:
-                polled &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
-            self._polling[key] = idx[polled]
-        return self._polling[key]
-
-    def poll_ns(self, tl: VcpuTimeline) -> float:
-        """How long KVM polled the vCPU's halts within its life here: exact from kvm_vcpu_wakeup records (sampled,
-        it aliases with a guest's timer), else its polling samples at the thread's rate."""
-        exact = self._exact_poll_ns(tl)
-        return float(len(self.polling_samples(tl))) * self.sample_ns(tl) if exact is None else float(exact)
-
-    def _exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
-        if tl.poll_intervals is None:
-            return None
-        clipped = np.clip(tl.poll_intervals, tl.start_ns, tl.end_ns)
-        return int((clipped[:, 1] - clipped[:, 0]).sum())
-
-    def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
-        """The samples of one vCPU thread as a mask (made on each call: masks of many threads would take
-        a byte per sample each)."""
-        mask = np.zeros(len(self.samples), bool)
-        mask[self.thread_samples(tl)] = True
-        return mask
 
     def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
         """(vCPU id, thread id) of each vCPU of a VM in the window, by vCPU id."""
@@ -1044,7 +372,7 @@ class Analysis:
         if ("guest", vm, vcpu) not in self._summaries:
             shares = self._guest_shares(vm, vcpu)
             self._summaries[("guest", vm, vcpu)] = guest_summary(shares.parts,
-                                                                 self.row_counts(np.flatnonzero(shares.real_guest)))
+                                                                 self.row_counts_of([np.flatnonzero(shares.real_guest)])[0])
         return self._summaries[("guest", vm, vcpu)]
 
     def _guest_shares(self, vm: str, vcpu: int | None) -> _GuestShares:
@@ -1064,12 +392,13 @@ class Analysis:
         """One vCPU's guest-mode samples (indices) and its parts: its thread's samples outside guest mode are the
         VMM/KVM working for the vCPU (type 2 steal), except KVM polling the halted vCPU (neither guest work nor
         idle); its blanks are virtual samples by cause, at the thread's rate, and so is its halt polling."""
-        idx = self.thread_samples(tl)
+        idx = self.vcpus.thread_samples(tl)
         real = idx[self.is_guest[idx]]
         kernel = np.count_nonzero(self.samples["flags"][real] & SAMPLE_GUEST_KERNEL)
-        unit = self.sample_ns(tl)
+        unit = self.vcpus.sample_ns(tl)
+        polling = len(self.vcpus.polling_samples(tl))
         parts = GuestParts(float(kernel), float(len(real) - kernel), self.blank_split(tl),
-                           float(len(idx) - len(real) - len(self.polling_samples(tl))), self.poll_ns(tl) / unit)
+                           float(len(idx) - len(real) - polling), self.vcpus.poll_ns(tl) / unit)
         return real, parts
 
     def blank_split(self, tl: VcpuTimeline, in_ns: bool = False) -> dict[Cause, float]:
@@ -1077,66 +406,29 @@ class Analysis:
         made for every vCPU at once."""
         if in_ns not in self._splits:
             timelines = list(self.timelines.values())  # in the order of the table's timeline column
-            units = np.ones(len(timelines)) if in_ns else np.array([self.sample_ns(t) for t in timelines], float)
+            units = np.ones(len(timelines)) if in_ns else np.array([self.vcpus.sample_ns(t) for t in timelines], float)
             self._splits[in_ns] = dict(zip((t.tid for t in timelines), steal_split(tl.table, units), strict=True))
         return defaultdict(float, self._splits[in_ns][tl.tid])
 
-    def _guest_profile(self, vm: str, vcpu: int | None) -> Profile:
-        shares = self._guest_shares(vm, vcpu)
-        rows = self.aggregate(shares.real_guest)
-        for row in rows:
-            row.vm = vm
-        for (kind, v), n in shares.parts.virtual().items():
-            rows.append(Row(n, *kind.label(vcpu=v), None, None, vm, kind))
-        notes = list(self.notes)
-        if not len(self.sched):
-            notes.append("no scheduler events in this recording: idle and steal are unknown")
-        return Profile("guest", vm, vcpu, shares.parts.total, self.duration_s, self.rec.lost_samples,
-                       shares.parts.ratios(), rows,
-                       int(np.count_nonzero(shares.real_guest & self.unresolved)), notes)
 
-    # -- steal attribution and corrected times -------------------------------------
-    def attributions(self, vm: str, per_function: bool = True) -> list[Attribution]:
-        """Per vCPU and (process, function) — or per process — its real samples, and the steal that sat
-        between two of its consecutive samples (thesis §3.4.2)."""
-        s = self.samples
-        out: list[Attribution] = []
-        for tl in sorted(self.vm_timelines(vm), key=lambda t: t.vcpu):
-            mine = self.thread_samples(tl)
-            sel = mine[self.is_guest[mine]]
-            if not len(sel):
-                continue
-            keys = (self.key if per_function else self.proc_key)[sel]
-            steal = np.zeros((2, int(keys.max()) + 1))
-            table, (lo, hi) = tl.table, tl.rows
-            steals = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
-            if len(steals):
-                times = s["time_ns"][sel].astype(np.int64)
-                starts, ends = table.start[steals], table.end[steals]
-                type1 = table.kind[steals] != bt.BLOCKED
-                before = np.searchsorted(times, starts, side="right") - 1
-                after = np.searchsorted(times, ends, side="left")
-                ok = (before >= 0) & (after < len(times))
-                before, after, type1 = before[ok], after[ok], type1[ok]
-                dur = (ends - starts)[ok].astype(float)
-                same = keys[before] == keys[after]
-                np.add.at(steal[0], keys[before][same], dur[same])
-                np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
-            # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
-            # sampling interrupt that never came does not shorten anybody's time.
-            ns_per_sample = self.sample_ns(tl)
-            # the VMM/KVM at work (steal of type 2, on the CPU) between two of its samples is steal too
-            vmm = mine[~self.is_guest[mine]]
-            before = np.searchsorted(sel, vmm) - 1  # sample indices are in time order
-            ok = (before >= 0) & (before + 1 < len(sel))
-            before = before[ok]
-            same = keys[before] == keys[before + 1]
-            np.add.at(steal[0], keys[before][same], ns_per_sample)
-            uniq, first, counts = first_and_counts(keys, len(steal[0]))
-            at = sel[first]  # the names of each group's first sample, as row() gives them
-            funcs = self.func[at].tolist() if per_function else [""] * len(at)
-            modules = self.module[at].tolist() if per_function else [""] * len(at)
-            out += [Attribution(p, f, m, tl.vcpu, c, c * ns_per_sample, s0, s1)
-                    for p, f, m, c, s0, s1 in zip(self.process[at].tolist(), funcs, modules, counts.tolist(),
-                                                  steal[0, uniq].tolist(), steal[1, uniq].tolist(), strict=True)]
-        return sorted(out, key=lambda a: -a.apparent_ns)
+
+
+def vm_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
+    """A host-level VM row split into the rows of its vCPU threads' samples (guest functions, and the VMM or
+    KVM working for the vCPU); [row] when they do not add up to it."""
+    if row.kind is not RowKind.VM or row.pid is None:
+        return [row]
+    sel = an.in_vm & (an.samples["pid"] == row.pid)
+    if cpu is not None:
+        sel &= an.samples["cpu"] == cpu
+    if int(np.count_nonzero(sel)) != int(round(row.samples)):
+        return [row]
+    return an.aggregate(sel)
+
+
+def analyse(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolver: Resolver | None = None,
+            time_range: tuple[float, float] | None = None, resolved: Resolved | None = None,
+            keep: Callable[[np.ndarray], np.ndarray] | None = None, span_ns: tuple[int, int] | None = None,
+            shares_only: bool = False) -> Analysis:
+    """The pipeline from a loaded recording: the resolve stage (resolve/prepare.py), then the analysis."""
+    return Analysis(prepare(rec, guest_bundles, resolver, time_range, resolved, keep, span_ns), shares_only)

@@ -1,19 +1,26 @@
-"""The blanks of vCPUs (the intervals in which a vCPU was not on a CPU): a table of arrays, and single ``Blank``s.
+"""The blanks of vCPUs (the intervals in which a vCPU was not on a CPU): a table of arrays, single ``Blank``s,
+and the split of blank time by cause.
 
-At 64 CPUs there are tens of thousands of blanks a second.  Analysis builds them as one ``BlankTable`` for every
-vCPU at once and the shares (timeline.steal_split) read the table; a ``Blank`` object is made only when a screen,
+At 64 CPUs there are tens of thousands of blanks a second.  timeline.Schedule builds them as one ``BlankTable`` for
+every vCPU at once and the shares (steal_split) read the table; a ``Blank`` object is made only when a screen,
 an export or the steal report looks at blanks one by one (VcpuTimeline.blanks).
+
+``steal_split`` is the one computation of how blank time divides into idle, steal of type 1 (by a vCPU of the
+same VM, by anything outside it, by the pCPU's interrupts, by the wait after a wake-up, by cpu.max throttling)
+and steal of type 2 (the VMM blocked); the guest profile's virtual rows and ratios and `vmprof steal` both come
+from it.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
 import numpy as np
 
-from vmprof_tui.analyse.kinds import BlankKind
+from vmprof_tui.analyse.kinds import BlankKind, RowKind
 
 NO_TIME = -1  # in a table's time columns: none (no wake-up, not recorded)
 # a table's kind codes
@@ -187,3 +194,92 @@ class BlankTable:
             b = out[row - lo]
             b._host = _plus(b._host, holder, ns)
         return out
+
+
+# a cause of blank time: its row kind, and for STEAL_SIBLING the vCPU (of the same VM) that held the pCPU
+Cause = tuple[RowKind, int | None]
+IDLE_CAUSE: Cause = (RowKind.IDLE, None)
+OUTSIDE_CAUSE: Cause = (RowKind.STEAL_OUTSIDE, None)
+BLOCKED_CAUSE: Cause = (RowKind.STEAL_VMM_BLOCKED, None)
+WAKEUP_CAUSE: Cause = (RowKind.STEAL_WAKEUP, None)
+THROTTLED_CAUSE: Cause = (RowKind.STEAL_THROTTLED, None)
+IRQ_CAUSE: Cause = (RowKind.STEAL_IRQ, None)
+
+
+_CAUSES = (IDLE_CAUSE, WAKEUP_CAUSE, OUTSIDE_CAUSE, IRQ_CAUSE, THROTTLED_CAUSE, BLOCKED_CAUSE)
+_IDLE, _WAKEUP, _OUTSIDE, _IRQ, _THROTTLED, _BLOCKED = range(len(_CAUSES))
+
+
+def steal_split(table: BlankTable, units: np.ndarray) -> list[dict[Cause, float]]:
+    """Blank time by cause of each timeline of a table (`units`: one per timeline), in units of its entry in
+    `units` (a vCPU's sampling period gives virtual samples, 1 gives ns), for every timeline at once.
+
+    A halt is idle until its wake-up, then ``wakeup`` steal until the vCPU ran.  A preemption counts
+    the IRQ time of its pCPU meanwhile as ``irq``, for each vCPU of the same VM the time it held the
+    pCPU, and the rest as ``outside`` (other VMs, host tasks).  A throttled blank is ``throttled`` for as
+    long as the kernel kept its group throttled, ``outside`` for the wait after that; VMM-blocked blanks
+    count whole.  A halted or blocked vCPU woken into a throttled group (it slept as the quota ran out)
+    is idle or blocked until the wake-up, ``throttled`` while the group stayed so, then ``wakeup`` or
+    ``outside``.  Causes appear in the order blanks first show them: that is the order of the guest
+    profile's rows.  Each cause's parts are added blank by blank (np.bincount), as a loop over blanks would.
+    """
+    u = units[table.timeline]
+    dur = table.duration
+    n = dur / u
+    kind = table.kind
+    woken_throttled = table.throttled_wakeup != NO_TIME
+    parts: list[tuple[np.ndarray, int | np.ndarray, int | np.ndarray, np.ndarray]] = []  # (rows, order, cause, value)
+    # slept, woken into a throttled group: idle or blocked, throttled, then a pCPU wait
+    r = np.flatnonzero(woken_throttled)
+    w, end, thr_ns = table.throttled_wakeup[r], table.end[r], table.throttled[r]
+    slept = (w - table.start[r]) / u[r]
+    thr = np.where(thr_ns == NO_TIME, end - w, np.minimum(thr_ns, end - w)) / u[r]
+    idle = kind[r] == IDLE
+    parts += [(r, 0, np.where(idle, _IDLE, _BLOCKED), slept), (r, 1, _THROTTLED, thr)]
+    rest = n[r] - slept - thr
+    more = n[r] > slept + thr
+    parts.append((r[more], 2, np.where(idle, _WAKEUP, _OUTSIDE)[more], rest[more]))
+    # halted: idle until the wake-up
+    r = np.flatnonzero(~woken_throttled & (kind == IDLE))
+    wake = table.wakeup[r]
+    woken = np.where(wake == NO_TIME, 0, table.end[r] - wake) / u[r]
+    parts += [(r, 0, _IDLE, n[r] - woken), (r[woken != 0], 1, _WAKEUP, woken[woken != 0])]
+    # preempted: by each vCPU of the same VM (in the order found), the pCPU's IRQs, the rest outside
+    same = table.held_same_vm
+    hb, hv, hn = table.held_blank[same], table.held_vcpu[same], table.held_ns[same]
+    siblings = np.zeros(len(table), np.int64)
+    np.add.at(siblings, hb, hn)
+    parts.append((hb, np.arange(len(hb)) - np.searchsorted(hb, hb), len(_CAUSES) + hv, hn / u[hb]))
+    r = np.flatnonzero(~woken_throttled & (kind == PREEMPTED))
+    irq = np.minimum(table.irq[r], dur[r] - siblings[r]) / u[r]
+    last = int(max(len(hb), 1))  # after every sibling of the blank
+    parts += [(r[irq > 0], last, _IRQ, irq[irq > 0]),
+              (r, last + 1, _OUTSIDE, n[r] - siblings[r] / u[r] - np.maximum(irq, 0.0))]
+    # throttled, then (quota back) waiting for its pCPU
+    r = np.flatnonzero(~woken_throttled & (kind == THROTTLED))
+    thr_ns = table.throttled[r]
+    part = np.where(thr_ns == NO_TIME, dur[r], np.minimum(thr_ns, dur[r])) / u[r]
+    more = n[r] > part
+    parts += [(r, 0, _THROTTLED, part), (r[more], 1, _OUTSIDE, (n[r] - part)[more])]
+    r = np.flatnonzero(~woken_throttled & (kind == BLOCKED))
+    parts.append((r, 0, _BLOCKED, n[r]))
+
+    rows = np.concatenate([p[0] for p in parts])
+    order_in_blank = np.concatenate([np.broadcast_to(p[1], len(p[0])) for p in parts])
+    cause = np.concatenate([np.broadcast_to(p[2], len(p[0])) for p in parts]).astype(np.int64)
+    value = np.concatenate([p[3] for p in parts]).astype(float)
+    order = np.lexsort((order_in_blank, rows))
+    width = len(_CAUSES) + int(hv.max(initial=-1)) + 1  # a sibling vCPU v is cause len(_CAUSES) + v
+    key = (table.timeline[rows] * width + cause)[order]
+    sums = np.bincount(key, value[order], minlength=len(units) * width)
+    keys, first = np.unique(key, return_index=True)
+    out: list[dict[Cause, float]] = [defaultdict(float) for _ in range(len(units))]
+    for k in keys[np.lexsort((first, keys // width))].tolist():
+        tl, c = divmod(k, width)
+        out[tl][_CAUSES[c] if c < len(_CAUSES) else (RowKind.STEAL_SIBLING, c - len(_CAUSES))] = float(sums[k])
+    return out
+
+
+def steal_of_type(split: dict[Cause, float], steal_type: int) -> float:
+    """The part of a split that is steal of type 1 or 2."""
+    return sum(v for (kind, _v), v in split.items() if kind.steal_type == steal_type)

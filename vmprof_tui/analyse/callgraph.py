@@ -64,6 +64,23 @@ def _by_object(c: Counter) -> str:
     return ", ".join(f"{obj} {n}" for obj, n in c.most_common(8))
 
 
+def call_graph(an: Analysis) -> CallGraph:
+    """The call graph of an analysis, built once (several profiles, formats and screens ask for it): kept with
+    the analysis (Analysis.derived), so it goes when the analysis goes."""
+    graph = an.derived.get("call_graph")
+    if graph is None:
+        graph = an.derived["call_graph"] = CallGraph(an)
+    return graph  # type: ignore[return-value]
+
+
+def call_paths(an: Analysis, vm: str | None) -> WeightedStacks | None:
+    """The VM's (or, for None, the host's) call paths; None when the analysis has no call stacks or no such VM."""
+    graph = call_graph(an)
+    if not graph.recorded or (vm is not None and vm not in an.vm_names()):
+        return None
+    return graph.weighted("guest", vm) if vm is not None else graph.weighted("host")
+
+
 class CallGraph:
     """The stacks of an Analysis's samples, resolved once."""
 
@@ -88,7 +105,7 @@ class CallGraph:
         if level == "guest":
             sel = np.zeros(len(s), bool)
             for tl in an.vm_timelines(vm, vcpu):
-                sel |= an.thread_mask(tl)
+                sel |= an.vcpus.thread_mask(tl)
             sel &= an.is_guest
         else:
             sel = np.ones(len(s), bool) if cpu is None else s["cpu"] == cpu

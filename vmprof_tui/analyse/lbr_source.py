@@ -17,9 +17,9 @@ import numpy as np
 
 from vmprof_tui.analyse.blocks import STATUS_NAMES, STATUS_OK, BlockReport, BlockStat, ChainEntry, FunctionInfo, analyse
 from vmprof_tui.analyse.disasm import listing
-from vmprof_tui.record import perf_script
 from vmprof_tui.record.lbr_model import CodeReader, LbrSample, Resolve
 from vmprof_tui.record.recording import Recording
+from vmprof_tui.resolve import perf_script
 from vmprof_tui.resolve.elfcode import ImageCache
 from vmprof_tui.resolve.lbr_recording import samples_of_recording, simulated_note
 

@@ -1,7 +1,8 @@
 """What a profile's percentages are made of, as parts in samples that add: across the vCPUs of a VM, and across
 spans of time (the live screen sums each chunk's parts instead of analysing its whole window every refresh).
 
-The one place where parts become the shares shown (OS:USER:IDLE:steal of a guest, OS:USER:IDLE:VM of the host).
+The one place where parts become the shares shown (OS:USER:IDLE:steal of a guest, OS:USER:IDLE:VM of the host),
+and the types the outputs read: a profile's ``Row`` and the ``Profile`` (analysis.Analysis makes them).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vmprof_tui import arrays
+from vmprof_tui.analyse.blanks import IDLE_CAUSE, Cause, steal_of_type
 from vmprof_tui.analyse.kinds import RowKind
-from vmprof_tui.analyse.timeline import IDLE_CAUSE, Cause, steal_of_type
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import RowNames
 
@@ -36,6 +37,43 @@ class Row:
                 "function": demangle(self.function), "symbol": self.function, "module": self.module,
                 "process": self.process, "pid": self.pid,
                 "vm": self.vm}
+
+
+@dataclass
+class Profile:
+    level: str  # host | guest
+    vm: str | None
+    vcpu: int | None
+    total_samples: float
+    duration_s: float
+    lost_samples: int
+    ratios: dict[str, float]
+    rows: list[Row]
+    unresolved_samples: int = 0
+    notes: list[str] = field(default_factory=list)
+    virtual_samples: float | None = None  # of total_samples, made from the scheduler events (idle, steal)
+
+    def __post_init__(self) -> None:
+        if self.virtual_samples is None:
+            # most rows are functions: an identity test first (is_virtual hashes an Enum, a Python call)
+            self.virtual_samples = sum(r.samples for r in self.rows
+                                       if r.kind is not RowKind.FUNCTION and r.kind.is_virtual)
+
+    @property
+    def shown_rows(self) -> list[Row]:
+        """The rows users see: one that rounds to 0 samples (a few virtual samples of steal) is noise on a screen
+        or in a table; `rows` keeps them for whoever adds rows up (the fleet store, pprof's totals)."""
+        return [r for r in self.rows if r.samples >= 0.5]
+
+    def to_json(self) -> dict:
+        total = self.total_samples
+        unresolved = self.unresolved_samples / total if total else 0.0
+        return {"level": self.level, "vm": self.vm, "vcpu": self.vcpu, "total_samples": int(round(total)),
+                "duration_s": round(self.duration_s, 6), "lost_samples": self.lost_samples,
+                "unresolved_samples": self.unresolved_samples,
+                "unresolved_ratio": round(unresolved, 5), "unresolved_percent": round(100.0 * unresolved, 3),
+                "ratios": {k: round(v, 3) for k, v in self.ratios.items()},
+                "rows": [r.to_json(total) for r in self.shown_rows], "notes": self.notes}
 
 
 def row_ratios(level: str, rows: list[Row]) -> dict[str, float]:

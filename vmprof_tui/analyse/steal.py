@@ -2,7 +2,7 @@
 throttled, IRQ) vs type 2 (by exit reason), who stole, co-stop, halt polling, the host's own
 run-queue wait beside vmprof's, and corrected execution times beside apparent ones.
 
-The split of blank time by cause is analyse.timeline.steal_split (the guest
+The split of blank time by cause is analyse.blanks.steal_split (the guest
 profile uses the same); this module adds the breakdowns by exit reason and by
 who held the pCPU, in seconds of each vCPU's wall time."""
 
@@ -12,10 +12,11 @@ from collections import defaultdict
 
 import numpy as np
 
+from vmprof_tui import arrays
+from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse import exits
-from vmprof_tui.analyse.analysis import Analysis, Attribution, VcpuTimeline
-from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.timeline import (
+from vmprof_tui.analyse.analysis import Analysis, Attribution
+from vmprof_tui.analyse.blanks import (
     BLOCKED_CAUSE,
     IDLE_CAUSE,
     IRQ_CAUSE,
@@ -23,7 +24,55 @@ from vmprof_tui.analyse.timeline import (
     WAKEUP_CAUSE,
     steal_of_type,
 )
+from vmprof_tui.analyse.kinds import BlankKind
+from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.records import SAMPLE_VCPU
+
+
+def attributions(an: Analysis, vm: str, per_function: bool = True) -> list[Attribution]:
+    """Per vCPU and (process, function) — or per process — its real samples, and the steal that sat
+    between two of its consecutive samples (thesis §3.4.2)."""
+    s = an.samples
+    out: list[Attribution] = []
+    for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
+        mine = an.vcpus.thread_samples(tl)
+        sel = mine[an.is_guest[mine]]
+        if not len(sel):
+            continue
+        keys = (an.key if per_function else an.proc_key)[sel]
+        steal = np.zeros((2, int(keys.max()) + 1))
+        table, (lo, hi) = tl.table, tl.rows
+        steals = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
+        if len(steals):
+            times = s["time_ns"][sel].astype(np.int64)
+            starts, ends = table.start[steals], table.end[steals]
+            type1 = table.kind[steals] != bt.BLOCKED
+            before = np.searchsorted(times, starts, side="right") - 1
+            after = np.searchsorted(times, ends, side="left")
+            ok = (before >= 0) & (after < len(times))
+            before, after, type1 = before[ok], after[ok], type1[ok]
+            dur = (ends - starts)[ok].astype(float)
+            same = keys[before] == keys[after]
+            np.add.at(steal[0], keys[before][same], dur[same])
+            np.add.at(steal[1], keys[before][same & type1], dur[same & type1])
+        # Run time comes from the exact on-CPU time of the vCPU thread, split by the samples, so a
+        # sampling interrupt that never came does not shorten anybody's time.
+        ns_per_sample = an.vcpus.sample_ns(tl)
+        # the VMM/KVM at work (steal of type 2, on the CPU) between two of its samples is steal too
+        vmm = mine[~an.is_guest[mine]]
+        before = np.searchsorted(sel, vmm) - 1  # sample indices are in time order
+        ok = (before >= 0) & (before + 1 < len(sel))
+        before = before[ok]
+        same = keys[before] == keys[before + 1]
+        np.add.at(steal[0], keys[before][same], ns_per_sample)
+        uniq, first, counts = arrays.first_and_counts(keys, len(steal[0]))
+        at = sel[first]  # the names of each group's first sample, as row() gives them
+        funcs = an.func[at].tolist() if per_function else [""] * len(at)
+        modules = an.module[at].tolist() if per_function else [""] * len(at)
+        out += [Attribution(p, f, m, tl.vcpu, c, c * ns_per_sample, s0, s1)
+                for p, f, m, c, s0, s1 in zip(an.process[at].tolist(), funcs, modules, counts.tolist(),
+                                              steal[0, uniq].tolist(), steal[1, uniq].tolist(), strict=True)]
+    return sorted(out, key=lambda a: -a.apparent_ns)
 
 
 def host_run_delay(an: Analysis, tl: VcpuTimeline) -> tuple[int, int, int] | None:
@@ -77,10 +126,10 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
     vcpus = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
-        thread = an.thread_mask(tl)
+        thread = an.vcpus.thread_mask(tl)
         polling = np.zeros(len(s), bool)  # KVM polling the halted vCPU
-        polling[an.polling_samples(tl)] = True
-        period = an.sample_ns(tl)  # so that guest time, type 2 and polling add up to the exact on-CPU time
+        polling[an.vcpus.polling_samples(tl)] = True
+        period = an.vcpus.sample_ns(tl)  # so that guest time, type 2 and polling add up to the exact on-CPU time
         guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
         vmm = thread & ~an.is_guest
         by_exit: dict[str, float] = defaultdict(float)
@@ -113,21 +162,21 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
         causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
                   "irq": split.get(IRQ_CAUSE, 0.0)}
         causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
-        poll_ns = an.poll_ns(tl)
+        poll_ns = an.vcpus.poll_ns(tl)
         host = host_run_delay(an, tl)
         mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
         vcpus.append({
             "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
             "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
             "steal_type2_s": type2 / 1e9,
-            "ratios": _ratios(wall, guest_ns, idle, type1, type2, causes, tl.skew_ns, poll_ns),
+            "ratios": _ratios(wall, guest_ns, idle, type1, type2, causes, tl.costop_ns, poll_ns),
             "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
             "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
             "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
             "type2_in_kvm_by_exit_name_s": {k: v / 1e9 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])},
             **({"exits_to_vmm": to_vmm} if to_vmm else {}),  # a recording's (not a live window's)
             # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
-            "skew_s": tl.skew_ns / 1e9,
+            "skew_s": tl.costop_ns / 1e9,
             # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same
             "irq_while_running_s": tl.irq_running_ns / 1e9,
             # KVM polling halts (sched events: exact; samples: KVM with the vCPU halted)
@@ -145,12 +194,12 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
 
 
 def _ratios(wall: float, guest: float, idle: float, type1: float, type2: float, causes: dict[str, float],
-            skew: float, poll: float) -> dict[str, float]:
+            costop: float, poll: float) -> dict[str, float]:
     """A vCPU's shares of its wall time, in %, from its times (all in one unit)."""
     return {"guest": 100 * guest / wall, "idle": 100 * idle / wall,
             "steal": 100 * (type1 + type2) / wall, "steal_type1": 100 * type1 / wall, "steal_type2": 100 * type2 / wall,
             **{f"steal_{k}": 100 * n / wall for k, n in causes.items()},
-            "skew": 100 * skew / wall, "halt_poll": 100 * poll / wall}
+            "skew": 100 * costop / wall, "halt_poll": 100 * poll / wall}  # "skew": the output key of co-stop
 
 
 _ADDED = ("wall_s", "on_cpu_s", "guest_s", "idle_s", "steal_type1_s", "steal_type2_s", "skew_s", "irq_while_running_s",
@@ -191,6 +240,6 @@ def steal_report(an: Analysis, vm: str) -> dict:
                 # what a guest could do with the steal the host reports to it: subtract the run-queue wait
                 "host_steal_corrected_s": (apparent - a.steal_type1_ns) / 1e9}
 
-    functions = [corrected(a) for a in an.attributions(vm)]
-    processes = [corrected(a) for a in an.attributions(vm, per_function=False)]
+    functions = [corrected(a) for a in attributions(an, vm)]
+    processes = [corrected(a) for a in attributions(an, vm, per_function=False)]
     return {"vm": vm, "vcpus": vcpu_steal(an, vm), "processes": processes, "functions": functions, "notes": an.notes}

@@ -3,8 +3,9 @@
 ``LiveWindow`` keeps the chunks of a collection session on this host (the same session as
 `vmprof record`); ``ReplayWindow`` plays a recording at its own pace.  Each chunk is resolved and
 analysed once, when it arrives, into a summary of its span (analyse/shares.py); both windows hand out
-the same thing, a ``WindowView``: the summed summaries, and the window's whole ``Analysis`` when a
-screen needs more, so `vmprof top` has no analysis code of its own (docs/analysis.md).
+the same thing, a ``WindowView`` (a source.ProfileSource): the summed summaries, each chunk's detail, and the
+window's whole ``Analysis`` for its call paths, so `vmprof top` has no analysis code of its own
+(docs/analysis.md).  Both windows are a source.Window.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays
-from vmprof_tui.analyse.analysis import Analysis, Row
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.callgraph import WeightedStacks, call_paths
+from vmprof_tui.analyse.segments import Segment, vcpu_segments
 from vmprof_tui.analyse.shares import (
     GuestSummary,
     HostParts,
     HostSummary,
+    Row,
     RowCounts,
     SpanSummary,
     WindowSummary,
 )
 from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
-from vmprof_tui.analyse.timeline import Segment, vcpu_segments
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import (
@@ -41,6 +44,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_VCPU,
     STACK_DTYPE,
 )
+from vmprof_tui.resolve.prepare import prepare
 from vmprof_tui.resolve.resolver import Resolved, Resolver, RowNames
 from vmprof_tui.resolve.symtab import kallsyms_table
 
@@ -91,7 +95,7 @@ AnalyseSpan = Callable[[np.ndarray, "Resolved | None", np.ndarray, tuple[int, in
 
 
 @dataclass
-class Chunk:
+class WindowChunk:
     """A drained stretch of records covering [lo, hi) of the host clock, resolved once when it arrived, and the
     summary of its span (analysed with the switches before it)."""
     lo: int
@@ -122,7 +126,7 @@ class Chunk:
         return self._steal[vm]
 
     def segments(self, vm: str) -> dict[int, list[Segment]]:
-        """What each vCPU of a VM did over this span, in segments (timeline.vcpu_segments)."""
+        """What each vCPU of a VM did over this span, in segments (segments.vcpu_segments)."""
         if vm not in self._segments:
             an = self.detail()
             self._segments[vm] = {tl.vcpu: vcpu_segments(an, tl) for tl in an.vm_timelines(vm)}
@@ -135,7 +139,7 @@ class ResolvedChunks:
     screens that need more (the cost of a refresh does not grow with what earlier refreshes saw)."""
 
     def __init__(self) -> None:
-        self.chunks: deque[Chunk] = deque()
+        self.chunks: deque[WindowChunk] = deque()
         self.context = SwitchContext()
         self._summary: WindowSummary | None = None
 
@@ -143,7 +147,7 @@ class ResolvedChunks:
             resolve: Callable[[np.ndarray], Resolved], analyse: AnalyseSpan, stacks: np.ndarray | None = None,
             host_counts: np.ndarray | None = None, detail: bool = False) -> None:
         """Take in the records of [lo, hi) (and the host tasks' samples the kernel counted meanwhile).  detail: a
-        screen will ask for the span's detail (Chunk.detail), so it is analysed in full now, once, and summarised
+        screen will ask for the span's detail (WindowChunk.detail), so it is analysed in full now, once, and summarised
         from that (the summary's parts do not depend on the detail: holders and co-stop)."""
         samples, sched = _time_ordered(samples), _time_ordered(sched)
         resolved = resolve(samples) if len(samples) else None
@@ -155,10 +159,10 @@ class ResolvedChunks:
             summary = with_host_counts(summary, host_counts, resolve, an.resolver.row_names)
         self.context.advance(sched)
         counted = np.unique(host_counts["pid"]) if host_counts is not None else np.empty(0, np.uint32)
-        self.chunks.append(Chunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted,
+        self.chunks.append(WindowChunk(lo, hi, samples, resolved, sched, before, stacks, summary, analyse, counted,
                                  _detail=an if detail else None))
 
-    def summary(self, chunks: list[Chunk], lost_samples: int) -> WindowSummary:
+    def summary(self, chunks: list[WindowChunk], lost_samples: int) -> WindowSummary:
         """The summary of the window made of `chunks`, slid from the last one this made."""
         self._summary = WindowSummary([c.summary for c in chunks], lost_samples, self._summary)
         return self._summary
@@ -166,7 +170,7 @@ class ResolvedChunks:
     def pids(self) -> set[int]:
         return {int(pid) for c in self.chunks for pid in np.unique(c.samples["pid"]).tolist() + c.counted_pids.tolist()}
 
-    def current(self, horizon: int) -> tuple[list[Chunk], int]:
+    def current(self, horizon: int) -> tuple[list[WindowChunk], int]:
         """The window's chunks and where the first begins: the window is made of whole chunks, those with the
         larger part of their span after `horizon` (ns), so that its summaries add up exactly (older chunks are
         forgotten)."""
@@ -192,7 +196,7 @@ def with_host_counts(summary: SpanSummary, counts: np.ndarray, resolve: Callable
     return replace(summary, host=parts, host_rows=RowCounts.combine([summary.host_rows, rows]))
 
 
-def joined(chunks: list[Chunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
+def joined(chunks: list[WindowChunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray, np.ndarray]:
     """(samples, their names, sched events, stack records) of the window's chunks, whole (as their summaries
     count them); the sched events begin with the switches before the first chunk."""
     names = [c.resolved for c in chunks if c.resolved is not None]
@@ -204,11 +208,12 @@ def joined(chunks: list[Chunk]) -> tuple[np.ndarray, Resolved | None, np.ndarray
 
 
 class WindowView:
-    """One refresh of the live screen.  The overview's numbers (host and guest summaries, each VM's shares and
-    vCPUs) come from the summaries of the window's chunks; everything else is the window's whole Analysis,
-    joined and analysed the first time a screen asks for it (attributes not defined here are the Analysis')."""
+    """One refresh of the live screen (a source.ProfileSource).  The overview's numbers (host and guest
+    summaries, each VM's shares and vCPUs) and the rows come from the summaries of the window's chunks, steal
+    and segments from each chunk's detail; call paths from the window's whole Analysis, joined and analysed the
+    first time a screen asks for it."""
 
-    def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis], chunks: list[Chunk]) -> None:
+    def __init__(self, summary: WindowSummary, analysis: Callable[[], Analysis], chunks: list[WindowChunk]) -> None:
         self.summary = summary
         self._analyse = analysis
         self._chunks = chunks
@@ -218,9 +223,6 @@ class WindowView:
     @functools.cached_property
     def analysis(self) -> Analysis:
         return self._analyse()
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.analysis, name)
 
     def window(self) -> tuple[int, int]:
         return self.summary.window()
@@ -262,12 +264,16 @@ class WindowView:
     def guest_ratios(self, vm: str, vcpu: int | None = None) -> dict[str, float]:
         return self.summary.guest_ratios(vm, vcpu)
 
+    def call_paths(self, vm: str | None) -> WeightedStacks | None:
+        return call_paths(self.analysis, vm)
+
 
 class LiveWindow:
     """The last `window_s` seconds of a collection session on this host."""
 
     live = True
     damage = None
+    at_end = False  # a live window never ends
 
     def __init__(self, session: CollectionSession, window_s: float = 10.0) -> None:
         self.session = session
@@ -346,7 +352,7 @@ class LiveWindow:
             rec = _window_recording(Path("(live)"), self.meta, samples, sched,
                                     recording.snapshot(vms=vms, processes=processes), {}, seconds, lost,
                                     stacks if self.session.collector.stacks else None, self.host_stacks, ustacks)
-            return Analysis(rec, bundles, resolver=self.resolver, resolved=resolved, span_ns=(horizon, hi))
+            return Analysis(prepare(rec, bundles, self.resolver, resolved=resolved, span_ns=(horizon, hi)))
 
         lost_samples = sum(lost.get("samples", [])) + sum(lost.get("host_counts", []))  # sent or counted
         return WindowView(self.chunks.summary(chunks, int(lost_samples)), analyse, chunks)
@@ -357,8 +363,7 @@ class LiveWindow:
                 if int(vm["pid"]) in self.processes}  # the host view's VM rows name the VMM process
         rec = _window_recording(Path("(live)"), self.meta, samples, sched, recording.snapshot(self.vms, vmms), {},
                                 (span[1] - span[0]) / 1e9)
-        return Analysis(rec, self.bundles(), resolver=self.resolver, resolved=resolved, span_ns=span,
-                        shares_only=shares_only)
+        return Analysis(prepare(rec, self.bundles(), self.resolver, resolved=resolved, span_ns=span), shares_only)
 
     def close(self) -> None:
         self.session.close()
@@ -368,6 +373,7 @@ class ReplayWindow:
     """Play a recording through the same screens, one refresh interval of recorded time per poll."""
 
     live = False
+    messages: list[str] = []  # nothing happens in a recording played back (the list stays empty)
 
     def __init__(self, path: Path, window_s: float = 10.0, rec: recording.Recording | None = None) -> None:
         self.rec = rec if rec is not None else recording.load(path)  # rec: one made in memory (perf script)
@@ -410,7 +416,7 @@ class ReplayWindow:
             t = self._times[id(table)] = table["time_ns"].astype(np.int64)
         return table[np.searchsorted(t, lo, "left" if fresh else "right"):np.searchsorted(t, hi, "right")]
 
-    def poll(self, step_s: float | None = None, detail: bool = False) -> WindowView:
+    def poll(self, detail: bool = False, step_s: float | None = None) -> WindowView:
         step_s = self.step_s if step_s is None else step_s
         self.now = min(self.now + int(step_s * 1e9), self.t_end)
         lo = max(self.t0, self.now - int(self.window_s * 1e9))
@@ -441,7 +447,7 @@ class ReplayWindow:
                                     stacks=None if self.stacks is None else st, host_stacks=self.rec.host_stacks,
                                     ustacks=self.rec.ustacks)  # joined to the window's samples by (cpu, time)
             rec.problems = list(self.rec.problems)
-            return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now))
+            return Analysis(prepare(rec, resolver=self.resolver, resolved=resolved, span_ns=(lo, now)))
 
         return WindowView(self.chunks.summary(chunks, 0), analyse, chunks)  # a replay loses nothing
 
@@ -449,7 +455,7 @@ class ReplayWindow:
                       span: tuple[int, int], shares_only: bool) -> Analysis:
         rec = _window_recording(self.rec.path, self.meta, samples, sched, self.snapshot, self.rec.bundles,
                                 (span[1] - span[0]) / 1e9)
-        return Analysis(rec, resolver=self.resolver, resolved=resolved, span_ns=span, shares_only=shares_only)
+        return Analysis(prepare(rec, resolver=self.resolver, resolved=resolved, span_ns=span), shares_only)
 
     def close(self) -> None:
         pass

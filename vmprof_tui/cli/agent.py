@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("--window must be at least 1 s")
     listen = None
     if args.metrics:  # checked before the spool is made: bad usage touches nothing
-        from vmprof_tui.show.metrics import parse_address
+        from vmprof_tui.fleet.metrics import parse_address
 
         try:
             listen = parse_address(args.metrics)
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise Failure(f"cannot use the spool {args.spool}: {e.strerror or e}") from None
     metrics = None
     if args.metrics:
-        from vmprof_tui.show.metrics import AgentMetrics
+        from vmprof_tui.fleet.metrics import AgentMetrics
 
         metrics = AgentMetrics()
         try:
@@ -115,10 +115,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"vmprof agent: window {stats.seq} NOT stored: {stats.error}; collection goes on "
                   f"({agent.not_stored} not stored so far)", file=sys.stderr, flush=True)
         if metrics is not None and path is not None:
-            from vmprof_tui.analyse.analysis import Analysis
+            from vmprof_tui.analyse.analysis import analyse
             from vmprof_tui.record.recording import load
 
-            metrics.add_window(Analysis(load(path)), stats.stored, stats.t0_s, stats.uncovered_s,
+            metrics.add_window(analyse(load(path)), stats.stored, stats.t0_s, stats.uncovered_s,
                                stats.lost_samples)
 
     interrupted = stop_on_signals()

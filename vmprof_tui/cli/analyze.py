@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vmprof_tui.fleet.analyze import (
-        Analyzer,
+    from vmprof_tui.fleet.analyse import (
+        Analyser,
         StoreWriteError,
         WindowResult,
         check_store,
@@ -67,22 +67,22 @@ def run(args: argparse.Namespace) -> int:
     store = Path(args.store)
     try:
         check_store(store)  # before a cluster starts: a read-only store is one line, not one per window
-        analyzer = Analyzer(store, args.scheduler, args.workers)
+        analyser = Analyser(store, args.scheduler, args.workers)
         try:
-            analyzer.__enter__()
+            analyser.__enter__()
         except OSError as e:  # only connecting is the scheduler's part
             where = f"the Dask scheduler {args.scheduler}" if args.scheduler else "an embedded Dask cluster"
             raise Failure(f"cannot reach {where}: {e}") from None
         try:
-            threads = analyzer.n_threads
+            threads = analyser.n_threads
             while True:
-                results = analyzer.run(find_windows(spools), on_window, retries=args.retries)
+                results = analyser.run(find_windows(spools), on_window, retries=args.retries)
                 if not args.follow or stopped():
                     break
                 if not results:
                     time.sleep(1.0)
         finally:
-            analyzer.__exit__(None, None, None)
+            analyser.__exit__(None, None, None)
     except StoreWriteError as e:
         raise Failure(str(e.strerror)) from None
     except OSError as e:  # a spool that went away, a file that cannot be read: named, not blamed on the scheduler

@@ -10,10 +10,10 @@ from pathlib import Path
 from vmprof_tui.analyse.blocks import BlockReport, BlocksError, analyse
 from vmprof_tui.collect import lbr_patterns as patterns
 from vmprof_tui.record.lbr_model import BranchFilter
-from vmprof_tui.record.perf_script import PerfScriptError, build_resolvers, make_resolve_pid, notes_of, read
 from vmprof_tui.record.recording import RecordingError, load
 from vmprof_tui.resolve.elfcode import ImageCache
 from vmprof_tui.resolve.lbr_recording import samples_of_recording, simulated_note
+from vmprof_tui.resolve.perf_script import PerfScriptError, build_resolvers, make_resolve_pid, notes_of, read
 from vmprof_tui.show.formats import blocks_csv as format_csv
 from vmprof_tui.show.formats import blocks_json as format_json
 from vmprof_tui.show.formats import blocks_table as format_table

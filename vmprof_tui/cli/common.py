@@ -173,8 +173,9 @@ def no_vm(an: Analysis, recording: str, then: str) -> str:
 
 def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
-    from vmprof_tui.analyse.analysis import Analysis, in_kernel, recording_window
+    from vmprof_tui.analyse.analysis import Analysis, in_kernel
     from vmprof_tui.record.recording import RecordingError, load
+    from vmprof_tui.resolve.prepare import prepare, recording_window
 
     if args.recording and args.input and args.recording != args.input:
         raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
@@ -204,7 +205,7 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     elif getattr(args, "hide_user", False):
         keep = in_kernel
     bundles = _parse_bundles(args.guest_bundle)
-    an = Analysis(rec, bundles, time_range=time_range, keep=keep)
+    an = Analysis(prepare(rec, bundles, time_range=time_range, keep=keep))
     for vm, path in bundles.items():  # a bundle for a VM not recorded names nothing: a typo, most likely
         if vm not in an.vm_names():
             raise Failure(f"--guest-bundle {vm}={path}: no VM named {vm} in {args.recording} "

@@ -24,7 +24,7 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from vmprof_tui.demo import programs, scenarios
+    from vmprof_tui.demo import builds, scenarios
 
     p.add_argument("--scenario", "-s", default="alone", choices=scenarios.SCENARIOS, metavar="NAME",
                    help="one of: " + ", ".join(scenarios.SCENARIOS) + " (default: alone)")
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("custom scenario")
     g.add_argument("--vms", type=int, default=1, metavar="N", help="number of VMs")
     g.add_argument("--vcpus", type=int, default=1, metavar="N", help="vCPUs per VM")
-    names = (*programs.NAMES, *scenarios.REAL_PROGRAMS)
+    names = (*builds.NAMES, *scenarios.REAL_PROGRAMS)
     g.add_argument("--program", action="append", choices=names, metavar="NAME",
                    help=f"guest program per vCPU, repeatable: {', '.join(names)} (default: compute); "
                    f"{', '.join(scenarios.REAL_PROGRAMS)} are real programs on the guest kernel, one vCPU each")
@@ -68,7 +68,7 @@ def _mem_mb(text: str) -> int | None:
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.cli.record import parse_call_graph
     from vmprof_tui.cli.top import run_top
-    from vmprof_tui.demo import programs, runner, scenarios
+    from vmprof_tui.demo import builds, runner, scenarios
     from vmprof_tui.demo.truth import format_truth, load_line
 
     if args.list:
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         ready = demo.start()
     except runner.BadRealProgram as e:
         return _usage(str(e))
-    except (runner.DemoError, OSError, programs.BuildError) as e:
+    except (runner.DemoError, OSError, builds.BuildError) as e:
         return fail(str(e))
     stopped = stop_on_signals()
     if args.json:
@@ -172,7 +172,7 @@ def run_lbr(args: argparse.Namespace) -> int:
     from vmprof_tui.cli.top import lbr_window
     from vmprof_tui.collect import lbr_simulate
     from vmprof_tui.collect.lbr_patterns import get
-    from vmprof_tui.demo.programs import BuildError, lbr_demo_path
+    from vmprof_tui.demo.builds import BuildError, lbr_demo_path
     from vmprof_tui.show.tui import VmprofTop
 
     try:

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vmprof_tui.fleet.analyze import corrupt_windows
+    from vmprof_tui.fleet.analyse import corrupt_windows
     from vmprof_tui.fleet.history import Store, StoreError, flag_anomalies, parse_time
 
     if args.baseline < 3:  # anomalies need at least 3 earlier windows

@@ -97,7 +97,7 @@ def _bench(workloads: list[str], args: argparse.Namespace, cpus: list[int]):  # 
 def _measurer(bench, resource: str, log):  # noqa: ANN001, ANN202
     from vmprof_tui.collect.bpf import CollectError
     from vmprof_tui.collect.session import SessionError
-    from vmprof_tui.demo.programs import BuildError
+    from vmprof_tui.demo.builds import BuildError
     from vmprof_tui.demo.runner import DemoError
 
     def measure(levels: np.ndarray) -> dict:
@@ -193,8 +193,8 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from vmprof_tui.estimate import histogram as model_histogram
     from vmprof_tui.estimate import model as M
-    from vmprof_tui.show import model_histogram
 
     model = _model(args.model)
     if not 2 <= args.grid <= 21:

@@ -19,7 +19,8 @@ from vmprof_tui.show.formats.table import SORT_KEYS
 from vmprof_tui.show.text import MIN_WIDTH, report_width
 
 if TYPE_CHECKING:
-    from vmprof_tui.analyse.analysis import Analysis, Profile, Row
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.shares import Profile, Row
 
 ORDERED = ("table", "json", "csv")  # the formats whose rows --sort orders
 KNOWN_SHOWN = 8  # functions named when --callers matches none
@@ -198,7 +199,7 @@ def _ranges(values: list[int]) -> str:
 def with_stack_notes(an: Analysis, profile: Profile, cpu: int | None) -> Profile:
     """The profile with the notes of its call stacks (a recording made with -g): how many were partial,
     truncated or missing, which every format carries as it carries the analysis' notes."""
-    from vmprof_tui.show.stacks import call_graph
+    from vmprof_tui.analyse.callgraph import call_graph
 
     graph = call_graph(an)
     if not graph.recorded:

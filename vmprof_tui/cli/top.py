@@ -63,8 +63,8 @@ def lbr_window(replay: str | None, perf_script: str | None, window_s: float, obj
     """(ReplayWindow, LbrSource or None) of a recording or of `perf script` text."""
     from vmprof_tui.analyse import lbr_source
     from vmprof_tui.analyse.window import ReplayWindow
-    from vmprof_tui.record.perf_script import PerfScriptError, as_recording
     from vmprof_tui.record.recording import RecordingError
+    from vmprof_tui.resolve.perf_script import PerfScriptError, as_recording
 
     try:
         if perf_script:

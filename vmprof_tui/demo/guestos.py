@@ -18,7 +18,7 @@ from pathlib import Path
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from vmprof_tui.demo import programs
+from vmprof_tui.demo import builds
 from vmprof_tui.demo.kvm import KvmRegs, KvmSegment, KvmSregs
 from vmprof_tui.demo.loader import (
     DOORBELL_GPA,
@@ -59,7 +59,7 @@ def _kernel_dir() -> Path:
 def kernel_path() -> Path:
     """The built guest kernel (an ELF file linked at KERNEL_BASE), building it if needed."""
     src = _kernel_dir()
-    return programs.compiled(src / "entry.S", [*KFLAGS, f"-Wl,-T,{src / 'kernel.ld'}"], "vmprof-kernel",
+    return builds.compiled(src / "entry.S", [*KFLAGS, f"-Wl,-T,{src / 'kernel.ld'}"], "vmprof-kernel",
                              "the demo guest kernel", headers=(src / "kernel.h", src / "kernel.ld"),
                              more_sources=(src / "kernel.c",))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from vmprof_tui.demo import programs
+from vmprof_tui.demo import builds
 from vmprof_tui.demo.kvm import GuestMemory
 
 PORT_NET_BUF, PORT_NET_TX, PORT_NET_RX = 0x20, 0x21, 0x22  # contract with programs/load.c
@@ -40,7 +40,7 @@ class _Stats(ctypes.Structure):  # struct nic_stats
 
 def _library() -> ctypes.CDLL:
     """nic_io.c as a shared library, built once per source (cached by its hash, as the guest programs are)."""
-    out = programs.compiled(SOURCE, CFLAGS, "nic_io.so", "the demo NIC")
+    out = builds.compiled(SOURCE, CFLAGS, "nic_io.so", "the demo NIC")
     lib = ctypes.CDLL(str(out))
     lib.nic_start.restype = ctypes.c_void_p
     lib.nic_start.argtypes = [ctypes.c_void_p, ctypes.c_uint64]

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from vmprof_tui.demo import guestos, kvm, programs, scenarios, workloads
+from vmprof_tui.demo import builds, guestos, kvm, scenarios, workloads
 from vmprof_tui.demo.loader import BadProgram, check_program
 
 
@@ -73,7 +73,7 @@ def resolve_specs(specs: list[dict], bundle_root: Path, duration_s: float | None
                         files.mkdir(parents=True, exist_ok=True)
                         proc["dir"] = str(files)
                     continue
-                proc["path"] = str(programs.program_path(proc["program"]))
+                proc["path"] = str(builds.program_path(proc["program"]))
                 proc["name"] = proc["program"]
                 if proc["program"] in ("duty", "load", "blink"):  # they pace themselves by the TSC
                     tsc = tsc or tsc_ticks_per_ms()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from vmprof_tui.demo import programs
+from vmprof_tui.demo import builds
 
 # name -> (the static libraries it links, the Debian package holding them)
 LIBRARIES = {"shor": (["-lquantum", "-lm"], "libquantum-dev"), "gzip": (["-lz"], "zlib1g-dev"),
@@ -24,13 +24,13 @@ def _source_dir() -> Path:
 def program_path(name: str) -> Path:
     """The built workload `name` (a static executable), building it if needed; BuildError with one line."""
     if name not in LIBRARIES:
-        raise programs.BuildError(f"unknown real workload {name!r}; choose from {', '.join(LIBRARIES)}")
+        raise builds.BuildError(f"unknown real workload {name!r}; choose from {', '.join(LIBRARIES)}")
     libs, package = LIBRARIES[name]
     source = _source_dir() / f"{name}.c"
     if not source.exists():
-        raise programs.BuildError(f"the {name} workload is not written yet")
+        raise builds.BuildError(f"the {name} workload is not written yet")
     try:
-        return programs.compiled(source, CFLAGS, name, f"the {name} workload",
+        return builds.compiled(source, CFLAGS, name, f"the {name} workload",
                                  headers=(_source_dir() / "common.h",), libs=tuple(libs))
-    except programs.BuildError as e:
-        raise programs.BuildError(f"{e} (the {name} workload needs {package}: apt-get install {package})") from None
+    except builds.BuildError as e:
+        raise builds.BuildError(f"{e} (the {name} workload needs {package}: apt-get install {package})") from None

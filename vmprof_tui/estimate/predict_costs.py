@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from vmprof_tui.estimate.machine import cgroup_cpu_limit, machine_description
 from vmprof_tui.estimate.predict import COST_NAMES, Costs, CostStat, PredictError
 
 # Assembled with GNU as (intel syntax) from SNIPPETS_ASM; offsets from `nm`.
@@ -508,38 +509,10 @@ def _context_switch(repeat: int, min_time: float) -> CostStat:
     return CostStat(median=max(half[0], 1e-9), min=max(half[1], 1e-9), max=max(half[2], 1e-9), repeat=trips.repeat)
 
 
-def cgroup_cpu_limit() -> dict[str, object]:
-    """This process's cgroup and its CPU quota (v1 cfs_quota_us/cfs_period_us, or v2 cpu.max)."""
-    out: dict[str, object] = {}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            d = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
-            try:
-                quota = int((d / "cpu.cfs_quota_us").read_text())
-                period = int((d / "cpu.cfs_period_us").read_text())
-            except (OSError, ValueError):
-                continue
-            out.update({"cgroup": path, "cpu_quota": None if quota < 0 else quota / period})
-        elif controllers == "" and "cgroup" not in out:
-            try:
-                q, p = (Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.max").read_text().split()
-                out.update({"cgroup": path, "cpu_quota": None if q == "max" else int(q) / int(p)})
-            except (OSError, ValueError):
-                pass
-    return out
-
-
 def measure_costs(name: str | None = None, directory: Path | None = None, repeat: int = 5, min_time: float = 0.2,
                   progress: Callable[[str, CostStat], None] | None = None) -> Costs:
     """Time one of each operation here.  `directory` holds the files read, written and faulted in
     (a disk file system: on tmpfs there are no major faults)."""
-    from vmprof_tui.estimate.predict_measure import machine_description
-
     if repeat < 1 or min_time <= 0:
         raise PredictError("predict costs: --repeat must be at least 1 and --min-time positive")
     s = snippets()

@@ -20,12 +20,12 @@ import errno
 import os
 import shutil
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from vmprof_tui.estimate import predict_costs
+from vmprof_tui.estimate.machine import machine_description
 from vmprof_tui.estimate.predict import (
     BYTE_CALLS,
     COMPUTE_PMU,
@@ -348,18 +348,3 @@ def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_
         reference={**machine_description(), "compute_loop_s": loop.median,
                    "compute_loop_min_s": loop.min, "compute_loop_max_s": loop.max, "runs": times},
         notes=notes)
-
-
-def machine_description() -> dict[str, object]:
-    return {"host": socket.gethostname(), "kernel": os.uname().release, "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vmprof_tui import files
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import Analysis, analyse
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, load
 from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL
@@ -78,8 +78,8 @@ def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
     out = []
     for v in vcpu_steal(an, vm):
         tl = timelines[v["vcpu"]]
-        in_guest = an.thread_mask(tl) & an.is_guest
-        guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.sample_ns(tl) / 1e9
+        in_guest = an.vcpus.thread_mask(tl) & an.is_guest
+        guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.vcpus.sample_ns(tl) / 1e9
         out.append({"vcpu": v["vcpu"], "guest_user": max(v["guest_s"] - guest_kernel_s, 0.0),
                     "guest_kernel": guest_kernel_s, "idle": v["idle_s"], "steal_type1": v["steal_type1_s"],
                     "steal_type2": v["steal_type2_s"], "type1_by_holder": v["type1_by_holder_s"],
@@ -93,7 +93,7 @@ def window_vms(path: str) -> tuple[list[str], float]:
     t = time.monotonic()
     rec = load(Path(path))
     rec.snapshot.pop(KALLSYMS_KEY, None)
-    return Analysis(rec).vm_names(), time.monotonic() - t
+    return analyse(rec).vm_names(), time.monotonic() - t
 
 
 def _window_base(ref: WindowRef, rec: Recording) -> dict:
@@ -120,13 +120,13 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
     pids = [int(v["pid"]) for v in rec.vms() if v["name"] == vm]
     if not pids and (m := re.fullmatch(r"vm-(\d+)", vm)):  # a VM known only from its guest samples (Analysis)
         pids = [int(m.group(1))]
-    an = Analysis(rec, keep=lambda s: np.isin(s["pid"], pids))
+    an = analyse(rec, keep=lambda s: np.isin(s["pid"], pids))
     base = {**_window_base(ref, rec), "vm": vm}
     tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES}
     for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu):
         # the guest profile's samples, real and virtual, at the vCPU's rate
         tables["profile"] += _function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
-                                            an.sample_ns(tl) / 1e9)
+                                            an.vcpus.sample_ns(tl) / 1e9)
     for v in vcpu_seconds(an, vm):
         at = {**base, "vcpu": v["vcpu"]}
         tables["vcpu"] += [{**at, "state": state, "seconds": v[state]} for state in STATES]
@@ -145,7 +145,7 @@ def analyse_window_host(ref: WindowRef, store: str) -> dict:
     host_profile: what `vmprof report WINDOW` shows."""
     t = time.monotonic()
     rec = load(Path(ref.path))
-    an = Analysis(rec)
+    an = analyse(rec)
     rows = _function_rows(_window_base(ref, rec), an.host_profile().rows, an.period_ns / 1e9)
     for row, r in zip(rows, [r for r in an.host_profile().rows if r.samples > 0], strict=True):
         row["vm"] = r.vm

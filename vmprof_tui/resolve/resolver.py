@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays
+from vmprof_tui.arrays import group_by
 from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
 from vmprof_tui.resolve import spaces
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
@@ -35,7 +36,6 @@ from vmprof_tui.resolve.spaces import (
     AddressSpace,
     GuestSymbols,
     ObjectCache,
-    group_by,
     guest_symbols,
     locate,
 )

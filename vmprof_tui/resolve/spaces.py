@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui.arrays import group_by
 from vmprof_tui.resolve.bundle import GuestBundle, load_bundle
 from vmprof_tui.resolve.elf import ElfSymbols, read_elf_symbols
 from vmprof_tui.resolve.object_table import decode_object_table
@@ -178,41 +179,6 @@ def locate(spaces: list[AddressSpace], which: np.ndarray, ips: np.ndarray) -> tu
     ok = (found >= 0) & (own[k] == which[user]) & (ip < end[k])
     at[user[ok]] = found[ok]
     return maps, at
-
-
-def group_by(keys: np.ndarray, pos: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """(key, the positions `pos` with that key, in their order) for each distinct keys[pos], with one sort."""
-    if not len(pos):
-        return
-    k = keys[pos]
-    order = np.argsort(_small_ranks(k), kind="stable")
-    k, pos = k[order], pos[order]
-    cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
-    for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(k)].tolist(), strict=True):
-        yield int(k[lo]), pos[lo:hi]
-
-
-def _small_ranks(k: np.ndarray) -> np.ndarray:
-    """Keys that sort as `k` does, as uint16 where they fit (pids, mapping indices: numpy sorts those by radix,
-    3-4x faster than 64-bit keys), else `k` itself."""
-    lo, hi = int(k.min()), int(k.max())
-    if hi - lo < 1 << 16:
-        return (k - lo).astype(np.uint16)
-    ranks = dense_ranks(k)
-    return ranks.astype(np.uint16) if ranks is not None and ranks.max() < 1 << 16 else k
-
-
-def dense_ranks(keys: np.ndarray) -> np.ndarray | None:
-    """The rank of each key among the distinct keys (np.unique's inverse, int32) by a table over their range,
-    without a sort; None where the range is too wide for a table (then sort)."""
-    if not len(keys):
-        return np.empty(0, np.int32)
-    lo, hi = int(keys.min()), int(keys.max())
-    if hi - lo > 4 * len(keys) + (1 << 20):
-        return None
-    present = np.zeros(hi - lo + 1, bool)
-    present[keys - lo] = True
-    return (np.cumsum(present, dtype=np.int32) - 1)[keys - lo]
 
 
 def parse_proc_maps(text: str) -> list[Mapping]:

@@ -15,9 +15,9 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Static
 
 from vmprof_tui.analyse.lbr_source import NO_LBR, FunctionBlocks, LbrSource, chain_of
-from vmprof_tui.analyse.window import WindowView
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.show.live_table import LiveTable
-from vmprof_tui.show.tui import DrawingScreen, TableScreen
+from vmprof_tui.show.screen import DrawingScreen, TableScreen
 
 
 def open_blocks(app: App, function: str | None, vm: str | None) -> None:
@@ -39,7 +39,7 @@ class WindowBlocks:
     vm: str | None
     app: App
 
-    def blocks_of(self, an: WindowView) -> FunctionBlocks | None:
+    def blocks_of(self, an: ProfileSource) -> FunctionBlocks | None:
         src: LbrSource | None = getattr(self.app, "lbr", None)
         if src is None:
             return None
@@ -56,13 +56,12 @@ class BlocksScreen(WindowBlocks, TableScreen):
     # with no cell padding the labels carry their leading space (the first column needs none)
     columns = ("block", " instr", " n", " CPI", " mean", " p50", " p90", " p99", " LBR", " exact", " total")
     default_sort = " total"
-    summaries_only = True  # reads the LBR source, not the window's whole Analysis
 
     def __init__(self, function: str, vm: str | None = None) -> None:
         super().__init__()
         self.function, self.vm = function, vm
         self.data: FunctionBlocks | None = None
-        self._data_of: WindowView | None = None
+        self._data_of: ProfileSource | None = None
 
     def below_table(self) -> ComposeResult:
         yield Static(id="notes")
@@ -77,15 +76,15 @@ class BlocksScreen(WindowBlocks, TableScreen):
         text = str(value) if not isinstance(value, float) else f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
         return Text(" " + text, justify="right" if isinstance(value, int | float) else "left")
 
-    def prepare(self, an: WindowView) -> None:
+    def prepare(self, an: ProfileSource) -> None:
         self.data, self._data_of = self.blocks_of(an), an
 
-    def current(self, an: WindowView) -> FunctionBlocks | None:
+    def current(self, an: ProfileSource) -> FunctionBlocks | None:
         if self._data_of is not an:
             self.prepare(an)
         return self.data
 
-    def title_text(self, an: WindowView) -> str:
+    def title_text(self, an: ProfileSource) -> str:
         fb = self.current(an)
         if fb is None:
             return NO_LBR
@@ -94,7 +93,7 @@ class BlocksScreen(WindowBlocks, TableScreen):
         return (f"{where}{self.function}{obj}: {len(fb.rows)} blocks in {fb.samples_with}/{fb.samples} LBR samples; "
                 f"{fb.unit} = CPI x instr")
 
-    def rows(self, an: WindowView) -> list[tuple[str, tuple]]:
+    def rows(self, an: ProfileSource) -> list[tuple[str, tuple]]:
         fb = self.current(an)
         if fb is None:
             return []
@@ -109,7 +108,7 @@ class BlocksScreen(WindowBlocks, TableScreen):
                                 _time(st.total_cycles if fb.unit == "cycles" else st.total_cycles / freq * 1e9))))
         return out
 
-    def refresh_from(self, an: WindowView | None) -> None:
+    def refresh_from(self, an: ProfileSource | None) -> None:
         super().refresh_from(an)
         if an is None or not self.ready or not self.is_attached:
             return
@@ -145,10 +144,10 @@ class BlockScreen(WindowBlocks, DrawingScreen):
             yield Static(id=self.drawing_id)
         yield Footer()
 
-    def prepare(self, an: WindowView) -> None:
+    def prepare(self, an: ProfileSource) -> None:
         self.blocks_of(an)  # the window's report, computed here in the worker thread (the source keeps it)
 
-    def draw(self, an: WindowView) -> Text | str:
+    def draw(self, an: ProfileSource) -> Text | str:
         fb = self.blocks_of(an)
         if fb is None:
             return NO_LBR

@@ -6,8 +6,8 @@ themselves (how many were partial or truncated, and in which objects).
 
 from __future__ import annotations
 
-from vmprof_tui.analyse.analysis import Profile
 from vmprof_tui.analyse.callgraph import WeightedStacks, callers, children
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.show.formats.table import header
 from vmprof_tui.show.text import cut, wrap
 

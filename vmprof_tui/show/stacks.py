@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from vmprof_tui.analyse.analysis import Analysis, Profile, Row
-from vmprof_tui.analyse.callgraph import CallGraph
+from vmprof_tui.analyse.analysis import Analysis, vm_rows
+from vmprof_tui.analyse.callgraph import call_graph
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import Profile, Row
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
 from vmprof_tui.resolve.stacks import MappingInfo
@@ -81,30 +80,6 @@ def row_frames(row: Row) -> tuple[Frame, ...]:
     return tuple(frames)
 
 
-def _vm_rows(an: Analysis, row: Row, cpu: int | None) -> list[Row]:
-    """A host-level VM row split into the rows of its vCPU threads' samples (guest functions, and the VMM or
-    KVM working for the vCPU); [row] when they do not add up to it."""
-    if row.kind is not RowKind.VM or row.pid is None:
-        return [row]
-    sel = an.in_vm & (an.samples["pid"] == row.pid)
-    if cpu is not None:
-        sel &= an.samples["cpu"] == cpu
-    if int(np.count_nonzero(sel)) != int(round(row.samples)):
-        return [row]
-    return an.aggregate(sel)
-
-
-_graph: dict[int, tuple[Analysis, CallGraph]] = {}
-
-
-def call_graph(an: Analysis) -> CallGraph:
-    """The call graph of an analysis, built once (several profiles and formats ask for it)."""
-    kept = _graph.get(0)
-    if kept is None or kept[0] is not an:
-        _graph[0] = (an, CallGraph(an))
-    return _graph[0][1]
-
-
 def call_frame(label: str, f: object) -> Frame:
     """A frame of a call path (`resolve.stacks.Frame` behind it, or a marker)."""
     function = getattr(f, "function", label)
@@ -155,7 +130,7 @@ def profile_stacks(an: Analysis | None, profile: Profile, cpu: int | None = None
         return sorted(path_stacks(an, profile, cpu) + rows, key=lambda st: -st.samples)[:limit]
     rows = sorted(profile.rows, key=lambda r: -r.samples)[:limit]
     if an is not None and profile.level == "host":
-        rows = [g for r in rows for g in _vm_rows(an, r, cpu)]
+        rows = [g for r in rows for g in vm_rows(an, r, cpu)]
     return [Stack(row_frames(r), r.samples, r) for r in rows if r.samples > 0]
 
 

@@ -14,7 +14,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vmprof_tui.analyse.analysis import Analysis, Profile
+    from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.shares import Profile
 
 # format name -> module in this package
 MODULES = {"table": "table", "json": "jsonfmt", "csv": "csvfmt", "collapsed": "collapsed", "pprof": "pprof",
@@ -37,10 +38,6 @@ class ReportInput:
 
 def module(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{MODULES[name]}")
-
-
-def renderer(name: str) -> Callable[[ReportInput], str | bytes]:
-    return module(name).render
 
 
 def joined(inp: ReportInput, one: Callable[[Profile, str, int | None], str]) -> str:

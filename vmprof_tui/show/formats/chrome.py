@@ -27,7 +27,7 @@ recording's first timestamp) on a vCPU track:
   used up;
 * ``idle``: ``[idle] halt`` while the guest had halted the vCPU.
 
-The slices of a vCPU track are its segments (analyse.timeline.vcpu_segments, the
+The slices of a vCPU track are its segments (analyse.segments.vcpu_segments, the
 same the live screen's timeline draws): guest + vmm + unsampled + steal + idle
 cover the vCPU's life with no hole.  Slices never overlap on a track (the trace
 viewers need strictly nested slices).  A slice's ``args`` are the same for every slice of its name on its
@@ -42,10 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import Analysis, Profile, VcpuTimeline, task_name
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.exits import exit_category, exit_name
 from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.timeline import Segment, SegmentKind, vcpu_segments
+from vmprof_tui.analyse.segments import Segment, SegmentKind, vcpu_segments
+from vmprof_tui.analyse.shares import Profile
+from vmprof_tui.analyse.timeline import VcpuTimeline, task_name
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vmprof_tui.analyse.analysis import Profile
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.show.formats import ReportInput, joined
 from vmprof_tui.show.formats.table import sort_rows
 

@@ -37,7 +37,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from vmprof_tui.analyse.analysis import Analysis, Profile
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.resolve.stacks import MappingInfo
 from vmprof_tui.show.formats import ReportInput
 from vmprof_tui.show.stacks import Frame, Stack, profile_stacks

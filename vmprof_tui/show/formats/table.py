@@ -16,7 +16,7 @@ from operator import attrgetter
 
 from rich.cells import cell_len, set_cell_size
 
-from vmprof_tui.analyse.analysis import Profile, Row
+from vmprof_tui.analyse.shares import Profile, Row
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
 from vmprof_tui.show.stacks import process_name

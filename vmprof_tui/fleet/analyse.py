@@ -125,7 +125,7 @@ def check_window(path: str) -> str | None:
     return None if rec.end is not None else "corrupt: " + "; ".join(rec.problems)
 
 
-class Analyzer:
+class Analyser:
     def __init__(self, store: Path, scheduler: str | None = None, workers: int | None = None) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -135,7 +135,7 @@ class Analyzer:
         self._scratch: str | None = None
         self._config: object = None
 
-    def __enter__(self) -> Analyzer:
+    def __enter__(self) -> Analyser:
         import dask
         from distributed import Client, LocalCluster
 
