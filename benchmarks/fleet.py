@@ -23,7 +23,7 @@ from synth import SynthRecording  # noqa: E402
 
 from vmprof_tui.fleet.analyse import Analyser, find_windows, hosts_per_node  # noqa: E402
 from vmprof_tui.record import recording  # noqa: E402
-from vmprof_tui.record.recording import Writer  # noqa: E402
+from vmprof_tui.record.writer import Writer  # noqa: E402
 
 
 def store_time(path: Path) -> float:

@@ -1,7 +1,7 @@
 """Analysis and the live screen at production scale (issue 14): `vmprof report`, `vmprof steal` and a
 replayed `vmprof top` refresh on large recordings, end to end as subprocesses, with peak RSS.
 
-Recordings are synthetic, in the real format (written with record.recording.Writer, like tests/synth.py,
+Recordings are synthetic, in the real format (written with record.Writer, like tests/synth.py,
 but vectorised so that millions of samples take seconds): N CPUs, M VMs of K vCPUs each, a duration and a
 rate.  Names are realistic in number: host kernel IPs from this host's /proc/kallsyms (the whole text is
 stored, as `vmprof record` stores it), host processes mapping this host's libc and python (their ELF
@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Background, perf_binary  # noqa: E402
 
-from vmprof_tui.record.recording import Writer, snapshot  # noqa: E402
+from vmprof_tui.record.recording import snapshot  # noqa: E402
 from vmprof_tui.record.records import (  # noqa: E402
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
@@ -55,6 +55,7 @@ from vmprof_tui.record.records import (  # noqa: E402
     SCHED_PREV_RUNNABLE,
     SCHED_PREV_VCPU,
 )
+from vmprof_tui.record.writer import Writer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_NS = 5_000 * 1_000_000_000

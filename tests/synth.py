@@ -1,7 +1,7 @@
 """Synthetic recordings in the real format, for analysis tests without KVM, BPF or root.
 
 A test describes what every CPU ran, and when; ``SynthRecording.write`` turns that schedule into the
-records the BPF programs would have emitted for it and writes them with the real ``recording.Writer``
+records the BPF programs would have emitted for it and writes them with the real ``Writer``
 (meta, bundle, snapshot, sample and sched chunks flushed every 500 ms of recorded time, kallsyms, end),
 so a test reads them back with ``recording.load`` exactly as ``vmprof report`` does::
 
@@ -76,7 +76,6 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import __version__
-from vmprof_tui.record.recording import Writer
 from vmprof_tui.record.records import (
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
@@ -94,6 +93,7 @@ from vmprof_tui.record.records import (
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
 )
+from vmprof_tui.record.writer import Writer
 
 MS = 1_000_000
 BASE_NS = 5_000 * 1_000_000_000  # host CLOCK_MONOTONIC at the recording's time 0 (5000 s after boot)
@@ -475,3 +475,4 @@ class SynthRecording:
                  "end_monotonic_ns": BASE_NS + self.duration_ns,
                  "vms": [self._vm_json(vm, bundles) for vm in self.vms]})
         return path
+

@@ -22,8 +22,9 @@ from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
 from vmprof_tui.record.recorder import Recorder
-from vmprof_tui.record.recording import Writer, snapshot
+from vmprof_tui.record.recording import snapshot
 from vmprof_tui.record.spool import WINDOW_RE, Agent, Spool, parse_duration, parse_size
+from vmprof_tui.record.writer import Writer
 
 
 def windows(spool: Path, host: str = "h1") -> list[Path]:

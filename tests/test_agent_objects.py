@@ -18,8 +18,9 @@ from conftest import require_root, start_sampling
 
 from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.record import recording
-from vmprof_tui.record.recording import MAX_OBJECT_TABLE, OBJECTS_REF_KEY, Writer, object_ref
+from vmprof_tui.record.recording import MAX_OBJECT_TABLE, OBJECTS_REF_KEY, object_ref
 from vmprof_tui.record.spool import Spool
+from vmprof_tui.record.writer import Writer
 from vmprof_tui.resolve.elf import read_build_id, read_elf_symbols_uncached
 from vmprof_tui.resolve.object_table import decode_object_table, encode_object_table
 

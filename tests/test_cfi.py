@@ -15,9 +15,9 @@ import pytest
 from conftest import ROOT, Recorded, record_scenario, require_root, start_recording, vmprof
 from test_stacks import CHAINS, DEPTHS, assert_shares, drive_flame_and_callers
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import CallGraph
-from vmprof_tui.demo import programs
+from vmprof_tui.demo import builds
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
@@ -26,6 +26,7 @@ from vmprof_tui.record.records import (
     STACK_USER_COPY,
     stack_rows,
 )
+from vmprof_tui.record.writer import Writer
 from vmprof_tui.resolve import elf
 from vmprof_tui.resolve.resolver import KERNEL_MODULE, UNKNOWN
 from vmprof_tui.resolve.spaces import AddressSpace, Mapping, ObjectCache
@@ -53,7 +54,7 @@ def nofp(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
 
 @pytest.fixture(scope="module")
 def nofp_graph(nofp: Recorded) -> CallGraph:
-    return CallGraph(Analysis(nofp.rec))
+    return CallGraph(analyse(nofp.rec))
 
 
 def nofp_frames(graph: CallGraph, process: str) -> Counter:
@@ -243,7 +244,7 @@ def perf_chains(perf_data: Path, pid: int) -> Counter:
 
 def vmprof_chains(rec: recording.Recording, pid: int) -> Counter:
     """The same from a vmprof recording: each host stack's user frames, outermost first."""
-    graph = CallGraph(Analysis(rec))
+    graph = CallGraph(analyse(rec))
     ws = graph.weighted("host")
     an = graph.an
     out: Counter = Counter()
@@ -277,8 +278,13 @@ def assert_top_chains_agree(ours: Counter, theirs: Counter, top: int = 10, point
     """perf's `top` most frequent chains have the same share (within `points`) in vmprof's samples.  A function
     only one tool can name (perf reads glibc's separate debug symbols: __libc_start_call_main) is unnamed in both."""
     both = {f for c in ours for f in c} & {f for c in theirs for f in c}
-    ours, theirs = (sum((Counter({tuple(f if f in both else "?" for f in c): n}) for c, n in side.items()),
-                        Counter()) for side in (ours, theirs))
+
+    def named(chain: tuple[str, ...]) -> tuple[str, ...]:
+        """A run of unnamed frames as one "?": vmprof shows such a run as one frame, `[object ×N]` (issue 36.13)."""
+        out = [f if f in both else "?" for f in chain]
+        return tuple(f for i, f in enumerate(out) if not (f == "?" and i and out[i - 1] == "?"))
+
+    ours, theirs = (sum((Counter({named(c): n}) for c, n in side.items()), Counter()) for side in (ours, theirs))
     n_ours, n_theirs = sum(ours.values()), sum(theirs.values())
     print(f"samples: vmprof {n_ours}, perf {n_theirs}")
     assert n_ours > 1000 and n_theirs > 1000
@@ -293,9 +299,9 @@ def assert_top_chains_agree(ours: Counter, theirs: Counter, top: int = 10, point
 
 def test_native_chain_without_frame_pointers_matches_perf_dwarf(tmp_path: Path) -> None:
     """chain.c built natively with -fomit-frame-pointer: the three chains as perf --call-graph dwarf sees them."""
-    src = Path(str(programs._source_dir()))
+    src = Path(str(builds._source_dir()))
     native = tmp_path / "chain-native-nofp"
-    flags = ["-O2", *programs.NO_FRAME_POINTER_FLAGS]
+    flags = ["-O2", *builds.NO_FRAME_POINTER_FLAGS]
     subprocess.run(["gcc", *flags, "-c", "-DVMPROF_NATIVE", "-Dmain=guest_main", f"-I{src}", "-o",
                     str(tmp_path / "chain.o"), str(src / "chain.c")], check=True)
     subprocess.run(["gcc", *flags, "-o", str(native), str(tmp_path / "chain.o"), str(ROOT / "tests/native/harness.c")],
@@ -379,7 +385,7 @@ def test_cfi_tables_of_real_objects() -> None:
     libc = read_cfi(Path("/lib/x86_64-linux-gnu/libc.so.6"))
     assert libc.source == ".eh_frame" and len(libc) > 10_000 and (libc.cfa_kind == CFA_PLT).any()
     assert bool((libc.start[1:] >= libc.start[:-1]).all()) and bool((libc.end > libc.start).all())
-    program = programs.program_path("chain-nofp")
+    program = builds.program_path("chain-nofp")
     table = read_cfi(program)
     assert table.source == ".debug_frame"
     syms = elf.read_elf_symbols(program)
@@ -418,7 +424,7 @@ def test_corrupt_eh_frame_is_a_table_or_one_line(tmp_path: Path) -> None:
 @pytest.fixture
 def space() -> tuple[AddressSpace, Rules, int]:
     """chain-nofp mapped at its link address, the unwinder's rules for it, and kernel_a's address."""
-    program = programs.program_path("chain-nofp")
+    program = builds.program_path("chain-nofp")
     syms = elf.read_elf_symbols(program)
     text = next(s for s in syms.segments if s.flags & 1)
     m = Mapping(text.vaddr, text.vaddr + text.memsz, text.offset, str(program), program)
@@ -514,7 +520,7 @@ def test_stack_copies_round_trip_and_a_corrupt_chunk_is_one_problem(tmp_path: Pa
     u["data"][0, :16] = np.arange(16)
     u["data"][1] = np.arange(4096) % 251
     path = tmp_path / "u.vmprof"
-    w = recording.Writer(path, {"stacks": True, "call_graph": "cfi", "stack_copy_bytes": 4096})
+    w = Writer(path, {"stacks": True, "call_graph": "cfi", "stack_copy_bytes": 4096})
     w.add(np.zeros(1, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE), ustacks=u)
     w.flush()
     w.close({})
@@ -536,3 +542,4 @@ def test_stack_copies_round_trip_and_a_corrupt_chunk_is_one_problem(tmp_path: Pa
     assert kind == recording.USTACKS and len(rec.samples) == 1
     assert len(rec.problems) == 1 and "user stack copies" in rec.problems[0] and "\n" not in rec.problems[0]
     print(rec.problems[0])
+

@@ -17,6 +17,7 @@ from conftest import ROOT, require_root, start_recording, start_sampling, vmprof
 
 from vmprof_tui import files
 from vmprof_tui.record import recording
+from vmprof_tui.record.writer import Writer
 
 GOLDEN = str(ROOT / "tests/data/golden/steal3.vmprof")
 NOBODY = 65534
@@ -62,7 +63,7 @@ def test_files_and_folders_are_created_private(tmp_path: Path, monkeypatch: pyte
     os.umask(0o022)
     files.make_dirs(tmp_path / "a" / "b")
     files.write_file(tmp_path / "a" / "b" / "out.json", "{}")
-    w = recording.Writer(tmp_path / "a" / "rec.vmprof", {})
+    w = Writer(tmp_path / "a" / "rec.vmprof", {})
     w.close({})
     assert [mode(tmp_path / "a"), mode(tmp_path / "a" / "b")] == [0o700, 0o700]
     assert [mode(tmp_path / "a" / "b" / "out.json"), mode(tmp_path / "a" / "rec.vmprof")] == [0o600, 0o600]
@@ -127,7 +128,7 @@ def test_record_output_and_default_recording_never_follow_a_planted_symlink(stic
 
 def test_recording_writer_removes_a_planted_symlink_never_writes_through_it(sticky: Path) -> None:
     link = plant(sticky, "w.vmprof")
-    recording.Writer(link, {"frequency": 1000}).close({})
+    Writer(link, {"frequency": 1000}).close({})
     assert (sticky.parent / "victim").read_text() == "root's file\n"
     assert recording.load(link).end == {} and not link.is_symlink() and not Path(f"{link}.old").exists()
 
@@ -139,9 +140,9 @@ def test_output_helpers_write_devices_and_our_own_links_in_place(tmp_path: Path)
     (tmp_path / "mine").symlink_to(target)  # our own link in our own folder: followed, as any tool does
     files.write_file(tmp_path / "mine", "through")
     assert target.read_text() == "through" and (tmp_path / "mine").is_symlink()
-    recording.Writer(tmp_path / "mine", {}, keep_old=True).close({})  # record -o /dev/stdout is this case
+    Writer(tmp_path / "mine", {}, keep_old=True).close({})  # record -o /dev/stdout is this case
     assert recording.load(target).end == {} and (tmp_path / "mine").is_symlink()
-    w = recording.Writer(Path("/dev/null"), {}, keep_old=True)
+    w = Writer(Path("/dev/null"), {}, keep_old=True)
     w.abandon(keep=False)  # a failure never removes what it did not create
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and not Path("/dev/null.old").exists()
 

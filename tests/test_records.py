@@ -10,6 +10,7 @@ import pytest
 from conftest import ROOT
 
 from vmprof_tui.record import records
+from vmprof_tui.record.writer import Writer
 
 
 def compile_and_run(tmp_path: Path, body: list[str]) -> list[str]:
@@ -74,14 +75,14 @@ def test_a_table_chunk_that_does_not_decode_costs_only_its_rows(tmp_path: Path) 
     from vmprof_tui.record import recording
 
     path = tmp_path / "rec.vmprof"
-    w = recording.Writer(path, {"frequency": 1000})
+    w = Writer(path, {"frequency": 1000})
     for part in range(3):
         samples = np.zeros(100 + part, records.SAMPLE_DTYPE)
         samples["time_ns"] = 1000 * part + np.arange(len(samples))
         samples["pid"] = part + 1
         w.add(samples, np.empty(0, records.SCHED_DTYPE))
         if part == 1:  # this chunk's header claims more rows than its body holds
-            table = recording._encode_table(samples)
+            table = recording.encode_table(samples)
             (hlen,) = struct.unpack_from("<I", table)
             header = json.loads(table[4:4 + hlen])
             for rows in (header["rows"] + 5, 10**12):  # a few more rows than the body holds; absurdly many
@@ -112,9 +113,8 @@ def _sample_chunks(path: Path, parts: int) -> None:
     """A recording of `parts` sample chunks of 50 samples each (pid = part + 1), then an end chunk."""
     import numpy as np
 
-    from vmprof_tui.record import recording
 
-    w = recording.Writer(path, {"frequency": 1000})
+    w = Writer(path, {"frequency": 1000})
     for part in range(parts):
         samples = np.zeros(50, records.SAMPLE_DTYPE)
         samples["time_ns"] = 1000 * part + np.arange(50)
@@ -181,7 +181,7 @@ def _crafted(path: Path, meta: bytes, end: bytes | None = None, snapshot: bytes 
 
     from vmprof_tui.record import recording
 
-    w = recording.Writer(path, {})
+    w = Writer(path, {})
     w.file.seek(len(recording.MAGIC) + 2)
     w.file.truncate()
     w.chunk(recording.META, meta)

@@ -19,6 +19,7 @@ from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
 from vmprof_tui.demo import builds
 from vmprof_tui.record import recording
 from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE, stack_rows
+from vmprof_tui.record.writer import Writer
 
 # chain.c: per round 6 units under kernel_a, 3 under copy, 1 under report
 CHAINS = {("_start", "main", "solve", "sweep", "kernel_a"): 0.6,
@@ -214,7 +215,7 @@ def test_stacks_round_trip_through_the_recording_format(tmp_path: Path) -> None:
     st["time_ns"], st["cpu"], st["kernel_stack_id"], st["user_stack_id"] = [20, 10], [1, 0], [5, -1], [-1, 7]
     st["guest_depth"], st["guest"][0, :2] = [0, 2], [0x401000, 0x401100]
     chains = {5: np.array([0xFFFFFFFF81000000, 0xFFFFFFFF81000100], np.uint64), 7: np.array([0x1234], np.uint64)}
-    w = recording.Writer(tmp_path / "s.vmprof", {"stacks": True})
+    w = Writer(tmp_path / "s.vmprof", {"stacks": True})
     w.add(samples, np.empty(0, SCHED_DTYPE), st, chains)
     w.close({})
     rec = recording.load(tmp_path / "s.vmprof")

@@ -219,7 +219,7 @@ def test_holders_add_up_to_a_preemption_when_a_vcpu_thread_was_discovered_late(
     b.vmm_work(db, 0, cpu=1, start_ns=50 * MS, end_ns=52 * MS, exit_reason=VMX_IO, in_kernel=False)  # not recorded
     b.run(db, 0, cpu=1, start_ns=52 * MS, end_ns=60 * MS)
     b.run(web, 0, cpu=1, start_ns=60 * MS, end_ns=80 * MS)
-    an = Analysis(load(b.write(tmp_path / "x.vmprof")), time_range=time_range)
+    an = analyse_recording(load(b.write(tmp_path / "x.vmprof")), time_range=time_range)
     wait = sum(held.values())
     (v,) = [x for x in vcpu_seconds(an, "web") if x["vcpu"] == 0]
     assert v["type1_by_holder"] == pytest.approx({k: ms / 1e3 for k, ms in held.items()})

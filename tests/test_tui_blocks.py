@@ -25,7 +25,8 @@ from vmprof_tui.cli import main
 from vmprof_tui.cli.top import lbr_window
 from vmprof_tui.record.lbr_model import CALL_RETURN_USER, Fields, LbrSample, ResolvedAddr
 from vmprof_tui.record.lbr_records import to_samples
-from vmprof_tui.record.recording import Writer, load
+from vmprof_tui.record.recording import load
+from vmprof_tui.record.writer import Writer
 from vmprof_tui.resolve import perf_script
 from vmprof_tui.resolve.lbr_recording import samples_of_recording
 from vmprof_tui.show.blocks_screen import BlockScreen, BlocksScreen

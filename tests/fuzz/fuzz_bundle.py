@@ -215,10 +215,10 @@ def write_seeds(target: str, out: Path) -> None:
                     if len(data) <= 1 << 20:
                         (out / "true").write_bytes(data)
         elif target == "cfi":
-            from vmprof_tui.demo import programs
+            from vmprof_tui.demo import builds
 
             (out / "true").write_bytes(Path("/usr/bin/true").read_bytes())
-            (out / "chain-nofp").write_bytes(programs.program_path("chain-nofp").read_bytes())
+            (out / "chain-nofp").write_bytes(builds.program_path("chain-nofp").read_bytes())
         elif target == "bundle":
             (out / "empty").write_bytes(b"\0" * 64)
     finally:

@@ -31,6 +31,7 @@ from vmprof_tui.record import recording
 from vmprof_tui.record.lbr_model import INFO_CYCLES_SHIFT, Fields
 from vmprof_tui.record.lbr_records import record_dtype
 from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.writer import Writer
 
 CLOCK_HZ = 1_000_000_000  # simulated: one cost-model cycle per ns
 START_NS = 1_000_000_000  # simulated time of the first instruction
@@ -139,7 +140,7 @@ def write(path: Path, run: SimulatedRun, frequency: int, keep_old: bool = False)
     file at `path` becomes PATH.old with keep_old, as record's)."""
     meta = {"backend": BACKEND, "frequency": frequency, "event": "simulated cycles (single-step ground truth)",
             "lbr": run.lbr_meta()}
-    w = recording.Writer(path, meta, keep_old)
+    w = Writer(path, meta, keep_old)
     w.add(run.samples, np.zeros(0, SCHED_DTYPE))
     if len(run.records):
         w.add_lbr(run.records, run.depth, int(run.pattern.fields))

@@ -12,7 +12,6 @@ dtypes in vmprof_tui.record.records), times delta-encoded, compressed with zlib.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import io
 import json
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui import arrays, bounded_json, files
+from vmprof_tui import arrays, bounded_json
 from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE, ustack_dtype
 
 MAGIC = b"VMPROFREC\0"
@@ -92,7 +91,7 @@ def snapshot(vms: list[dict] | None = None, processes: dict[int, dict] | None = 
     return out
 
 
-def _pack_rows(header: dict, body: bytes | memoryview, codec: str = "zlib") -> bytes:
+def pack_rows(header: dict, body: bytes | memoryview, codec: str = "zlib") -> bytes:
     """A row chunk's payload: header length, JSON header (with "rows"), compressed body (zlib; zstd for user-stack
     copies, said in the header: 8 KiB a sample, where zlib at its fastest level held a recorder back)."""
     if codec == "zstd":
@@ -125,7 +124,7 @@ def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
     return header, raw
 
 
-def _encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
+def encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
     """Columns one after another; time_ns as its first value plus deltas.  Each column is copied once, straight
     into the body (user-stack copies are 8 KiB a row)."""
     body = np.empty(len(table) * table.dtype.itemsize, np.uint8)
@@ -137,7 +136,7 @@ def _encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
         size = len(col) * table.dtype.fields[name][0].itemsize
         body[pos:pos + size].view(col.dtype).reshape(col.shape)[...] = col
         pos += size
-    return _pack_rows({"rows": len(table), "dtype": table.dtype.descr}, body.data, codec)
+    return pack_rows({"rows": len(table), "dtype": table.dtype.descr}, body.data, codec)
 
 
 def _table_rows(payload: bytes, dtype: np.dtype) -> int:
@@ -193,12 +192,12 @@ def _decode_lbr(payload: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=record_dtype(int(header["nr"]), int(header["fields"]))).copy()
 
 
-def _encode_host_stacks(chains: dict[int, np.ndarray]) -> bytes:
+def encode_host_stacks(chains: dict[int, np.ndarray]) -> bytes:
     """Stack-map entries: ids (i4), their depths (u4), then every chain's addresses (u8) one after another."""
     ids = np.fromiter(chains, dtype="<i4", count=len(chains))
     depths = np.array([len(chains[i]) for i in ids.tolist()], dtype="<u4")
     addresses = np.concatenate([np.asarray(chains[i], "<u8") for i in ids.tolist()]) if len(ids) else np.empty(0, "<u8")
-    return _pack_rows({"rows": len(ids), "addresses": len(addresses)},
+    return pack_rows({"rows": len(ids), "addresses": len(addresses)},
                       ids.tobytes() + depths.tobytes() + addresses.tobytes())
 
 
@@ -219,134 +218,6 @@ def bundle_tar(folder: Path) -> bytes:
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(str(folder), arcname=".")
     return buf.getvalue()
-
-
-class WriteFailed(RecordingError):
-    """Writing a recording failed (a full disk): the chunks synced before it are all in the file."""
-
-    def __init__(self, path: Path, error: OSError, after: str = "") -> None:
-        super().__init__(f"cannot write the recording to {path}: {error.strerror or error}{after}")
-        self.error = error
-
-
-class Writer:
-    """Appends chunks; every flush() is fsynced so a killed recorder loses at most the unflushed part.  The file
-    is created 0600 and never through a planted link; one already at `path` is replaced, or with `keep_old`
-    becomes PATH.old (files.py)."""
-
-    def __init__(self, path: Path, meta: dict, keep_old: bool = False) -> None:
-        self.path = Path(path)
-        try:
-            self.file, self.old, self.created = files.open_recording(self.path, keep_old)
-        except OSError as e:
-            raise WriteFailed(self.path, e) from None
-        self.written = self.synced = 0  # bytes written, and in the file at the last sync (what a failure leaves)
-        self.regular = stat.S_ISREG(os.fstat(self.file.fileno()).st_mode)  # not a device or pipe (-o /dev/null)
-        self._pending_samples: list[np.ndarray] = []
-        self._pending_sched: list[np.ndarray] = []
-        self._pending_stacks: list[np.ndarray] = []
-        self._pending_host_stacks: dict[int, np.ndarray] = {}
-        self._pending_ustacks: list[np.ndarray] = []
-        try:
-            self._write(MAGIC + struct.pack("<H", VERSION))
-            self.chunk(META, json.dumps(meta).encode())
-            self.sync()
-        except WriteFailed as e:
-            self.abandon(keep=False)
-            raise WriteFailed(self.path, e.error, f"; {self.nothing_kept()}") from None
-
-    def _write(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        try:
-            while view:  # an unbuffered file: a write may take part of it (a disk filling up)
-                n = self.file.write(view)
-                self.written += n
-                view = view[n:]
-        except OSError as e:
-            raise WriteFailed(self.path, e) from None
-
-    def chunk(self, kind: int, payload: bytes) -> None:
-        if len(payload) > MAX_CHUNK:
-            raise RecordingError(f"chunk of {len(payload)} bytes is over the {MAX_CHUNK} limit")
-        self._write(CHUNK_HEADER.pack(CHUNK_MAGIC, kind, 0, len(payload), zlib.crc32(payload)))
-        self._write(payload)
-
-    def add(self, samples: np.ndarray, sched: np.ndarray, stacks: np.ndarray | None = None,
-            host_stacks: dict[int, np.ndarray] | None = None, ustacks: np.ndarray | None = None) -> None:
-        """Rows to write at the next flush; stacks (-g) are STACK_DTYPE rows and the stack-map entries
-        (id -> addresses) their ids use that were not added before."""
-        if len(samples):
-            self._pending_samples.append(samples)
-        if len(sched):
-            self._pending_sched.append(sched)
-        if stacks is not None and len(stacks):
-            self._pending_stacks.append(stacks)
-        self._pending_host_stacks.update(host_stacks or {})
-        if ustacks is not None and len(ustacks):
-            self._pending_ustacks.append(ustacks)
-
-    def flush(self) -> None:
-        if self._pending_host_stacks:  # before the stacks that use them
-            self.chunk(HOST_STACKS, _encode_host_stacks(self._pending_host_stacks))
-            self._pending_host_stacks = {}
-        for kind, pending in ((SAMPLES, self._pending_samples), (SCHED, self._pending_sched),
-                              (STACKS, self._pending_stacks)):
-            if pending:
-                self.chunk(kind, _encode_table(np.concatenate(pending)))
-                pending.clear()
-        if self._pending_ustacks:  # 8 KiB a sample: zstd, 4x zlib's fastest level here, and 2x its ratio
-            self.chunk(USTACKS, _encode_table(np.concatenate(self._pending_ustacks), codec="zstd"))
-            self._pending_ustacks.clear()
-        self.sync()
-
-    def add_snapshot(self, snapshot: dict) -> None:
-        self.chunk(SNAPSHOT, zlib.compress(json.dumps(snapshot).encode(), 6))
-
-    def add_bundle(self, vm: str, folder: Path) -> None:
-        """Store a guest bundle folder (as a tar) with the recording."""
-        name = vm.encode()
-        self.chunk(BUNDLE, struct.pack("<H", len(name)) + name + bundle_tar(folder))
-
-    def add_lbr(self, records: np.ndarray, nr: int, fields: int) -> None:
-        """Raw LBR records (bpf/lbr_record.h, LBR_NR=nr, LBR_FIELDS=fields) as they came from the ring buffer."""
-        self.chunk(LBR, _pack_rows({"rows": len(records), "nr": nr, "fields": fields}, records.tobytes()))
-
-    def sync(self) -> None:
-        try:
-            if self.regular:  # a pipe or device has nothing to sync
-                os.fsync(self.file.fileno())
-            self.synced = self.written
-        except OSError as e:
-            raise WriteFailed(self.path, e) from None
-
-    def close(self, end: dict) -> None:
-        self.flush()
-        self.chunk(END, json.dumps(end).encode())
-        self.sync()
-        self.file.close()
-
-    def nothing_kept(self) -> str:
-        """What is left after abandon(keep=False): the words of a one-line failure."""
-        return ("nothing was recorded, " + (f"the older recording stays at {self.path}" if self.old is not None
-                                           else "no file is left"))
-
-    def abandon(self, keep: bool = True) -> None:
-        """Close after a failure: the file is cut back to its last sync (no half chunk), or with `keep` False
-        removed, and an older recording moved to PATH.old goes back.  A device or pipe written to (-o /dev/null)
-        is only closed: the file is this Writer's to cut or remove only when it created it."""
-        ours = self.created
-        with contextlib.suppress(OSError):
-            if ours and keep and self.synced:
-                os.ftruncate(self.file.fileno(), self.synced)
-        with contextlib.suppress(OSError):
-            self.file.close()
-        if ours and (not keep or not self.synced):
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-                if self.old is not None:
-                    os.replace(self.old, self.path)
-
-
 
 
 @dataclass
