@@ -173,10 +173,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     if not args.costs:
         return _usage("predict estimate: give at least one --costs FILE (measured with vmprof predict costs)")
+    if args.steal is not None and not 0 <= args.steal < 1:
+        return _usage(f"predict estimate: --steal {args.steal} is not a share between 0 and 1 (e.g. 0.5)")
     try:
         counts = load_counts(Path(args.counts))
         reference = load_costs(Path(args.reference)) if args.reference else None
-        estimates = [estimate(counts, load_costs(Path(p)), args.compute, reference) for p in args.costs]
+        estimates = [estimate(counts, load_costs(Path(p)), args.compute, reference, args.steal) for p in args.costs]
     except PredictError as e:
         return _fail(str(e))
     if args.format == "json":
@@ -252,6 +254,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="costs measured on the machine the counts come from: the CPU-time compute term is then "
                         "the run's whole CPU time minus its counted operations at these costs (without it: the "
                         "user CPU time, which the kernel splits from system time by tick samples)")
+    e.add_argument("--steal", type=float, default=None, metavar="SHARE",
+                   help="the target's steal share now (0-1, e.g. from vmprof top), if it differs from the one "
+                        "measured with its costs (a VM target's costs record theirs)")
     e.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
     e.add_argument("--top", type=int, default=12, metavar="N", help="syscall rows shown (default: %(default)s)")
     e.set_defaults(func=cmd_estimate)

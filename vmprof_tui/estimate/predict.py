@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -471,7 +471,8 @@ def _terms(counts: Counts, costs: Costs, compute: str, reference: Costs | None, 
     return terms + operation_terms(counts, u), basis
 
 
-def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Costs | None = None) -> Estimate:
+def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Costs | None = None,
+             steal: float | None = None) -> Estimate:
     """Predicted run time of the counted program on the machine `costs` describes.
 
     compute: "auto" (the counts' own method), "cpu-time" (reference CPU seconds, see
@@ -479,6 +480,8 @@ def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Cos
     compute loop timed on both), or "instructions" (instructions × the target's time per loop
     instruction: the paper's method; assumes the program's CPI equals the loop's).
     reference: the costs of the machine the counts come from (for the cpu-time term).
+    steal: the target's steal share now, if known apart from the costs: the costs (wall times, which hold the
+    steal of their own measurement, target.steal_share) are rescaled by (1 - theirs) / (1 - steal).
     The range (low_s, high_s) is the same sum with every cost at its fastest and slowest repetition."""
     notes: list[str] = []
     if compute == "auto":
@@ -492,8 +495,16 @@ def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Cos
                         ("context_switch", counts.voluntary_switches)):
         if cost in unsupported and count:
             notes.append(f"{costs.name} has no {cost} ({unsupported[cost]}): {count} counted charged nothing")
-    steal = costs.target.get("steal_share")
-    steal = float(steal) if isinstance(steal, (int, float)) and 0 <= steal < 1 else 0.0
+    measured = costs.target.get("steal_share")
+    measured = float(measured) if isinstance(measured, (int, float)) and 0 <= measured < 1 else 0.0
+    if steal is not None:
+        if not 0 <= steal < 1:
+            raise PredictError(f"--steal {steal} is not a share between 0 and 1")
+        scale = (1 - measured) / (1 - steal)
+        terms = [replace(t, cost_s=t.cost_s * scale, seconds=t.seconds * scale) for t in terms]
+        low, high = low * scale, high * scale
+        notes.append(f"steal share {100 * steal:.1f}% (the costs were measured at {100 * measured:.1f}%)")
+    steal = measured if steal is None else steal
     if compute == "cpu-time" and counts.compute_method != COMPUTE_USER_CPU:
         notes.append("compute from CPU time although the counts also hold instructions")
     if counts.exit_status != 0:

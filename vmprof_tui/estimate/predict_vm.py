@@ -88,11 +88,12 @@ def run_in_vm(path: Path, argv: list[str], directory: Path, neighbour: bool, wha
 
 
 def _host_loop(cpu: int, repeat: int) -> list[float]:
-    """The compute loop timed on the host, pinned to the target VM's pCPU (the reference, interleaved)."""
+    """The compute loop timed on the host in CPU time, pinned to the target VM's pCPU (the reference,
+    interleaved with the VM's run)."""
     old = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpu, (os.cpu_count() or 1) - 1)})
     try:
-        stat = predict_costs.time_compute_loop(repeat=repeat, min_time=0.05)
+        stat = predict_costs.time_compute_loop(repeat=repeat, min_time=0.05, cpu_time=True)
     finally:
         os.sched_setaffinity(0, old)
     return [stat.median, stat.min, stat.max]
@@ -165,10 +166,13 @@ def measure_in_vm(argv: list[str], path: Path, directory: Path | None) -> Counts
     from vmprof_tui.estimate.predict_measure import machine_description
 
     with tempfile.TemporaryDirectory(prefix="vmprof-vm-measure-", dir="/var/tmp") as d:
-        _, loop_out = run_in_vm(costs_program(), ["costs", "5", "50", "compute_loop"], Path(d), False,
+        loop_proc, loop_out = run_in_vm(costs_program(), ["costs", "5", "50", "compute_loop"], Path(d), False,
                                         "predict measure --vm")
         proc, _ = run_in_vm(path, argv, directory or Path(d), False, "predict measure --vm")
+    # the guest's loop in wall time holds its steal; the counted CPU time does not
     loop = parse_costs(loop_out)[0]["compute_loop"]
+    cpu_share = 1 - (loop_proc.get("run_delay_ns") or 0) / loop_proc["wall_ns"]
+    loop = CostStat(loop.median * cpu_share, loop.min * cpu_share, loop.max * cpu_share, loop.repeat)
     by_name = {v: k for k, v in syscall_names().items()}
     syscalls = {n: SyscallCount(nr=by_name.get(n, 0), calls=int(c["count"]), bytes=int(c.get("bytes", 0)))
                 for n, c in proc.get("syscalls", {}).items()}
