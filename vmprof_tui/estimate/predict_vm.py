@@ -2,8 +2,9 @@
 
 The cost loops run as a real static program (demo/workloads/costs.c) inside a demo VM on the demo guest
 kernel, so every system call in them is what a system call costs there (a VM exit, the VMM serving it, the
-return).  The guest kernel maps memory eagerly and has no page cache: a "fault" there is the life of a page
-through mmap, first write and munmap, all paid in those calls.  It has no fork, exec or second process, so
+return).  The guest kernel maps memory eagerly and has no page cache: what a native minor fault becomes there is a
+fresh page of guest memory mapped by mmap and first written (the host backs it and KVM maps it at that
+touch), and a major fault a file page read in at mmap.  It has no fork, exec or second process, so
 those costs are listed as unsupported with the reason.  A program counted inside a VM is counted from the
 VMM's served-call truth (calls and bytes by name) and the vCPU thread's CPU time in KVM_RUN.
 
@@ -154,8 +155,8 @@ def measure_costs_vm(name: str | None, repeat: int, min_time: float, neighbour: 
     notes = [f"measured inside a demo VM on the demo guest kernel (pCPU {scenarios.SHARED_CPU}"
              + (", beside a busy neighbour VM" if neighbour else ", alone")
              + f"): steal {100 * steal:.1f}% of its time",
-             "minor_fault is a page's life through mmap, first write and munmap (the guest kernel maps eagerly); "
-             "major_fault a file page mapped (read in at mmap: no page cache)"]
+             "minor_fault is a fresh page of guest memory mapped by mmap (the guest kernel maps eagerly) and first "
+             "written (the host backs it then); major_fault a file page mapped (read in at mmap: no page cache)"]
     return Costs(target=target, costs=costs, notes=notes)
 
 
