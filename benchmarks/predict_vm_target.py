@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vmprof_tui.demo import scenarios, workloads  # noqa: E402
 from vmprof_tui.estimate.predict import estimate, load_costs, load_counts  # noqa: E402
-from vmprof_tui.estimate.predict_vm import run_in_vm  # noqa: E402
+from vmprof_tui.estimate.predict_vm import costs_program, run_in_vm  # noqa: E402
 
 CPU = scenarios.SHARED_CPU  # the VMs' pCPU
 SELF_CPU, OTHER_CPU = 0, 1  # self-prediction: the programs on one core, the other job on the other
@@ -95,6 +95,7 @@ def main_vm(runs: int, keep: str | None) -> int:
     counted: dict[str, list] = {n: [] for n in PROGRAMS}
     vm_wall: dict[str, dict[str, list[float]]] = {t: {n: [] for n in PROGRAMS} for t in ("alone", "neighbour")}
     vm_steal: dict[str, dict[str, list[float]]] = {t: {n: [] for n in PROGRAMS} for t in ("alone", "neighbour")}
+    vm_probe: dict[str, dict[str, list[float]]] = {t: {n: [] for n in PROGRAMS} for t in ("alone", "neighbour")}
     for r in range(runs):
         for name, args in PROGRAMS.items():
             d = work / f"{name}-{r}"
@@ -103,6 +104,10 @@ def main_vm(runs: int, keep: str | None) -> int:
             vmprof("predict", "measure", "-o", str(out), "--", str(paths[name]), *args, cwd=d)
             counted[name].append(load_counts(out))
             for t in ("alone", "neighbour"):
+                # the target's steal share now: the compute loop for a moment in the same VM layout, just before
+                probe, _ = run_in_vm(costs_program(), ["costs", "1", "300", "compute_loop"], d, t == "neighbour",
+                                     "steal probe")
+                vm_probe[t][name].append(probe["run_delay_ns"] / probe["wall_ns"])
                 proc, _ = run_in_vm(paths[name], [name, *args], d, t == "neighbour", f"{name} in the VM")
                 vm_wall[t][name].append(proc["wall_ns"] / 1e9)
                 vm_steal[t][name].append(proc["run_delay_ns"] / proc["wall_ns"])
@@ -111,12 +116,16 @@ def main_vm(runs: int, keep: str | None) -> int:
     counts = {n: sorted(c, key=lambda x: x.user_s + x.system_s)[len(c) // 2] for n, c in counted.items()}
     host = load_costs(work / "host.costs.json")
     vm, vmn = load_costs(work / "vm.costs.json"), load_costs(work / "vmn.costs.json")
-    alone = errors(counts, vm, host, {n: statistics.median(v) for n, v in vm_wall["alone"].items()})
-    beside = errors(counts, vmn, host, {n: statistics.median(v) for n, v in vm_wall["neighbour"].items()})
-    # diagnostic, not a prediction: with each run's own steal share, what is left is the model's error
-    own = {t: errors(counts, vm if t == "alone" else vmn, host,
-                     {n: statistics.median(v) for n, v in vm_wall[t].items()},
-                     {n: statistics.median(v) for n, v in vm_steal[t].items()}) for t in ("alone", "neighbour")}
+    costs = {"alone": vm, "neighbour": vmn}
+
+    def med(d: dict[str, list[float]]) -> dict[str, float]:
+        return {n: statistics.median(v) for n, v in d.items()}
+
+    # the prediction: the steal share probed just before each run; with the costs' own share; and, a
+    # diagnostic rather than a prediction, with each run's own steal share (what is left is the model's error)
+    probed = {t: errors(counts, costs[t], host, med(vm_wall[t]), med(vm_probe[t])) for t in costs}
+    static = {t: errors(counts, costs[t], host, med(vm_wall[t])) for t in costs}
+    own = {t: errors(counts, costs[t], host, med(vm_wall[t]), med(vm_steal[t])) for t in costs}
 
     # self-prediction on the host loaded by another job on the other core
     print(f"self-prediction with a busy loop on CPU {OTHER_CPU} ...", flush=True)
@@ -141,12 +150,13 @@ def main_vm(runs: int, keep: str | None) -> int:
           "guest/host compute-loop ratio (timed interleaved)")
     print("counts (native): " + "; ".join(f"{n} cpu {c.user_s + c.system_s:.3f} s, {c.syscall_total} syscalls, "
                                           f"{c.minor_faults} minflt" for n, c in counts.items()))
-    show("onto the VM alone", alone, vm.target.get("steal_share"))
-    show("onto the VM beside a busy neighbour VM on its pCPU", beside, vmn.target.get("steal_share"))
-    for t in ("alone", "neighbour"):
-        print(f"steal share of each program's own runs ({t}): " + ", ".join(
-            f"{n} {100 * statistics.median(v):.1f}%" for n, v in vm_steal[t].items()))
-        show(f"diagnostic ({t}): predicted with each run's own steal share instead of the costs'", own[t])
+    for t, where in (("alone", "onto the VM alone"), ("neighbour", "onto the VM beside a busy neighbour VM")):
+        show(f"{where}, with the steal share probed just before each run", probed[t])
+        print(f"steal share probed before / during each program's runs ({t}): " + ", ".join(
+            f"{n} {100 * statistics.median(vm_probe[t][n]):.1f}/{100 * statistics.median(v):.1f}%"
+            for n, v in vm_steal[t].items()))
+        show(f"{where}, with the steal share of its costs' measurement", static[t], costs[t].target["steal_share"])
+        show(f"diagnostic ({t}): with each run's own steal share", own[t])
     show(f"self-prediction on the host, a busy loop on CPU {OTHER_CPU}, everything on CPU {SELF_CPU}", self_rows)
     print("\nVM costs (median ns, alone/neighbour): " + "  ".join(
         f"{k} {vm.costs[k].median * 1e9:.0f}/{vmn.costs[k].median * 1e9:.0f}" for k in vm.costs

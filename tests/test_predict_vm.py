@@ -44,6 +44,7 @@ def _vm_costs(tmp_path: Path, steal: float) -> Path:
     k["costs"]["compute_loop"] = {"median_s": 1e-9, "min_s": 0.8e-9, "max_s": 1.5e-9, "repeat": 3}
     k["costs"]["null_syscall"] = {"median_s": 100e-9, "min_s": 90e-9, "max_s": 130e-9, "repeat": 3}
     k["target"] = {"name": "vm", "host": "ref", "steal_share": steal, "reference_compute_loop_s": 0.25e-9,
+                   "costs_exclude_steal": True,
                    "unsupported": {"fork_exit": "no fork", "fork_exec_exit": "no exec", "context_switch": "alone"}}
     (tmp_path / "vm.json").write_text(json.dumps(k))
     return tmp_path / "vm.json"
@@ -63,15 +64,24 @@ def test_estimate_onto_a_vm_target_is_exact_arithmetic(tmp_path: Path) -> None:
                    + 30 * (2100e-9 - null) + 7 * null)  # execve, clone, wait4: nothing on a target without them
         return compute + syscall + 1000 * 1e-6 + 4 * 80e-6  # no processes, no context switches
 
-    assert est.total_s == pytest.approx(total(1e-9, 100e-9), rel=1e-12)
+    # the VM's costs are without steal (its vCPU thread's CPU time): the sum is divided by 1 - the steal share
+    assert est.total_s == pytest.approx(total(1e-9, 100e-9) / 0.6, rel=1e-12)
     assert est.group_s("process") == 0 and est.group_s("switch") == 0
     assert any("no fork_exit" in n for n in est.notes) and any("no context_switch" in n for n in est.notes)
-    assert est.low_s == pytest.approx(total(0.8e-9, 90e-9), rel=1e-12)
-    assert est.high_s == pytest.approx(total(1.5e-9, 130e-9), rel=1e-12)
+    assert est.low_s == pytest.approx(total(0.8e-9, 90e-9) / 0.6, rel=1e-12)
+    assert est.high_s == pytest.approx(total(1.5e-9, 130e-9) / 0.6, rel=1e-12)
     assert est.steal_share == 0.4 and est.to_json()["steal_s"] == pytest.approx(0.4 * est.total_s, rel=1e-12)
-    # a steal share known apart from the costs: (1 - 0.4) / (1 - 0.7) = 2 times the time
+    # a steal share measured apart from the costs (just before the run): (1 - 0.4) / (1 - 0.7) = 2 times
     est2 = P.estimate(counts, P.load_costs(tmp_path / "vm.json"), steal=0.7)
     assert est2.total_s == pytest.approx(2 * est.total_s, rel=1e-12) and est2.steal_share == 0.7
+    # wall-time costs (a host's) hold the steal of their measurement: only a share given apart rescales them
+    k = json.loads((tmp_path / "vm.json").read_text())
+    del k["target"]["costs_exclude_steal"]
+    (tmp_path / "wall.json").write_text(json.dumps(k))
+    assert P.estimate(counts, P.load_costs(tmp_path / "wall.json")).total_s == pytest.approx(total(1e-9, 100e-9),
+                                                                                             rel=1e-12)
+    est3 = P.estimate(counts, P.load_costs(tmp_path / "wall.json"), steal=0.7)
+    assert est3.total_s == pytest.approx(total(1e-9, 100e-9) * 2, rel=1e-12)
     r = vmprof("predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "vm.json"))
     assert r.returncode == 0, r.stderr
     assert "of which steal" in r.stdout and "range" in r.stdout

@@ -146,6 +146,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
             print(f"  {name:15} {s.median * 1e9:12.1f} ns  (min {s.min * 1e9:.1f}, max {s.max * 1e9:.1f}, "
                   f"{s.repeat} repetitions)", file=sys.stderr, flush=True)
 
+    if args.vm and args.repeat > 64:
+        return _usage("predict costs --vm: --repeat must be between 1 and 64 inside a VM")
     if args.neighbour and not args.vm:
         return _usage("predict costs: --neighbour goes with --vm (a neighbour VM on the target VM's pCPU)")
     try:

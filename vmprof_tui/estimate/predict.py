@@ -497,14 +497,19 @@ def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Cos
             notes.append(f"{costs.name} has no {cost} ({unsupported[cost]}): {count} counted charged nothing")
     measured = costs.target.get("steal_share")
     measured = float(measured) if isinstance(measured, (int, float)) and 0 <= measured < 1 else 0.0
-    if steal is not None:
-        if not 0 <= steal < 1:
-            raise PredictError(f"--steal {steal} is not a share between 0 and 1")
-        scale = (1 - measured) / (1 - steal)
+    if steal is not None and not 0 <= steal < 1:
+        raise PredictError(f"--steal {steal} is not a share between 0 and 1")
+    share = measured if steal is None else steal
+    # costs without steal (a VM's: its vCPU thread's CPU time) are stretched by the steal share; wall-time costs
+    # hold the steal of their own measurement, replaced by another share if one is given
+    scale = (1 / (1 - share) if costs.target.get("costs_exclude_steal") is True
+             else (1 - measured) / (1 - share))
+    if scale != 1:
         terms = [replace(t, cost_s=t.cost_s * scale, seconds=t.seconds * scale) for t in terms]
         low, high = low * scale, high * scale
+    if steal is not None:
         notes.append(f"steal share {100 * steal:.1f}% (the costs were measured at {100 * measured:.1f}%)")
-    steal = measured if steal is None else steal
+    steal = share
     if compute == "cpu-time" and counts.compute_method != COMPUTE_USER_CPU:
         notes.append("compute from CPU time although the counts also hold instructions")
     if counts.exit_status != 0:

@@ -100,9 +100,10 @@ def _host_loop(cpu: int, repeat: int) -> list[float]:
     return [stat.median, stat.min, stat.max]
 
 
-def parse_costs(text: str) -> tuple[dict[str, CostStat], dict[str, str]]:
-    """The cost program's lines: 'cost NAME v...' and 'unsupported NAME why'; PredictError for anything else."""
-    costs: dict[str, CostStat] = {}
+def parse_costs(text: str) -> tuple[dict[str, CostStat], dict[str, CostStat], dict[str, str]]:
+    """The cost program's lines: 'cost NAME v...' (wall), 'cpu NAME v...' (the vCPU thread's CPU time) and
+    'unsupported NAME why'; PredictError for anything else."""
+    stats: dict[str, dict[str, CostStat]] = {"cost": {}, "cpu": {}}
     unsupported: dict[str, str] = {}
     for line in text.splitlines()[:MAX_OUTPUT_LINES]:
         kind, _, rest = line.partition(" ")
@@ -116,11 +117,11 @@ def parse_costs(text: str) -> tuple[dict[str, CostStat], dict[str, str]]:
             values = [float(v) for v in tail.split()]
         except ValueError:
             values = []
-        if kind != "cost" or not values or min(values) <= 0:
+        if kind not in stats or not values or min(values) <= 0:
             raise PredictError(f"predict costs --vm: unexpected line from the cost program: {line[:100]!r}")
-        costs[name] = CostStat(median=statistics.median(values), min=min(values), max=max(values),
-                               repeat=len(values))
-    return costs, unsupported
+        stats[kind][name] = CostStat(median=statistics.median(values), min=min(values), max=max(values),
+                                     repeat=len(values))
+    return stats["cost"], stats["cpu"], unsupported
 
 
 def measure_costs_vm(name: str | None, repeat: int, min_time: float, neighbour: bool,
@@ -136,7 +137,7 @@ def measure_costs_vm(name: str | None, repeat: int, min_time: float, neighbour: 
         proc, out = run_in_vm(program, ["costs", str(repeat), str(int(min_time * 1000))], Path(d), neighbour,
                               "predict costs --vm")
     host += _host_loop(scenarios.SHARED_CPU, repeat)
-    costs, unsupported = parse_costs(out)
+    wall, costs, unsupported = parse_costs(out)
     missing = [n for n in COST_NAMES if n not in costs and n not in unsupported]
     if missing:
         raise PredictError(f"predict costs --vm: the cost program gave no {', '.join(missing)}")
@@ -147,14 +148,16 @@ def measure_costs_vm(name: str | None, repeat: int, min_time: float, neighbour: 
     loop, ref = costs["compute_loop"], statistics.median(host[0::3])
     target = {"name": name or ("demo-vm+neighbour" if neighbour else "demo-vm"), **machine_description(),
               "vm": {"pcpu": scenarios.SHARED_CPU, "neighbour": neighbour, "guest_kernel": "vmprof demo"},
-              "unsupported": unsupported, "steal_share": steal,
+              "unsupported": unsupported, "steal_share": steal, "costs_exclude_steal": True,
+              "wall_median_s": {k: v.median for k, v in wall.items()},
               "reference_compute_loop_s": ref,
               "reference_compute_loop_spread": [min(host), max(host)],
               "compute_ratio_spread": [loop.min / ref, loop.max / ref],
               "repeat": repeat, "min_time_s": min_time}
     notes = [f"measured inside a demo VM on the demo guest kernel (pCPU {scenarios.SHARED_CPU}"
              + (", beside a busy neighbour VM" if neighbour else ", alone")
-             + f"): steal {100 * steal:.1f}% of its time",
+             + f"): steal {100 * steal:.1f}% of its time; the costs are the vCPU thread's CPU time (without "
+             "steal), an estimate divides their sum by 1 - the steal share",
              "minor_fault is a fresh page of guest memory mapped by mmap (the guest kernel maps eagerly) and first "
              "written (the host backs it then); major_fault a file page mapped (read in at mmap: no page cache)"]
     return Costs(target=target, costs=costs, notes=notes)
@@ -167,13 +170,10 @@ def measure_in_vm(argv: list[str], path: Path, directory: Path | None) -> Counts
     from vmprof_tui.estimate.predict_measure import machine_description
 
     with tempfile.TemporaryDirectory(prefix="vmprof-vm-measure-", dir="/var/tmp") as d:
-        loop_proc, loop_out = run_in_vm(costs_program(), ["costs", "5", "50", "compute_loop"], Path(d), False,
+        _, loop_out = run_in_vm(costs_program(), ["costs", "5", "50", "compute_loop"], Path(d), False,
                                         "predict measure --vm")
         proc, _ = run_in_vm(path, argv, directory or Path(d), False, "predict measure --vm")
-    # the guest's loop in wall time holds its steal; the counted CPU time does not
-    loop = parse_costs(loop_out)[0]["compute_loop"]
-    cpu_share = 1 - (loop_proc.get("run_delay_ns") or 0) / loop_proc["wall_ns"]
-    loop = CostStat(loop.median * cpu_share, loop.min * cpu_share, loop.max * cpu_share, loop.repeat)
+    loop = parse_costs(loop_out)[1]["compute_loop"]  # in CPU time, as the counted CPU time is
     by_name = {v: k for k, v in syscall_names().items()}
     syscalls = {n: SyscallCount(nr=by_name.get(n, 0), calls=int(c["count"]), bytes=int(c.get("bytes", 0)))
                 for n, c in proc.get("syscalls", {}).items()}
