@@ -16,7 +16,7 @@ from vmprof_tui.estimate import predict as P
 from vmprof_tui.estimate.predict_vm import measure_costs_vm
 
 GUEST_COSTS = {"compute_loop", "null_syscall", "open_close", "read_4k", "read_64k", "write_4k", "write_64k",
-               "mmap_munmap", "minor_fault", "major_fault"}
+               "mmap_munmap", "minor_fault", "major_fault", *P.OPTIONAL_COSTS}
 
 
 def test_vm_cost_run_gives_every_cost_kind_with_its_spread(tmp_path: Path) -> None:
@@ -24,6 +24,7 @@ def test_vm_cost_run_gives_every_cost_kind_with_its_spread(tmp_path: Path) -> No
     costs = measure_costs_vm("t", repeat=3, min_time=0.03, neighbour=False)
     assert set(costs.costs) == GUEST_COSTS
     assert set(costs.target["unsupported"]) == set(P.COST_NAMES) - GUEST_COSTS  # fork, exec, context switch
+    assert costs.target["costs_exclude_steal"] is True and set(costs.target["wall_median_s"]) == GUEST_COSTS
     for name, s in costs.costs.items():
         assert s.repeat == 3 and 0 < s.min <= s.median <= s.max, name
     # a served call is a VM exit and the VMM's work: far above a native call (~0.1 us), far below a second
@@ -35,6 +36,7 @@ def test_vm_cost_run_gives_every_cost_kind_with_its_spread(tmp_path: Path) -> No
     P.write_json(tmp_path / "vm.json", costs.to_json())
     loaded = P.load_costs(tmp_path / "vm.json")
     assert loaded.costs["fork_exit"].repeat == 0 and loaded.target["unsupported"]
+    assert P.unit_costs(loaded).stat == costs.costs["stat"].median
 
 
 def _vm_costs(tmp_path: Path, steal: float) -> Path:
@@ -43,6 +45,8 @@ def _vm_costs(tmp_path: Path, steal: float) -> Path:
         del k["costs"][name]
     k["costs"]["compute_loop"] = {"median_s": 1e-9, "min_s": 0.8e-9, "max_s": 1.5e-9, "repeat": 3}
     k["costs"]["null_syscall"] = {"median_s": 100e-9, "min_s": 90e-9, "max_s": 130e-9, "repeat": 3}
+    for name, v in (("stat", 300e-9), ("write_sync", 5000e-9)):  # measured where the target has them
+        k["costs"][name] = {"median_s": v, "min_s": v, "max_s": v, "repeat": 3}
     k["target"] = {"name": "vm", "host": "ref", "steal_share": steal, "reference_compute_loop_s": 0.25e-9,
                    "costs_exclude_steal": True,
                    "unsupported": {"fork_exit": "no fork", "fork_exec_exit": "no exec", "context_switch": "alone"}}
@@ -51,7 +55,9 @@ def _vm_costs(tmp_path: Path, steal: float) -> Path:
 
 
 def test_estimate_onto_a_vm_target_is_exact_arithmetic(tmp_path: Path) -> None:
-    (tmp_path / "c.json").write_text(json.dumps(_counts_json()))
+    c = _counts_json()
+    c["syscalls"] |= {"newfstatat": {"nr": 262, "calls": 40, "bytes": 0}, "fdatasync": {"nr": 75, "calls": 3}}
+    (tmp_path / "c.json").write_text(json.dumps(c))
     counts = P.load_counts(tmp_path / "c.json")
     est = P.estimate(counts, P.load_costs(_vm_costs(tmp_path, 0.4)))
     rb, wb = 6000e-9 / 61440, 3600e-9 / 61440
@@ -61,7 +67,8 @@ def test_estimate_onto_a_vm_target_is_exact_arithmetic(tmp_path: Path) -> None:
         # the compute ratio: the costs' own interleaved reference loop (same host as the counts), not the counts'
         compute = 2.0 * loop / 0.25e-9
         syscall = ((100 * rc + 409600 * rb) + (10 * wc + 40960 * wb) + 20 * (1100e-9 - null) + 20 * null
-                   + 30 * (2100e-9 - null) + 7 * null)  # execve, clone, wait4: nothing on a target without them
+                   + 30 * (2100e-9 - null) + 7 * null  # execve, clone, wait4: nothing on a target without them
+                   + 40 * 300e-9 + 3 * (5000e-9 - 900e-9))  # a stat; a durable write less the write
         return compute + syscall + 1000 * 1e-6 + 4 * 80e-6  # no processes, no context switches
 
     # the VM's costs are without steal (its vCPU thread's CPU time): the sum is divided by 1 - the steal share

@@ -39,6 +39,10 @@ LOOP_INSTRUCTIONS = 4
 COST_NAMES = ("compute_loop", "null_syscall", "open_close", "read_4k", "read_64k", "write_4k", "write_64k",
               "mmap_munmap", "fork_exit", "fork_exec_exit", "minor_fault", "major_fault", "context_switch")
 
+# Measured where a target has them (the demo VM's cost program): a stat of a path, and a 4 KiB overwrite made
+# durable (pwrite64 + fdatasync); without them those calls are charged a null syscall, as a fallback.
+OPTIONAL_COSTS = ("stat", "write_sync")
+
 UNISTD_HEADERS = ("/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "/usr/include/asm/unistd_64.h",
                   "/usr/include/asm-generic/unistd.h")
 
@@ -263,7 +267,7 @@ def load_costs(path: Path) -> Costs:
     if missing:
         raise PredictError(f"{path}: costs lack {', '.join(missing)} (measure them with vmprof predict costs)")
     costs = {}
-    for name in COST_NAMES:
+    for name in (*COST_NAMES, *(n for n in OPTIONAL_COSTS if n in entries)):
         if name not in entries:  # the target has no such operation (target.unsupported says why)
             costs[name] = CostStat(0.0, 0.0, 0.0, 0)
             continue
@@ -288,6 +292,8 @@ WRITE_CALLS = frozenset({"write", "pwrite64", "writev", "pwritev", "pwritev2"})
 # Charged the measured null syscall (getppid) as the measured cost of their kind: the second
 # half of a measured pair (close of open+close, munmap of mmap+munmap) or trivially cheap.
 NULL_LIKE = frozenset({"getppid", "getpid", "gettid", "getuid", "geteuid", "getgid", "getegid", "close", "munmap"})
+STAT_CALLS = frozenset({"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2"})
+SYNC_CALLS = frozenset({"fsync", "fdatasync"})
 # Syscalls whose positive return value is a byte count (the BPF counter sums them).
 BYTE_CALLS = READ_CALLS | WRITE_CALLS | frozenset({"sendfile", "copy_file_range", "splice", "recvfrom", "sendto",
                                                    "recvmsg", "sendmsg"})
@@ -310,6 +316,8 @@ class UnitCosts:
     minor_fault: float
     major_fault: float
     context_switch: float
+    stat: float | None = None  # OPTIONAL_COSTS, where measured
+    sync: float | None = None  # fsync/fdatasync: write_sync minus the 4 KiB write
 
 
 def unit_costs(c: Costs, which: str = "median") -> UnitCosts:
@@ -327,7 +335,8 @@ def unit_costs(c: Costs, which: str = "median") -> UnitCosts:
                      read_call=read_call, read_byte=read_byte, write_call=write_call, write_byte=write_byte,
                      mmap=max(0.0, m["mmap_munmap"] - null), fork_exit=m["fork_exit"],
                      exec=max(0.0, m["fork_exec_exit"] - m["fork_exit"]), minor_fault=m["minor_fault"],
-                     major_fault=m["major_fault"], context_switch=m["context_switch"])
+                     major_fault=m["major_fault"], context_switch=m["context_switch"], stat=m.get("stat"),
+                     sync=max(0.0, m["write_sync"] - m["write_4k"]) if "write_sync" in m else None)
 
 
 @dataclass(frozen=True)
@@ -390,6 +399,10 @@ def _syscall_term(name: str, c: SyscallCount, u: UnitCosts) -> Term:
                     f"write: per call + {c.bytes} bytes")
     if name == "mmap":
         return Term("syscall", name, n, "calls", u.mmap, n * u.mmap, "mmap (mmap+munmap minus a null call)")
+    if name in STAT_CALLS and u.stat is not None:
+        return Term("syscall", name, n, "calls", u.stat, n * u.stat, "stat of a path")
+    if name in SYNC_CALLS and u.sync is not None:
+        return Term("syscall", name, n, "calls", u.sync, n * u.sync, "fdatasync of a 4 KiB write")
     if name in NULL_LIKE:
         return Term("syscall", name, n, "calls", u.null, n * u.null, "null syscall")
     return Term("syscall", name, n, "calls", u.null, n * u.null, "fallback: null syscall cost", fallback=True)

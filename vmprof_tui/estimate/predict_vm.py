@@ -25,6 +25,7 @@ from vmprof_tui.estimate import predict_costs
 from vmprof_tui.estimate.predict import (
     COMPUTE_USER_CPU,
     COST_NAMES,
+    OPTIONAL_COSTS,
     Costs,
     CostStat,
     Counts,
@@ -108,7 +109,7 @@ def parse_costs(text: str) -> tuple[dict[str, CostStat], dict[str, CostStat], di
     for line in text.splitlines()[:MAX_OUTPUT_LINES]:
         kind, _, rest = line.partition(" ")
         name, _, tail = rest.partition(" ")
-        if name not in COST_NAMES:
+        if name not in COST_NAMES and name not in OPTIONAL_COSTS:
             raise PredictError(f"predict costs --vm: unexpected line from the cost program: {line[:100]!r}")
         if kind == "unsupported":
             unsupported[name] = tail[:200]
@@ -145,6 +146,9 @@ def measure_costs_vm(name: str | None, repeat: int, min_time: float, neighbour: 
         if progress:
             progress(key, stat)
     steal = proc["run_delay_ns"] / proc["wall_ns"] if proc.get("run_delay_ns") is not None else 0.0
+    if "write_sync" in wall:  # it waits for the disk, which is neither CPU time nor steal: wall less the steal
+        w = wall["write_sync"]
+        costs["write_sync"] = CostStat(w.median * (1 - steal), w.min * (1 - steal), w.max * (1 - steal), w.repeat)
     loop, ref = costs["compute_loop"], statistics.median(host[0::3])
     target = {"name": name or ("demo-vm+neighbour" if neighbour else "demo-vm"), **machine_description(),
               "vm": {"pcpu": scenarios.SHARED_CPU, "neighbour": neighbour, "guest_kernel": "vmprof demo"},

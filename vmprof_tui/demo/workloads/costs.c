@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common.h"
 
@@ -98,6 +99,26 @@ static double write_size(long n, long size)
 
 static double write_4k(long n) { return write_size(n, 4096); }
 static double write_64k(long n) { return write_size(n, 65536); }
+
+static double stat_path(long n)
+{
+	struct stat st;
+	double t0 = now();
+	for (long i = 0; i < n; i++)
+		if (stat("open-me", &st))
+			fail("stat");
+	return now() - t0;
+}
+
+/* A 4 KiB overwrite made durable, as a database's journal and pages are. */
+static double write_sync(long n)
+{
+	double t0 = now();
+	for (long i = 0; i < n; i++)
+		if (pwrite(write_fd, buf, 4096, 0) != 4096 || fdatasync(write_fd))
+			fail("pwrite64 + fdatasync");
+	return now() - t0;
+}
 
 static double mmap_munmap(long n)
 {
@@ -224,7 +245,8 @@ int main(int argc, char **argv)
 	} loops[] = {{"compute_loop", compute, 1024}, {"null_syscall", null_call, 4}, {"open_close", open_close, 4},
 		     {"read_4k", read_4k, 4}, {"read_64k", read_64k, 4}, {"write_4k", write_4k, 4},
 		     {"write_64k", write_64k, 4}, {"mmap_munmap", mmap_munmap, 4},
-		     {"minor_fault", minor_fault, FAULT_PAGES}, {"major_fault", major_fault, FAULT_PAGES}};
+		     {"minor_fault", minor_fault, FAULT_PAGES}, {"major_fault", major_fault, FAULT_PAGES},
+		     {"stat", stat_path, 4}, {"write_sync", write_sync, 1}};
 	if (!only || strcmp(only, "compute_loop") != 0) {
 		close(make_file("open-me", 1));
 		read_fd = make_file("read-me", FILE_BYTES);
