@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vmprof_tui.demo import scenarios, workloads  # noqa: E402
 from vmprof_tui.estimate.predict import estimate, load_costs, load_counts  # noqa: E402
+from vmprof_tui.estimate.predict_costs import cpu_wait_probe  # noqa: E402
 from vmprof_tui.estimate.predict_vm import costs_program, run_in_vm  # noqa: E402
 
 CPU = scenarios.SHARED_CPU  # the VMs' pCPU
@@ -53,11 +54,31 @@ def other_job() -> Iterator[None]:
         busy.wait()
 
 
+def probe_here() -> float:
+    """The share of CPU 0 other work takes now: the compute loop for 0.3 s pinned there (a forked child, so that
+    this process's pinning is left alone)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {SELF_CPU})
+        os.write(w, f"{cpu_wait_probe(0.3)}".encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    share = float(os.read(r, 64) or 0)
+    os.close(r)
+    return share
+
+
 def native_wall(path: Path, args: list[str], cwd: Path) -> float:
     t0 = time.perf_counter()
     subprocess.run([str(path), *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL,
                    preexec_fn=lambda: os.sched_setaffinity(0, {SELF_CPU}))
     return time.perf_counter() - t0
+
+
+def med(d: dict[str, list[float]]) -> dict[str, float]:
+    return {n: statistics.median(v) for n, v in d.items()}
 
 
 def errors(counts: dict, costs, ref, actual: dict,  # noqa: ANN001
@@ -118,9 +139,6 @@ def main_vm(runs: int, keep: str | None) -> int:
     vm, vmn = load_costs(work / "vm.costs.json"), load_costs(work / "vmn.costs.json")
     costs = {"alone": vm, "neighbour": vmn}
 
-    def med(d: dict[str, list[float]]) -> dict[str, float]:
-        return {n: statistics.median(v) for n, v in d.items()}
-
     # the prediction: the steal share probed just before each run; with the costs' own share; and, a
     # diagnostic rather than a prediction, with each run's own steal share (what is left is the model's error)
     probed = {t: errors(counts, costs[t], host, med(vm_wall[t]), med(vm_probe[t])) for t in costs}
@@ -131,6 +149,7 @@ def main_vm(runs: int, keep: str | None) -> int:
     print(f"self-prediction with a busy loop on CPU {OTHER_CPU} ...", flush=True)
     self_counted: dict[str, list] = {n: [] for n in PROGRAMS}
     self_wall: dict[str, list[float]] = {n: [] for n in PROGRAMS}
+    self_probe: dict[str, list[float]] = {n: [] for n in PROGRAMS}
     with other_job():
         vmprof("predict", "costs", "-q", "-o", str(work / "self.costs.json"), "--name", "self-loaded", "--dir",
                str(work), pin=SELF_CPU)
@@ -140,10 +159,12 @@ def main_vm(runs: int, keep: str | None) -> int:
                 out = work / f"{name}.{r}.self.counts.json"
                 vmprof("predict", "measure", "-o", str(out), "--", str(paths[name]), *args, cwd=d, pin=SELF_CPU)
                 self_counted[name].append(load_counts(out))
+                self_probe[name].append(probe_here())
                 self_wall[name].append(native_wall(paths[name], args, d))
     self_costs = load_costs(work / "self.costs.json")
     scounts = {n: sorted(c, key=lambda x: x.user_s + x.system_s)[len(c) // 2] for n, c in self_counted.items()}
-    self_rows = errors(scounts, self_costs, self_costs, {n: statistics.median(v) for n, v in self_wall.items()})
+    self_rows = errors(scounts, self_costs, self_costs, med(self_wall), med(self_probe))
+    self_static = errors(scounts, self_costs, self_costs, med(self_wall))
 
     print(f"\nmeasured in {time.monotonic() - t_start:.0f} s on {os.uname().nodename}; {runs} rounds; counts: the run "
           "of median CPU time; actual: median; compute term: CPU time minus operations at the host's costs × the "
@@ -157,7 +178,11 @@ def main_vm(runs: int, keep: str | None) -> int:
             for n, v in vm_steal[t].items()))
         show(f"{where}, with the steal share of its costs' measurement", static[t], costs[t].target["steal_share"])
         show(f"diagnostic ({t}): with each run's own steal share", own[t])
-    show(f"self-prediction on the host, a busy loop on CPU {OTHER_CPU}, everything on CPU {SELF_CPU}", self_rows)
+    where = f"self-prediction on the host, a busy loop on CPU {OTHER_CPU}, everything on CPU {SELF_CPU}"
+    show(f"{where}, with the CPU's wait share probed just before each run", self_rows)
+    print("wait share probed before each run: " + ", ".join(f"{n} {100 * statistics.median(v):.1f}%"
+                                                            for n, v in self_probe.items()))
+    show(f"{where}, with the wait share of its costs' measurement", self_static, self_costs.target["steal_share"])
     print("\nVM costs (median ns, alone/neighbour): " + "  ".join(
         f"{k} {vm.costs[k].median * 1e9:.0f}/{vmn.costs[k].median * 1e9:.0f}" for k in vm.costs
         if vm.costs[k].repeat))

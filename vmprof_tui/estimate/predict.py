@@ -561,7 +561,7 @@ def render(counts: Counts, estimates: list[Estimate], top: int = 12) -> str:
                   + (f", {est.total_s / counts.wall_s:.2f}× the reference wall time" if counts.wall_s else "")]
         if est.steal_share:
             lines.append(f"  of which steal: {est.total_s * est.steal_share:.3f} s ({100 * est.steal_share:.1f}% "
-                         "of the target's time went to its pCPU neighbours while the costs were measured)")
+                         "of the target's runnable time went to other work on its CPU: neighbours, the host)")
         lines += [
                   f"  compute: {est.compute_basis}",
                   f"  {'term':34} {'count':>16} {'cost each':>12} {'time':>12} {'share':>6}"]

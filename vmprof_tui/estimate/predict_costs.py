@@ -20,11 +20,13 @@ import resource
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from vmprof_tui.estimate.predict import COST_NAMES, Costs, CostStat, PredictError
+from vmprof_tui.libc import schedstat
 
 # Assembled with GNU as (intel syntax) from SNIPPETS_ASM; offsets from `nm`.
 SNIPPETS_ASM = r"""
@@ -375,6 +377,27 @@ def time_compute_loop(repeat: int = 5, min_time: float = 0.2, cpu_time: bool = F
     return _loop_cost(snippets().compute_loop, (), repeat, min_time, check=False, clock=clock)  # returns its sum
 
 
+def _my_schedstat() -> tuple[int, int]:
+    return schedstat("self", threading.get_native_id())
+
+
+def wait_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Of the time this thread was runnable between two schedstat readings, the share it waited for a CPU: what
+    other work on its CPU took (a host's counterpart of a VM's steal)."""
+    cpu, wait = after[0] - before[0], after[1] - before[1]
+    return wait / (cpu + wait) if cpu + wait > 0 else 0.0
+
+
+def cpu_wait_probe(seconds: float = 0.3) -> float:
+    """wait_share while running the compute loop for `seconds`: how much of a CPU other work takes now."""
+    s = snippets()
+    n = _calibrate(lambda k: _timed(s.compute_loop, k, check=False), seconds)
+    before, end = _my_schedstat(), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        s.compute_loop(n)
+    return wait_share(before, _my_schedstat())
+
+
 def _faults() -> tuple[int, int]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_minflt, ru.ru_majflt
@@ -561,6 +584,7 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
             progress(key, stat)
 
     files: list[int] = []
+    sched0 = _my_schedstat()
     try:
         done("compute_loop", time_compute_loop(repeat, min_time))
         done("null_syscall", _loop_cost(s.null_loop, (), repeat, min_time))
@@ -610,6 +634,7 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
         work.rmdir()
     assert set(out) == set(COST_NAMES)
     target = {"name": name or os.uname().nodename, **machine_description(), **cgroup_cpu_limit(),
+              "steal_share": wait_share(sched0, _my_schedstat()),
               "affinity": sorted(os.sched_getaffinity(0)), "repeat": repeat, "min_time_s": min_time}
     return Costs(target=target, costs=out, notes=notes)
 
