@@ -22,7 +22,7 @@ with costs measured inside the VM (`predict costs --vm`), alone and beside a bus
 (`--neighbour`); the actual run time is each program's wall time inside the VM (first instruction to exit,
 the VMM's truth).  Then self-prediction on the host while another job (a busy loop) runs on the other core:
 counts, costs and actual runs all pinned to the target pCPU.  Counted and actual runs alternate in rounds.
-Usage: python benchmarks/predict.py --target vm [--runs 2]
+Usage: python benchmarks/predict.py --target vm [--runs 2] [--self-only]
 """
 
 from __future__ import annotations
@@ -230,6 +230,7 @@ def main() -> int:
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the inputs and JSON files in DIR")
     ap.add_argument("--target", choices=("cgroup", "vm"), default="cgroup",
                     help="cgroup: a CPU quota on the host (default); vm: a demo VM (see above)")
+    ap.add_argument("--self-only", action="store_true", help="with --target vm: only the loaded self-prediction")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("run as root (BPF counter, cgroups)", file=sys.stderr)
@@ -237,7 +238,7 @@ def main() -> int:
     if args.target == "vm":
         from predict_vm_target import main_vm
 
-        return main_vm(args.runs, args.keep)
+        return main_vm(args.runs, args.keep, args.self_only)
     t_start = time.monotonic()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="vmprof-predict-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)

@@ -104,11 +104,20 @@ def show(title: str, rows: dict, steal: float | None = None) -> list[float]:
     return e
 
 
-def main_vm(runs: int, keep: str | None) -> int:
+def main_vm(runs: int, keep: str | None, self_only: bool = False) -> int:
     t_start = time.monotonic()
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="vmprof-predict-vm-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     paths = {n: workloads.program_path(n) for n in PROGRAMS}
+    if not self_only:
+        vm_part(runs, work, paths, t_start)
+    self_part(runs, work, paths, t_start)
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def vm_part(runs: int, work: Path, paths: dict[str, Path], t_start: float) -> None:
     print(f"costs: host (reference), VM alone, VM beside a neighbour ... ({work})", flush=True)
     vmprof("predict", "costs", "-q", "-o", str(work / "host.costs.json"), "--name", "host", "--dir", str(work))
     vmprof("predict", "costs", "-q", "-o", str(work / "vm.costs.json"), "--vm")
@@ -145,27 +154,6 @@ def main_vm(runs: int, keep: str | None) -> int:
     static = {t: errors(counts, costs[t], host, med(vm_wall[t])) for t in costs}
     own = {t: errors(counts, costs[t], host, med(vm_wall[t]), med(vm_steal[t])) for t in costs}
 
-    # self-prediction on the host loaded by another job on the other core
-    print(f"self-prediction with a busy loop on CPU {OTHER_CPU} ...", flush=True)
-    self_counted: dict[str, list] = {n: [] for n in PROGRAMS}
-    self_wall: dict[str, list[float]] = {n: [] for n in PROGRAMS}
-    self_probe: dict[str, list[float]] = {n: [] for n in PROGRAMS}
-    with other_job():
-        vmprof("predict", "costs", "-q", "-o", str(work / "self.costs.json"), "--name", "self-loaded", "--dir",
-               str(work), pin=SELF_CPU)
-        for r in range(runs):
-            for name, args in PROGRAMS.items():
-                d = work / f"{name}-{r}"
-                out = work / f"{name}.{r}.self.counts.json"
-                vmprof("predict", "measure", "-o", str(out), "--", str(paths[name]), *args, cwd=d, pin=SELF_CPU)
-                self_counted[name].append(load_counts(out))
-                self_probe[name].append(probe_here())
-                self_wall[name].append(native_wall(paths[name], args, d))
-    self_costs = load_costs(work / "self.costs.json")
-    scounts = {n: sorted(c, key=lambda x: x.user_s + x.system_s)[len(c) // 2] for n, c in self_counted.items()}
-    self_rows = errors(scounts, self_costs, self_costs, med(self_wall), med(self_probe))
-    self_static = errors(scounts, self_costs, self_costs, med(self_wall))
-
     print(f"\nmeasured in {time.monotonic() - t_start:.0f} s on {os.uname().nodename}; {runs} rounds; counts: the run "
           "of median CPU time; actual: median; compute term: CPU time minus operations at the host's costs × the "
           "guest/host compute-loop ratio (timed interleaved)")
@@ -178,11 +166,6 @@ def main_vm(runs: int, keep: str | None) -> int:
             for n, v in vm_steal[t].items()))
         show(f"{where}, with the steal share of its costs' measurement", static[t], costs[t].target["steal_share"])
         show(f"diagnostic ({t}): with each run's own steal share", own[t])
-    where = f"self-prediction on the host, a busy loop on CPU {OTHER_CPU}, everything on CPU {SELF_CPU}"
-    show(f"{where}, with the CPU's wait share probed just before each run", self_rows)
-    print("wait share probed before each run: " + ", ".join(f"{n} {100 * statistics.median(v):.1f}%"
-                                                            for n, v in self_probe.items()))
-    show(f"{where}, with the wait share of its costs' measurement", self_static, self_costs.target["steal_share"])
     print("\nVM costs (median ns, alone/neighbour): " + "  ".join(
         f"{k} {vm.costs[k].median * 1e9:.0f}/{vmn.costs[k].median * 1e9:.0f}" for k in vm.costs
         if vm.costs[k].repeat))
@@ -191,6 +174,33 @@ def main_vm(runs: int, keep: str | None) -> int:
     print("breakdown onto the VM alone (s): " + "; ".join(
         f"{n}: " + ", ".join(f"{g} {estimate(c, vm, reference=host).group_s(g):.3f}"
                              for g in ("compute", "syscall", "fault")) for n, c in counts.items()))
-    if not keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+
+
+def self_part(runs: int, work: Path, paths: dict[str, Path], t_start: float) -> None:
+    """Self-prediction on the host loaded by another job on the other core."""
+    print(f"self-prediction with a busy loop on CPU {OTHER_CPU} ...", flush=True)
+    self_counted: dict[str, list] = {n: [] for n in PROGRAMS}
+    self_wall: dict[str, list[float]] = {n: [] for n in PROGRAMS}
+    self_probe: dict[str, list[float]] = {n: [] for n in PROGRAMS}
+    with other_job():
+        vmprof("predict", "costs", "-q", "-o", str(work / "self.costs.json"), "--name", "self-loaded", "--dir",
+               str(work), pin=SELF_CPU)
+        for r in range(runs):
+            for name, args in PROGRAMS.items():
+                d = work / f"{name}-{r}"
+                d.mkdir(exist_ok=True)
+                out = work / f"{name}.{r}.self.counts.json"
+                vmprof("predict", "measure", "-o", str(out), "--", str(paths[name]), *args, cwd=d, pin=SELF_CPU)
+                self_counted[name].append(load_counts(out))
+                self_probe[name].append(probe_here())
+                self_wall[name].append(native_wall(paths[name], args, d))
+    self_costs = load_costs(work / "self.costs.json")
+    scounts = {n: sorted(c, key=lambda x: x.user_s + x.system_s)[len(c) // 2] for n, c in self_counted.items()}
+    self_rows = errors(scounts, self_costs, self_costs, med(self_wall), med(self_probe))
+    self_static = errors(scounts, self_costs, self_costs, med(self_wall))
+
+    where = f"self-prediction on the host, a busy loop on CPU {OTHER_CPU}, everything on CPU {SELF_CPU}"
+    show(f"{where}, with the CPU's wait share probed just before each run", self_rows)
+    print("wait share probed before each run: " + ", ".join(f"{n} {100 * statistics.median(v):.1f}%"
+                                                            for n, v in self_probe.items()))
+    show(f"{where}, with the wait share of its costs' measurement", self_static, self_costs.target["steal_share"])

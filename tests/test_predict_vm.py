@@ -109,3 +109,22 @@ def test_program_failing_inside_the_vm_is_one_line(tmp_path: Path) -> None:
     # a program the guest kernel cannot run (dynamically linked) is bad usage, before any VM starts
     line = _one_line_failure(vmprof("predict", "measure", "--vm", "-o", str(out), "--", "/bin/true"), 2)
     assert "predict measure --vm" in line
+
+
+def test_measure_inside_the_vm_counts_served_calls_and_bytes(tmp_path: Path) -> None:
+    require_root()
+    src = tmp_path / "writes.c"
+    src.write_text('#include <fcntl.h>\n#include <unistd.h>\nint main(void) { static char b[1000];\n'
+                   'int fd = open("o", O_WRONLY | O_CREAT, 0600);\n'
+                   'for (int i = 0; i < 3; i++) if (pwrite(fd, b, sizeof b, i * 1000) != 1000) return 1;\n'
+                   'for (int i = 0; i < 5; i++) getppid();\nreturn close(fd); }\n')
+    prog, files = tmp_path / "writes", tmp_path / "files"
+    files.mkdir()
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(prog), str(src)], check=True)
+    r = vmprof("predict", "measure", "--vm", "--dir", str(files), "-o", str(tmp_path / "c.json"), "--", str(prog))
+    assert r.returncode == 0, r.stderr
+    c = P.load_counts(tmp_path / "c.json")
+    assert (c.syscalls["pwrite64"].calls, c.syscalls["pwrite64"].bytes) == (3, 3000)
+    assert c.syscalls["getppid"].calls == 5 and c.syscalls["openat"].calls == 1
+    assert (files / "o").stat().st_size == 3000
+    assert c.wall_s > 0 and c.user_s > 0 and c.minor_faults == 0 and c.reference_loop_s > 0

@@ -584,9 +584,10 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
             progress(key, stat)
 
     files: list[int] = []
-    sched0 = _my_schedstat()
     try:
+        sched0 = _my_schedstat()  # the wait around the compute loop: the part of the costs that scales CPU time
         done("compute_loop", time_compute_loop(repeat, min_time))
+        steal = wait_share(sched0, _my_schedstat())
         done("null_syscall", _loop_cost(s.null_loop, (), repeat, min_time))
         small = work / "open-me"
         small.write_bytes(b"x")
@@ -634,7 +635,7 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
         work.rmdir()
     assert set(out) == set(COST_NAMES)
     target = {"name": name or os.uname().nodename, **machine_description(), **cgroup_cpu_limit(),
-              "steal_share": wait_share(sched0, _my_schedstat()),
+              "steal_share": steal,
               "affinity": sorted(os.sched_getaffinity(0)), "repeat": repeat, "min_time_s": min_time}
     return Costs(target=target, costs=out, notes=notes)
 
