@@ -162,7 +162,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
         return _fail(str(e))
     quota, steal = costs.target.get("cpu_quota"), costs.target.get("steal_share")
     print(f"{args.output}: costs of {costs.name}" + (f" (cgroup CPU quota {quota:.2f})" if quota else "")
-          + (f" (steal {100 * steal:.1f}% of its time)" if steal is not None else ""))
+          + ("" if steal is None else f" (steal {100 * steal:.1f}% of its time)" if args.vm else
+             f" (other work took {100 * steal:.1f}% of its CPU during the compute loop)"))
     for name, why in (costs.target.get("unsupported") or {}).items():
         print(f"vmprof: predict costs: note: no {name} on this target: {why}", file=sys.stderr)
     for n in costs.notes:

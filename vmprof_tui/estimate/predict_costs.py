@@ -20,13 +20,12 @@ import resource
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from vmprof_tui.estimate.predict import COST_NAMES, Costs, CostStat, PredictError
-from vmprof_tui.libc import schedstat
+from vmprof_tui.estimate.predict_target import cgroup_cpu_limit, my_schedstat, wait_share
 
 # Assembled with GNU as (intel syntax) from SNIPPETS_ASM; offsets from `nm`.
 SNIPPETS_ASM = r"""
@@ -377,25 +376,14 @@ def time_compute_loop(repeat: int = 5, min_time: float = 0.2, cpu_time: bool = F
     return _loop_cost(snippets().compute_loop, (), repeat, min_time, check=False, clock=clock)  # returns its sum
 
 
-def _my_schedstat() -> tuple[int, int]:
-    return schedstat("self", threading.get_native_id())
-
-
-def wait_share(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """Of the time this thread was runnable between two schedstat readings, the share it waited for a CPU: what
-    other work on its CPU took (a host's counterpart of a VM's steal)."""
-    cpu, wait = after[0] - before[0], after[1] - before[1]
-    return wait / (cpu + wait) if cpu + wait > 0 else 0.0
-
-
 def cpu_wait_probe(seconds: float = 0.3) -> float:
     """wait_share while running the compute loop for `seconds`: how much of a CPU other work takes now."""
     s = snippets()
     n = _calibrate(lambda k: _timed(s.compute_loop, k, check=False), seconds)
-    before, end = _my_schedstat(), time.perf_counter() + seconds
+    before, end = my_schedstat(), time.perf_counter() + seconds
     while time.perf_counter() < end:
         s.compute_loop(n)
-    return wait_share(before, _my_schedstat())
+    return wait_share(before, my_schedstat())
 
 
 def _faults() -> tuple[int, int]:
@@ -535,32 +523,6 @@ def _context_switch(repeat: int, min_time: float) -> CostStat:
     return CostStat(median=max(half[0], 1e-9), min=max(half[1], 1e-9), max=max(half[2], 1e-9), repeat=trips.repeat)
 
 
-def cgroup_cpu_limit() -> dict[str, object]:
-    """This process's cgroup and its CPU quota (v1 cfs_quota_us/cfs_period_us, or v2 cpu.max)."""
-    out: dict[str, object] = {}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            d = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
-            try:
-                quota = int((d / "cpu.cfs_quota_us").read_text())
-                period = int((d / "cpu.cfs_period_us").read_text())
-            except (OSError, ValueError):
-                continue
-            out.update({"cgroup": path, "cpu_quota": None if quota < 0 else quota / period})
-        elif controllers == "" and "cgroup" not in out:
-            try:
-                q, p = (Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.max").read_text().split()
-                out.update({"cgroup": path, "cpu_quota": None if q == "max" else int(q) / int(p)})
-            except (OSError, ValueError):
-                pass
-    return out
-
-
 def measure_costs(name: str | None = None, directory: Path | None = None, repeat: int = 5, min_time: float = 0.2,
                   progress: Callable[[str, CostStat], None] | None = None) -> Costs:
     """Time one of each operation here.  `directory` holds the files read, written and faulted in
@@ -585,9 +547,9 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
 
     files: list[int] = []
     try:
-        sched0 = _my_schedstat()  # the wait around the compute loop: the part of the costs that scales CPU time
+        sched0 = my_schedstat()  # the wait around the compute loop: the part of the costs that scales CPU time
         done("compute_loop", time_compute_loop(repeat, min_time))
-        steal = wait_share(sched0, _my_schedstat())
+        steal = wait_share(sched0, my_schedstat())
         done("null_syscall", _loop_cost(s.null_loop, (), repeat, min_time))
         small = work / "open-me"
         small.write_bytes(b"x")
