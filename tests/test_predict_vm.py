@@ -109,6 +109,8 @@ def test_program_failing_inside_the_vm_is_one_line(tmp_path: Path) -> None:
     # a program the guest kernel cannot run (dynamically linked) is bad usage, before any VM starts
     line = _one_line_failure(vmprof("predict", "measure", "--vm", "-o", str(out), "--", "/bin/true"), 2)
     assert "predict measure --vm" in line
+    line = _one_line_failure(vmprof("predict", "measure", "--vm", "--repeat", "3", "-o", str(out), "--", str(prog)), 2)
+    assert "--repeat" in line
 
 
 def test_measure_inside_the_vm_counts_served_calls_and_bytes(tmp_path: Path) -> None:

@@ -77,6 +77,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
         return _usage("predict measure: --repeat must be between 1 and 100")
     if (why := files.check_writable(Path(args.output))) is not None:  # before the run, not after it
         return _usage(f"predict measure: -o {args.output}: {why}")
+    if args.vm and (args.instructions not in ("auto", "user-cpu") or args.repeat != 1 or args.no_syscalls):
+        return _usage("predict measure --vm: --instructions, --repeat and --no-syscalls are for host runs (inside "
+                      "the VM the compute term is the vCPU's CPU time, the syscalls the VMM's served calls)")
+    if args.dir and not args.vm:
+        return _usage("predict measure: --dir goes with --vm (the directory the program's files are confined to)")
     try:
         if args.vm:
             program = _vm_program(command[0], args.dir)
