@@ -55,7 +55,7 @@ def run_in_vm(path: Path, argv: list[str], directory: Path, neighbour: bool, wha
     """Run the static program `path` with `argv` in a demo VM pinned to the demo's shared pCPU (beside a
     neighbour VM running the compute program if asked) until it ends.  Returns its process truth and what it
     wrote to stdout; PredictError with one line if it cannot start, faults or exits non-zero."""
-    from vmprof_tui.demo import runner, scenarios
+    from vmprof_tui.demo import programs, runner, scenarios
 
     custom = scenarios.Custom(exec=str(path), args=tuple(argv[1:]), dir=str(directory), pin=scenarios.SHARED_CPU)
     specs = [scenarios.real_vm("target", custom)]
@@ -65,7 +65,7 @@ def run_in_vm(path: Path, argv: list[str], directory: Path, neighbour: bool, wha
     try:
         demo = runner.DemoRun(specs)
         demo.start()
-    except (runner.DemoError, OSError) as e:
+    except (runner.DemoError, OSError, programs.BuildError) as e:
         raise PredictError(f"{what}: cannot start the demo VM: {e}") from None
     try:
         demo.procs[0].wait(timeout_s)  # the target's VMM exits when its program has ended
