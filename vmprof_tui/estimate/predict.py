@@ -453,10 +453,11 @@ def compute_cpu_s(counts: Counts, reference: Costs | None) -> tuple[float, str]:
 def compute_ratio(counts: Counts, costs: Costs, which: str = "median") -> tuple[float, str]:
     """Target seconds per reference CPU second, from the compute loop.  A COSTS file that timed the reference's
     loop itself, interleaved with the target's (`predict costs --vm`: the host before and after the VM), on the
-    host the counts come from, gives the ratio of the same moment; otherwise the loop the counts carry."""
+    host the counts come from (natively), gives the ratio of the same moment; otherwise the counts' own loop."""
     loop = getattr(costs.costs["compute_loop"], which)
     own = costs.target.get("reference_compute_loop_s")
-    if isinstance(own, (int, float)) and own > 0 and costs.target.get("host") == counts.reference.get("host"):
+    same_host = costs.target.get("host") == counts.reference.get("host") and "vm" not in counts.reference
+    if isinstance(own, (int, float)) and own > 0 and same_host:
         return loop / own, f"reference loop {own * 1e9:.3f} ns timed interleaved with the target's"
     return loop / counts.reference_loop_s, f"reference {counts.reference_loop_s * 1e9:.3f} ns (from the counts)"
 
