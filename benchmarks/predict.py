@@ -15,6 +15,14 @@ Prints per program the counts summary, predicted vs actual and the error for eac
 then each target's median and worst absolute error, also with the user CPU time as the
 compute term (estimate without --reference) for comparison.  Run as root (BPF, cgroups).
 Usage: python benchmarks/predict.py [--runs 3] [--quota 0.4] [--keep DIR]
+
+`--target vm` (paper 004's own setting): the demo's real workloads (gzip, xz, sqlite, lua, shor: static
+programs, docs/demo.md) are counted natively on the host and predicted onto a demo VM on the demo guest kernel,
+with costs measured inside the VM (`predict costs --vm`), alone and beside a busy neighbour VM on the same pCPU
+(`--neighbour`); the actual run time is each program's wall time inside the VM (first instruction to exit,
+the VMM's truth).  Then self-prediction on the host while another job (a busy loop) runs on the other core:
+counts, costs and actual runs all pinned to the target pCPU.  Counted and actual runs alternate in rounds.
+Usage: python benchmarks/predict.py --target vm [--runs 2] [--self-only]
 """
 
 from __future__ import annotations
@@ -220,10 +228,17 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="actual runs per program and target (median)")
     ap.add_argument("--quota", type=float, default=0.4, help="the target's CPU quota, in CPUs")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the inputs and JSON files in DIR")
+    ap.add_argument("--target", choices=("cgroup", "vm"), default="cgroup",
+                    help="cgroup: a CPU quota on the host (default); vm: a demo VM (see above)")
+    ap.add_argument("--self-only", action="store_true", help="with --target vm: only the loaded self-prediction")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("run as root (BPF counter, cgroups)", file=sys.stderr)
         return 1
+    if args.target == "vm":
+        from predict_vm_target import main_vm
+
+        return main_vm(args.runs, args.keep, args.self_only)
     t_start = time.monotonic()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="vmprof-predict-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)

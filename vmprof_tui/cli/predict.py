@@ -27,6 +27,7 @@ EPILOGS = {
   vmprof predict measure -o xz.json --repeat 3 -- xz -k -T1 big.file
   vmprof predict measure -o t.json --instructions ptrace -- ./tiny
   vmprof predict measure -o s.json -- sh -c 'sort big.txt > /dev/null'
+  vmprof predict measure -o g.json --vm -- gzip -3   (in a demo VM)
 
 Counts the command and every child: syscalls by name (BPF, needs
 root), page faults, context switches, processes, wall and CPU time.
@@ -37,6 +38,8 @@ the user CPU time.""",
   vmprof predict costs -o here.json
   vmprof predict costs -o slow.json --name slow-vm --repeat 7
   cgexec -g cpu:half vmprof predict costs -o half.json
+  vmprof predict costs -o vm.json --vm               (inside a demo VM)
+  vmprof predict costs -o vmn.json --vm --neighbour  (beside a busy VM)
 
 Run it on (or inside) the target: each cost is the wall time of one
 operation there, in loops long enough that a CPU quota or a busy
@@ -74,9 +77,22 @@ def cmd_measure(args: argparse.Namespace) -> int:
         return _usage("predict measure: --repeat must be between 1 and 100")
     if (why := files.check_writable(Path(args.output))) is not None:  # before the run, not after it
         return _usage(f"predict measure: -o {args.output}: {why}")
+    if args.vm and (args.instructions not in ("auto", "user-cpu") or args.repeat != 1 or args.no_syscalls):
+        return _usage("predict measure --vm: --instructions, --repeat and --no-syscalls are for host runs (inside "
+                      "the VM the compute term is the vCPU's CPU time, the syscalls the VMM's served calls)")
+    if args.dir and not args.vm:
+        return _usage("predict measure: --dir goes with --vm (the directory the program's files are confined to)")
     try:
-        counts = measure(command, instructions=args.instructions, max_steps=args.max_steps,
-                         syscalls=not args.no_syscalls, repeat=args.repeat)
+        if args.vm:
+            program = _vm_program(command[0], args.dir)
+            if isinstance(program, str):
+                return _usage(program)
+            from vmprof_tui.estimate.predict_vm import measure_in_vm
+
+            counts = measure_in_vm(command, program, Path(args.dir) if args.dir else None)
+        else:
+            counts = measure(command, instructions=args.instructions, max_steps=args.max_steps,
+                             syscalls=not args.no_syscalls, repeat=args.repeat)
         write_json(Path(args.output), counts.to_json())
     except PredictError as e:
         return _fail(str(e))
@@ -90,6 +106,30 @@ def cmd_measure(args: argparse.Namespace) -> int:
         print(f"vmprof: predict measure: note: the command exited with status {c.exit_status}; "
               f"the counts of that run are in {args.output}", file=sys.stderr)
     return 0
+
+
+def _vm_program(name: str, directory: str | None) -> Path | str:
+    """The static program `measure --vm` runs: a real workload by name (gzip, xz, sqlite, lua, shor) or a path;
+    a string is the one line of bad usage."""
+    from vmprof_tui.demo import programs, scenarios, workloads
+    from vmprof_tui.demo.loader import BadProgram, check_program
+    from vmprof_tui.estimate.predict import PredictError
+
+    if directory is not None and not Path(directory).is_dir():
+        return f"predict measure --vm: --dir {directory} is not a directory"
+    if "/" not in name and name in scenarios.REAL_PROGRAMS:
+        try:
+            return workloads.program_path(name)
+        except programs.BuildError as e:
+            raise PredictError(f"predict measure --vm: {e}") from None
+    try:
+        check_program(Path(name)).stream.close()
+    except BadProgram as e:
+        return f"predict measure --vm: {e}"
+    except OSError as e:
+        return f"predict measure --vm: {name}: {e.strerror} (give a static x86-64 program's path, or one of " \
+               f"{', '.join(scenarios.REAL_PROGRAMS)})"
+    return Path(name)
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
@@ -111,13 +151,26 @@ def cmd_costs(args: argparse.Namespace) -> int:
             print(f"  {name:15} {s.median * 1e9:12.1f} ns  (min {s.min * 1e9:.1f}, max {s.max * 1e9:.1f}, "
                   f"{s.repeat} repetitions)", file=sys.stderr, flush=True)
 
+    if args.vm and args.repeat > 64:
+        return _usage("predict costs --vm: --repeat must be between 1 and 64 inside a VM")
+    if args.neighbour and not args.vm:
+        return _usage("predict costs: --neighbour goes with --vm (a neighbour VM on the target VM's pCPU)")
     try:
-        costs = measure_costs(args.name, directory, args.repeat, args.min_time, progress)
+        if args.vm:
+            from vmprof_tui.estimate.predict_vm import measure_costs_vm
+
+            costs = measure_costs_vm(args.name, args.repeat, args.min_time, args.neighbour, progress)
+        else:
+            costs = measure_costs(args.name, directory, args.repeat, args.min_time, progress)
         write_json(Path(args.output), costs.to_json())
     except PredictError as e:
         return _fail(str(e))
-    quota = costs.target.get("cpu_quota")
-    print(f"{args.output}: costs of {costs.name}" + (f" (cgroup CPU quota {quota:.2f})" if quota else ""))
+    quota, steal = costs.target.get("cpu_quota"), costs.target.get("steal_share")
+    print(f"{args.output}: costs of {costs.name}" + (f" (cgroup CPU quota {quota:.2f})" if quota else "")
+          + ("" if steal is None else f" (steal {100 * steal:.1f}% of its time)" if args.vm else
+             f" (other work took {100 * steal:.1f}% of its CPU during the compute loop)"))
+    for name, why in (costs.target.get("unsupported") or {}).items():
+        print(f"vmprof: predict costs: note: no {name} on this target: {why}", file=sys.stderr)
     for n in costs.notes:
         print(f"vmprof: predict costs: note: {n}", file=sys.stderr)
     return 0
@@ -128,10 +181,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     if not args.costs:
         return _usage("predict estimate: give at least one --costs FILE (measured with vmprof predict costs)")
+    if args.steal is not None and not 0 <= args.steal < 1:
+        return _usage(f"predict estimate: --steal {args.steal} is not a share between 0 and 1 (e.g. 0.5)")
     try:
         counts = load_counts(Path(args.counts))
         reference = load_costs(Path(args.reference)) if args.reference else None
-        estimates = [estimate(counts, load_costs(Path(p)), args.compute, reference) for p in args.costs]
+        estimates = [estimate(counts, load_costs(Path(p)), args.compute, reference, args.steal) for p in args.costs]
     except PredictError as e:
         return _fail(str(e))
     if args.format == "json":
@@ -164,6 +219,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "same work each time (default: %(default)s)")
     m.add_argument("--no-syscalls", action="store_true",
                    help="do not count system calls (no BPF, no root needed; the estimate loses those terms)")
+    m.add_argument("--vm", action="store_true",
+                   help="count the program inside a demo VM (a static x86-64 program, or gzip, xz, sqlite, lua, "
+                        "shor: the demo's real workloads): syscalls from the VMM's served calls, compute from the "
+                        "vCPU's CPU time")
+    m.add_argument("--dir", default=None, metavar="HOSTDIR",
+                   help="with --vm: the directory the program's files are confined to (default: a fresh one)")
     m.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS]", help="the command to run")
     m.set_defaults(func=cmd_measure)
 
@@ -178,6 +239,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--dir", default=None, metavar="DIR",
                    help="scratch directory on a disk file system, for file and major-fault costs "
                         "(default: /var/tmp)")
+    c.add_argument("--vm", action="store_true",
+                   help="measure inside a demo VM: the loops run as a static program on the demo guest kernel, "
+                        "pinned to the demo's shared pCPU (root, KVM)")
+    c.add_argument("--neighbour", action="store_true",
+                   help="with --vm: a busy neighbour VM shares the target VM's pCPU (its steal is in the costs and "
+                        "recorded as the target's steal share)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_costs)
 
@@ -195,6 +262,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="costs measured on the machine the counts come from: the CPU-time compute term is then "
                         "the run's whole CPU time minus its counted operations at these costs (without it: the "
                         "user CPU time, which the kernel splits from system time by tick samples)")
+    e.add_argument("--steal", type=float, default=None, metavar="SHARE",
+                   help="the target's steal share now (0-1, e.g. from vmprof top), if it differs from the one "
+                        "measured with its costs (a VM target's costs record theirs)")
     e.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
     e.add_argument("--top", type=int, default=12, metavar="N", help="syscall rows shown (default: %(default)s)")
     e.set_defaults(func=cmd_estimate)

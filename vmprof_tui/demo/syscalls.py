@@ -91,7 +91,7 @@ class SyscallServer:
     output: Callable[[int, bytes], None]  # the VMM's capture of stdout (1) and stderr (2)
     notice: Callable[[str], None]  # one line about a call not served or a bad guest pointer
     files: dict[int, OpenFile] = field(default_factory=dict)
-    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [count, ns in the VMM]
+    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [count, ns in the VMM, bytes moved]
     unserved: dict[int, int] = field(default_factory=dict)
     output_bytes: int = 0
     dropped_output: int = 0
@@ -137,11 +137,15 @@ class SyscallServer:
             self.notice(f"{name} at rip {rip:#x} asked for more than the VM's free guest memory: it fails "
                         "(raise --mem)")
 
-    def account(self, nr: int, ns: int) -> None:
+    def account(self, nr: int, ns: int, ret: int = 0) -> None:
+        """One served call: its count, the VMM's time and, for read- and write-like calls, the bytes it moved
+        (what `vmprof predict measure --vm` charges per byte)."""
         name = HANDLERS[nr][0] if nr in HANDLERS else f"syscall_{nr}"
-        c = self.calls.setdefault(name, [0, 0])
+        c = self.calls.setdefault(name, [0, 0, 0])
         c[0] += 1
         c[1] += ns
+        if name in BYTE_MOVING and ret > 0:
+            c[2] += ret
 
     # -- helpers -----------------------------------------------------------------
     def _file(self, fd: int) -> OpenFile:
@@ -483,6 +487,7 @@ def _signed64(value: int) -> int:
 
 
 S = SyscallServer
+BYTE_MOVING = frozenset({"read", "write", "pread64", "pwrite64", "readv", "writev"})
 HANDLERS: dict[int, tuple[str, Callable[..., Reply | int]]] = {
     0: ("read", S.sys_read), 1: ("write", S.sys_write), 2: ("open", S.sys_open), 3: ("close", S.sys_close),
     4: ("stat", S.sys_stat), 5: ("fstat", S.sys_fstat), 6: ("lstat", S.sys_lstat), 8: ("lseek", S.sys_lseek),

@@ -119,13 +119,20 @@ class GuestProcess:
     kernel: guestos.KernelProcess | None = None  # a real program run by the demo guest kernel
     server: SyscallServer | None = None  # and its system calls
     argv: list[str] = field(default_factory=list)
+    start_ns: int = 0  # a real program: monotonic time of its first instruction and of its exit
+    end_ns: int = 0
+    start_delay_ns: int = 0  # and its vCPU thread's run-queue wait then (the steal over its life)
+    end_delay_ns: int = 0
 
     def truth(self) -> dict:
         out = {"pid": self.pid, "name": self.name, "vcpu": self.vcpu, "cr3": self.space.cr3,
                "run_ns": self.run_ns, "cpu_ns": self.cpu_ns, "work": self.work,
                "slices": self.slices, "state": self.state, "exit_code": self.exit_code}
         if self.server is not None:
-            out["syscalls"] = {n: {"count": c, "ns": ns} for n, (c, ns) in sorted(self.server.calls.items())}
+            out["syscalls"] = {n: {"count": c, "ns": ns, "bytes": b}
+                               for n, (c, ns, b) in sorted(self.server.calls.items())}
+            out["wall_ns"] = self.end_ns - self.start_ns if self.end_ns else None
+            out["run_delay_ns"] = self.end_delay_ns - self.start_delay_ns if self.end_ns else None
             out["unserved"] = {str(nr): c for nr, c in self.server.unserved.items()}
             out["output_dropped"] = self.server.dropped_output
         return out
@@ -295,7 +302,11 @@ class VcpuThread(threading.Thread):
         while not self.vm.stopping:
             proc = self.current
             q0 = self._run_delay_ns() if proc is None else 0
+            if proc is not None and proc.kernel is not None and proc.slices == 0:
+                proc.start_delay_ns = self._run_delay_ns()
             t0, c0 = time.monotonic_ns(), time.thread_time_ns()
+            if proc is not None and proc.slices == 0:
+                proc.start_ns = t0
             completed = self.vcpu.run()
             t1, c1 = time.monotonic_ns(), time.thread_time_ns()
             if proc is None:
@@ -351,10 +362,11 @@ class VcpuThread(threading.Thread):
         if what:
             self._end(proc, what, now, rip=reply.nr)
             return True
-        proc.server.account(reply.nr, time.monotonic_ns() - now)
+        proc.server.account(reply.nr, time.monotonic_ns() - now, reply.ret)
         self.stats.served += 1
         if reply.exit_status is not None:
             proc.state, proc.exit_code = "exited", reply.exit_status
+            proc.end_ns, proc.end_delay_ns = now, self._run_delay_ns()
         elif reply.sleep_ns is not None:
             proc.state, proc.wake_ns = "sleeping", now + reply.sleep_ns
         else:

@@ -1,12 +1,16 @@
 """The machine a measurement was made on, as the reference and the cost files of `vmprof predict` describe it
-(predict_measure.py and predict_costs.py both write it)."""
+(predict_measure.py and predict_costs.py both write it): its CPU quota (a cgroup), and how much of its CPU other
+work takes (the run-queue wait of the measuring thread: a host's counterpart of a VM's steal)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from pathlib import Path
+
+from vmprof_tui.libc import schedstat
 
 
 def machine_description() -> dict[str, object]:
@@ -48,3 +52,14 @@ def cgroup_cpu_limit() -> dict[str, object]:
             except (OSError, ValueError):
                 pass
     return out
+
+
+def my_schedstat() -> tuple[int, int]:
+    return schedstat("self", threading.get_native_id())
+
+
+def wait_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Of the time this thread was runnable between two schedstat readings, the share it waited for a CPU: what
+    other work on its CPU took (a host's counterpart of a VM's steal)."""
+    cpu, wait = after[0] - before[0], after[1] - before[1]
+    return wait / (cpu + wait) if cpu + wait > 0 else 0.0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,10 @@ LOOP_INSTRUCTIONS = 4
 # The operations `vmprof predict costs` measures; each is seconds per operation.
 COST_NAMES = ("compute_loop", "null_syscall", "open_close", "read_4k", "read_64k", "write_4k", "write_64k",
               "mmap_munmap", "fork_exit", "fork_exec_exit", "minor_fault", "major_fault", "context_switch")
+
+# Measured where a target has them (the demo VM's cost program): a stat of a path, and a 4 KiB overwrite made
+# durable (pwrite64 + fdatasync); without them those calls are charged a null syscall, as a fallback.
+OPTIONAL_COSTS = ("stat", "write_sync")
 
 UNISTD_HEADERS = ("/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "/usr/include/asm/unistd_64.h",
                   "/usr/include/asm-generic/unistd.h")
@@ -258,11 +262,15 @@ def load_costs(path: Path) -> Costs:
     r = _Reader(path, _load(path, COSTS_FORMAT, "vmprof predict costs"))
     target = r.get("target", dict)
     entries = r.get("costs", dict)
-    missing = [n for n in COST_NAMES if n not in entries]
+    unsupported = r.get("target.unsupported", dict, optional=True) or {}
+    missing = [n for n in COST_NAMES if n not in entries and n not in unsupported]
     if missing:
         raise PredictError(f"{path}: costs lack {', '.join(missing)} (measure them with vmprof predict costs)")
     costs = {}
-    for name in COST_NAMES:
+    for name in (*COST_NAMES, *(n for n in OPTIONAL_COSTS if n in entries)):
+        if name not in entries:  # the target has no such operation (target.unsupported says why)
+            costs[name] = CostStat(0.0, 0.0, 0.0, 0)
+            continue
         costs[name] = CostStat(median=r.number(f"costs.{name}.median_s", positive=True) or 0.0,
                                min=r.number(f"costs.{name}.min_s") or 0.0, max=r.number(f"costs.{name}.max_s") or 0.0,
                                repeat=r.count(f"costs.{name}.repeat") or 0)
@@ -284,6 +292,8 @@ WRITE_CALLS = frozenset({"write", "pwrite64", "writev", "pwritev", "pwritev2"})
 # Charged the measured null syscall (getppid) as the measured cost of their kind: the second
 # half of a measured pair (close of open+close, munmap of mmap+munmap) or trivially cheap.
 NULL_LIKE = frozenset({"getppid", "getpid", "gettid", "getuid", "geteuid", "getgid", "getegid", "close", "munmap"})
+STAT_CALLS = frozenset({"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2"})
+SYNC_CALLS = frozenset({"fsync", "fdatasync"})
 # Syscalls whose positive return value is a byte count (the BPF counter sums them).
 BYTE_CALLS = READ_CALLS | WRITE_CALLS | frozenset({"sendfile", "copy_file_range", "splice", "recvfrom", "sendto",
                                                    "recvmsg", "sendmsg"})
@@ -306,10 +316,13 @@ class UnitCosts:
     minor_fault: float
     major_fault: float
     context_switch: float
+    stat: float | None = None  # OPTIONAL_COSTS, where measured
+    sync: float | None = None  # fsync/fdatasync: write_sync minus the 4 KiB write
 
 
-def unit_costs(c: Costs) -> UnitCosts:
-    m = {k: v.median for k, v in c.costs.items()}
+def unit_costs(c: Costs, which: str = "median") -> UnitCosts:
+    """The unit costs from each cost's median (or its min or max over the repetitions: the spread)."""
+    m = {k: getattr(v, which) for k, v in c.costs.items()}
 
     def call_and_byte(small: str, large: str) -> tuple[float, float]:
         per_byte = max(0.0, (m[large] - m[small]) / (65536 - 4096))
@@ -322,7 +335,8 @@ def unit_costs(c: Costs) -> UnitCosts:
                      read_call=read_call, read_byte=read_byte, write_call=write_call, write_byte=write_byte,
                      mmap=max(0.0, m["mmap_munmap"] - null), fork_exit=m["fork_exit"],
                      exec=max(0.0, m["fork_exec_exit"] - m["fork_exit"]), minor_fault=m["minor_fault"],
-                     major_fault=m["major_fault"], context_switch=m["context_switch"])
+                     major_fault=m["major_fault"], context_switch=m["context_switch"], stat=m.get("stat"),
+                     sync=max(0.0, m["write_sync"] - m["write_4k"]) if "write_sync" in m else None)
 
 
 @dataclass(frozen=True)
@@ -343,6 +357,9 @@ class Estimate:
     terms: list[Term]
     compute_basis: str
     notes: list[str]
+    low_s: float = 0.0  # the prediction with every cost at its fastest and slowest repetition
+    high_s: float = 0.0
+    steal_share: float = 0.0  # of the target's time, measured while its costs were (a VM beside a neighbour)
 
     @property
     def total_s(self) -> float:
@@ -356,7 +373,9 @@ class Estimate:
         return sum(t.seconds for t in self.terms if t.fallback)
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "predicted_s": self.total_s, "compute": self.compute_basis,
+        return {"target": self.target, "predicted_s": self.total_s, "low_s": self.low_s, "high_s": self.high_s,
+                "steal_share": self.steal_share, "steal_s": self.total_s * self.steal_share,
+                "compute": self.compute_basis,
                 "by_group_s": {g: self.group_s(g) for g in GROUPS}, "fallback_s": self.fallback_s,
                 "terms": [t.__dict__ for t in self.terms], "notes": self.notes}
 
@@ -380,6 +399,10 @@ def _syscall_term(name: str, c: SyscallCount, u: UnitCosts) -> Term:
                     f"write: per call + {c.bytes} bytes")
     if name == "mmap":
         return Term("syscall", name, n, "calls", u.mmap, n * u.mmap, "mmap (mmap+munmap minus a null call)")
+    if name in STAT_CALLS and u.stat is not None:
+        return Term("syscall", name, n, "calls", u.stat, n * u.stat, "stat of a path")
+    if name in SYNC_CALLS and u.sync is not None:
+        return Term("syscall", name, n, "calls", u.sync, n * u.sync, "fdatasync of a 4 KiB write")
     if name in NULL_LIKE:
         return Term("syscall", name, n, "calls", u.null, n * u.null, "null syscall")
     return Term("syscall", name, n, "calls", u.null, n * u.null, "fallback: null syscall cost", fallback=True)
@@ -427,39 +450,80 @@ def compute_cpu_s(counts: Counts, reference: Costs | None) -> tuple[float, str]:
     return cpu - explained, f"CPU time {cpu:.3f} s minus its operations at {reference.name}'s costs {explained:.3f} s"
 
 
-def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Costs | None = None) -> Estimate:
+def compute_ratio(counts: Counts, costs: Costs, which: str = "median") -> tuple[float, str]:
+    """Target seconds per reference CPU second, from the compute loop.  A COSTS file that timed the reference's
+    loop itself, interleaved with the target's (`predict costs --vm`: the host before and after the VM), on the
+    host the counts come from (natively), gives the ratio of the same moment; otherwise the counts' own loop."""
+    loop = getattr(costs.costs["compute_loop"], which)
+    own = costs.target.get("reference_compute_loop_s")
+    same_host = costs.target.get("host") == counts.reference.get("host") and "vm" not in counts.reference
+    if isinstance(own, (int, float)) and own > 0 and same_host:
+        return loop / own, f"reference loop {own * 1e9:.3f} ns timed interleaved with the target's"
+    return loop / counts.reference_loop_s, f"reference {counts.reference_loop_s * 1e9:.3f} ns (from the counts)"
+
+
+def _terms(counts: Counts, costs: Costs, compute: str, reference: Costs | None, which: str) -> tuple[list[Term], str]:
+    u = unit_costs(costs, which)
+    if compute == "instructions":
+        if counts.instructions is None:
+            raise PredictError("the counts have no instruction count (measured with the user-CPU-time method): "
+                               "use --compute cpu-time")
+        per_insn = u.loop_s / LOOP_INSTRUCTIONS
+        terms = [Term("compute", f"instructions ({counts.compute_method})", counts.instructions,
+                      "instructions", per_insn, counts.instructions * per_insn,
+                      "compute loop: seconds per instruction")]
+        basis = f"instructions × target seconds per compute-loop instruction ({counts.compute_method})"
+    elif compute == "cpu-time":
+        ratio, ref_what = compute_ratio(counts, costs, which)
+        cpu_s, what = compute_cpu_s(counts, reference)
+        name = "user CPU time" if reference is None else "CPU time minus operations"
+        terms = [Term("compute", name, cpu_s, "reference CPU s", ratio, cpu_s * ratio,
+                      "compute loop: target s per reference CPU s")]
+        basis = f"{what} × {ratio:.3f} (target compute loop {u.loop_s * 1e9:.3f} ns/iteration vs {ref_what})"
+    else:
+        raise PredictError(f"unknown compute method {compute!r}: use auto, cpu-time or instructions")
+    return terms + operation_terms(counts, u), basis
+
+
+def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Costs | None = None,
+             steal: float | None = None) -> Estimate:
     """Predicted run time of the counted program on the machine `costs` describes.
 
     compute: "auto" (the counts' own method), "cpu-time" (reference CPU seconds, see
     compute_cpu_s, × the target's time for what took one CPU second on the reference, from the
     compute loop timed on both), or "instructions" (instructions × the target's time per loop
     instruction: the paper's method; assumes the program's CPI equals the loop's).
-    reference: the costs of the machine the counts come from (for the cpu-time term)."""
-    u = unit_costs(costs)
+    reference: the costs of the machine the counts come from (for the cpu-time term).
+    steal: the target's steal share now, if known apart from the costs: the costs (wall times, which hold the
+    steal of their own measurement, target.steal_share) are rescaled by (1 - theirs) / (1 - steal).
+    The range (low_s, high_s) is the same sum with every cost at its fastest and slowest repetition."""
     notes: list[str] = []
     if compute == "auto":
         compute = "cpu-time" if counts.compute_method == COMPUTE_USER_CPU else "instructions"
-    terms: list[Term] = []
-    if compute == "instructions":
-        if counts.instructions is None:
-            raise PredictError("the counts have no instruction count (measured with the user-CPU-time method): "
-                               "use --compute cpu-time")
-        per_insn = u.loop_s / LOOP_INSTRUCTIONS
-        terms.append(Term("compute", f"instructions ({counts.compute_method})", counts.instructions,
-                          "instructions", per_insn, counts.instructions * per_insn,
-                          "compute loop: seconds per instruction"))
-        basis = f"instructions × target seconds per compute-loop instruction ({counts.compute_method})"
-    elif compute == "cpu-time":
-        ratio = u.loop_s / counts.reference_loop_s
-        cpu_s, what = compute_cpu_s(counts, reference)
-        name = "user CPU time" if reference is None else "CPU time minus operations"
-        terms.append(Term("compute", name, cpu_s, "reference CPU s", ratio,
-                          cpu_s * ratio, "compute loop: target s per reference CPU s"))
-        basis = (f"{what} × {ratio:.3f} (target compute loop {u.loop_s * 1e9:.3f} ns/iteration vs "
-                 f"reference {counts.reference_loop_s * 1e9:.3f})")
-    else:
-        raise PredictError(f"unknown compute method {compute!r}: use auto, cpu-time or instructions")
-    terms += operation_terms(counts, u)
+    terms, basis = _terms(counts, costs, compute, reference, "median")
+    low = sum(t.seconds for t in _terms(counts, costs, compute, reference, "min")[0])
+    high = sum(t.seconds for t in _terms(counts, costs, compute, reference, "max")[0])
+    unsupported = costs.target.get("unsupported") or {}
+    for cost, count in (("fork_exit", counts.processes_created + counts.threads_created),
+                        ("fork_exec_exit", sum(c.calls for n, c in counts.syscalls.items() if n in EXEC_CALLS)),
+                        ("context_switch", counts.voluntary_switches)):
+        if cost in unsupported and count:
+            notes.append(f"{costs.name} has no {cost} ({unsupported[cost]}): {count} counted charged nothing")
+    measured = costs.target.get("steal_share")
+    measured = float(measured) if isinstance(measured, (int, float)) and 0 <= measured < 1 else 0.0
+    if steal is not None and not 0 <= steal < 1:
+        raise PredictError(f"--steal {steal} is not a share between 0 and 1")
+    share = measured if steal is None else steal
+    # costs without steal (a VM's: its vCPU thread's CPU time) are stretched by the steal share; wall-time costs
+    # hold the steal of their own measurement, replaced by another share if one is given
+    scale = (1 / (1 - share) if costs.target.get("costs_exclude_steal") is True
+             else (1 - measured) / (1 - share))
+    if scale != 1:
+        terms = [replace(t, cost_s=t.cost_s * scale, seconds=t.seconds * scale) for t in terms]
+        low, high = low * scale, high * scale
+    if steal is not None:
+        notes.append(f"steal share {100 * steal:.1f}% (the costs were measured at {100 * measured:.1f}%)")
+    steal = share
     if compute == "cpu-time" and counts.compute_method != COMPUTE_USER_CPU:
         notes.append("compute from CPU time although the counts also hold instructions")
     if counts.exit_status != 0:
@@ -468,7 +532,7 @@ def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Cos
     if par > 1.2:
         notes.append(f"the counted run kept {par:.1f} CPUs busy on average: the prediction is for one CPU "
                      "(the sum of its work), not for the same parallelism")
-    return Estimate(costs.name, terms, basis, notes)
+    return Estimate(costs.name, terms, basis, notes, low_s=min(low, high), high_s=max(low, high), steal_share=steal)
 
 
 def _fmt_s(s: float) -> str:
@@ -493,9 +557,13 @@ def render(counts: Counts, estimates: list[Estimate], top: int = 12) -> str:
              f"{counts.major_faults:,} major faults, {counts.processes_created} processes"]
     for est in estimates:
         total = est.total_s or 1e-30
-        lines += ["", f"target {est.target}: predicted {est.total_s:.3f} s "
-                  f"({est.total_s / counts.wall_s:.2f}× the reference wall time)" if counts.wall_s else
-                  f"target {est.target}: predicted {est.total_s:.3f} s",
+        spread = f" (range {est.low_s:.3f}-{est.high_s:.3f} s from the spread of the costs)"
+        lines += ["", f"target {est.target}: predicted {est.total_s:.3f} s{spread}"
+                  + (f", {est.total_s / counts.wall_s:.2f}× the reference wall time" if counts.wall_s else "")]
+        if est.steal_share:
+            lines.append(f"  of which steal: {est.total_s * est.steal_share:.3f} s ({100 * est.steal_share:.1f}% "
+                         "of the target's runnable time went to other work on its CPU: neighbours, the host)")
+        lines += [
                   f"  compute: {est.compute_basis}",
                   f"  {'term':34} {'count':>16} {'cost each':>12} {'time':>12} {'share':>6}"]
         shown = [t for t in est.terms if t.group != "syscall"]

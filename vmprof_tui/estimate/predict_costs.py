@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vmprof_tui.estimate.machine import cgroup_cpu_limit, machine_description
+from vmprof_tui.estimate.machine import cgroup_cpu_limit, machine_description, my_schedstat, wait_share
 from vmprof_tui.estimate.predict import COST_NAMES, Costs, CostStat, PredictError
 
 # Assembled with GNU as (intel syntax) from SNIPPETS_ASM; offsets from `nm`.
@@ -348,28 +348,42 @@ def _repeat(chunk: Callable[[], tuple[float, int]], repeat: int, min_time: float
     return _stat(values)
 
 
-def _timed(fn: Callable[..., int], *args: int, check: bool = True) -> float:
-    t0 = time.perf_counter()
+def _timed(fn: Callable[..., int], *args: int, check: bool = True,
+           clock: Callable[[], float] = time.perf_counter) -> float:
+    t0 = clock()
     rc = fn(*args)
-    dt = time.perf_counter() - t0
+    dt = clock() - t0
     if check:
         _check(rc, "a measurement loop")
     return dt
 
 
 def _loop_cost(fn: Callable[..., int], args: tuple[int, ...], repeat: int, min_time: float,
-               check: bool = True) -> CostStat:
-    n = _calibrate(lambda k: _timed(fn, k, *args, check=check), min_time)
-    return _repeat(lambda: (_timed(fn, n, *args, check=check), n), repeat, min_time)
+               check: bool = True, clock: Callable[[], float] = time.perf_counter) -> CostStat:
+    n = _calibrate(lambda k: _timed(fn, k, *args, check=check, clock=clock), min_time)
+    return _repeat(lambda: (_timed(fn, n, *args, check=check, clock=clock), n), repeat, min_time)
 
 
 # ---------------------------------------------------------------------------
 # the operations
 
 
-def time_compute_loop(repeat: int = 5, min_time: float = 0.2) -> CostStat:
-    """Seconds per iteration of the compute loop (4 instructions: add, xor, sub, jnz)."""
-    return _loop_cost(snippets().compute_loop, (), repeat, min_time, check=False)  # returns its sum
+def time_compute_loop(repeat: int = 5, min_time: float = 0.2, cpu_time: bool = False) -> CostStat:
+    """Seconds per iteration of the compute loop (4 instructions: add, xor, sub, jnz): wall time on a target
+    (a quota, steal or a neighbour's share belongs in it), or this thread's CPU time for a reference, whose
+    counted CPU seconds it is the yardstick of (other work on its CPU must not stretch it)."""
+    clock = time.thread_time if cpu_time else time.perf_counter
+    return _loop_cost(snippets().compute_loop, (), repeat, min_time, check=False, clock=clock)  # returns its sum
+
+
+def cpu_wait_probe(seconds: float = 0.3) -> float:
+    """wait_share while running the compute loop for `seconds`: how much of a CPU other work takes now."""
+    s = snippets()
+    n = _calibrate(lambda k: _timed(s.compute_loop, k, check=False), seconds)
+    before, end = my_schedstat(), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        s.compute_loop(n)
+    return wait_share(before, my_schedstat())
 
 
 def _faults() -> tuple[int, int]:
@@ -531,7 +545,9 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
 
     files: list[int] = []
     try:
+        sched0 = my_schedstat()  # the wait around the compute loop: the part of the costs that scales CPU time
         done("compute_loop", time_compute_loop(repeat, min_time))
+        steal = wait_share(sched0, my_schedstat())
         done("null_syscall", _loop_cost(s.null_loop, (), repeat, min_time))
         small = work / "open-me"
         small.write_bytes(b"x")
@@ -579,6 +595,7 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
         work.rmdir()
     assert set(out) == set(COST_NAMES)
     target = {"name": name or os.uname().nodename, **machine_description(), **cgroup_cpu_limit(),
+              "steal_share": steal,
               "affinity": sorted(os.sched_getaffinity(0)), "repeat": repeat, "min_time_s": min_time}
     return Costs(target=target, costs=out, notes=notes)
 
