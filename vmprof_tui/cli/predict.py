@@ -111,7 +111,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 def _vm_program(name: str, directory: str | None) -> Path | str:
     """The static program `measure --vm` runs: a real workload by name (gzip, xz, sqlite, lua, shor) or a path;
     a string is the one line of bad usage."""
-    from vmprof_tui.demo import programs, scenarios, workloads
+    from vmprof_tui.demo import builds, scenarios, workloads
     from vmprof_tui.demo.loader import BadProgram, check_program
     from vmprof_tui.estimate.predict import PredictError
 
@@ -120,7 +120,7 @@ def _vm_program(name: str, directory: str | None) -> Path | str:
     if "/" not in name and name in scenarios.REAL_PROGRAMS:
         try:
             return workloads.program_path(name)
-        except programs.BuildError as e:
+        except builds.BuildError as e:
             raise PredictError(f"predict measure --vm: {e}") from None
     try:
         check_program(Path(name)).stream.close()

@@ -40,13 +40,13 @@ MAX_OUTPUT_LINES = 64
 
 def costs_program() -> Path:
     """demo/workloads/costs.c built as a static program (cached like the workloads)."""
-    from vmprof_tui.demo import programs, workloads
+    from vmprof_tui.demo import builds, workloads
 
     src = Path(__file__).resolve().parent.parent / "demo" / "workloads"
     try:
-        return programs.compiled(src / "costs.c", workloads.CFLAGS, "costs", "the cost program",
+        return builds.compiled(src / "costs.c", workloads.CFLAGS, "costs", "the cost program",
                                  headers=(src / "common.h",))
-    except programs.BuildError as e:
+    except builds.BuildError as e:
         raise PredictError(f"predict costs --vm: {e}") from None
 
 
@@ -55,7 +55,7 @@ def run_in_vm(path: Path, argv: list[str], directory: Path, neighbour: bool, wha
     """Run the static program `path` with `argv` in a demo VM pinned to the demo's shared pCPU (beside a
     neighbour VM running the compute program if asked) until it ends.  Returns its process truth and what it
     wrote to stdout; PredictError with one line if it cannot start, faults or exits non-zero."""
-    from vmprof_tui.demo import programs, runner, scenarios
+    from vmprof_tui.demo import builds, runner, scenarios
 
     custom = scenarios.Custom(exec=str(path), args=tuple(argv[1:]), dir=str(directory), pin=scenarios.SHARED_CPU)
     specs = [scenarios.real_vm("target", custom)]
@@ -65,7 +65,7 @@ def run_in_vm(path: Path, argv: list[str], directory: Path, neighbour: bool, wha
     try:
         demo = runner.DemoRun(specs)
         demo.start()
-    except (runner.DemoError, OSError, programs.BuildError) as e:
+    except (runner.DemoError, OSError, builds.BuildError) as e:
         raise PredictError(f"{what}: cannot start the demo VM: {e}") from None
     try:
         demo.procs[0].wait(timeout_s)  # the target's VMM exits when its program has ended
