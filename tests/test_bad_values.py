@@ -12,7 +12,7 @@ from conftest import vmprof
 
 from vmprof_tui.cli.common import scheduler_address, time_range
 from vmprof_tui.estimate import model as M
-from vmprof_tui.show.metrics import parse_address
+from vmprof_tui.fleet.metrics import parse_address
 
 GOLDEN = "tests/data/golden/steal3.vmprof"
 
