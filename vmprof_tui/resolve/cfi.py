@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import array
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-from vmprof_tui.resolve import cache
-from vmprof_tui.resolve.elf import HASHED_BYTES, ElfError, _elf_errors, check_elf_header
-from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, BundleError, Limits, open_regular
+from vmprof_tui.resolve.elf import ElfError, _elf_errors, check_elf_header, parsed_once
+from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, BundleError, Limits
 
 # CFA rule kinds (cfa_kind)
 CFA_UNSUPPORTED, CFA_REG, CFA_DEREF, CFA_PLT = 0, 1, 2, 3
@@ -86,19 +84,7 @@ def empty_table(source: str = "") -> CfiTable:
 
 def read_cfi(path: Path, limits: Limits = DEFAULT_LIMITS) -> CfiTable:
     """The unwind table of an object file, parsed once per file content (or identity, for large files)."""
-    what = Path(path).name
-    with open_regular(Path(path), limits.max_object_bytes, what) as f:
-        st = os.fstat(f.fileno())
-        source: BinaryIO = f
-        if st.st_size <= HASHED_BYTES:
-            data = f.read(HASHED_BYTES + 1)
-            key = cache.content_key("cfi2", data)
-            source = io.BytesIO(data)
-        else:
-            key = cache.content_key("cfi2-file", f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
-                                                f"{st.st_mtime_ns}".encode())
-        size = st.st_size if source is f else len(data)
-        return cache.parsed(key, lambda: _parse_guarded(source, size, limits, what), _to_arrays, _from_arrays)
+    return parsed_once(path, "cfi2", limits, _parse_guarded, _to_arrays, _from_arrays)
 
 
 def cfi_from_bytes(data: bytes, limits: Limits = DEFAULT_LIMITS, what: str = "object") -> CfiTable:

@@ -13,9 +13,10 @@ import functools
 import io
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 
 import numpy as np
 
@@ -30,6 +31,8 @@ from vmprof_tui.resolve.untrusted import (
     open_regular,
     safe_text,
 )
+
+T = TypeVar("T")
 
 ET_EXEC, ET_DYN = 2, 3
 NO_ADDR = np.uint64(U64_MAX)  # "no address" in uint64 arrays
@@ -148,19 +151,26 @@ def read_elf_symbols(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
     its content (guest objects extracted anew for every run hit the cache too); a larger one, by its
     identity on this machine (path, device, inode, size, mtime): hashing a 100 MB library would cost more
     than the cache saves."""
+    return parsed_once(path, "elf", limits, _parse_elf_guarded, _to_arrays, _from_arrays)
+
+
+def parsed_once(path: Path, kind: str, limits: Limits, parse: Callable[[BinaryIO, int, Limits, str], T],
+                to_arrays: Callable[[T], dict], from_arrays: Callable[[dict], T]) -> T:
+    """`parse(file, size, limits, name)` of an untrusted object file, once per file (resolve/cache.py, as `kind`):
+    a file up to HASHED_BYTES is known by its content, a larger one by its identity on this machine."""
     what = Path(path).name
     with open_regular(Path(path), limits.max_object_bytes, what) as f:
         st = os.fstat(f.fileno())
         source: BinaryIO = f
         if st.st_size <= HASHED_BYTES:
             data = f.read(HASHED_BYTES + 1)
-            key = cache.content_key("elf", data)
+            key = cache.content_key(kind, data)
             source = io.BytesIO(data)
         else:
-            key = cache.content_key("elf-file", f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
-                                                f"{st.st_mtime_ns}".encode())
+            key = cache.content_key(f"{kind}-file", f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
+                                                    f"{st.st_mtime_ns}".encode())
         size = st.st_size if source is f else len(data)
-        return cache.parsed(key, lambda: _parse_elf_guarded(source, size, limits, what), _to_arrays, _from_arrays)
+        return cache.parsed(key, lambda: parse(source, size, limits, what), to_arrays, from_arrays)
 
 
 def read_elf_symbols_uncached(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
