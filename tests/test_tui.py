@@ -609,13 +609,16 @@ def test_overview_shows_the_vm_table_in_a_small_terminal(size: tuple[int, int]) 
     async def go() -> None:
         async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: len(cells(app)) == 4, timeout=15)  # (host) and three VMs
-            await pilot.pause(0.2)
+
+            def shown() -> bool:  # drawn on the screen, not only in the table's data (a refresh can lag)
+                shot = app.export_screenshot().replace("&#160;", " ")
+                return "(host)" in shot and "steal1" in shot
+
+            await until(pilot, shown, timeout=15)
             table = app.screen.query_one(DataTable)
             assert isinstance(app.screen, OverviewScreen)
             assert table.region.height >= 3, f"the VM table has {table.region.height} rows on screen"
             assert app.screen.query_one("#plot").display == (size[1] >= OverviewScreen.PLOT_FROM_HEIGHT)
-            shot = app.export_screenshot().replace("&#160;", " ")
-            assert "(host)" in shot and "steal1" in shot
             await pilot.press("q")
 
     asyncio.run(go())
