@@ -28,8 +28,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from vmprof_tui.resolve.elf import ElfError, _elf_errors, check_elf_header, parsed_once
-from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, BundleError, Limits
+from vmprof_tui.resolve.elf import ElfError, check_elf_header, guarded, parsed_once
+from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS, Limits
 
 # CFA rule kinds (cfa_kind)
 CFA_UNSUPPORTED, CFA_REG, CFA_DEREF, CFA_PLT = 0, 1, 2, 3
@@ -104,16 +104,7 @@ _COLUMNS = ("start", "end", "cfa_kind", "cfa_reg", "cfa_off", "ra", "bp", "plt_a
 
 
 def _parse_guarded(f: BinaryIO, size: int, limits: Limits, what: str) -> CfiTable:
-    try:
-        return _parse(f, size, limits, what)
-    except BundleError:
-        raise
-    except MemoryError:
-        raise ElfError(f"{what}: malformed call-frame information: sizes too large to read") from None
-    except _elf_errors() as e:
-        raise ElfError(f"{what}: malformed call-frame information: {type(e).__name__}: {str(e)[:200]}") from None
-    except OSError as e:
-        raise ElfError(f"{what}: read error: {e.strerror or e}") from None
+    return guarded(_parse, "call-frame information", f, size, limits, what)
 
 
 def _parse(f: BinaryIO, size: int, limits: Limits, what: str) -> CfiTable:

@@ -200,15 +200,21 @@ def elf_symbols_from_bytes(data: bytes, limits: Limits = DEFAULT_LIMITS, what: s
 
 
 def _parse_elf_guarded(f: BinaryIO, size: int, limits: Limits, what: str) -> ElfSymbols:
-    """_parse_elf with every failure of a malformed file turned into one ElfError line."""
+    return guarded(_parse_elf, "ELF", f, size, limits, what)
+
+
+def guarded(parse: Callable[[BinaryIO, int, Limits, str], T], part: str, f: BinaryIO, size: int, limits: Limits,
+            what: str) -> T:
+    """`parse` of an untrusted object file with every failure of a malformed one (its `part`: ELF, call-frame
+    information) turned into one ElfError line."""
     try:
-        return _parse_elf(f, size, limits, what)
+        return parse(f, size, limits, what)
     except BundleError:
         raise
     except MemoryError:
-        raise ElfError(f"{what}: malformed ELF: sizes too large to read") from None
+        raise ElfError(f"{what}: malformed {part}: sizes too large to read") from None
     except _elf_errors() as e:
-        raise ElfError(f"{what}: malformed ELF: {type(e).__name__}: {e}") from None
+        raise ElfError(f"{what}: malformed {part}: {type(e).__name__}: {str(e)[:200]}") from None
     except OSError as e:
         raise ElfError(f"{what}: read error: {e.strerror or e}") from None
 
