@@ -10,14 +10,15 @@ from pathlib import Path
 from conftest import ROOT
 
 # every package of vmprof_tui, in the order data flows: the demo VMs are what is sampled; estimate works on
-# analyses and demo runs; fleet, show and cli come last
-STAGES = ("demo", "collect", "record", "resolve", "analyse", "estimate", "fleet", "show", "cli")
+# analyses and demo runs; fleet, show and cli come last.  lbr is a wing on the whole core, collection to screen (the
+# LBR path: docs/lbr.md): it may import every stage before it and none of them imports it (but its contracts)
+STAGES = ("demo", "collect", "record", "resolve", "analyse", "estimate", "fleet", "show", "lbr", "cli")
 # the ground floor every stage may import: the package's version, libc, the grouping of integer arrays, how files
 # are created, JSON from untrusted files parsed with limits, and the contracts between programs: the sample record
 # (bpf/sample.h in numpy), the LBR record and its fields (bpf/lbr_record.h), and the guest bundle format (the
 # guest agent and the demo VMM write it)
 SHARED = ("vmprof_tui", "vmprof_tui.libc", "vmprof_tui.arrays", "vmprof_tui.files", "vmprof_tui.bounded_json",
-          "vmprof_tui.record.records", "vmprof_tui.record.lbr_records", "vmprof_tui.record.lbr_model",
+          "vmprof_tui.record.records", "vmprof_tui.lbr.records", "vmprof_tui.lbr.model",
           "vmprof_tui.resolve.bundle_format")
 # importing module -> (the later modules it imports, why)
 ALLOWED = {
@@ -25,9 +26,6 @@ ALLOWED = {
                                     "vmprof_tui.resolve.untrusted"),
                                    "host objects' build ids and symbols are read, with limits, while sampling"),
     "vmprof_tui.collect.guest_fetch": (("vmprof_tui.resolve.bundle",), "a fetched guest bundle is validated at once"),
-    "vmprof_tui.collect.lbr_simulate": (("vmprof_tui.analyse.lbr_groundtruth", "vmprof_tui.record.recording",
-                                         "vmprof_tui.record.writer"),
-                                        "--lbr=simulate samples the single-step ground truth into a recording"),
 }
 MAX_EXCEPTIONS = 3
 MAX_METHODS = 30  # "~25" methods a class

@@ -13,9 +13,9 @@ import os
 import pytest
 from conftest import require_root
 
-from vmprof_tui.collect import lbr as collect
-from vmprof_tui.collect import lbr_capability as capability
-from vmprof_tui.collect import lbr_patterns as patterns
+from vmprof_tui.collect import perf_event
+from vmprof_tui.lbr import capability, patterns
+from vmprof_tui.lbr import collector as collect
 
 
 @pytest.mark.parametrize(("name", "nr", "info"), [("type4", 32, True), ("type3", 16, False)])
@@ -36,10 +36,10 @@ def test_perf_event_open_wrapper_works() -> None:
     """The probe's syscall wrapper opens a software event here, so a failing hardware event is the
     host's answer, not a bug of the wrapper."""
     require_root()
-    a = capability.make_attr(0)
+    a = perf_event.make_attr(0)
     a.type = 1  # PERF_TYPE_SOFTWARE
     a.config = 0  # PERF_COUNT_SW_CPU_CLOCK
-    fd = capability.perf_event_open(a, -1, 0)
+    fd = perf_event.perf_event_open(a, -1, 0)
     os.close(fd)
 
 
@@ -79,11 +79,11 @@ def test_collector_refuses_without_pmu_or_collects() -> None:
 
 
 def test_attr_layout() -> None:
-    assert capability.PerfEventAttr.branch_sample_type.offset == 72
-    assert capability.PerfEventAttr.config3.offset == 128
-    bst = capability.branch_sample_type(patterns.get("type4").branch_filter)
-    assert bst == capability.PERF_SAMPLE_BRANCH_USER | capability.PERF_SAMPLE_BRANCH_ANY_CALL | \
-        capability.PERF_SAMPLE_BRANCH_ANY_RETURN
+    assert perf_event.PerfEventAttr.branch_sample_type.offset == 72
+    assert perf_event.PerfEventAttr.config3.offset == 128
+    bst = perf_event.branch_sample_type(patterns.get("type4").branch_filter)
+    assert bst == perf_event.PERF_SAMPLE_BRANCH_USER | perf_event.PERF_SAMPLE_BRANCH_ANY_CALL | \
+        perf_event.PERF_SAMPLE_BRANCH_ANY_RETURN
 
 
 def test_collector_plumbing_with_software_standin() -> None:
@@ -96,7 +96,7 @@ def test_collector_plumbing_with_software_standin() -> None:
 
     import numpy as np
 
-    from vmprof_tui.record.lbr_records import to_samples
+    from vmprof_tui.lbr.records import to_samples
 
     period = 1_000_000  # ns of cpu-clock between samples
     col = collect.LbrCollector(collect.LbrConfig.named("type4", standin=True, period=period, pid=os.getpid()))

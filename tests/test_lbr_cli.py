@@ -7,7 +7,7 @@ import sys
 
 from conftest import ROOT
 
-from vmprof_tui.collect import lbr_capability as capability
+from vmprof_tui.lbr import capability
 
 DATA = ROOT / "tests/data/lbr"
 

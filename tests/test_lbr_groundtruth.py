@@ -20,17 +20,13 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from vmprof_tui.analyse import lbr_groundtruth as groundtruth
-from vmprof_tui.analyse.blocks import STATUS_BACKWARDS, STATUS_CROSSES_FUNCTION, STATUS_OK, analyse
-from vmprof_tui.analyse.disasm import KIND_CALL, KIND_RET, CodeCache
-from vmprof_tui.analyse.lbr_reconstruct import reconstruct
 from vmprof_tui.cli.blocks import run_blocks_from_perf_script
-from vmprof_tui.record.lbr_model import BranchFilter, Fields, LbrSample, from_msr_stack
-from vmprof_tui.resolve import perf_script
+from vmprof_tui.lbr import format_csv, format_json, format_table, groundtruth, perf_script
+from vmprof_tui.lbr.blocks import STATUS_BACKWARDS, STATUS_CROSSES_FUNCTION, STATUS_OK, analyse
+from vmprof_tui.lbr.disasm import KIND_CALL, KIND_RET, CodeCache
+from vmprof_tui.lbr.model import BranchFilter, Fields, LbrSample, from_msr_stack
+from vmprof_tui.lbr.reconstruct import reconstruct
 from vmprof_tui.resolve.elfcode import ElfResolver, ImageCache
-from vmprof_tui.show.formats import blocks_csv as format_csv
-from vmprof_tui.show.formats import blocks_json as format_json
-from vmprof_tui.show.formats import blocks_table as format_table
 
 ROUNDS = 200
 FREQ = 2.5e9
@@ -83,9 +79,21 @@ def nm_function(funcs: list[tuple[int, int, str]], addr: int) -> str | None:
     return None
 
 
+def sample_points(n_steps: int, every: int, seed: int = 1) -> list[int]:
+    """Deterministic, jittered sample instants (like a cycles overflow every ~`every` instructions)."""
+    rng = np.random.default_rng(seed)
+    pts: list[int] = []
+    p = 0
+    while True:
+        p += int(every * rng.uniform(0.5, 1.5))
+        if p >= n_steps:
+            return pts
+        pts.append(p)
+
+
 def points(n_steps: int) -> list[int]:
     # a few instants right after the start (LBR not yet full: zero slots), then jittered ones
-    return sorted(set([3, 40, 150] + groundtruth.sample_points(n_steps, 600, seed=7)))
+    return sorted(set([3, 40, 150] + sample_points(n_steps, 600, seed=7)))
 
 
 def simulate(traced: tuple[groundtruth.Trace, groundtruth.Branches], pattern: str,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vmprof_tui.analyse.blocks import STATUS_BACKWARDS, STATUS_OK, analyse
-from vmprof_tui.record.lbr_model import CodeReader, LbrSample, Resolve, ResolvedAddr, from_msr_stack
+from vmprof_tui.lbr.blocks import STATUS_BACKWARDS, STATUS_OK, analyse
+from vmprof_tui.lbr.model import CodeReader, LbrSample, Resolve, ResolvedAddr, from_msr_stack
 
 TABLE6_FROM = [0x4026CC, 0x406116, 0x401B63, 0x406133, 0x4026E9, 0x4041B5, 0x407ABA, 0x4079E6, 0x40263A, 0x4063EA,
                0x40265A, 0x407140, 0, 0, 0, 0]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from vmprof_tui.analyse.blocks import BlocksError
 from vmprof_tui.cli.blocks import run_blocks_from_perf_script
-from vmprof_tui.record.lbr_model import BranchFilter, Fields
-from vmprof_tui.resolve.perf_script import PerfScriptError, parse
+from vmprof_tui.lbr.blocks import BlocksError
+from vmprof_tui.lbr.model import BranchFilter, Fields
+from vmprof_tui.lbr.perf_script import PerfScriptError, parse
 
 DATA = ROOT / "tests/data/lbr"
 

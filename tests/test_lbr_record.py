@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from vmprof_tui.record.lbr_model import BranchFilter, Fields
-from vmprof_tui.record.lbr_records import HEADER_DTYPE, record_dtype, to_samples
+from vmprof_tui.lbr.model import BranchFilter, Fields
+from vmprof_tui.lbr.records import HEADER_DTYPE, record_dtype, to_samples
 
 VARIANTS = [(16, Fields.FROM | Fields.TO), (16, Fields.FROM), (16, Fields.TO),
             (32, Fields.FROM | Fields.TO | Fields.INFO), (8, Fields.TO | Fields.INFO)]

@@ -10,11 +10,11 @@ from pathlib import Path
 from conftest import require_root, vmprof
 
 from vmprof_tui.collect.bpf import pmu_available
-from vmprof_tui.collect.lbr import LbrConfig
 from vmprof_tui.collect.session import CollectionSession
+from vmprof_tui.lbr.collector import LbrCollector, LbrConfig
+from vmprof_tui.lbr.recording import samples_of_recording
 from vmprof_tui.record import recording
 from vmprof_tui.record.recorder import Recorder
-from vmprof_tui.resolve.lbr_recording import samples_of_recording
 
 
 def test_record_lbr_says_why_not(tmp_path: Path) -> None:
@@ -32,7 +32,8 @@ def test_lbr_records_are_stored_and_read_back(tmp_path: Path) -> None:
     require_root()
     out = tmp_path / "standin.vmprof"
     stop = threading.Event()
-    rec = Recorder(out, CollectionSession(100, lbr=LbrConfig.named("type4", standin=True, period=1_000_000)))
+    collector = LbrCollector(LbrConfig.named("type4", standin=True, period=1_000_000))
+    rec = Recorder(out, CollectionSession(100, lbr=collector))
     t = threading.Thread(target=rec.run, args=(None, stop.is_set))
     t.start()
     assert rec.attached.wait(30)

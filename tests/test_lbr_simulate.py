@@ -11,10 +11,10 @@ import pytest
 from conftest import ROOT
 from test_lbr_groundtruth import CFLAGS
 
-from vmprof_tui.analyse import lbr_groundtruth as groundtruth
 from vmprof_tui.cli import main
-from vmprof_tui.record.lbr_model import CALL_RETURN_USER, Fields
-from vmprof_tui.record.lbr_records import to_samples
+from vmprof_tui.lbr import groundtruth
+from vmprof_tui.lbr.model import CALL_RETURN_USER, Fields
+from vmprof_tui.lbr.records import to_samples
 from vmprof_tui.record.recording import load
 
 RATE = 100_000  # a sample every 10,000 simulated cycles
@@ -84,8 +84,8 @@ def test_simulate_bad_usage_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_simulate_stops_at_an_interrupt_and_keeps_the_trace(workload: Path) -> None:
-    from vmprof_tui.collect import lbr_simulate
-    from vmprof_tui.collect.lbr_patterns import get
+    from vmprof_tui.lbr import simulate as lbr_simulate
+    from vmprof_tui.lbr.patterns import get
 
     asked = []
 

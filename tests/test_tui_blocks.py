@@ -17,19 +17,18 @@ from test_lbr_simulate import simulated, workload  # noqa: F401 - fixtures
 from test_tui import cells, replay_path, until  # noqa: F401 - replay_path: a fixture
 from textual.widgets import Static
 
-from vmprof_tui.analyse import lbr_groundtruth as groundtruth
-from vmprof_tui.analyse.blocks import analyse
-from vmprof_tui.analyse.lbr_source import NO_LBR, LbrSource, from_recording
 from vmprof_tui.analyse.window import ReplayWindow
 from vmprof_tui.cli import main
 from vmprof_tui.cli.top import lbr_window
-from vmprof_tui.record.lbr_model import CALL_RETURN_USER, Fields, LbrSample, ResolvedAddr
-from vmprof_tui.record.lbr_records import to_samples
+from vmprof_tui.lbr import groundtruth, perf_script
+from vmprof_tui.lbr.blocks import analyse
+from vmprof_tui.lbr.model import CALL_RETURN_USER, Fields, LbrSample, ResolvedAddr
+from vmprof_tui.lbr.recording import samples_of_recording
+from vmprof_tui.lbr.records import to_samples
+from vmprof_tui.lbr.screen import BlockScreen, BlocksScreen, LbrViews
+from vmprof_tui.lbr.source import NO_LBR, LbrSource, from_recording
 from vmprof_tui.record.recording import load
 from vmprof_tui.record.writer import Writer
-from vmprof_tui.resolve import perf_script
-from vmprof_tui.resolve.lbr_recording import samples_of_recording
-from vmprof_tui.show.blocks_screen import BlockScreen, BlocksScreen
 from vmprof_tui.show.function_screen import FunctionScreen
 from vmprof_tui.show.host_screen import HostScreen
 from vmprof_tui.show.tui import VmprofTop
@@ -63,7 +62,7 @@ def blocks_json(rec: Path, function: str, capsys: pytest.CaptureFixture) -> dict
 def test_block_view_counts_are_the_ground_truth_and_times_those_of_blocks(
         simulated: Path, workload: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
     window, src = lbr_window(str(simulated), None, 5.0, [], None)
-    app = VmprofTop(window, 1.0, None, src, "pair")
+    app = VmprofTop(window, 1.0, None, LbrViews(src), "pair")
     shown: dict[str, list[str]] = {}
 
     async def script(pilot) -> None:  # noqa: ANN001
@@ -99,7 +98,7 @@ def test_block_view_counts_are_the_ground_truth_and_times_those_of_blocks(
 
 def test_b_on_a_host_function_row_then_enter_shows_disassembly_and_chain(simulated: Path) -> None:  # noqa: F811
     window, src = lbr_window(str(simulated), None, 5.0, [], None)
-    app = VmprofTop(window, 1.0, None, src)
+    app = VmprofTop(window, 1.0, None, LbrViews(src))
 
     async def script(pilot) -> None:  # noqa: ANN001
         await until(pilot, lambda: any(r[0] == "(host)" for r in cells(app)))
@@ -133,7 +132,7 @@ def test_b_without_lbr_data_says_so_in_one_line(simulated: Path, tmp_path: Path)
     w.close({"duration_s": 0.01, "lost": {"samples": [], "sched": []}, "vms": []})
     window, src = lbr_window(str(plain), None, 5.0, [], None)
     assert src is None
-    app = VmprofTop(window, 1.0, None, src)
+    app = VmprofTop(window, 1.0, None, LbrViews(src))
 
     async def script(pilot) -> None:  # noqa: ANN001
         await until(pilot, lambda: any(r[0] == "(host)" for r in cells(app)))
@@ -153,7 +152,7 @@ def test_perf_script_source_shows_the_same_blocks(simulated: Path, workload: Pat
     text = tmp_path / "prog.txt"
     text.write_text(perf_script.to_text(samples))
     window, src = lbr_window(None, str(text), 5.0, [str(workload)], 3.3e9)  # --freq-mhz 3300: times in ns
-    app = VmprofTop(window, 1.0, None, src, "pair")
+    app = VmprofTop(window, 1.0, None, LbrViews(src), "pair")
     shown: list[list[str]] = []
 
     async def script(pilot) -> None:  # noqa: ANN001
@@ -175,7 +174,7 @@ def paper_app(samples: list[LbrSample], resolve, read_code, function: str) -> Vm
                for i, s in enumerate(samples)]
     rec = perf_script.as_recording(perf_script.PerfScriptData(samples), "paper")
     src = LbrSource(samples, resolve, "paper", None, read_code=read_code)
-    return VmprofTop(ReplayWindow(Path("paper"), 5.0, rec), 1.0, None, src, function)
+    return VmprofTop(ReplayWindow(Path("paper"), 5.0, rec), 1.0, None, LbrViews(src), function)
 
 
 def test_paper_table6_in_the_block_view() -> None:
@@ -232,7 +231,7 @@ def test_block_view_follows_the_window(simulated: Path) -> None:  # noqa: F811
     window, src = lbr_window(str(simulated), None, 5.0, [], None)
     span_s = (window.t_end - window.t0) / 1e9
     window.window_s, window.step_s = span_s / 4, span_s / 12
-    app = VmprofTop(window, 0.3, None, src, "pair")
+    app = VmprofTop(window, 0.3, None, LbrViews(src), "pair")
     seen: list[tuple[tuple[int, int], dict[str, int]]] = []
 
     async def still(pilot) -> None:  # noqa: ANN001
@@ -282,7 +281,7 @@ def test_b_on_a_guest_function_row(replay_path: Path, simulated: Path) -> None: 
             await pilot.press("b")
         return script
 
-    app = VmprofTop(ReplayWindow(replay_path, 5.0), 1.0, None, None)
+    app = VmprofTop(ReplayWindow(replay_path, 5.0), 1.0, None, LbrViews(None))
 
     async def without(pilot) -> None:  # noqa: ANN001
         await to_functions(app)(pilot)
@@ -290,7 +289,7 @@ def test_b_on_a_guest_function_row(replay_path: Path, simulated: Path) -> None: 
         assert isinstance(app.screen, FunctionScreen)
     run(app, without)
     lbr = from_recording(load(simulated))  # LBR samples of a host process: none is the VM's
-    app = VmprofTop(ReplayWindow(replay_path, 5.0), 1.0, None, lbr)
+    app = VmprofTop(ReplayWindow(replay_path, 5.0), 1.0, None, LbrViews(lbr))
 
     async def with_lbr(pilot) -> None:  # noqa: ANN001
         await to_functions(app)(pilot)

@@ -287,6 +287,8 @@ class LiveWindow:
         self.messages: list[str] = []  # for the screen: VMs that started or stopped
         self._last_forget = time.monotonic()
         self._chunk_end: int | None = None  # where the last chunk's span ended (the next one begins there)
+        # where each chunk's LBR records go, with the processes' snapshots: the block view's (lbr/live.py)
+        self.lbr_sink: Callable[[np.ndarray, dict[int, dict]], None] | None = None
 
     @property
     def meta(self) -> dict:
@@ -329,6 +331,8 @@ class LiveWindow:
         # VMs that went away drop out of the live view as the window moves on
         self.vms = [vm.to_json() for vm in self.session.vms.values()]
         self.processes.update(chunk.processes)
+        if self.lbr_sink is not None and chunk.lbr is not None:
+            self.lbr_sink(chunk.lbr, self.processes)
         vm_of_pid = {int(vm["pid"]): vm["name"] for vm in self.vms}
         if len(chunk.samples):
             self.resolver.load_guests(vm_of_pid.values(), self.bundles(), {})

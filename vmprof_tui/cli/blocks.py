@@ -7,16 +7,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vmprof_tui.analyse.blocks import BlockReport, BlocksError, analyse
-from vmprof_tui.collect import lbr_patterns as patterns
-from vmprof_tui.record.lbr_model import BranchFilter
+from vmprof_tui.lbr import format_csv, format_json, format_table, patterns
+from vmprof_tui.lbr.blocks import BlockReport, BlocksError, analyse
+from vmprof_tui.lbr.model import BranchFilter
+from vmprof_tui.lbr.perf_script import PerfScriptError, build_resolvers, make_resolve_pid, notes_of, read
+from vmprof_tui.lbr.recording import samples_of_recording, simulated_note
 from vmprof_tui.record.recording import RecordingError, load
 from vmprof_tui.resolve.elfcode import ImageCache
-from vmprof_tui.resolve.lbr_recording import samples_of_recording, simulated_note
-from vmprof_tui.resolve.perf_script import PerfScriptError, build_resolvers, make_resolve_pid, notes_of, read
-from vmprof_tui.show.formats import blocks_csv as format_csv
-from vmprof_tui.show.formats import blocks_json as format_json
-from vmprof_tui.show.formats import blocks_table as format_table
 
 HELP = "time the instruction blocks before each sample from LBR records and measured CPI"
 EXAMPLES = """examples:
@@ -81,7 +78,7 @@ def run_blocks_from_perf_script(path: str, function: str | None, fmt: str = "tab
 def run(args: argparse.Namespace) -> int:
     """The `vmprof blocks` command: 0 success, 1 runtime failure, 2 bad usage."""
     if args.check:
-        from vmprof_tui.collect.lbr_capability import detect
+        from vmprof_tui.lbr.capability import detect
 
         flt = FILTERS.get(args.branch_filter, BranchFilter.CALL | BranchFilter.RETURN)
         caps = detect(flt)

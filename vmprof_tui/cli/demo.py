@@ -163,16 +163,17 @@ LBR_REFRESHES = 30  # the replay's window moves over the recording in this many 
 
 def run_lbr(args: argparse.Namespace) -> int:
     """`vmprof demo --scenario lbr`: programs/lbr_demo.c single-stepped into a simulated LBR recording
-    (collect/lbr_simulate.py), then replayed into the block view of hash_step.  Single-stepping is far too slow
+    (lbr/simulate.py), then replayed into the block view of hash_step.  Single-stepping is far too slow
     to feed the screen live (docs/demo.md): the recording is made first, and its simulated millisecond is
     replayed over LBR_REFRESHES refreshes."""
     import tempfile
     from pathlib import Path
 
     from vmprof_tui.cli.top import lbr_window
-    from vmprof_tui.collect import lbr_simulate
-    from vmprof_tui.collect.lbr_patterns import get
     from vmprof_tui.demo.builds import BuildError, lbr_demo_path
+    from vmprof_tui.lbr import simulate as lbr_simulate
+    from vmprof_tui.lbr.patterns import get
+    from vmprof_tui.lbr.screen import LbrViews
     from vmprof_tui.show.tui import VmprofTop
 
     try:
@@ -197,11 +198,11 @@ def run_lbr(args: argparse.Namespace) -> int:
         window, source = lbr_window(str(rec), None, span_s / 5, [], None)
         window.step_s = span_s / LBR_REFRESHES  # simulated time: a refresh moves the window by a 30th of the run
         if args.no_tui or not sys.stdout.isatty():
-            from vmprof_tui.show.formats import blocks_table
+            from vmprof_tui.lbr import format_table as blocks_table
 
             print(run.summary())
             print(blocks_table.render(source.report(None, None), LBR_FUNCTION, 0))
             return 0
-        VmprofTop(window, 1.0, stop_on_signals(), source, LBR_FUNCTION).run()
+        VmprofTop(window, 1.0, stop_on_signals(), LbrViews(source), LBR_FUNCTION).run()
     print(run.summary())
     return 0

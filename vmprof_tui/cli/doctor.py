@@ -10,7 +10,7 @@ from pathlib import Path
 from vmprof_tui.collect import backends
 from vmprof_tui.collect import bpf as collect
 from vmprof_tui.collect.btf import BTF_DIR
-from vmprof_tui.collect.lbr_capability import LBR_DEPTH_FILE
+from vmprof_tui.lbr.capability import LBR_DEPTH_FILE
 
 
 @dataclass

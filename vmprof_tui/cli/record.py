@@ -125,8 +125,8 @@ def parse_call_graph(text: str | None) -> tuple[str, int]:
 def run(args: argparse.Namespace) -> int:
     from vmprof_tui.collect.backends import BackendError
     from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, CollectError
-    from vmprof_tui.collect.lbr import LbrConfig
     from vmprof_tui.collect.session import CollectionSession, SessionError
+    from vmprof_tui.lbr.collector import LbrCollector, LbrConfig
     from vmprof_tui.record.recorder import Progress, Recorder
     from vmprof_tui.record.recording import RecordingError
 
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     try:
-        lbr = LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0) if args.lbr else None
+        lbr = LbrCollector(LbrConfig.named(args.lbr, period=args.lbr_period, pid=args.pid or 0)) if args.lbr else None
         session = CollectionSession(args.frequency, vm_names=args.vm, pid=args.pid, lbr=lbr, stacks=args.stacks,
                                     stack_map_entries=args.stack_map_entries or HOST_STACK_ENTRIES,
                                     event=args.event or "", call_graph=call_graph,
@@ -202,9 +202,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace, command: list[str]) -> int:
-    """`vmprof record --lbr=simulate[:PATTERN] -- COMMAND`: collect/lbr_simulate.py."""
-    from vmprof_tui.collect import lbr_simulate
-    from vmprof_tui.collect.lbr_patterns import get
+    """`vmprof record --lbr=simulate[:PATTERN] -- COMMAND`: lbr/simulate.py."""
+    from vmprof_tui.lbr import simulate as lbr_simulate
+    from vmprof_tui.lbr.patterns import get
     from vmprof_tui.record.recording import RecordingError
 
     if not command:

@@ -13,7 +13,7 @@ import numpy as np
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import row_ratios, whole_rows
 from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, no_vm, write_output
-from vmprof_tui.resolve.lbr_recording import simulated_note
+from vmprof_tui.lbr.recording import simulated_note
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
 from vmprof_tui.show.text import MIN_WIDTH, report_width

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vmprof_tui.cli.common import Failure, Usage, frequency, stop_on_signals
 
@@ -26,7 +27,15 @@ EXAMPLES = """examples:
   vmprof top --replay sim.vmprof --blocks pair
                                   LBR blocks of a function (b on a function row)
   vmprof top --perf-script prog.txt --object ./prog --blocks hot
-                                  the same for `perf record -b` data"""
+                                  the same for `perf record -b` data
+  vmprof top --lbr=simulate --blocks hash_step -- ./prog
+                                  live LBR blocks of a single-stepped
+                                  command (any host; --lbr on a PMU host)"""
+if TYPE_CHECKING:
+    from vmprof_tui.collect.session import BranchCollector
+    from vmprof_tui.lbr.live import LiveLbr
+
+SIMULATE_PERIOD = 10_000  # cost-model cycles between simulated LBR samples: a few a second single-stepped
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,15 +65,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --perf-script: object file to resolve addresses with (repeatable)")
     p.add_argument("--freq-mhz", type=float, default=None, metavar="MHZ",
                    help="CPU frequency, for block times in ns (default: cycles)")
+    p.add_argument("--lbr", nargs="?", const="type4", default=None, metavar="PATTERN",
+                   help="live LBR for the block view (b): on a host with a PMU and LBR the pattern's branch records "
+                        "with cycles and instructions (type1..type4 or any, default type4); simulate[:PATTERN] "
+                        "needs -- COMMAND and works anywhere: COMMAND is single-stepped (slow: bounded by "
+                        "--lbr-max-instructions) and sampled as a PMU host would, marked SIMULATED (docs/lbr.md)")
+    p.add_argument("--lbr-period", type=int, default=None, metavar="CYCLES",
+                   help=f"cycles between LBR samples (default 1000003; simulated: {SIMULATE_PERIOD:,})")
+    p.add_argument("--lbr-depth", type=int, default=16, metavar="N", help="with --lbr=simulate: LBR entries")
+    p.add_argument("--lbr-max-instructions", type=int, default=2_000_000, metavar="N",
+                   help="with --lbr=simulate: stop the command after N instructions (the screen stays)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="with --lbr=simulate: the command single-stepped")
 
 
 def lbr_window(replay: str | None, perf_script: str | None, window_s: float, objects: list[str],
                freq_hz: float | None) -> tuple[object, object | None]:
     """(ReplayWindow, LbrSource or None) of a recording or of `perf script` text."""
-    from vmprof_tui.analyse import lbr_source
     from vmprof_tui.analyse.window import ReplayWindow
+    from vmprof_tui.lbr import source as lbr_source
+    from vmprof_tui.lbr.perf_script import PerfScriptError, as_recording
     from vmprof_tui.record.recording import RecordingError
-    from vmprof_tui.resolve.perf_script import PerfScriptError, as_recording
 
     try:
         if perf_script:
@@ -76,12 +97,44 @@ def lbr_window(replay: str | None, perf_script: str | None, window_s: float, obj
         raise Failure(str(e)) from None
 
 
+def live_lbr(spec: str, period: int | None, depth: int, max_instructions: int, command: list[str],
+             freq_hz: float | None) -> tuple[BranchCollector, LiveLbr]:
+    """(the collector the session takes, the block view's source it feeds) of `top --lbr[=simulate] [-- CMD]`."""
+    from vmprof_tui.lbr.collector import LbrCollector, LbrConfig
+    from vmprof_tui.lbr.live import LiveLbr
+    from vmprof_tui.lbr.patterns import get
+    from vmprof_tui.lbr.recording import simulated_note
+    from vmprof_tui.lbr.simulated_collector import SimulatedCollector
+
+    kind, _, name = spec.partition(":")
+    simulated = kind == "simulate"
+    if simulated and not command:
+        raise Usage("--lbr=simulate needs a command to single-step: vmprof top --lbr=simulate -- CMD")
+    if command and not simulated:
+        raise Usage("a command goes with --lbr=simulate: vmprof top samples the whole host")
+    if period is not None and period < 1 or not 1 <= depth <= 256 or max_instructions < 1:
+        raise Usage("--lbr-period and --lbr-max-instructions must be at least 1, --lbr-depth 1..256")
+    try:
+        pattern = get((name if simulated else kind) or "type4")
+    except ValueError as e:
+        raise Usage(f"--lbr={spec}: {e}") from None
+    if not simulated:
+        collector = LbrCollector(LbrConfig(pattern, period=period or 1_000_003))
+        return collector, LiveLbr("LBR of this host", freq_hz)
+    sim = SimulatedCollector(command, pattern.with_options(info=True), period or SIMULATE_PERIOD, depth,
+                             max_instructions)
+    return sim, LiveLbr("SIMULATED LBR (single-step truth)", freq_hz, lambda: simulated_note({"lbr": sim.meta()}))
+
+
 def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: float,
             should_stop: Callable[[], bool] | None = None, stacks: bool = False, host_counts: bool = False,
             blocks: str | None = None, perf_script: str | None = None, objects: list[str] | None = None,
-            freq_hz: float | None = None, call_graph: tuple[str, int] | None = None) -> None:
-    from vmprof_tui.analyse.lbr_source import NO_LBR
+            freq_hz: float | None = None, call_graph: tuple[str, int] | None = None,
+            lbr_live: tuple[BranchCollector, LiveLbr] | None = None) -> None:
+    """The live screen on a recording, `perf script` text, or this host (lbr_live: live_lbr's pair)."""
     from vmprof_tui.analyse.window import LiveWindow
+    from vmprof_tui.lbr.screen import LbrViews
+    from vmprof_tui.lbr.source import NO_LBR
     from vmprof_tui.show.tui import VmprofTop
 
     lbr = None
@@ -93,17 +146,21 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         from vmprof_tui.cli.record import parse_call_graph
         from vmprof_tui.collect.backends import BackendError
         from vmprof_tui.collect.bpf import CollectError
-        from vmprof_tui.collect.session import CollectionSession
+        from vmprof_tui.collect.session import CollectionSession, SessionError
 
         mode, copy_bytes = call_graph or parse_call_graph(None)
+        collector, lbr = lbr_live if lbr_live is not None else (None, None)
         try:  # checks privileges, BTF and KVM here; BPF loads in the app
             window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks, host_counts=host_counts,
-                                                  call_graph=mode, stack_copy_bytes=copy_bytes),
+                                                  call_graph=mode, stack_copy_bytes=copy_bytes,
+                                                  lbr=collector),
                                 window_s)
-        except (BackendError, CollectError) as e:
+        except (BackendError, CollectError, SessionError) as e:
             raise Failure(str(e)) from None
+        if lbr is not None:
+            window.lbr_sink = lbr.take
     try:
-        VmprofTop(window, refresh_s, should_stop, lbr, blocks).run()
+        VmprofTop(window, refresh_s, should_stop, LbrViews(lbr), blocks).run()
     finally:
         window.close()
 
@@ -122,8 +179,15 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("give either --replay REC or --perf-script FILE, not both")
     if args.object and not args.perf_script:
         raise Usage("--object goes with --perf-script")
-    if args.blocks and not (args.replay or args.perf_script):
-        from vmprof_tui.analyse.lbr_source import NO_LBR
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.lbr and (args.replay or args.perf_script or args.store):
+        raise Usage("--lbr samples this host live: leave out --replay, --perf-script and --store")
+    if command and not args.lbr:
+        raise Usage("a command goes with --lbr=simulate: vmprof top --lbr=simulate -- CMD")
+    lbr_live = live_lbr(args.lbr, args.lbr_period, args.lbr_depth, args.lbr_max_instructions, command,
+                        args.freq_mhz * 1e6 if args.freq_mhz else None) if args.lbr else None
+    if args.blocks and not (args.replay or args.perf_script or args.lbr):
+        from vmprof_tui.lbr.source import NO_LBR
 
         raise Usage(f"--blocks needs LBR data: {NO_LBR}")
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
@@ -151,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
                   "(`vmprof demo` starts demo VMs)", file=sys.stderr)
     run_top(args.replay, args.frequency, args.window, args.refresh, stop_on_signals(), args.stacks, counted,
             args.blocks, args.perf_script, args.object, args.freq_mhz * 1e6 if args.freq_mhz else None,
-            call_graph)
+            call_graph, lbr_live)
     return 0
 
 

@@ -1,7 +1,7 @@
 """One collection session: every consumer (`record`, `top`, the continuous agent) gets its data here.
 
 **sample** → record: the session checks privileges, loads the hypervisor backend and the BPF
-programs (and the LBR collector with `--lbr`), finds VMs and registers their vCPU threads with the
+programs (and starts the LBR collector it was given with `--lbr`), finds VMs and registers their vCPU threads with the
 sched program, snapshots every newly sampled host process, and hands out what each drain brought
 as a ``Chunk``.  A consumer only decides what to do with chunks: `record` writes them to a file,
 the live screen keeps a sliding window of them.
@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -25,8 +26,6 @@ from vmprof_tui import __version__
 from vmprof_tui.collect import discover
 from vmprof_tui.collect.backends import Backend, load_backend
 from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, Collector, check_privileges
-from vmprof_tui.collect.lbr import LbrCollector, LbrConfig, LbrUnsupported
-from vmprof_tui.collect.lbr_capability import detect
 from vmprof_tui.record.records import SAMPLE_DTYPE, STACK_COPY_BYTES, stack_rows
 from vmprof_tui.resolve.elf import read_build_id, read_elf_symbols_uncached
 from vmprof_tui.resolve.object_table import encode_object_table
@@ -40,6 +39,46 @@ EXEC_RECHECK_S = 3.0
 
 class SessionError(RuntimeError):
     """Collection cannot start as asked (one line for the user)."""
+
+
+class BranchCollectorError(RuntimeError):
+    """A branch collector cannot collect here: one line saying why and what to do instead."""
+
+
+class BranchCollector(Protocol):
+    """An LBR collector as the session drives it; its caller makes it: on a host with a PMU lbr/collector.py's
+    (hardware cycles, instructions and branch stacks), anywhere lbr/simulate.py's (a single-stepped command)."""
+
+    nr: int  # entries per record (known once started)
+
+    @property
+    def fields(self) -> int:
+        """Which parts of an entry the records hold (lbr.model.Fields)."""
+
+    def check(self) -> None:
+        """Raise BranchCollectorError when this host cannot collect, before anything is loaded."""
+
+    def start(self) -> None:
+        """Start collecting (BranchCollectorError when it cannot)."""
+
+    def poll(self) -> np.ndarray:
+        """The raw LBR records (lbr.records.record_dtype) since the last poll, and forget them."""
+
+    def host_samples(self) -> np.ndarray:
+        """SAMPLE_DTYPE rows of its own since the last poll: a single-stepped program's, which no timer sees at
+        work (empty on a PMU host, where the BPF sampler sees the same code)."""
+
+    def stats(self) -> dict[str, int]:
+        """Its counters (samples, drops, errors), for the lost counters."""
+
+    def disable(self) -> None:
+        """Stop sampling, what was collected still readable: stats() are final after it."""
+
+    def stop(self) -> None:
+        """Release everything."""
+
+    def meta(self) -> dict:
+        """The recording's meta["lbr"]: what collected and how."""
 
 
 @dataclass
@@ -103,7 +142,7 @@ class CollectionSession:
     """The BPF programs on every CPU, the VMs on this host, and the processes sampled so far."""
 
     def __init__(self, frequency: int = 1000, *, vm_names: Iterable[str] = (), pid: int | None = None,
-                 lbr: LbrConfig | None = None, build_ids: bool = True, backend: Backend | None = None,
+                 lbr: BranchCollector | None = None, build_ids: bool = True, backend: Backend | None = None,
                  stacks: bool = False, stack_map_entries: int = HOST_STACK_ENTRIES, host_counts: bool = False,
                  event: str = "", call_graph: str = "fp", stack_copy_bytes: int = STACK_COPY_BYTES) -> None:
         check_privileges()  # before anything else, so the user hears the real reason
@@ -115,12 +154,13 @@ class CollectionSession:
         self.collector = Collector(self.backend, frequency=frequency, event=event, stacks=stacks,
                                    stack_map_entries=stack_map_entries, host_counts=host_counts,
                                    call_graph=call_graph, stack_copy_bytes=stack_copy_bytes)
-        self.lbr = LbrCollector(lbr) if lbr is not None else None
+        self.lbr = lbr
         self.vmm_exits: dict[str, dict[str, int]] = {}  # returns of KVM_RUN to the VMM by thread, at the end
-        if lbr is not None and not lbr.standin:
-            caps = detect(lbr.effective.branch_filter)
-            if not caps.ok:
-                raise SessionError(f"--lbr: {caps.message}")
+        if lbr is not None:
+            try:
+                lbr.check()
+            except BranchCollectorError as e:
+                raise SessionError(f"--lbr: {e}") from None
         self.vms: dict[int, discover.VmInfo] = {}  # running now, by VMM pid
         self.vms_seen: dict[int, discover.VmInfo] = {}  # every VM of the session
         self.pids_seen: set[int] = set()
@@ -148,7 +188,7 @@ class CollectionSession:
         if self.lbr is not None:
             try:
                 self.lbr.start()
-            except LbrUnsupported as e:
+            except BranchCollectorError as e:
                 self.collector.close()
                 raise SessionError(f"--lbr: {e}") from None
         self.started_at = time.monotonic()
@@ -174,8 +214,7 @@ class CollectionSession:
                 "call_graph": self.collector.call_graph if self.collector.stacks else None,
                 "stack_copy_bytes": self.collector.stack_copy_bytes if self.collector.copies else None,
                 "filters": {"vm": self.vm_names, "pid": self.pid},
-                "lbr": None if self.lbr is None else {"pattern": self.lbr.config.pattern.name,
-                                                      "standin": self.lbr.config.standin}}
+                "lbr": None if self.lbr is None else self.lbr.meta()}
 
     def _discover(self) -> None:
         self._last_discover = time.monotonic()
@@ -206,10 +245,13 @@ class CollectionSession:
 
     def poll(self, discover_every_s: float = DISCOVER_S) -> Chunk:
         """Everything recorded since the last poll (the caller polls on its own timer)."""
-        lbr = self.lbr.poll(0) if self.lbr is not None else None
+        lbr = self.lbr.poll() if self.lbr is not None else None
+        own = self.lbr.host_samples() if self.lbr is not None else None
         # the records drained cover the session up to here (discovery and snapshots below take a while)
         elapsed_s = time.monotonic() - self.started_at
         drained = self.collector.drain()
+        if own is not None and len(own):
+            drained.samples = np.concatenate([drained.samples, own])
         if time.monotonic() - self._last_discover >= discover_every_s:
             self._discover()
         samples = self._keep(drained.samples) if len(drained.samples) else np.empty(0, SAMPLE_DTYPE)

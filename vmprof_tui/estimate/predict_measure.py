@@ -139,7 +139,7 @@ class SyscallCounter:
 
 def open_instructions_counter(pid: int) -> int:
     """A user-mode `instructions` counter on `pid`, inherited by its children, enabled at its exec."""
-    from vmprof_tui.collect import lbr_capability as cap
+    from vmprof_tui.collect import perf_event as cap
 
     attr = cap.make_attr(cap.PERF_COUNT_HW_INSTRUCTIONS, user_only=True, disabled=True)
     attr.flags |= (1 << 1) | (1 << 12)  # inherit, enable_on_exec
@@ -148,7 +148,7 @@ def open_instructions_counter(pid: int) -> int:
 
 
 def pmu_instructions_available() -> bool:
-    from vmprof_tui.collect import lbr_capability as cap
+    from vmprof_tui.collect import perf_event as cap
 
     try:
         fd = cap.perf_event_open(cap.make_attr(cap.PERF_COUNT_HW_INSTRUCTIONS), pid=0, cpu=-1)

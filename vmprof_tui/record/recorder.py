@@ -112,7 +112,7 @@ class Recorder:
     def _write(self, chunk: Chunk, first: bool = False) -> None:
         w, session = self.writer, self.session
         if chunk.lbr is not None and len(chunk.lbr):
-            w.add_lbr(chunk.lbr, session.lbr.nr, int(session.lbr.config.effective.fields))
+            w.add_lbr(chunk.lbr, session.lbr.nr, session.lbr.fields)
         w.add(chunk.samples, chunk.sched, chunk.stacks, chunk.host_stacks, chunk.ustacks)
         for vm in chunk.new_vms:
             if vm.bundle and Path(vm.bundle, "bundle.json").exists():

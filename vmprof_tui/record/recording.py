@@ -185,7 +185,7 @@ def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None
 
 
 def _decode_lbr(payload: bytes) -> np.ndarray:
-    from vmprof_tui.record.lbr_records import record_dtype
+    from vmprof_tui.lbr.records import record_dtype
 
     header, raw = _unpack_rows(payload, lambda h: record_dtype(int(h["nr"]), int(h["fields"])).itemsize,
                                "an LBR chunk")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmprof_tui.record.lbr_model import ResolvedAddr
+from vmprof_tui.lbr.model import ResolvedAddr
 from vmprof_tui.resolve.elf import ElfError, Segment, elf_symbols_from_bytes
 from vmprof_tui.resolve.untrusted import DEFAULT_LIMITS
 

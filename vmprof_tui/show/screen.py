@@ -5,10 +5,11 @@ none imports another: they open each other by name through the app (tui.VmprofTo
 from __future__ import annotations
 
 from collections import Counter
+from typing import Protocol
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
@@ -21,6 +22,7 @@ from vmprof_tui.show.live_table import LiveTable
 SCROLLBAR = 2  # the columns a table's vertical scrollbar takes
 HOST_KEY = "(host)"
 NO_STACKS = "no call stacks in this window: start vmprof top with -g (or replay a recording made with -g)"
+NO_BLOCKS = "no LBR block view in this session: start vmprof top with LBR data (docs/lbr.md)"
 
 
 def cell(value: object) -> Text:
@@ -208,8 +210,20 @@ class VmKeys:
             self.app.open_view("timeline", self.vm)  # type: ignore[attr-defined]
 
 
+class BlockViews(Protocol):
+    """The LBR wing's block view as the live screen opens it (lbr/screen.py: LbrViews); `vmprof top` hands it to
+    the app, which knows no more of LBR."""
+
+    @property
+    def has_data(self) -> bool:
+        """Whether there are LBR samples to show (they come without VMs)."""
+
+    def open(self, app: App, function: str, vm: str | None) -> None:
+        """`b` on a function row: its blocks, or one line saying why there are none and what to do."""
+
+
 class BlockKeys:
-    """`b` on a function row: that function's LBR blocks (show/blocks_screen.py)."""
+    """`b` on a function row: that function's LBR blocks (the app's BlockViews)."""
 
     BINDINGS = [Binding("b", "blocks", "blocks")]
 

@@ -17,7 +17,6 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from vmprof_tui.analyse.source import ProfileSource, Window
-from vmprof_tui.show.blocks_screen import open_blocks
 from vmprof_tui.show.callers_screen import CallersScreen
 from vmprof_tui.show.dialogs import HelpScreen
 from vmprof_tui.show.flame_screen import FlameScreen
@@ -25,7 +24,7 @@ from vmprof_tui.show.function_screen import FunctionScreen
 from vmprof_tui.show.host_screen import HostScreen
 from vmprof_tui.show.overview_screen import OverviewScreen
 from vmprof_tui.show.process_screen import ProcessScreen
-from vmprof_tui.show.screen import HOST_KEY, TableScreen, View
+from vmprof_tui.show.screen import HOST_KEY, NO_BLOCKS, BlockViews, TableScreen, View
 from vmprof_tui.show.steal_screen import StealScreen
 from vmprof_tui.show.timeline_screen import TimelineScreen
 from vmprof_tui.show.vm_screen import VmScreen
@@ -49,10 +48,10 @@ class VmprofTop(App):
                 Binding("right_square_bracket", "longer", show=False)]
 
     def __init__(self, window: Window, refresh_s: float = 1.0, should_stop: Callable[[], bool] | None = None,
-                 lbr: object | None = None, blocks: str | None = None) -> None:
+                 lbr: BlockViews | None = None, blocks: str | None = None) -> None:
         super().__init__()
         self.window = window  # analyse.window.LiveWindow or ReplayWindow
-        self.lbr, self.blocks = lbr, blocks  # analyse.lbr_source.LbrSource; a function whose blocks open first
+        self.lbr, self.blocks = lbr, blocks  # the block view (lbr/screen.py); a function whose blocks open first
         self.should_stop = should_stop or (lambda: False)
         self.refresh_s = refresh_s
         self.paused = False
@@ -69,8 +68,15 @@ class VmprofTop(App):
         self.push_screen(VIEWS[name](*args))
 
     def open_blocks(self, function: str | None, vm: str | None) -> None:
-        """The LBR block view of a function (show/blocks_screen.py)."""
-        open_blocks(self, function, vm)
+        """The LBR block view of a function (`b`), or one line saying there is none."""
+        if not function:
+            return
+        if self.lbr is None:
+            self.message = NO_BLOCKS
+            self.notify(NO_BLOCKS, severity="warning", timeout=8)
+            self._refresh_status()
+            return
+        self.lbr.open(self, function, vm)
 
     def on_mount(self) -> None:
         self.sub_title = "live" if self.window.live else "replay"
@@ -176,7 +182,7 @@ class VmprofTop(App):
         damage = self.window.damage
         if damage:
             parts.append(damage)
-        if not an.vm_names() and self.lbr is None:  # (LBR data come without VMs)
+        if not an.vm_names() and not (self.lbr is not None and self.lbr.has_data):  # (LBR data come without VMs)
             parts.append("no VM on this host — try `vmprof demo`" if self.window.live else
                          "no readable VM in this recording" if damage else "no VM in this recording")
         if self.message:

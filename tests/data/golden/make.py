@@ -54,15 +54,15 @@ COMMANDS = {
 def record() -> None:
     from conftest import record_scenario
 
-    from vmprof_tui.collect.lbr import LbrConfig
     from vmprof_tui.collect.session import CollectionSession
+    from vmprof_tui.lbr.collector import LbrCollector, LbrConfig
     from vmprof_tui.record.recorder import Recorder
 
     rec = record_scenario(HERE, "steal3", 2.0)
     Path(rec.rec.path).rename(HERE / "steal3.vmprof")
     stop = threading.Event()
-    r = Recorder(HERE / "lbr.vmprof", CollectionSession(100, lbr=LbrConfig.named("type4", standin=True,
-                                                                               period=1_000_000)))
+    r = Recorder(HERE / "lbr.vmprof", CollectionSession(100, lbr=LbrCollector(LbrConfig.named(
+        "type4", standin=True, period=1_000_000))))
     t = threading.Thread(target=r.run, args=(0.6, stop.is_set))
     t.start()
     t.join(60)

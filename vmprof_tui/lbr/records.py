@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vmprof_tui.record.lbr_model import (
+from vmprof_tui.lbr.model import (
     INFO_CYCLES_MASK,
     INFO_CYCLES_SHIFT,
     BranchFilter,

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmprof_tui.analyse.disasm import KIND_NAMES, CodeCache
-from vmprof_tui.analyse.lbr_reconstruct import reconstruct
-from vmprof_tui.record.lbr_model import (
+from vmprof_tui.lbr.disasm import KIND_NAMES, CodeCache
+from vmprof_tui.lbr.model import (
     LBR_CYCLES_SATURATED,
     CodeReader,
     Fields,
@@ -34,6 +33,7 @@ from vmprof_tui.record.lbr_model import (
     Resolve,
     ResolvedAddr,
 )
+from vmprof_tui.lbr.reconstruct import reconstruct
 from vmprof_tui.resolve.elfcode import ImageCache
 
 

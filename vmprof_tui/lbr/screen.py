@@ -1,7 +1,7 @@
 """The block view of `vmprof top` (`b` on a function row, or `vmprof top --blocks FUNCTION`): the
 function's LBR blocks in the window with their measured-CPI times, and, on Enter, one block's
 disassembly and the call/return chain of a sample through it.  The numbers are the window's block
-analysis (analyse/lbr_source.py); this module only draws them.
+analysis (lbr/source.py); this module only draws them.
 """
 
 from __future__ import annotations
@@ -14,37 +14,42 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Static
 
-from vmprof_tui.analyse.lbr_source import NO_LBR, FunctionBlocks, LbrSource, chain_of
 from vmprof_tui.analyse.source import ProfileSource
+from vmprof_tui.lbr.source import NO_LBR, FunctionBlocks, LbrSource, chain_of
 from vmprof_tui.show.live_table import LiveTable
 from vmprof_tui.show.screen import DrawingScreen, TableScreen
 
 
-def open_blocks(app: App, function: str | None, vm: str | None) -> None:
-    """`b`: the block view of `function`, or one line saying there is no LBR data and what to do."""
-    if not function:
-        return
-    if getattr(app, "lbr", None) is None:
-        app.message = NO_LBR  # type: ignore[attr-defined]
-        app.notify(NO_LBR, severity="warning", timeout=8)
-        app._refresh_status()  # type: ignore[attr-defined]
-        return
-    app.push_screen(BlocksScreen(function, vm))
+class LbrViews:
+    """The block view as `vmprof top` hands it to the app (show.screen.BlockViews), on the session's LBR
+    samples (None: there are none, and `b` says so in one line with what to do)."""
+
+    def __init__(self, source: LbrSource | None) -> None:
+        self.source = source
+
+    @property
+    def has_data(self) -> bool:
+        return self.source is not None
+
+    def open(self, app: App, function: str, vm: str | None) -> None:
+        if self.source is None:
+            app.message = NO_LBR  # type: ignore[attr-defined]
+            app.notify(NO_LBR, severity="warning", timeout=8)
+            app._refresh_status()  # type: ignore[attr-defined]
+            return
+        app.push_screen(BlocksScreen(self.source, function, vm))
 
 
 class WindowBlocks:
     """The function's blocks in the screen's window, computed in the poll's worker thread (prepare)."""
 
+    source: LbrSource
     function: str
     vm: str | None
-    app: App
 
-    def blocks_of(self, an: ProfileSource) -> FunctionBlocks | None:
-        src: LbrSource | None = getattr(self.app, "lbr", None)
-        if src is None:
-            return None
+    def blocks_of(self, an: ProfileSource) -> FunctionBlocks:
         lo, hi = an.window()
-        return src.function_blocks(src.report(lo, hi, self.vm), self.function, self.vm)
+        return self.source.function_blocks(self.source.report(lo, hi, self.vm), self.function, self.vm)
 
 
 def _time(x: float | None) -> float | str:
@@ -57,9 +62,9 @@ class BlocksScreen(WindowBlocks, TableScreen):
     columns = ("block", " instr", " n", " CPI", " mean", " p50", " p90", " p99", " LBR", " exact", " total")
     default_sort = " total"
 
-    def __init__(self, function: str, vm: str | None = None) -> None:
+    def __init__(self, source: LbrSource, function: str, vm: str | None = None) -> None:
         super().__init__()
-        self.function, self.vm = function, vm
+        self.source, self.function, self.vm = source, function, vm
         self.data: FunctionBlocks | None = None
         self._data_of: ProfileSource | None = None
 
@@ -97,7 +102,7 @@ class BlocksScreen(WindowBlocks, TableScreen):
         fb = self.current(an)
         if fb is None:
             return []
-        out, freq = [], self.app.lbr.freq_hz or 1.0
+        out, freq = [], self.source.freq_hz or 1.0
         for r in fb.rows:
             st, stats = r.stat, r.stat.ns if fb.unit == "ns" else r.stat.cycles
             lbr = st.lbr_cycles["mean"] if st.lbr_cycles else None
@@ -124,7 +129,7 @@ class BlocksScreen(WindowBlocks, TableScreen):
 
     def drill(self, key: str | None) -> None:
         if key:
-            self.app.push_screen(BlockScreen(self.function, self.vm, key))
+            self.app.push_screen(BlockScreen(self.source, self.function, self.vm, key))
 
 
 class BlockScreen(WindowBlocks, DrawingScreen):
@@ -134,9 +139,9 @@ class BlockScreen(WindowBlocks, DrawingScreen):
     drawing_id = "block"
     CONTEXT = 6  # instructions shown before and after the block
 
-    def __init__(self, function: str, vm: str | None, key: str) -> None:
+    def __init__(self, source: LbrSource, function: str, vm: str | None, key: str) -> None:
         super().__init__(vm)
-        self.function, self.key = function, key
+        self.source, self.function, self.key = source, function, key
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -149,12 +154,10 @@ class BlockScreen(WindowBlocks, DrawingScreen):
 
     def draw(self, an: ProfileSource) -> Text | str:
         fb = self.blocks_of(an)
-        if fb is None:
-            return NO_LBR
         row = fb.row(self.key)
         if row is None or fb.info is None:
             return f"block {self.key} of {self.function} is not in the window now (Esc: back)"
-        st, src = row.stat, self.app.lbr
+        st, src = row.stat, self.source
         stats = st.ns if fb.unit == "ns" else st.cycles
         text = Text(f"{self.function} {st.start:#x}-{st.end:#x}: {st.ic} instructions, {st.count} occurrences, "
                     f"CPI {row.cpi or float('nan'):.3f}, mean {stats['mean'] if stats else float('nan'):.2f} "

@@ -1,17 +1,20 @@
-"""`vmprof record --lbr=simulate`: LBR records on any machine, from the exact single-step ground truth.
+"""`--lbr=simulate`: LBR records on any machine, from the exact single-step ground truth.
 
-The command is single-stepped with ptrace (analyse/lbr_groundtruth.py: every retired user-mode
+The command is single-stepped with ptrace (lbr/groundtruth.py: every retired user-mode
 instruction, hence every taken branch, is known).  A simulated PMU then samples it as a host
 with LBR would: a sample every `period` cycles of a synthetic cost model (1-6 cycles per
 instruction, a function of the address: lbr_groundtruth.cost_model), the last `depth` branches
 the pattern's filter keeps, the running cycles and instructions counts, and the cycles a timed
 LBR would have recorded per entry.  The records have the layout the BPF collector writes
-(record/lbr_records.py), so everything downstream reads them as a PMU host's.
+(lbr/records.py), so everything downstream reads them as a PMU host's.
 
 Simulated time: one cost-model cycle is one nanosecond (a 1 GHz CPU), so `-F HZ` means a
 sample every 1e9/HZ cycles of the program's own execution.  Single-stepping is slow (docs/lbr.md
 has figures): a run is bounded by an instruction limit, by `-d` and by Ctrl-C.
 Only the traced thread is seen (a multi-threaded program's other threads run untraced).
+
+`vmprof record --lbr=simulate` traces the command to its end, then writes the recording (simulate, write);
+`vmprof top --lbr=simulate` samples it live (lbr/simulated_collector.py), with the same records.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-import vmprof_tui.analyse.lbr_groundtruth as groundtruth
-from vmprof_tui.collect.lbr_patterns import Pattern
-from vmprof_tui.collect.session import snapshot_process
+from vmprof_tui.collect.session import BranchCollectorError, snapshot_process
+from vmprof_tui.lbr import groundtruth
+from vmprof_tui.lbr.model import INFO_CYCLES_SHIFT, Fields
+from vmprof_tui.lbr.patterns import Pattern
+from vmprof_tui.lbr.records import record_dtype
 from vmprof_tui.record import recording
-from vmprof_tui.record.lbr_model import INFO_CYCLES_SHIFT, Fields
-from vmprof_tui.record.lbr_records import record_dtype
 from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
 from vmprof_tui.record.writer import Writer
 
@@ -39,7 +42,7 @@ DEFAULT_MAX_INSTRUCTIONS = 2_000_000
 BACKEND = "lbr-simulate"
 
 
-class SimulateError(RuntimeError):
+class SimulateError(BranchCollectorError):
     """The command cannot be simulated (one line for the user)."""
 
 
@@ -102,20 +105,29 @@ def simulate(command: list[str], pattern: Pattern, rate_hz: int, depth: int = 16
     total = int(sim.cum_cost[-1])
     points = np.unique(np.searchsorted(sim.cum_cost, np.arange(period, total, period, dtype=np.int64)))
     points = points[(points > 0) & (points < len(t.rips))]
+    records = sample_records(sim, points, pattern, depth)
+    records["hdr"]["time_ns"] = START_NS + sim.cum_cost[points]
+    samples = host_samples(records)
+    return SimulatedRun(list(command), pattern, depth, period, records, samples, len(t.rips), total, trace_s,
+                        t.exit_status, t.stopped, snaps)
+
+
+def sample_records(sim: groundtruth.LbrSimulator, points: np.ndarray, pattern: Pattern, depth: int, prev: int = 0,
+                   first: int = 0) -> np.ndarray:
+    """The records of the samples taken at trace steps `points` (the one before them at step `prev`, `first` the
+    index of the first), as the BPF collector writes them; their times are the caller's."""
     records = np.zeros(len(points), record_dtype(depth, pattern.fields))
     hdr = records["hdr"]
     cum = sim.cum_cost[points]
-    hdr["time_ns"] = START_NS + cum
-    hdr["ip"] = t.rips[points]
+    hdr["ip"] = sim.trace.rips[points]
     hdr["cycles"] = hdr["cycles_enabled"] = hdr["cycles_running"] = cum  # running totals, as the counters read
     hdr["instructions"] = hdr["instructions_enabled"] = hdr["instructions_running"] = points
-    hdr["pid"] = hdr["tid"] = t.pid
+    hdr["pid"] = hdr["tid"] = sim.trace.pid
     hdr["fields"] = int(pattern.fields)
     hdr["filter"] = int(pattern.branch_filter)
     timed = bool(pattern.fields & Fields.INFO)
-    prev = 0
     for k, at in enumerate(points.tolist()):
-        s, _ = sim.sample(at, prev, pattern.fields, timed, k)
+        s, _ = sim.sample(at, prev, pattern.fields, timed, first + k)
         prev = at
         nr = s.nr
         hdr["nr"][k] = nr
@@ -126,13 +138,20 @@ def simulate(command: list[str], pattern: Pattern, rate_hz: int, depth: int = 16
             records["to"][k][:nr] = s.to[::-1]
         if timed and s.lbr_cycles is not None:
             records["info"][k][:nr] = s.lbr_cycles[::-1].astype(np.uint64) << np.uint64(INFO_CYCLES_SHIFT)
-    samples = np.zeros(len(points), SAMPLE_DTYPE)
+    return records
+
+
+def host_samples(records: np.ndarray) -> np.ndarray:
+    """One host sample at each LBR sample: the function rows of `report` and `top` (no timer sees a single-stepped
+    program at work)."""
+    hdr = records["hdr"]
+    samples = np.zeros(len(records), SAMPLE_DTYPE)
     samples["time_ns"] = hdr["time_ns"]
     samples["host_ip"] = hdr["ip"]
-    samples["pid"] = samples["tid"] = t.pid
+    samples["pid"] = hdr["pid"]
+    samples["tid"] = hdr["tid"]
     samples["stack_id"] = -1
-    return SimulatedRun(list(command), pattern, depth, period, records, samples, len(t.rips), total, trace_s,
-                        t.exit_status, t.stopped, snaps)
+    return samples
 
 
 def write(path: Path, run: SimulatedRun, frequency: int, keep_old: bool = False) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.record.lbr_model import LbrSample, Resolve, ResolvedAddr
-from vmprof_tui.record.lbr_records import to_samples
+from vmprof_tui.lbr.model import LbrSample, Resolve, ResolvedAddr
+from vmprof_tui.lbr.records import to_samples
 from vmprof_tui.record.recording import Recording, RecordingError, load
 from vmprof_tui.resolve.spaces import ObjectCache, parse_proc_maps
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from vmprof_tui.analyse.blocks import STATUS_NAMES, BlockReport
+from vmprof_tui.lbr.blocks import STATUS_NAMES, BlockReport
 
 
 def _num(x: float | int | None) -> float | int | None:

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from vmprof_tui.collect import lbr_capability as capability
-from vmprof_tui.collect.lbr_patterns import DEFAULT_PATTERN, Pattern, get
-from vmprof_tui.record.lbr_records import decode, record_dtype
+from vmprof_tui.collect import perf_event as pe
+from vmprof_tui.collect.session import BranchCollectorError
+from vmprof_tui.lbr import capability
+from vmprof_tui.lbr.patterns import DEFAULT_PATTERN, Pattern, get
+from vmprof_tui.lbr.records import decode, record_dtype
+from vmprof_tui.record.records import SAMPLE_DTYPE
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "lbr.bpf.c"
@@ -33,7 +36,7 @@ PERF_EVENT_IOC_SET_BPF = 0x40042408
 PERF_IOC_FLAG_GROUP = 1
 
 
-class LbrUnsupported(RuntimeError):
+class LbrUnsupported(BranchCollectorError):
     """This host cannot collect LBR samples; the message says why and what to do instead."""
 
 
@@ -78,6 +81,8 @@ def compile_bpf(nr: int, pattern: Pattern, ring_pages: int = 8, load: bool = Tru
 
 
 class LbrCollector:
+    """A collect.session.BranchCollector on a host with a PMU and LBR."""
+
     def __init__(self, config: LbrConfig) -> None:
         self.config = config
         self.caps: capability.Capability | None = None
@@ -86,6 +91,24 @@ class LbrCollector:
         self._leaders: list[int] = []
         self._chunks: list[bytes] = []
         self.nr = 0
+
+    @property
+    def fields(self) -> int:
+        return int(self.config.effective.fields)
+
+    def check(self) -> None:
+        """The capability probe, before the session loads anything (the software stand-in needs no PMU)."""
+        if not self.config.standin:
+            caps = capability.detect(self.config.effective.branch_filter)
+            if not caps.ok:
+                raise LbrUnsupported(caps.message)
+
+    def meta(self) -> dict:
+        return {"pattern": self.config.pattern.name, "standin": self.config.standin}
+
+    def host_samples(self) -> np.ndarray:
+        """None of its own: the BPF sampler sees the code the PMU samples."""
+        return np.empty(0, SAMPLE_DTYPE)
 
     def start(self) -> None:
         pat = self.config.effective
@@ -111,17 +134,17 @@ class LbrCollector:
 
         b["lbr_events"].open_ring_buffer(on_record)
         user_only = not self.config.kernel and not standin
-        kind = capability.PERF_TYPE_SOFTWARE if standin else capability.PERF_TYPE_HARDWARE
-        cyc = capability.PERF_COUNT_SW_CPU_CLOCK if standin else capability.PERF_COUNT_HW_CPU_CYCLES
-        ins = capability.PERF_COUNT_SW_CPU_CLOCK if standin else capability.PERF_COUNT_HW_INSTRUCTIONS
+        kind = pe.PERF_TYPE_SOFTWARE if standin else pe.PERF_TYPE_HARDWARE
+        cyc = pe.PERF_COUNT_SW_CPU_CLOCK if standin else pe.PERF_COUNT_HW_CPU_CYCLES
+        ins = pe.PERF_COUNT_SW_CPU_CLOCK if standin else pe.PERF_COUNT_HW_INSTRUCTIONS
         counters = b["lbr_instructions"]
         try:
             for cpu in self.config.cpus or sorted(os.sched_getaffinity(0)):
-                leader = capability.perf_event_open(capability.make_attr(
+                leader = pe.perf_event_open(pe.make_attr(
                     cyc, sample_period=self.config.period, flt=None if standin else pat.branch_filter,
                     user_only=user_only, type_=kind), -1, cpu)
                 self._fds.append(leader)
-                member = capability.perf_event_open(capability.make_attr(
+                member = pe.perf_event_open(pe.make_attr(
                     ins, user_only=user_only, disabled=False, type_=kind), -1, cpu, leader)
                 self._fds.append(member)
                 counters[counters.Key(cpu)] = counters.Leaf(member)
@@ -133,7 +156,7 @@ class LbrCollector:
             self.stop()
             raise LbrUnsupported(f"opening the LBR perf events failed: {e.strerror or e}") from e
 
-    def poll(self, timeout_ms: int = 100) -> np.ndarray:
+    def poll(self, timeout_ms: int = 0) -> np.ndarray:
         """Drain the ring buffer; returns the raw records received so far (and forgets them)."""
         if self._bpf is not None:
             self._bpf.ring_buffer_poll(timeout_ms)  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
 """The LBR data behind the live screen's block view (`b` in `vmprof top`): the block analysis
-(analyse/blocks.py) of the LBR samples inside the screen's window, one function at a time.
+(lbr/blocks.py) of the LBR samples inside the screen's window, one function at a time.
 
 Sources: a recording made with `vmprof record --lbr` or `--lbr=simulate` (its samples are named
 through the recording's maps snapshots, as `vmprof blocks REC` does), or `perf script` text of
@@ -10,18 +10,19 @@ holds the same samples, so a still window costs nothing a refresh.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmprof_tui.analyse.blocks import STATUS_NAMES, STATUS_OK, BlockReport, BlockStat, ChainEntry, FunctionInfo, analyse
-from vmprof_tui.analyse.disasm import listing
-from vmprof_tui.record.lbr_model import CodeReader, LbrSample, Resolve
+from vmprof_tui.lbr import perf_script
+from vmprof_tui.lbr.blocks import STATUS_NAMES, STATUS_OK, BlockReport, BlockStat, ChainEntry, FunctionInfo, analyse
+from vmprof_tui.lbr.disasm import listing
+from vmprof_tui.lbr.model import CodeReader, LbrSample, Resolve
+from vmprof_tui.lbr.recording import samples_of_recording, simulated_note
 from vmprof_tui.record.recording import Recording
-from vmprof_tui.resolve import perf_script
 from vmprof_tui.resolve.elfcode import ImageCache
-from vmprof_tui.resolve.lbr_recording import samples_of_recording, simulated_note
 
 NO_LBR = ("no LBR data here: replay a recording made with `vmprof record --lbr` (--lbr=simulate -- CMD works on any "
           "machine) or open `perf record -b` data with `vmprof top --perf-script FILE`")
@@ -72,18 +73,34 @@ class LbrSource:
         self.label = label  # where the data come from, shown in the view's title
         self.notes = list(notes)
         self._cache: tuple[tuple[int, int, str | None], BlockReport] | None = None
+        self._lock = threading.Lock()  # a live session adds samples in the poll's thread while the screen reads
 
     def report(self, lo: int | None, hi: int | None, vm: str | None = None) -> BlockReport:
         """The block analysis of the samples in [lo, hi] (None: unbounded), of one VM's samples with `vm`."""
-        i0 = 0 if lo is None else int(np.searchsorted(self.times, lo, "left"))
-        i1 = len(self.samples) if hi is None else int(np.searchsorted(self.times, hi, "right"))
-        key = (i0, i1, vm)
-        if self._cache is None or self._cache[0] != key:
-            rep = analyse(self.samples[i0:i1], self.resolve, self.freq_hz, read_code=self.read_code,
-                          resolve_pid=self.resolve_pid, vm=vm)
-            rep.notes[:0] = self.notes
-            self._cache = (key, rep)
-        return self._cache[1]
+        with self._lock:
+            i0 = 0 if lo is None else int(np.searchsorted(self.times, lo, "left"))
+            i1 = len(self.samples) if hi is None else int(np.searchsorted(self.times, hi, "right"))
+            key = (i0, i1, vm)
+            if self._cache is None or self._cache[0] != key:
+                rep = analyse(self.samples[i0:i1], self.resolve, self.freq_hz, read_code=self.read_code,
+                              resolve_pid=self.resolve_pid, vm=vm)
+                rep.notes[:0] = self.notes
+                self._cache = (key, rep)
+            return self._cache[1]
+
+    def add(self, samples: Sequence[LbrSample], keep_ns: int | None = None) -> None:
+        """More samples (a live session's, lbr/live.py); those older than the newest by more than keep_ns are
+        forgotten."""
+        if not samples:
+            return
+        with self._lock:
+            merged = self.samples + list(samples)
+            times = np.array([s.time_ns for s in merged], dtype=np.int64)
+            order = np.argsort(times, kind="stable")
+            if keep_ns is not None:
+                order = order[times[order] >= times[order[-1]] - keep_ns]
+            self.samples, self.times = [merged[int(i)] for i in order], times[order]
+            self._cache = None
 
     def function_blocks(self, report: BlockReport, function: str, vm: str | None = None) -> FunctionBlocks:
         fids = report.function_ids(function)

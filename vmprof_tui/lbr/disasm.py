@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import capstone
 import numpy as np
 
-from vmprof_tui.record.lbr_model import CodeReader
+from vmprof_tui.lbr.model import CodeReader
 
 KIND_OTHER = 0
 KIND_JCC = 1  # conditional branch (jcc, loop, jrcxz)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from vmprof_tui.analyse.blocks import STATUS_NAMES, STATUS_OK, BlockReport
+from vmprof_tui.lbr.blocks import STATUS_NAMES, STATUS_OK, BlockReport
 
 
 def _f(x: float | None, digits: int = 1) -> str:

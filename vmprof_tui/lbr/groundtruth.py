@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import capstone
 import numpy as np
 
-from vmprof_tui.analyse.disasm import KIND_CALL, KIND_FAR, KIND_JCC, KIND_JMP, KIND_OTHER, KIND_RET, classify
+from vmprof_tui.lbr.disasm import KIND_CALL, KIND_FAR, KIND_JCC, KIND_JMP, KIND_OTHER, KIND_RET, classify
+from vmprof_tui.lbr.model import LBR_CYCLES_SATURATED, BranchFilter, Fields, LbrSample
 from vmprof_tui.libc import LIBC
-from vmprof_tui.record.lbr_model import LBR_CYCLES_SATURATED, BranchFilter, Fields, LbrSample
 
 PTRACE_TRACEME = 0
 PTRACE_PEEKTEXT = 1
@@ -69,6 +69,10 @@ class Trace:
     steps: int = 0  # single-step traps: rips plus every further iteration of a rep string instruction
 
 
+# (rips, how many are retired, code bytes by RIP, pid): a trace in progress
+Progress = Callable[[np.ndarray, int, dict[int, bytes], int], None]
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -79,13 +83,16 @@ def _kill(pid: int) -> None:
 
 def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, *,
           on_exit: Callable[[int], None] | None = None, deadline: float | None = None,
-          should_stop: Callable[[], bool] | None = None, stop_at_limit: bool = False) -> Trace:
+          should_stop: Callable[[], bool] | None = None, stop_at_limit: bool = False,
+          on_progress: Progress | None = None) -> Trace:
     """Single-step `path` from its first instruction to its exit.
 
     ``on_exit(pid)`` runs while the process still exists at its end (its maps readable).  Past
     ``max_steps`` instructions, the monotonic ``deadline`` or once ``should_stop()`` (asked every 4096
     steps) the trace raises TraceError, or with ``stop_at_limit`` kills the program and returns what was
-    traced (``Trace.stopped`` says why)."""
+    traced (``Trace.stopped`` says why).  ``on_progress(rips, n, insn_bytes, pid)`` is called every 4096
+    instructions and once at the end, from this thread: ``rips[:n]`` are retired and stay as they are, so another
+    thread may read them (a live collector, lbr/simulate.py), and ``insn_bytes`` has their code."""
     libc = _libc()
     pid = os.fork()
     if pid == 0:  # child: ask to be traced, then exec (stops with SIGTRAP before the first instruction)
@@ -118,6 +125,8 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
                 stopped = "the time limit"
             elif n & 4095 == 0 and should_stop is not None and should_stop():
                 stopped = "an interrupt"
+            if n & 4095 == 0 and on_progress is not None:
+                on_progress(rips, n, seen, pid)
             if stopped:
                 if not stop_at_limit:
                     raise TraceError(f"{path}: {stopped}; use a smaller program")
@@ -148,6 +157,8 @@ def trace(path: str, max_steps: int = 2_000_000, argv: list[str] | None = None, 
     except BaseException:
         _kill(pid)
         raise
+    if on_progress is not None:
+        on_progress(rips, n, seen, pid)
     code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -os.WTERMSIG(st) if os.WIFSIGNALED(st) else -signal.SIGKILL
     return Trace(rips[:n].copy(), seen, code, pid, stopped, steps)
 
@@ -184,25 +195,27 @@ class Branches:
     kind: np.ndarray  # KIND_* of the branch instruction
 
 
-def branches(t: Trace) -> Branches:
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    size: dict[int, int] = {}
-    kind: dict[int, int] = {}
-    for rip, code in t.insn_bytes.items():
-        insn = next(md.disasm_lite(code, rip, 1), None)
-        if insn is None:
-            raise TraceError(f"cannot decode the instruction at {rip:#x}")
-        size[rip] = insn[1]
-        kind[rip] = classify(insn[2])
-    rips = t.rips
-    sizes = np.array([size[int(r)] for r in rips[:-1]], dtype=np.uint64)
-    taken = np.nonzero(rips[1:] != rips[:-1] + sizes)[0]
-    kinds = np.array([kind[int(rips[i])] for i in taken], dtype=np.int8)
+def branches(t: Trace, start: int = 0, decoded: dict[int, tuple[int, int]] | None = None) -> Branches:
+    """The taken branches at steps `start` and after.  A growing trace is taken in piece by piece: `decoded` (RIP ->
+    (size, kind)) is kept between the calls, and only the RIPs of the piece are read from `t.insn_bytes`."""
+    decoded = {} if decoded is None else decoded
+    rips = t.rips[start:]
+    distinct, inverse = np.unique(rips[:-1], return_inverse=True)
+    for rip in distinct.tolist():
+        if rip not in decoded:
+            insn = next(_MD.disasm_lite(t.insn_bytes[rip], rip, 1), None)
+            if insn is None:
+                raise TraceError(f"cannot decode the instruction at {rip:#x}")
+            decoded[rip] = (insn[1], classify(insn[2]))
+    size_of = np.array([decoded[r][0] for r in distinct.tolist()], dtype=np.uint64)
+    kind_of = np.array([decoded[r][1] for r in distinct.tolist()], dtype=np.int8)
+    taken = np.nonzero(rips[1:] != rips[:-1] + size_of[inverse])[0]
+    kinds = kind_of[inverse[taken]]
     bad = kinds == KIND_OTHER
     if bad.any():
         i = int(taken[np.argmax(bad)])
         raise TraceError(f"non-branch instruction at {int(rips[i]):#x} changed the flow")
-    return Branches(taken.astype(np.int64), rips[taken].copy(), rips[taken + 1].copy(), kinds)
+    return Branches((taken + start).astype(np.int64), rips[taken].copy(), rips[taken + 1].copy(), kinds)
 
 
 def keep_mask(kinds: np.ndarray, flt: BranchFilter) -> np.ndarray:
@@ -302,15 +315,3 @@ class LbrSimulator:
             truth.extend(t)
             prev = p
         return out, truth
-
-
-def sample_points(n_steps: int, every: int, seed: int = 1) -> list[int]:
-    """Deterministic, jittered sample instants (like a cycles overflow every ~`every` instructions)."""
-    rng = np.random.default_rng(seed)
-    pts: list[int] = []
-    p = 0
-    while True:
-        p += int(every * rng.uniform(0.5, 1.5))
-        if p >= n_steps:
-            return pts
-        pts.append(p)

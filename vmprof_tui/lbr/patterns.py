@@ -9,7 +9,7 @@
 | any     | every branch   | from + to      | not in the paper: exact straight-line blocks |
 
 With a reduced pattern the missing half of each entry is reconstructed from the code
-where that is unambiguous (see :mod:`vmprof_tui.analyse.lbr_reconstruct`); blocks that cannot be
+where that is unambiguous (see :mod:`vmprof_tui.lbr.reconstruct`); blocks that cannot be
 reconstructed are counted, not guessed.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vmprof_tui.record.lbr_model import BranchFilter, Fields
-from vmprof_tui.record.lbr_records import HEADER_DTYPE, RINGBUF_HDR_BYTES, ring_bytes_per_sample
+from vmprof_tui.lbr.model import BranchFilter, Fields
+from vmprof_tui.lbr.records import HEADER_DTYPE, RINGBUF_HDR_BYTES, ring_bytes_per_sample
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 import io
 
-from vmprof_tui.analyse.blocks import BlockReport
-from vmprof_tui.show.formats.blocks_json import block_row
+from vmprof_tui.lbr.blocks import BlockReport
+from vmprof_tui.lbr.format_json import block_row
 
 COLUMNS = ["sample", "time_ns", "cpu", "pid", "tid", "comm", "block", "start", "end", "function", "status", "exact",
            "cpi", "instructions", "internal_branches", "cycles", "ns", "lbr_cycles", "lbr_ns"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vmprof_tui.analyse.disasm import KIND_CALL, KIND_FAR, KIND_JCC, KIND_JMP, KIND_RET, CodeCache, FunctionCode
-from vmprof_tui.record.lbr_model import BranchFilter, Fields, LbrSample, Resolve
+from vmprof_tui.lbr.disasm import KIND_CALL, KIND_FAR, KIND_JCC, KIND_JMP, KIND_RET, CodeCache, FunctionCode
+from vmprof_tui.lbr.model import BranchFilter, Fields, LbrSample, Resolve
 
 
 def _code_at(addr: int, resolve: Resolve, code: CodeCache) -> tuple[FunctionCode, int, int] | None:
