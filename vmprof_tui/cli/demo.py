@@ -163,9 +163,9 @@ LBR_REFRESHES = 30  # the replay's window moves over the recording in this many 
 
 def run_lbr(args: argparse.Namespace) -> int:
     """`vmprof demo --scenario lbr`: programs/lbr_demo.c single-stepped into a simulated LBR recording
-    (lbr/simulate.py), then replayed into the block view of hash_step.  Single-stepping is far too slow
-    to feed the screen live (docs/demo.md): the recording is made first, and its simulated millisecond is
-    replayed over LBR_REFRESHES refreshes."""
+    (lbr/simulate.py), then replayed into the block view of hash_step.  Live, single-stepping gives a few
+    samples a second (`top --lbr=simulate`, docs/demo.md): the recording is made first, and its simulated
+    millisecond is replayed over LBR_REFRESHES refreshes."""
     import tempfile
     from pathlib import Path
 

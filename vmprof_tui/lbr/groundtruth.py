@@ -251,7 +251,8 @@ class TruthBlock:
 class LbrSimulator:
     """What an LBR of `depth` entries with `flt` would hold at given instants of a trace."""
 
-    def __init__(self, t: Trace, br: Branches, flt: BranchFilter, depth: int = 16) -> None:
+    def __init__(self, t: Trace, br: Branches, flt: BranchFilter, depth: int = 16,
+                 cum_cost: np.ndarray | None = None) -> None:
         self.trace = t
         self.flt = flt
         self.depth = depth
@@ -261,8 +262,8 @@ class LbrSimulator:
         self.to = br.to[keep]
         self.kind = br.kind[keep]
         self.all_steps = br.step  # every taken branch, for the straight-run test
-        self.cost = cost_model(t.rips)
-        self.cum_cost = np.concatenate([[0], np.cumsum(self.cost)])
+        # the cost model's cycles before each step (a growing trace's caller keeps them: cum_cost)
+        self.cum_cost = np.concatenate([[0], np.cumsum(cost_model(t.rips))]) if cum_cost is None else cum_cost
 
     def msr_stack(self, at_step: int) -> tuple[list[int], list[int], int]:
         """The raw register stack (LBR0..LBRn-1 from/to, TOS) as the CPU would hold it: a ring

@@ -19,7 +19,11 @@ from vmprof_tui.lbr import groundtruth
 from vmprof_tui.lbr.patterns import Pattern
 from vmprof_tui.lbr.records import record_dtype
 from vmprof_tui.lbr.simulate import CLOCK_HZ, DEFAULT_MAX_INSTRUCTIONS, SimulateError, host_samples, sample_records
+from vmprof_tui.libc import LIBC
 from vmprof_tui.record.records import SAMPLE_DTYPE
+
+PR_SET_NAME = 15
+THREAD_NAME = b"lbr-simulate"  # the tracing thread's name in /proc (the kernel's comm of the thread)
 
 
 class SimulatedCollector:
@@ -44,6 +48,7 @@ class SimulatedCollector:
         self._last = 0  # the step of the last sample
         self._threshold = self.period  # the cost-model cycles of the next sample
         self._samples = 0
+        self._cum = np.zeros(1, np.int64)  # the cost model's cycles before each step traced so far
         self._own = np.empty(0, SAMPLE_DTYPE)
 
     @property
@@ -61,6 +66,7 @@ class SimulatedCollector:
         self._thread.start()
 
     def _run(self) -> None:  # ptrace: every request of a trace comes from the thread that forked the tracee
+        LIBC.prctl(PR_SET_NAME, THREAD_NAME, 0, 0, 0)  # its CPU told apart from the screen's (benchmarks/tui.py)
         path = shutil.which(self.command[0]) or self.command[0]
         try:
             self.trace = groundtruth.trace(path, self.max_instructions, [path, *self.command[1:]],
@@ -94,7 +100,12 @@ class SimulatedCollector:
         br = groundtruth.Branches(*(np.concatenate([getattr(b, k) for b in self._branches])
                                     for k in ("step", "from_", "to", "kind")))
         self._branches = [br]
-        sim = groundtruth.LbrSimulator(t, br, self.pattern.branch_filter, self.nr)
+        done = len(self._cum) - 1
+        cum = np.empty(n + 1, np.int64)  # grown, not recomputed: a poll costs what ran since the last one
+        cum[:done + 1] = self._cum
+        cum[done + 1:] = self._cum[-1] + np.cumsum(groundtruth.cost_model(self._rips[done:n]))
+        self._cum = cum
+        sim = groundtruth.LbrSimulator(t, br, self.pattern.branch_filter, self.nr, cum)
         # sampled at step i when the cost model's cycles pass a multiple of the period there (as simulate());
         # a threshold past the cycles of step n-1 waits for the next poll
         thresholds = np.arange(self._threshold, int(sim.cum_cost[n - 1]) + 1, self.period, dtype=np.int64)
