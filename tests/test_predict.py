@@ -75,7 +75,7 @@ def test_minor_faults_of_touched_pages(known: dict[str, Path]) -> None:
 def test_ptrace_single_step_is_exact(known: dict[str, Path]) -> None:
     """--instructions ptrace equals the project's independent single-step tracer (lbr.groundtruth)
     on a static program; with children, theirs are added."""
-    from vmprof_tui.lbr import groundtruth as groundtruth
+    from vmprof_tui.lbr import groundtruth
 
     argv = [str(known["static"]), "5", "3", "0", "2"]
     c = _measure(known["dir"] / "p.json", *argv, extra=("--instructions", "ptrace"))
