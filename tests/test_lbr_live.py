@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import require_root
 from test_lbr_simulate import RATE, workload  # noqa: F401 - a fixture
 from test_tui import cells, select, until
@@ -14,8 +15,10 @@ from test_tui_blocks import block_view, drawn, run
 
 from vmprof_tui.analyse.window import LiveWindow
 from vmprof_tui.cli import main
-from vmprof_tui.collect.session import CollectionSession
+from vmprof_tui.collect.session import CollectionSession, SessionError
 from vmprof_tui.lbr import groundtruth, simulate
+from vmprof_tui.lbr.capability import detect
+from vmprof_tui.lbr.collector import LbrCollector, LbrConfig
 from vmprof_tui.lbr.live import LiveLbr
 from vmprof_tui.lbr.model import CALL_RETURN_USER, Fields
 from vmprof_tui.lbr.patterns import get
@@ -103,3 +106,23 @@ def test_top_lbr_simulate_without_a_command_is_bad_usage(capsys) -> None:  # noq
     assert main(["top", "--lbr=simulate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lbr=simulate needs a command" in err[0]
+
+
+def test_the_session_takes_the_hardware_collector_alike() -> None:
+    """The hardware collector goes through the same session door: without a PMU the session refuses it in one line
+    before loading anything (the probe's line); with one, its records come in the session's chunks."""
+    require_root()
+    caps = detect(PATTERN.branch_filter)
+    collector = LbrCollector(LbrConfig(PATTERN, period=1_000_003))
+    if not caps.ok:
+        with pytest.raises(SessionError) as e:
+            CollectionSession(100, lbr=collector)
+        assert str(e.value) == f"--lbr: {caps.message}" and "\n" not in str(e.value)
+        return
+    session = CollectionSession(100, lbr=collector)  # PMU hosts only (never run on the development machines)
+    session.start()
+    x = 0
+    for i in range(3_000_000):
+        x += i
+    chunk, _lost = session.finish()  # and closes it
+    assert chunk.lbr is not None and len(chunk.lbr) > 0 and session.meta()["lbr"]["pattern"] == "type4"
