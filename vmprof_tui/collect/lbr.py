@@ -17,15 +17,14 @@ import ctypes
 import fcntl
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui.collect import lbr_capability as capability
+from vmprof_tui.collect.bpf import BPF_DIR
 from vmprof_tui.collect.lbr_patterns import DEFAULT_PATTERN, Pattern, get
 from vmprof_tui.record.lbr_records import decode, record_dtype
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "lbr.bpf.c"
 PERF_EVENT_IOC_ENABLE = 0x2400
 PERF_EVENT_IOC_DISABLE = 0x2401

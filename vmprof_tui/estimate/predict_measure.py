@@ -23,8 +23,8 @@ import signal
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from vmprof_tui.collect.bpf import BPF_DIR
 from vmprof_tui.estimate import predict_costs
 from vmprof_tui.estimate.machine import machine_description
 from vmprof_tui.estimate.predict import (
@@ -40,7 +40,7 @@ from vmprof_tui.estimate.predict import (
 )
 from vmprof_tui.libc import LIBC
 
-BPF_FILE = Path(__file__).resolve().parent.parent.parent / "bpf" / "syscalls.bpf.c"
+BPF_FILE = BPF_DIR / "syscalls.bpf.c"
 NR_SLOTS = 512
 
 
