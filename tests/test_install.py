@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "data" / "golden"))
