@@ -25,6 +25,8 @@ from vmprof_tui.record.records import (
     SCHED_PREV_THROTTLED,
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
+    cpu_order,
+    next_on_cpu,
 )
 
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
@@ -118,7 +120,7 @@ class Schedule:
     @functools.cached_property
     def switches_on_cpu(self) -> dict[int, np.ndarray]:
         """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs."""
-        return dict(arrays.group_by(self.sched["cpu"], np.arange(len(self.sched))))
+        return dict(arrays.group_by(self.sched["cpu"], cpu_order(self.sched)))
 
     def timelines(self, thread_samples: dict[int, np.ndarray], sample_times: np.ndarray) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events, for every thread at once (its
@@ -285,13 +287,12 @@ class Schedule:
         switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
         at = np.empty(len(order), np.int64)
         at[order] = switches_upto
-        switch = order[is_switch]  # the switches (indices into ev) by CPU and time
+        switch = order[is_switch]  # the switches (indices into ev) by CPU and time: cpu_order(ev)
         s_cpu, s_time = cpu[switch], time[switch]
         cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
         first = np.maximum(at[len(ev):len(ev) + len(waits)] - 1, cpu_first)
         last = at[len(ev) + len(waits):]
-        held_until = np.append(s_time[1:], np.iinfo(np.int64).max)
-        held_until[:-1][s_cpu[1:] != s_cpu[:-1]] = np.iinfo(np.int64).max  # the last switch of a CPU: until the end
+        held_until = next_on_cpu(s_cpu, s_time, np.iinfo(np.int64).max)  # the last switch of a CPU: until the end
         many = (last - first).clip(0)
         w = np.repeat(np.arange(len(waits)), many)
         k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
