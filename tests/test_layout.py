@@ -13,10 +13,12 @@ from conftest import ROOT
 # analyses and demo runs; fleet, show and cli come last
 STAGES = ("demo", "collect", "record", "resolve", "analyse", "estimate", "fleet", "show", "cli")
 # the ground floor every stage may import: the package's version, libc, the grouping of integer arrays, how files
-# are created, JSON from untrusted files parsed with limits, and the contracts between programs: the sample record
+# are created, JSON from untrusted files parsed with limits, the one memory-mapping type (mapping.py), and the
+# contracts between programs: the sample record
 # (bpf/sample.h in numpy), the LBR record and its fields (bpf/lbr_record.h), and the guest bundle format (the
 # guest agent and the demo VMM write it)
 SHARED = ("vmprof_tui", "vmprof_tui.libc", "vmprof_tui.arrays", "vmprof_tui.files", "vmprof_tui.bounded_json",
+          "vmprof_tui.mapping",
           "vmprof_tui.record.records", "vmprof_tui.record.lbr_records", "vmprof_tui.record.lbr_model",
           "vmprof_tui.resolve.bundle_format")
 # importing module -> (the later modules it imports, why)
@@ -180,3 +182,19 @@ def test_timelines_know_nothing_of_profiles() -> None:
     known = modules()
     used = imports(known["vmprof_tui.analyse.timeline"], known)
     assert used <= {"vmprof_tui.arrays", "vmprof_tui.analyse.blanks", "vmprof_tui.record.records"}, used
+
+
+def test_one_mapping_type() -> None:
+    """A process's memory mapping (an address range of a file at an offset) has one type in the package,
+    vmprof_tui/mapping.py: host snapshots, guest bundles, stack frames and the demo VMM all use it."""
+    found = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                fields = {s.target.id for s in node.body
+                          if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+                if {"start", "end"} <= fields and fields & {"offset", "path", "perms"}:
+                    found.append(f"{module}.{node.name}")
+    # the demo guest kernel's own mmap bookkeeping: areas it splits and re-protects (mutable PROT_* bits)
+    kernel_areas = "vmprof_tui.demo.usermem.Area"
+    assert [f for f in found if f != kernel_areas] == ["vmprof_tui.mapping.Mapping"], found
