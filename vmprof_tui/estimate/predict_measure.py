@@ -7,7 +7,7 @@
   semantics; a process orphaned and reaped by init is missed: see docs/predict.md).
 * Compute: the PMU's `instructions` counter (user mode, inherited by children) where a PMU
   exists; exact ptrace single-stepping of every task of the tree when asked (the paper's
-  method; ~20 us per instruction, small programs only); otherwise the user CPU time.
+  method; slow, small programs only: docs/performance.md); otherwise the user CPU time.
 * The reference's speed: the compute loop of predict_costs, timed here before the run, so
   that a target's costs give a ratio (counts and costs need not come from one machine).
 """

@@ -308,7 +308,7 @@ class Agent:
         self._prev_end_ns = win.end_ns
         t = time.monotonic()
         try:
-            if time.monotonic() - self._kallsyms_read >= KALLSYMS_CHECK_S:  # reading it costs ~0.1 s of CPU
+            if time.monotonic() - self._kallsyms_read >= KALLSYMS_CHECK_S:  # reading it is not free
                 self.kallsyms_ref = self.spool.store_static("kallsyms", read_kallsyms().encode(), "txt")
                 self._kallsyms_read = time.monotonic()
             for vm_name, tar in win.bundles.items():

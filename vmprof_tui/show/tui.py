@@ -86,7 +86,7 @@ class VmprofTop(App):
         self._timer = self.set_interval(self.refresh_s, self.tick)
         self.set_interval(0.25, self._check_stop)  # SIGTERM ends the screen at once, whatever the refresh
         # What exists now (modules, Textual, the screen) lives as long as the app: out of the collector's full
-        # passes, which otherwise walk it after every refresh's analysis (10 of 65 ms a refresh, replayed)
+        # passes, which otherwise walk it after every refresh's analysis (docs/performance.md)
         gc.freeze()
 
     def _start_window(self) -> None:
