@@ -198,3 +198,20 @@ def test_one_mapping_type() -> None:
     # the demo guest kernel's own mmap bookkeeping: areas it splits and re-protects (mutable PROT_* bits)
     kernel_areas = "vmprof_tui.demo.usermem.Area"
     assert [f for f in found if f != kernel_areas] == ["vmprof_tui.mapping.Mapping"], found
+
+
+def test_window_is_never_a_span() -> None:
+    """"Window" is the live screen's or the agent's (docs/architecture.md, glossary): the [lo, hi) an analysis or
+    a recording covers is its span (`span()`, `recording_span`), and one class only is named Window."""
+    windows, methods = [], []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == "Window":
+                windows.append(module)
+            if isinstance(node, ast.ClassDef):
+                methods += [f"{module}.{node.name}.{f.name}" for f in node.body
+                            if isinstance(f, ast.FunctionDef) and f.name in ("window", "recording_window")]
+            if isinstance(node, ast.FunctionDef) and node.name == "recording_window":
+                methods.append(f"{module}.{node.name}")
+    assert windows == ["vmprof_tui.analyse.source"], windows
+    assert not methods, methods

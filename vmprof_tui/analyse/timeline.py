@@ -107,14 +107,14 @@ class Schedule:
     """The sched events of a span: context switches and, apart, the wake-up records of vCPU threads."""
 
     def __init__(self, sched: np.ndarray, wake_events: np.ndarray, vcpu_of_tid: dict[int, tuple[int, int]],
-                 vm_by_pid: dict[int, str], window: tuple[int, int], range_ns: tuple[int, int] | None,
+                 vm_by_pid: dict[int, str], span: tuple[int, int], range_ns: tuple[int, int] | None,
                  shares_only: bool = False) -> None:
-        """sched: the switches in time order; vcpu_of_tid: vCPU thread id -> (VMM pid, vCPU id); window: the
-        recording's span; range_ns: the span the timelines are cut to (None: the window); shares_only: no holder
+        """sched: the switches in time order; vcpu_of_tid: vCPU thread id -> (VMM pid, vCPU id); span: the
+        recording's span; range_ns: the span the timelines are cut to (None: all of it); shares_only: no holder
         of each blank, no co-stop (what the shares do not need)."""
         self.sched, self.wake_events = sched, wake_events
         self.vcpu_of_tid, self.vm_by_pid = vcpu_of_tid, vm_by_pid
-        self.window, self.range_ns, self.shares_only = window, range_ns, shares_only
+        self.span, self.range_ns, self.shares_only = span, range_ns, shares_only
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
 
     @functools.cached_property
@@ -125,7 +125,7 @@ class Schedule:
     def timelines(self, thread_samples: dict[int, np.ndarray], sample_times: np.ndarray) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events, for every thread at once (its
         switches, in one table by thread and time)."""
-        _w0, w1 = self.window
+        _w0, w1 = self.span
         ev = self.sched
         threads = sorted(self.vcpu_of_tid.items())
         count = len(threads)
@@ -461,7 +461,7 @@ class Schedule:
         """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
         ev = self.sched
         idle: dict[int, int] = {}
-        w0, w1 = self.window
+        w0, w1 = self.span
         times, next_tid, prev_tid = ev["time_ns"], ev["next_tid"], ev["prev_tid"]
         for cpu, at in self.switches_on_cpu.items():
             t = times[at]

@@ -175,7 +175,7 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
     from vmprof_tui.analyse.analysis import Analysis, in_kernel
     from vmprof_tui.record.recording import RecordingError, load
-    from vmprof_tui.resolve.prepare import prepare, recording_window
+    from vmprof_tui.resolve.prepare import prepare, recording_span
 
     if args.recording and args.input and args.recording != args.input:
         raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
@@ -193,7 +193,7 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     time_range = None
     if args.time_range:
         lo, hi = args.time_range  # checked by time_range()
-        w0, w1 = recording_window(rec)
+        w0, w1 = recording_span(rec)
         span = (w1 - w0) / 1e9
         if lo >= span:
             raise Failure(f"--time-range {lo:g}:{hi:g} starts after the end of {args.recording} "

@@ -43,7 +43,7 @@ class WindowBlocks:
         src: LbrSource | None = getattr(self.app, "lbr", None)
         if src is None:
             return None
-        lo, hi = an.window()
+        lo, hi = an.span()
         return src.function_blocks(src.report(lo, hi, self.vm), self.function, self.vm)
 
 
@@ -175,7 +175,7 @@ class BlockScreen(WindowBlocks, DrawingScreen):
         if hi < len(insns):
             text.append(f"   ... {len(insns) - hi} instructions after\n", style="dim")
         sample, pos = row.occurrence
-        report = src.report(*an.window(), self.vm)
+        report = src.report(*an.span(), self.vm)
         text.append(f"\ncall/return chain of one sample through it (sample {sample}, oldest first)\n", style="bold")
         for j, c in enumerate(chain_of(report, sample)):
             mark = "  ◀ block starts at this target" if j == pos - 1 else "  ◀ block ends at this source" \

@@ -36,7 +36,7 @@ def cell(value: object) -> Text:
 
 
 class View(Screen):
-    """A screen of the app's window: VmprofTop has each refresh prepared off the UI thread, then drawn."""
+    """A screen of the app: VmprofTop has each refresh prepared off the UI thread, then drawn."""
 
     detail = False  # the screen reads each chunk's detail (steal, segments): polls analyse new chunks in full
 

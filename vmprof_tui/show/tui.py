@@ -124,7 +124,7 @@ class VmprofTop(App):
         an = self.window.poll(detail=isinstance(screen, View) and screen.detail)
         loads = [(HOST_KEY, 100.0 - an.host_summary().ratios["idle"])]
         usage = []
-        now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
+        now = an.span()[1] / 1e9  # the recording's clock: a replay plots recorded time
         for vm in an.vm_names():
             r = an.guest_ratios(vm)
             loads.append((vm, r["user"] + r["os"]))

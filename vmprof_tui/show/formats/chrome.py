@@ -180,7 +180,7 @@ def _meta(name: str, pid: int, tid: int | None, value: str | int) -> Event:
 
 def build_trace(an: Analysis, vm: str | None = None, vcpu: int | None = None, profile: Profile | None = None,
                 host: bool = True) -> dict:
-    w0, _ = an.window()
+    w0, _ = an.span()
     meta: list[Event] = []
     events: list[Event] = []
     vms = [vm] if vm else an.vm_names()
