@@ -63,7 +63,7 @@ def test_docs_name_only_modules_that_exist() -> None:
 
 # a measured figure: a number of seconds or a speed ratio, beside a word of cost or speed
 FIGURE = re.compile(r"\d[\d,.]*\s?(ms|µs|us|s|x|[MG]B/s)\b")
-COST = re.compile(r"faster|slower|speed|costs?\b|\btook\b|\btakes\b|a refresh|\bRSS\b", re.IGNORECASE)
+COST = re.compile(r"faster|slower|speed|costs?\b|\btook\b|\btakes\b|a refresh|\bRSS\b|measured", re.IGNORECASE)
 # figures still in LBR modules, which are being moved to vmprof_tui/lbr/ (they go to docs/performance.md then)
 FIGURES_LEFT = {"vmprof_tui/analyse/lbr_groundtruth.py"}
 

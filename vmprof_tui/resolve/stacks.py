@@ -13,8 +13,7 @@ addresses into frames, outermost first:
   stack there, marked *partial*, as does a walk the BPF program could not finish.  No frame is invented.
 
 Work is per distinct stack, not per sample: samples are grouped with ``np.unique`` over their stack
-records, and each distinct stack's addresses are resolved in one vectorised lookup (measured: 12 000
-samples with 2 124 distinct stacks in 0.22 s).
+records, and each distinct stack's addresses are resolved in one vectorised lookup (docs/performance.md).
 """
 
 from __future__ import annotations
