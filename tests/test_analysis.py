@@ -96,7 +96,7 @@ def test_steal3(tmp_path: Path) -> None:
     an = analyse(r.rec)
     # the host level over the span in which all three VMs ran, on their shared pCPU
     tls = list(an.timelines.values())
-    w0 = an.window()[0]
+    w0 = an.span()[0]
     span = ((max(t.start_ns for t in tls) - w0) / 1e9, (min(t.end_ns for t in tls) - w0) / 1e9)
     in_span = analyse(r.rec, time_range=span)
     host = in_span.host_profile(cpu=1)
@@ -130,7 +130,7 @@ def test_halt(tmp_path: Path) -> None:
     g = an.guest_profile("halt")
     idle = share(g, function="[idle]", module="(halt_exit)")
     tl = an.vm_timelines("halt")[0]  # the host level over the VM's life, on its pCPU
-    w0 = an.window()[0]
+    w0 = an.span()[0]
     host_idle = analyse(r.rec, time_range=((tl.start_ns - w0) / 1e9, (tl.end_ns - w0) / 1e9)).host_profile(
         cpu=1).ratios["idle"]
     # The duty program halts 20 ms after a fixed amount of work (10 ms when undisturbed): if anything delays

@@ -738,7 +738,7 @@ def test_time_range_to_the_end_keeps_the_last_record(tmp_path: Path) -> None:
     """Without an end chunk (a cut recording) the window ends at the last record, the samples at 99 ms."""
     rec = load(host_mix().write(tmp_path / "x.vmprof"))
     rec.end = None
-    assert analyse_recording(rec).window()[1] == BASE_NS + 99 * MS
+    assert analyse_recording(rec).span()[1] == BASE_NS + 99 * MS
     assert len(analyse_recording(rec, time_range=(0.05, 0.099)).samples) == 2 * 50
 
 
@@ -784,12 +784,12 @@ def test_resolution_is_a_stage_before_the_analysis() -> None:
 
     from conftest import ROOT
 
-    from vmprof_tui.resolve.prepare import Prepared, prepare, recording_window
+    from vmprof_tui.resolve.prepare import Prepared, prepare, recording_span
 
     assert list(inspect.signature(Analysis.__init__).parameters) == ["self", "prepared", "shares_only"]
     rec = load(ROOT / "tests" / "data" / "golden" / "steal3.vmprof")
     p = prepare(rec, time_range=(0.5, 1.5))
-    assert isinstance(p, Prepared) and p.window == recording_window(rec)
+    assert isinstance(p, Prepared) and p.span == recording_span(rec)
     t = p.samples["time_ns"]
     assert np.all(t[1:] >= t[:-1]) and t[0] >= p.range_ns[0] and t[-1] < p.range_ns[1]
     assert len(p.names.func) == len(p.samples) and set(p.vms.by_pid.values()) == {"steal1", "steal2", "steal3"}

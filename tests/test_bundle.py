@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 
 from vmprof_tui.collect import guest_fetch
+from vmprof_tui.mapping import Mapping
 from vmprof_tui.resolve import bundle as B
 from vmprof_tui.resolve import bundle_format, elf, symtab
 from vmprof_tui.resolve.spaces import ObjectCache, guest_symbols
@@ -137,8 +138,8 @@ def test_elf_symbols_of_a_real_library() -> None:
     start = int(syms.starts[i])
     text = next(s for s in syms.segments if s.flags & 1 and s.vaddr <= start < s.vaddr + s.memsz)
     # A guest mapped the text segment at 0x7f0000000000 + (vaddr & ~0xfff) with offset = segment offset & ~0xfff
-    m = B.GuestMap(start=0x7F00_0000_0000 + (text.vaddr & ~0xFFF), end=0x7F00_0000_0000 + text.vaddr + text.memsz,
-                   perms="r-xp", offset=text.offset & ~0xFFF, path=str(libc), object_path=libc, build_id=None)
+    m = Mapping(start=0x7F00_0000_0000 + (text.vaddr & ~0xFFF), end=0x7F00_0000_0000 + text.vaddr + text.memsz,
+                perms="r-xp", offset=text.offset & ~0xFFF, path=str(libc), object_path=libc, build_id=None)
     sampled = np.array([0x7F00_0000_0000 + start + 5], dtype=np.uint64)
     vaddr = syms.vaddrs_for_map(m, sampled)
     assert int(vaddr[0]) == start + 5

@@ -14,10 +14,12 @@ from conftest import ROOT
 # LBR path: docs/lbr.md): it may import every stage before it and none of them imports it (but its contracts)
 STAGES = ("demo", "collect", "record", "resolve", "analyse", "estimate", "fleet", "show", "lbr", "cli")
 # the ground floor every stage may import: the package's version, libc, the grouping of integer arrays, how files
-# are created, JSON from untrusted files parsed with limits, and the contracts between programs: the sample record
+# are created, JSON from untrusted files parsed with limits, the one memory-mapping type (mapping.py), and the
+# contracts between programs: the sample record
 # (bpf/sample.h in numpy), the LBR record and its fields (bpf/lbr_record.h), and the guest bundle format (the
 # guest agent and the demo VMM write it)
 SHARED = ("vmprof_tui", "vmprof_tui.libc", "vmprof_tui.arrays", "vmprof_tui.files", "vmprof_tui.bounded_json",
+          "vmprof_tui.mapping",
           "vmprof_tui.record.records", "vmprof_tui.lbr.records", "vmprof_tui.lbr.model",
           "vmprof_tui.resolve.bundle_format")
 # importing module -> (the later modules it imports, why)
@@ -178,3 +180,36 @@ def test_timelines_know_nothing_of_profiles() -> None:
     known = modules()
     used = imports(known["vmprof_tui.analyse.timeline"], known)
     assert used <= {"vmprof_tui.arrays", "vmprof_tui.analyse.blanks", "vmprof_tui.record.records"}, used
+
+
+def test_one_mapping_type() -> None:
+    """A process's memory mapping (an address range of a file at an offset) has one type in the package,
+    vmprof_tui/mapping.py: host snapshots, guest bundles, stack frames and the demo VMM all use it."""
+    found = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                fields = {s.target.id for s in node.body
+                          if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+                if {"start", "end"} <= fields and fields & {"offset", "path", "perms"}:
+                    found.append(f"{module}.{node.name}")
+    # the demo guest kernel's own mmap bookkeeping: areas it splits and re-protects (mutable PROT_* bits)
+    kernel_areas = "vmprof_tui.demo.usermem.Area"
+    assert [f for f in found if f != kernel_areas] == ["vmprof_tui.mapping.Mapping"], found
+
+
+def test_window_is_never_a_span() -> None:
+    """"Window" is the live screen's or the agent's (docs/architecture.md, glossary): the [lo, hi) an analysis or
+    a recording covers is its span (`span()`, `recording_span`), and one class only is named Window."""
+    windows, methods = [], []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == "Window":
+                windows.append(module)
+            if isinstance(node, ast.ClassDef):
+                methods += [f"{module}.{node.name}.{f.name}" for f in node.body
+                            if isinstance(f, ast.FunctionDef) and f.name in ("window", "recording_window")]
+            if isinstance(node, ast.FunctionDef) and node.name == "recording_window":
+                methods.append(f"{module}.{node.name}")
+    assert windows == ["vmprof_tui.analyse.source"], windows
+    assert not methods, methods

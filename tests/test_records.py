@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -245,3 +246,16 @@ def test_a_crafted_end_or_snapshot_chunk_costs_only_itself(tmp_path: Path, end: 
     assert says in rec.problems and len(rec.samples) == 10
     out = vmprof("report", str(path))
     assert out.returncode == 0 and says in " ".join(out.stdout.split()) and "Traceback" not in out.stderr, out.stderr
+
+
+def test_switches_are_ordered_per_cpu_one_way() -> None:
+    """cpu_order sorts switches by CPU then time, keeping the order of switches of one time; next_on_cpu says when
+    the CPU switched next (the last switch of each CPU: the given end).  Timelines and exports use these two."""
+    ev = np.zeros(6, records.SCHED_DTYPE)
+    ev["cpu"] = [1, 0, 1, 0, 1, 0]
+    ev["time_ns"] = [10, 20, 10, 5, 30, 40]
+    ev["next_tid"] = [1, 2, 3, 4, 5, 6]
+    order = records.cpu_order(ev)
+    assert ev["next_tid"][order].tolist() == [4, 2, 6, 1, 3, 5]
+    until = records.next_on_cpu(ev["cpu"][order], ev["time_ns"][order], -1)
+    assert until.tolist() == [20, 40, -1, 10, 30, -1]

@@ -102,7 +102,7 @@ def test_replay_window_resolved_by_stretches_reads_as_the_whole_window() -> None
         an = window.poll(step_s=0.7).analysis  # the window joined, as its screens that need more read it
         whole = analyse(_window_recording(an.rec.path, an.rec.meta, an.rec.samples, an.rec.sched,
                                            window.snapshot, window.rec.bundles, an.rec.duration_s),
-                         resolver=Resolver(kallsyms=window.resolver.kallsyms), span_ns=an.window())
+                         resolver=Resolver(kallsyms=window.resolver.kallsyms), span_ns=an.span())
         for vm in [None, *an.vm_names()]:
             got = an.host_profile() if vm is None else an.guest_profile(vm)
             want = whole.host_profile() if vm is None else whole.guest_profile(vm)

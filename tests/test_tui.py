@@ -363,7 +363,7 @@ def test_overview_of_a_sliding_window_adds_up_its_chunks(step_s: float) -> None:
     while not window.at_end:
         view = window.poll(step_s=step_s)
         whole = view.analysis  # the window's Analysis, as the other screens see it
-        assert view.vm_names() == whole.vm_names() and view.window() == whole.window()
+        assert view.vm_names() == whole.vm_names() and view.span() == whole.span()
         pairs = [(view.host_summary(), whole.host_summary())] + [
             (view.guest_summary(vm, vcpu), whole.guest_summary(vm, vcpu))
             for vm in whole.vm_names() for vcpu in [None, *(v for v, _tid in whole.vcpu_threads(vm))]]

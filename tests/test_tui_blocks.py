@@ -237,14 +237,14 @@ def test_block_view_follows_the_window(simulated: Path) -> None:  # noqa: F811
     async def still(pilot) -> None:  # noqa: ANN001
         await pilot.press("space")
         await until(pilot, lambda: app.paused and not app._polling)
-        seen.append((app.analysis.window(), {r[0]: int(r[2]) for r in cells(app)}))
+        seen.append((app.analysis.span(), {r[0]: int(r[2]) for r in cells(app)}))
         await pilot.press("space")
 
     async def script(pilot) -> None:  # noqa: ANN001
         await block_view(pilot, "pair")
-        await until(pilot, lambda: app.analysis.window()[1] > window.t0 + 3 * window.step_s * 1e9)
+        await until(pilot, lambda: app.analysis.span()[1] > window.t0 + 3 * window.step_s * 1e9)
         await still(pilot)
-        await until(pilot, lambda: app.analysis.window()[0] > seen[0][0][1])  # a window after the first
+        await until(pilot, lambda: app.analysis.span()[0] > seen[0][0][1])  # a window after the first
         await still(pilot)
     run(app, script)
     rec = load(simulated)

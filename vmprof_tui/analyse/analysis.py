@@ -113,7 +113,7 @@ class Analysis:
         self.backend = rec.meta.get("backend", backends.NONE)
         self.samples, self.sched, self.wake_events = prepared.samples, prepared.sched, prepared.wake_events
         self.range_ns: tuple[int, int] | None = prepared.range_ns
-        self._window = prepared.window
+        self._span = prepared.span
         self._profiles: dict[tuple, Profile] = {}
         self._shares: dict[tuple[str, int | None], _GuestShares] = {}
         self._host_share_cache: dict[int | None, _HostShares] = {}
@@ -136,7 +136,7 @@ class Analysis:
 
     @functools.cached_property
     def _schedule(self) -> Schedule:
-        return Schedule(self.sched, self.wake_events, self.vcpu_of_tid, self.vm_by_pid, self.window(), self.range_ns,
+        return Schedule(self.sched, self.wake_events, self.vcpu_of_tid, self.vm_by_pid, self.span(), self.range_ns,
                         self.shares_only)
 
     # -- names ----------------------------------------------------------------------------
@@ -198,10 +198,10 @@ class Analysis:
             return (self.range_ns[1] - self.range_ns[0]) / 1e9
         return self.rec.duration_s
 
-    def window(self) -> tuple[int, int]:
+    def span(self) -> tuple[int, int]:
         if self.range_ns is not None:
             return self.range_ns
-        return self._window
+        return self._span
 
     # -- profiles --------------------------------------------------------------------
     def row(self, i: int, samples: float) -> Row:
@@ -353,7 +353,7 @@ class Analysis:
         vcpus = {(tl.vm, tl.vcpu): (tl.tid, mine, names)
                  for tl, (_real, mine), names in zip(timelines, parts, rows[:-1], strict=True)}
         host_rows = rows[-1]
-        return SpanSummary(self.window(), self.vm_names(), host.parts, host_rows, self._host_other_rows(host), vcpus)
+        return SpanSummary(self.span(), self.vm_names(), host.parts, host_rows, self._host_other_rows(host), vcpus)
 
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))

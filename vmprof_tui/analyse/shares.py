@@ -358,7 +358,7 @@ class WindowSummary:
         self._rows: dict[tuple[str, int | None] | None, RowCounts] = {}  # None: the host
         self._before = (previous.spans, previous._rows) if previous is not None else None
 
-    def window(self) -> tuple[int, int]:
+    def span(self) -> tuple[int, int]:
         if not self.spans:
             return 0, 0
         return self.spans[0].span_ns[0], self.spans[-1].span_ns[1]

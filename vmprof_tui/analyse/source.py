@@ -21,7 +21,7 @@ from vmprof_tui.analyse.steal import vcpu_steal
 class ProfileSource(Protocol):
     """A span of the host clock: its VMs, summaries, profile rows, steal detail, segments and call paths."""
 
-    def window(self) -> tuple[int, int]:
+    def span(self) -> tuple[int, int]:
         """[lo, hi) on the host clock."""
 
     def vm_names(self) -> list[str]: ...
@@ -57,8 +57,8 @@ class RecordingSource:
     def __init__(self, an: Analysis) -> None:
         self.analysis = an
 
-    def window(self) -> tuple[int, int]:
-        return self.analysis.window()
+    def span(self) -> tuple[int, int]:
+        return self.analysis.span()
 
     def vm_names(self) -> list[str]:
         return self.analysis.vm_names()

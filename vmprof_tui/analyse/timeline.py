@@ -25,6 +25,8 @@ from vmprof_tui.record.records import (
     SCHED_PREV_THROTTLED,
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
+    cpu_order,
+    next_on_cpu,
 )
 
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
@@ -105,25 +107,25 @@ class Schedule:
     """The sched events of a span: context switches and, apart, the wake-up records of vCPU threads."""
 
     def __init__(self, sched: np.ndarray, wake_events: np.ndarray, vcpu_of_tid: dict[int, tuple[int, int]],
-                 vm_by_pid: dict[int, str], window: tuple[int, int], range_ns: tuple[int, int] | None,
+                 vm_by_pid: dict[int, str], span: tuple[int, int], range_ns: tuple[int, int] | None,
                  shares_only: bool = False) -> None:
-        """sched: the switches in time order; vcpu_of_tid: vCPU thread id -> (VMM pid, vCPU id); window: the
-        recording's span; range_ns: the span the timelines are cut to (None: the window); shares_only: no holder
+        """sched: the switches in time order; vcpu_of_tid: vCPU thread id -> (VMM pid, vCPU id); span: the
+        recording's span; range_ns: the span the timelines are cut to (None: all of it); shares_only: no holder
         of each blank, no co-stop (what the shares do not need)."""
         self.sched, self.wake_events = sched, wake_events
         self.vcpu_of_tid, self.vm_by_pid = vcpu_of_tid, vm_by_pid
-        self.window, self.range_ns, self.shares_only = window, range_ns, shares_only
+        self.span, self.range_ns, self.shares_only = span, range_ns, shares_only
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
 
     @functools.cached_property
     def switches_on_cpu(self) -> dict[int, np.ndarray]:
         """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs."""
-        return dict(arrays.group_by(self.sched["cpu"], np.arange(len(self.sched))))
+        return dict(arrays.group_by(self.sched["cpu"], cpu_order(self.sched)))
 
     def timelines(self, thread_samples: dict[int, np.ndarray], sample_times: np.ndarray) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events, for every thread at once (its
         switches, in one table by thread and time)."""
-        _w0, w1 = self.window
+        _w0, w1 = self.span
         ev = self.sched
         threads = sorted(self.vcpu_of_tid.items())
         count = len(threads)
@@ -285,13 +287,12 @@ class Schedule:
         switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
         at = np.empty(len(order), np.int64)
         at[order] = switches_upto
-        switch = order[is_switch]  # the switches (indices into ev) by CPU and time
+        switch = order[is_switch]  # the switches (indices into ev) by CPU and time: cpu_order(ev)
         s_cpu, s_time = cpu[switch], time[switch]
         cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
         first = np.maximum(at[len(ev):len(ev) + len(waits)] - 1, cpu_first)
         last = at[len(ev) + len(waits):]
-        held_until = np.append(s_time[1:], np.iinfo(np.int64).max)
-        held_until[:-1][s_cpu[1:] != s_cpu[:-1]] = np.iinfo(np.int64).max  # the last switch of a CPU: until the end
+        held_until = next_on_cpu(s_cpu, s_time, np.iinfo(np.int64).max)  # the last switch of a CPU: until the end
         many = (last - first).clip(0)
         w = np.repeat(np.arange(len(waits)), many)
         k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
@@ -460,7 +461,7 @@ class Schedule:
         """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
         ev = self.sched
         idle: dict[int, int] = {}
-        w0, w1 = self.window
+        w0, w1 = self.span
         times, next_tid, prev_tid = ev["time_ns"], ev["next_tid"], ev["prev_tid"]
         for cpu, at in self.switches_on_cpu.items():
             t = times[at]

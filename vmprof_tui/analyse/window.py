@@ -224,8 +224,8 @@ class WindowView:
     def analysis(self) -> Analysis:
         return self._analyse()
 
-    def window(self) -> tuple[int, int]:
-        return self.summary.window()
+    def span(self) -> tuple[int, int]:
+        return self.summary.span()
 
     def vm_names(self) -> list[str]:
         return self.summary.vm_names()

@@ -17,8 +17,8 @@ from typing import NoReturn
 from vmprof_tui import __version__
 from vmprof_tui.cli.common import Failure, Usage, fail
 
-# One-shot analyses: millions of objects (rows, cells) and no cycles worth collecting; the collector's passes over
-# them were 1-2 s of a 3.84M-sample report.  Long-running commands (top, agent) keep it.
+# One-shot analyses: millions of objects (rows, cells) and no cycles worth collecting, and the collector's passes
+# over them are seconds of a large report (docs/performance.md).  Long-running commands (top, agent) keep it.
 WITHOUT_GC = ("report", "steal")
 COMMANDS = ("record", "report", "top", "steal", "blocks", "agent", "analyze", "history", "diff", "model", "predict",
             "guest", "doctor", "demo")
@@ -45,7 +45,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each command's parser (its usage is what a wrong option prints); with `only`,
-    that command's alone: importing every command costs 0.1 s of each run."""
+    that command's alone: importing every command would slow every run."""
     parser = Parser(
         prog="vmprof", description="Profile a whole KVM host (host, VMMs, every guest) from the host alone.")
     parser.add_argument("--version", action="version", version=f"vmprof {__version__}")

@@ -156,9 +156,9 @@ def _parse_bundles(values: list[str]) -> dict[str, Path]:
 
 def return_freed_memory() -> None:
     """glibc serves blocks under its mmap threshold from the heap and raises that threshold (to 32 MiB) after a
-    large block is freed: a large recording's tables then stay in RSS once freed (260 of the 1,200 MB of a
-    3.84M-sample report).  A fixed 1 MiB threshold gives every large array back when freed, at the cost of
-    page faults on each new one (+0.2 s at 600k samples, +1.2 s at 3.84M): worth it for large recordings only."""
+    large block is freed: a large recording's tables then stay in RSS once freed.  A fixed 1 MiB threshold gives
+    every large array back when freed, at the cost of page faults on each new one: worth it for large recordings
+    only (the figures: docs/performance.md)."""
     with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator, its behaviour
         ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD; fixing it also stops the raising
 
@@ -175,7 +175,7 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
     from vmprof_tui.analyse.analysis import Analysis, in_kernel
     from vmprof_tui.record.recording import RecordingError, load
-    from vmprof_tui.resolve.prepare import prepare, recording_window
+    from vmprof_tui.resolve.prepare import prepare, recording_span
 
     if args.recording and args.input and args.recording != args.input:
         raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
@@ -193,7 +193,7 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     time_range = None
     if args.time_range:
         lo, hi = args.time_range  # checked by time_range()
-        w0, w1 = recording_window(rec)
+        w0, w1 = recording_span(rec)
         span = (w1 - w0) / 1e9
         if lo >= span:
             raise Failure(f"--time-range {lo:g}:{hi:g} starts after the end of {args.recording} "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmprof_tui import files
-from vmprof_tui.collect.btf import BTF_DIR, Btf, BtfError
+from vmprof_tui.collect.btf import BTF_DIR, VMLINUX_BTF, Btf, BtfError
 
 PVM, SVM, VMX, NONE = "pvm", "svm", "vmx", "none"
 
@@ -70,7 +70,7 @@ def _btf_for(module: str) -> tuple[Path, bool]:
 
 
 def _compute_offsets(backend: str) -> dict[str, int]:
-    vmlinux = Btf.load(BTF_DIR / "vmlinux")
+    vmlinux = Btf.load(VMLINUX_BTF)
     off: dict[str, int] = {
         "TASK_PREEMPT_NOTIFIERS": vmlinux.offset("task_struct.preempt_notifiers"),
         "TASK_PID": vmlinux.offset("task_struct.pid"),

@@ -7,6 +7,7 @@ bpf/sample.h; vmprof_tui.record.recording writes them to disk.
 from __future__ import annotations
 
 import ctypes
+import importlib.resources
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -24,8 +25,10 @@ from vmprof_tui.record.records import (
     ustack_dtype,
 )
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
-HELPER_DIR = Path(__file__).resolve().parents[2] / "helper_kmod"
+# The BPF C as package data, the one place every loader finds it (docs/architecture.md): the top-level bpf/
+# (with the helper's two ABI headers linked in) seen through the link vmprof_tui/bpf, copied into a wheel.
+# bcc compiles from files (-I), so an install must leave the package as files, as pip does.
+BPF_DIR = Path(str(importlib.resources.files("vmprof_tui") / "bpf"))
 
 
 class CollectError(RuntimeError):
@@ -167,7 +170,7 @@ class Collector:
         if self.event == "cycles" and not pmu_available():
             raise CollectError("the cycles event needs a hardware PMU and this host has none; "
                                "use the default cpu-clock event")
-        cflags = [f"-I{BPF_DIR}", f"-I{HELPER_DIR}", f"-DSAMPLE_RING_PAGES={self.ring_pages}",
+        cflags = [f"-I{BPF_DIR}", f"-DSAMPLE_RING_PAGES={self.ring_pages}",
                   f"-DSCHED_RING_PAGES={max(self.ring_pages // 4, 16)}", "-Wno-macro-redefined",
                   f"-DEXPECTED_HANDLING={2 if self.event == 'cycles' else 1}",
                   *self.backend.cflags()]

@@ -26,7 +26,6 @@ from vmprof_tui.demo.loader import (
     PAGE,
     STACK_TOP,
     AddressSpace,
-    Mapping,
     PageTable,
     PhysAllocator,
     check_program,
@@ -34,6 +33,7 @@ from vmprof_tui.demo.loader import (
 )
 from vmprof_tui.demo.syscalls import Reply, SyscallServer
 from vmprof_tui.demo.usermem import UserMemory, page_up
+from vmprof_tui.mapping import Mapping
 
 KERNEL_BASE = 0xFFFFFFFF80000000
 KFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie", "-fno-pic",
@@ -124,7 +124,7 @@ def load_process(path: Path, argv: list[bytes], envp: list[bytes], pt_memory, al
     writable = {va for m in space.maps if "w" in m.perms for va in range(m.start, m.end, PAGE)}
     user = UserMemory(pt, {va: gpa | (va in writable) for va, gpa in pages.items()}, brk)  # bit 0: writable
     user.map_zeroed(STACK_TOP - USER_STACK_BYTES, STACK_TOP)
-    space.maps.append(Mapping(STACK_TOP - USER_STACK_BYTES, STACK_TOP, "rw-p", 0, "[stack]"))
+    space.maps.append(Mapping(STACK_TOP - USER_STACK_BYTES, STACK_TOP, 0, "[stack]", perms="rw-p"))
     pt.map(DOORBELL_VA, DOORBELL_GPA, writable=True, executable=False)
     rsp = _initial_stack(user, argv, envp, {"PHDR": phdr, "PHENT": 56, "PHNUM": phnum, "PAGESZ": PAGE,
                                             "ENTRY": entry, "CLKTCK": 100})

@@ -15,6 +15,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from vmprof_tui.demo.kvm import GuestMemory
+from vmprof_tui.mapping import Mapping
 
 PAGE = 4096
 PTE_PRESENT, PTE_WRITE, PTE_USER, PTE_NX = 0x1, 0x2, 0x4, 1 << 63
@@ -30,15 +31,6 @@ MAX_PROGRAM_BYTES = 64 << 20
 
 class BadProgram(ValueError):
     """The file is not a program the demo VMM can run (static x86-64 ELF executable)."""
-
-
-@dataclass
-class Mapping:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    path: str
 
 
 @dataclass
@@ -150,7 +142,7 @@ def load_program(path: Path, memory: GuestMemory, alloc: PhysAllocator) -> Addre
     load_segments(elf, pt, space, str(path))
     for page_va in range(STACK_TOP - STACK_PAGES * PAGE, STACK_TOP, PAGE):
         pt.map(page_va, alloc.page(), writable=True, executable=False)
-    space.maps.append(Mapping(STACK_TOP - STACK_PAGES * PAGE, STACK_TOP, "rw-p", 0, "[stack]"))
+    space.maps.append(Mapping(STACK_TOP - STACK_PAGES * PAGE, STACK_TOP, 0, "[stack]", perms="rw-p"))
     pt.map(DOORBELL_VA, DOORBELL_GPA, writable=True, executable=False)
     elf.stream.close()
     return space
@@ -178,5 +170,5 @@ def load_segments(elf: ELFFile, pt: PageTable, space: AddressSpace, path: str) -
             if lo < hi:
                 memory.write(gpa + lo - page_va, data[lo - vaddr:hi - vaddr])
         perms = ("r" if flags & 4 else "-") + ("w" if flags & 2 else "-") + ("x" if flags & 1 else "-") + "p"
-        space.maps.append(Mapping(start, end, perms, seg["p_offset"] - (vaddr - start), path))
+        space.maps.append(Mapping(start, end, seg["p_offset"] - (vaddr - start), path, perms=perms))
     return pages

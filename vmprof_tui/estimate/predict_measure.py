@@ -7,7 +7,7 @@
   semantics; a process orphaned and reaped by init is missed: see docs/predict.md).
 * Compute: the PMU's `instructions` counter (user mode, inherited by children) where a PMU
   exists; exact ptrace single-stepping of every task of the tree when asked (the paper's
-  method; ~20 us per instruction, small programs only); otherwise the user CPU time.
+  method; slow, small programs only: docs/performance.md); otherwise the user CPU time.
 * The reference's speed: the compute loop of predict_costs, timed here before the run, so
   that a target's costs give a ratio (counts and costs need not come from one machine).
 """
@@ -23,8 +23,8 @@ import signal
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from vmprof_tui.collect.bpf import BPF_DIR
 from vmprof_tui.estimate import predict_costs
 from vmprof_tui.estimate.machine import machine_description
 from vmprof_tui.estimate.predict import (
@@ -40,7 +40,7 @@ from vmprof_tui.estimate.predict import (
 )
 from vmprof_tui.libc import LIBC
 
-BPF_FILE = Path(__file__).resolve().parent.parent.parent / "bpf" / "syscalls.bpf.c"
+BPF_FILE = BPF_DIR / "syscalls.bpf.c"
 NR_SLOTS = 512
 
 

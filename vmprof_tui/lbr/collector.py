@@ -17,18 +17,17 @@ import ctypes
 import fcntl
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui.collect import perf_event as pe
+from vmprof_tui.collect.bpf import BPF_DIR
 from vmprof_tui.collect.session import BranchCollectorError
 from vmprof_tui.lbr import capability
 from vmprof_tui.lbr.patterns import DEFAULT_PATTERN, Pattern, get
 from vmprof_tui.lbr.records import decode, record_dtype
 from vmprof_tui.record.records import SAMPLE_DTYPE
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "lbr.bpf.c"
 PERF_EVENT_IOC_ENABLE = 0x2400
 PERF_EVENT_IOC_DISABLE = 0x2401

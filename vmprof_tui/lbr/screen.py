@@ -48,7 +48,7 @@ class WindowBlocks:
     vm: str | None
 
     def blocks_of(self, an: ProfileSource) -> FunctionBlocks:
-        lo, hi = an.window()
+        lo, hi = an.span()
         return self.source.function_blocks(self.source.report(lo, hi, self.vm), self.function, self.vm)
 
 
@@ -178,7 +178,7 @@ class BlockScreen(WindowBlocks, DrawingScreen):
         if hi < len(insns):
             text.append(f"   ... {len(insns) - hi} instructions after\n", style="dim")
         sample, pos = row.occurrence
-        report = src.report(*an.window(), self.vm)
+        report = src.report(*an.span(), self.vm)
         text.append(f"\ncall/return chain of one sample through it (sample {sample}, oldest first)\n", style="bold")
         for j, c in enumerate(chain_of(report, sample)):
             mark = "  ◀ block starts at this target" if j == pos - 1 else "  ◀ block ends at this source" \

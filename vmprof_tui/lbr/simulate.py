@@ -3,7 +3,7 @@
 The command is single-stepped with ptrace (lbr/groundtruth.py: every retired user-mode
 instruction, hence every taken branch, is known).  A simulated PMU then samples it as a host
 with LBR would: a sample every `period` cycles of a synthetic cost model (1-6 cycles per
-instruction, a function of the address: lbr_groundtruth.cost_model), the last `depth` branches
+instruction, a function of the address: groundtruth.cost_model), the last `depth` branches
 the pattern's filter keeps, the running cycles and instructions counts, and the cycles a timed
 LBR would have recorded per entry.  The records have the layout the BPF collector writes
 (lbr/records.py), so everything downstream reads them as a PMU host's.

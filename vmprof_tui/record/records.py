@@ -88,6 +88,20 @@ def context_switches(sched: np.ndarray) -> np.ndarray:
     return sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]
 
 
+def cpu_order(sched: np.ndarray) -> np.ndarray:
+    """The indices of sched records by CPU, then time (records of one time keep their order): how each CPU passed
+    from task to task.  The one ordering of switches per CPU (the timelines' holders and idle time, exports)."""
+    return np.lexsort((sched["time_ns"], sched["cpu"]))
+
+
+def next_on_cpu(cpu: np.ndarray, time: np.ndarray, last: int) -> np.ndarray:
+    """For switches in cpu_order (their CPUs and times): when the CPU switched next, which is when the task each
+    switch put on the CPU left it; `last` for each CPU's last switch."""
+    until = np.append(time[1:], last).astype(np.int64)
+    until[:-1][cpu[1:] != cpu[:-1]] = last
+    return until
+
+
 def stack_rows(samples: np.ndarray, stacks: np.ndarray) -> np.ndarray:
     """For each sample, the row of its vmprof_stack record in `stacks` (same cpu and time_ns), or -1.
 

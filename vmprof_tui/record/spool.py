@@ -68,7 +68,9 @@ class WindowStats:
 
 
 @dataclass
-class Window:
+class SpoolWindow:
+    """One of the agent's back-to-back windows while it fills, then stored as one recording in the spool (not the
+    live screen's window: analyse/window.py; docs/architecture.md, glossary)."""
     seq: int
     start_ns: int
     end_ns: int
@@ -207,7 +209,7 @@ class Agent:
         self.last_sampled: dict[int, int] = {}  # pid -> seq of the last window it was sampled in
         self.stats: list[WindowStats] = []
         self.not_stored = 0
-        self._queue: queue.Queue[Window | None] = queue.Queue()
+        self._queue: queue.Queue[SpoolWindow | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="vmprof-agent-writer", daemon=True)
         self._lost_before: dict[str, int] = {"samples": 0, "sched": 0}
         self._prev_end_ns: int | None = None
@@ -227,7 +229,7 @@ class Agent:
         self._writer.start()
         start_ns, self._unix_at = time.monotonic_ns(), time.time()
         self._mono_at = start_ns
-        self.window = Window(self.spool.next_seq(), start_ns, start_ns + self.window_ns, self._unix_at)
+        self.window = SpoolWindow(self.spool.next_seq(), start_ns, start_ns + self.window_ns, self._unix_at)
         try:
             while not should_stop():
                 time.sleep(drain_s)
@@ -261,10 +263,10 @@ class Agent:
             self._close(win)
             if final:
                 return
-            self.window = Window(win.seq + 1, win.end_ns, win.end_ns + self.window_ns,
+            self.window = SpoolWindow(win.seq + 1, win.end_ns, win.end_ns + self.window_ns,
                                  self._unix_at + (win.end_ns - self._mono_at) / 1e9)
 
-    def _close(self, win: Window) -> None:
+    def _close(self, win: SpoolWindow) -> None:
         samples = win.samples
         pids = set(np.unique(samples["pid"]).tolist()) - {0}
         for pid in pids:
@@ -293,7 +295,7 @@ class Agent:
         while (win := self._queue.get()) is not None:
             self._store(win)
 
-    def _store(self, win: Window) -> None:
+    def _store(self, win: SpoolWindow) -> None:
         name = f"W{win.seq:08d}-{int(win.start_unix_s)}.vmprof"
         final = self.spool.windows / name
         tmp = final.with_suffix(".tmp")
@@ -308,7 +310,7 @@ class Agent:
         self._prev_end_ns = win.end_ns
         t = time.monotonic()
         try:
-            if time.monotonic() - self._kallsyms_read >= KALLSYMS_CHECK_S:  # reading it costs ~0.1 s of CPU
+            if time.monotonic() - self._kallsyms_read >= KALLSYMS_CHECK_S:  # reading it is not free
                 self.kallsyms_ref = self.spool.store_static("kallsyms", read_kallsyms().encode(), "txt")
                 self._kallsyms_read = time.monotonic()
             for vm_name, tar in win.bundles.items():
@@ -342,7 +344,7 @@ class Agent:
             stats.t0_s = time.monotonic() - t
         self._record(stats, final if stats.stored else None)
 
-    def _store_objects(self, win: Window, stats: WindowStats) -> dict[str, str]:
+    def _store_objects(self, win: SpoolWindow, stats: WindowStats) -> dict[str, str]:
         """The symbol tables of the host objects this window's user samples fell in: stored when their build id
         is new to the spool (read from the host's file on this thread), referenced in any case."""
         refs = {}

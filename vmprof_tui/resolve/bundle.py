@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from vmprof_tui.mapping import Mapping
 from vmprof_tui.resolve.bundle_format import FORMAT, INDEX, KALLSYMS, VERSIONS, normalise_cr3
 from vmprof_tui.resolve.elf import check_elf_header
 from vmprof_tui.resolve.symtab import KernelSymbols, parse_kallsyms
@@ -70,21 +71,6 @@ class GuestKernel:
 
 
 @dataclass
-class GuestMap:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    path: str
-    object_path: Path | None  # a validated regular file inside the bundle, or None
-    build_id: str | None
-
-    @property
-    def executable(self) -> bool:
-        return "x" in self.perms
-
-
-@dataclass
 class GuestProcess:
     pid: int
     tids: list[int]
@@ -92,7 +78,7 @@ class GuestProcess:
     cmdline: list[str]
     exe: str | None
     cr3: list[int]  # normalised page-table roots
-    maps: list[GuestMap]
+    maps: list[Mapping]
     exited: bool = False  # ended during a `vmprof-guest watch` (its CR3 may have been reused since)
     kernel_thread: bool = False
 
@@ -582,10 +568,11 @@ def _build(index: dict, kallsyms: bytes | None, objects: dict[str, Path], source
         maps = []
         for m in p.get("maps") or []:
             obj = m.get("object")
-            maps.append(GuestMap(start=m["start"], end=m["end"], perms=m["perms"], offset=m["offset"],
-                                 path=safe_text(m.get("path") or "", limits.max_string),
-                                 object_path=objects[check_object_name(obj)] if obj is not None else None,
-                                 build_id=(m.get("build_id") or None) and m["build_id"].lower()))
+            maps.append(Mapping(start=m["start"], end=m["end"], perms=m["perms"], offset=m["offset"],
+                                path=safe_text(m.get("path") or "", limits.max_string),
+                                # a validated regular file inside the bundle, or None
+                                object_path=objects[check_object_name(obj)] if obj is not None else None,
+                                build_id=(m.get("build_id") or None) and m["build_id"].lower()))
         cr3 = []
         for v in p.get("cr3") or []:
             n = normalise_cr3(v)

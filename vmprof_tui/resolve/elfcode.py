@@ -110,7 +110,8 @@ class ImageCache:
 
 
 @dataclass
-class Mapping:
+class ImageRange:
+    """Executable code of a loaded image at its runtime addresses (not a process's mapping: vmprof_tui.mapping)."""
     start: int  # runtime address range [start, end)
     end: int
     image: ElfImage
@@ -126,7 +127,7 @@ class ElfResolver:
 
     def __init__(self, cache: ImageCache | None = None) -> None:
         self.cache = cache or ImageCache()
-        self._maps: list[Mapping] = []
+        self._maps: list[ImageRange] = []
         self._starts: list[int] = []
         self.errors: list[str] = []
 
@@ -137,7 +138,7 @@ class ElfResolver:
             self.errors.append(str(e))
             return False
         for lo, hi in img.exec_ranges():
-            self._insert(Mapping(lo + bias, hi + bias, img, bias))
+            self._insert(ImageRange(lo + bias, hi + bias, img, bias))
         return True
 
     def add_mmap(self, path: str, start: int, length: int, pgoff: int) -> bool:
@@ -151,15 +152,15 @@ class ElfResolver:
         if vaddr is None:
             self.errors.append(f"{path}: mmap offset {pgoff:#x} is outside every loadable segment")
             return False
-        self._insert(Mapping(start, start + length, img, start - vaddr))
+        self._insert(ImageRange(start, start + length, img, start - vaddr))
         return True
 
-    def _insert(self, m: Mapping) -> None:
+    def _insert(self, m: ImageRange) -> None:
         i = bisect.bisect(self._starts, m.start)
         self._starts.insert(i, m.start)
         self._maps.insert(i, m)
 
-    def mapping_of(self, addr: int) -> Mapping | None:
+    def range_of(self, addr: int) -> ImageRange | None:
         i = bisect.bisect(self._starts, addr) - 1
         for j in range(i, max(i - 8, -1), -1):  # mappings rarely overlap; look at a few below
             m = self._maps[j]
@@ -168,7 +169,7 @@ class ElfResolver:
         return None
 
     def __call__(self, addr: int) -> ResolvedAddr | None:
-        m = self.mapping_of(addr)
+        m = self.range_of(addr)
         if m is None:
             return None
         vaddr = addr - m.bias

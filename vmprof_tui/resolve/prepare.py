@@ -20,7 +20,7 @@ from vmprof_tui.record.records import SAMPLE_GUEST, SCHED_NOT_SWITCH
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 
-def recording_window(rec: Recording) -> tuple[int, int]:
+def recording_span(rec: Recording) -> tuple[int, int]:
     """The span a recording covers on the host clock: from its first record to its end.
 
     The end is where sampling stopped, not the last record: an idle CPU that takes no sampling interrupts
@@ -82,7 +82,7 @@ class Prepared:
     samples: np.ndarray  # in time order, those in the span and kept
     sched: np.ndarray  # the context switches, in time order
     wake_events: np.ndarray  # apart: the wake-ups of vCPU threads and the ends of their halts and throttling
-    window: tuple[int, int]  # the recording's span on the host clock (recording_window)
+    span: tuple[int, int]  # the recording's span on the host clock (recording_span)
     range_ns: tuple[int, int] | None  # the span analysed, when it is not the whole recording
     is_guest: np.ndarray  # the samples that interrupted a guest
     vms: Vms
@@ -113,10 +113,10 @@ def prepare(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolv
     sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
     not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
     switches, wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (sched, sched[:0])
-    window = recording_window(rec)
+    span = recording_span(rec)
     range_ns = span_ns
     if time_range is not None:
-        w0, w1 = window
+        w0, w1 = span
         lo, hi = (w0 + round(x * 1e9) for x in time_range)
         range_ns = (lo, hi)
         t = samples["time_ns"]
@@ -136,4 +136,4 @@ def prepare(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolv
     notes += resolver.load_guests(vms.by_pid.values(), guest_bundles or {}, rec.bundles)
     if given is None:
         given = resolver.resolve(samples, rec.processes(), vms.by_pid, rec.kallsyms(), notes)
-    return Prepared(rec, samples, switches, wake_events, window, range_ns, is_guest, vms, resolver, given, notes)
+    return Prepared(rec, samples, switches, wake_events, span, range_ns, is_guest, vms, resolver, given, notes)

@@ -10,37 +10,22 @@ over sorted address tables: one numpy call per (process, mapping), never a Pytho
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from collections.abc import Mapping as MappingOf
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui.arrays import group_by
+from vmprof_tui.mapping import Mapping
 from vmprof_tui.resolve.bundle import GuestBundle, load_bundle
 from vmprof_tui.resolve.elf import ElfSymbols, read_elf_symbols
 from vmprof_tui.resolve.object_table import decode_object_table
 from vmprof_tui.resolve.symtab import EMPTY_KERNEL, KernelSymbols
 from vmprof_tui.resolve.untrusted import BundleError
-
-
-@dataclass
-class Mapping:
-    start: int
-    end: int
-    offset: int
-    path: str
-    object_path: Path | None  # the file to read symbols from (None: none available)
-    build_id: str | None = None  # of the file the host process mapped, from its snapshot
-
-    @property
-    def module_name(self) -> str:
-        """What profiles show as the module: the file name."""
-        return os.path.basename(self.path) or self.path
 
 
 class ObjectCache:
@@ -65,9 +50,7 @@ class ObjectCache:
         if key not in self._spaces:
             if len(self._spaces) >= 1024:  # the live screen meets ever new processes: forget the oldest
                 del self._spaces[next(iter(self._spaces))]
-            maps = parse_proc_maps(maps_text)
-            for m in maps:
-                m.build_id = (build_ids or {}).get(m.path)
+            maps = [replace(m, build_id=(build_ids or {}).get(m.path)) for m in parse_proc_maps(maps_text)]
             self._spaces[key] = AddressSpace(name, pid, maps)
         return self._spaces[key]
 
@@ -191,7 +174,7 @@ def parse_proc_maps(text: str) -> list[Mapping]:
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         path = parts[5].replace(" (deleted)", "")
         obj = Path(path) if path.startswith("/") else None
-        out.append(Mapping(lo, hi, int(parts[2], 16), path, obj))
+        out.append(Mapping(lo, hi, int(parts[2], 16), path, obj, perms=parts[1]))
     return out
 
 
@@ -228,7 +211,8 @@ def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
         if counts[name] > 1:
             seen[name] = seen.get(name, 0) + 1
             name = f"{name}({seen[name]})"
-        maps = [Mapping(m.start, m.end, m.offset, m.path, m.object_path) for m in p.maps if m.executable]
+        # the bundle's build ids are not the host snapshot's, which symbols() checks a file against
+        maps = [replace(m, build_id=None) for m in p.maps if m.executable]
         space = AddressSpace(name, p.pid, maps)
         for cr3 in p.cr3:
             if cr3 not in processes or not p.exited:  # live processes win over exited ones with a reused CR3

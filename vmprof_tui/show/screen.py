@@ -38,7 +38,7 @@ def cell(value: object) -> Text:
 
 
 class View(Screen):
-    """A screen of the app's window: VmprofTop has each refresh prepared off the UI thread, then drawn."""
+    """A screen of the app: VmprofTop has each refresh prepared off the UI thread, then drawn."""
 
     detail = False  # the screen reads each chunk's detail (steal, segments): polls analyse new chunks in full
 
@@ -57,7 +57,7 @@ class TableScreen(View):
     columns: tuple[str, ...] = ()
     default_sort = "samples"  # the column a screen sorts by (descending for numbers) until `o` is pressed
     # Rows handed to the table, the first by the sort: Textual lays out every row it holds, and a 64-CPU host
-    # has ~65,000 host functions in a 10 s window (minutes a refresh); the rest are reached with / or o.
+    # has tens of thousands of host functions in a window (docs/performance.md); the rest are reached with / or o.
     max_rows = 500
     hidden_rows = 0  # rows the window has beyond those rows() gave (it gave the first by the sort)
 

@@ -22,9 +22,9 @@ from vmprof_tui.analyse.analysis import Analysis, vm_rows
 from vmprof_tui.analyse.callgraph import call_graph
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import Profile, Row
+from vmprof_tui.mapping import Mapping
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
-from vmprof_tui.resolve.stacks import MappingInfo
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Frame:
     # where a call-stack frame is (0 / None for the frames of rows); not part of its identity, so that
     # formats that merge frames by name see one frame per function
     address: int = field(default=0, compare=False)
-    mapping: MappingInfo | None = field(default=None, compare=False)
+    mapping: Mapping | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class TimelineScreen(VmKeys, DrawingScreen):
 
     def draw(self, an: ProfileSource) -> Text | str:
         width = max(self.size.width - 12, 20)
-        w0, w1 = an.window()
+        w0, w1 = an.span()
         seconds = (w1 - w0) / 1e9
         text = Text(f"VM {self.vm}: last {seconds:.0f}s, one column = {seconds / width:.2f}s   ")
         for code, label in self.LEGEND:

@@ -92,7 +92,7 @@ class VmprofTop(App):
         self._timer = self.set_interval(self.refresh_s, self.tick)
         self.set_interval(0.25, self._check_stop)  # SIGTERM ends the screen at once, whatever the refresh
         # What exists now (modules, Textual, the screen) lives as long as the app: out of the collector's full
-        # passes, which otherwise walk it after every refresh's analysis (10 of 65 ms a refresh, replayed)
+        # passes, which otherwise walk it after every refresh's analysis (docs/performance.md)
         gc.freeze()
 
     def _start_window(self) -> None:
@@ -130,7 +130,7 @@ class VmprofTop(App):
         an = self.window.poll(detail=isinstance(screen, View) and screen.detail)
         loads = [(HOST_KEY, 100.0 - an.host_summary().ratios["idle"])]
         usage = []
-        now = an.window()[1] / 1e9  # the recording's clock: a replay plots recorded time
+        now = an.span()[1] / 1e9  # the recording's clock: a replay plots recorded time
         for vm in an.vm_names():
             r = an.guest_ratios(vm)
             loads.append((vm, r["user"] + r["os"]))

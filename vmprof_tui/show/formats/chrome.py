@@ -48,6 +48,7 @@ from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.segments import Segment, SegmentKind, vcpu_segments
 from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.analyse.timeline import VcpuTimeline, task_name
+from vmprof_tui.record.records import cpu_order, next_on_cpu
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
 
@@ -136,17 +137,16 @@ def host_events(an: Analysis, t0: int) -> tuple[list[Event], list[int]]:
     ev = an.sched
     if not len(ev):
         return [], []
-    order = np.lexsort((ev["time_ns"], ev["cpu"]))
-    ev = ev[order]
+    ev = ev[cpu_order(ev)]
     cpu = ev["cpu"].astype(np.int64)
     t = ev["time_ns"].astype(np.int64)
     nxt = ev["next_tid"].astype(np.int64)
-    same_cpu = cpu[1:] == cpu[:-1]
-    # interval i runs from event i to event i+1 on the same CPU, with event i's next task on it;
-    # it is exact when event i+1 switches that task out (idle and vCPU threads always are)
-    exact = same_cpu & (ev["prev_tid"][1:].astype(np.int64) == nxt[:-1])
-    i_idx = np.nonzero(same_cpu)[0]
-    a_us, z_us = _us(t[i_idx], t0), _us(t[i_idx + 1], t0)
+    # interval i runs from event i to the next event on the same CPU, with event i's next task on it;
+    # it is exact when that event switches the task out (idle and vCPU threads always are)
+    until = next_on_cpu(cpu, t, -1)
+    exact = (until[:-1] >= 0) & (ev["prev_tid"][1:].astype(np.int64) == nxt[:-1])
+    i_idx = np.nonzero(until >= 0)[0]
+    a_us, z_us = _us(t[i_idx], t0), _us(until[i_idx], t0)
     events: list[Event] = []
     for i, a, z in zip(i_idx.tolist(), a_us.tolist(), z_us.tolist(), strict=True):
         if z <= a:
@@ -180,7 +180,7 @@ def _meta(name: str, pid: int, tid: int | None, value: str | int) -> Event:
 
 def build_trace(an: Analysis, vm: str | None = None, vcpu: int | None = None, profile: Profile | None = None,
                 host: bool = True) -> dict:
-    w0, _ = an.window()
+    w0, _ = an.span()
     meta: list[Event] = []
     events: list[Event] = []
     vms = [vm] if vm else an.vm_names()

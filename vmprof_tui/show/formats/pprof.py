@@ -39,7 +39,7 @@ import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.shares import Profile
-from vmprof_tui.resolve.stacks import MappingInfo
+from vmprof_tui.mapping import Mapping
 from vmprof_tui.show.formats import ReportInput
 from vmprof_tui.show.stacks import Frame, Stack, profile_stacks
 
@@ -135,9 +135,9 @@ class ProfileBuilder:
         self.mappings: list[bytes] = []
         self._location_of: dict[tuple, int] = {}
         self._function_of: dict[tuple[str, str, str], int] = {}
-        self._mapping_of: dict[MappingInfo, int] = {}
+        self._mapping_of: dict[Mapping, int] = {}
 
-    def mapping(self, m: MappingInfo | None) -> int:
+    def mapping(self, m: Mapping | None) -> int:
         """The id of a file mapping (MAPPING_ID, the one pseudo mapping, for frames without one)."""
         if m is None:
             return MAPPING_ID

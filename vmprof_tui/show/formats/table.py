@@ -7,7 +7,7 @@ and a name longer than its column ends in an ellipsis instead of widening every 
 
 The rows are laid out here rather than by `rich.table.Table`: every cell is one line at a fixed width, so a row is
 only padding and cutting (with rich's own cell-width functions), while rich measures and renders each cell as a
-renderable — 13 s for the 61,000 rows of a 600,000-sample recording, against a fraction of a second here.
+renderable, which is far slower on large profiles (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def render_profile(profile: Profile, sort: str = "samples", limit: int | None = 
                processes.get((r.process, r.pid)) or processes.setdefault((r.process, r.pid), process_name(r) or ""),
                r.module, demangle(r.function)) for r in rows]
     columns: list = list(zip(*cells, strict=True))
-    del cells  # a column is let go once fitted: 260,000 rows are 50 MB of cells
+    del cells  # a column is let go once fitted: cells of many rows are large
     plain = ["".join(texts).isascii() for texts in columns]  # then a cell's width is its length (the usual case)
     longest = [max(map(len if p else cell_len, texts)) for p, texts in zip(plain, columns, strict=True)]
     widths = longest if cols is None else column_widths(longest, cols)

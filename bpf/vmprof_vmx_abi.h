@@ -1,0 +1,1 @@
+../helper_kmod/vmprof_vmx_abi.h
