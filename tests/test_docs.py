@@ -64,8 +64,6 @@ def test_docs_name_only_modules_that_exist() -> None:
 # a measured figure: a number of seconds or a speed ratio, beside a word of cost or speed
 FIGURE = re.compile(r"\d[\d,.]*\s?(ms|µs|us|s|x|[MG]B/s)\b")
 COST = re.compile(r"faster|slower|speed|costs?\b|\btook\b|\btakes\b|a refresh|\bRSS\b|measured", re.IGNORECASE)
-# figures still in LBR modules, which are being moved to vmprof_tui/lbr/ (they go to docs/performance.md then)
-FIGURES_LEFT = {"vmprof_tui/analyse/lbr_groundtruth.py"}
 
 
 def test_no_timings_in_docstrings_or_comments() -> None:
@@ -76,8 +74,6 @@ def test_no_timings_in_docstrings_or_comments() -> None:
     found = []
     for path in sorted((ROOT / "vmprof_tui").rglob("*.py")):
         name = str(path.relative_to(ROOT))
-        if name in FIGURES_LEFT:
-            continue
         for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
             is_doc = tok.type == tokenize.STRING and tok.string.lstrip("rbuRBU").startswith(('"""', "'''"))
             if tok.type == tokenize.COMMENT or is_doc:

@@ -12,7 +12,7 @@ a ring of `depth` entries fed with the branches a filter keeps, wrap-around incl
 plus the exact instructions since the previous sample and synthetic cycles from a
 per-instruction cost model (also the per-entry cycles a timed LBR would have recorded,
 saturating at 16 bits).  Its :class:`TruthBlock` list is what the analysis must
-reproduce.  Single-stepping costs ~20 us per instruction: keep programs small.
+reproduce.  Single-stepping traps on every instruction (docs/performance.md): keep programs small.
 """
 
 from __future__ import annotations
