@@ -13,12 +13,15 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from vmprof_tui import files
 
 if TYPE_CHECKING:
     from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.stream import StreamedAnalysis
+
+A = TypeVar("A", "Analysis", "StreamedAnalysis")
 
 
 LARGE_RECORDING = 64 << 20  # bytes (a million samples or so): memory before speed, see return_freed_memory
@@ -177,12 +180,7 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     from vmprof_tui.record.recording import RecordingError, load
     from vmprof_tui.resolve.prepare import prepare, recording_window
 
-    if args.recording and args.input and args.recording != args.input:
-        raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
-    given = args.recording or args.input
-    if not given and not Path(DEFAULT_RECORDING).exists():
-        raise Failure(f"no recording given and no ./{DEFAULT_RECORDING} here: vmprof record writes one")
-    args.recording = given or DEFAULT_RECORDING
+    recording_path(args)
     with contextlib.suppress(OSError):  # an unreadable one fails with its line just below
         if os.path.getsize(args.recording) > LARGE_RECORDING:
             return_freed_memory()
@@ -205,7 +203,22 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     elif getattr(args, "hide_user", False):
         keep = in_kernel
     bundles = _parse_bundles(args.guest_bundle)
-    an = Analysis(prepare(rec, bundles, time_range=time_range, keep=keep))
+    return _checked(args, Analysis(prepare(rec, bundles, time_range=time_range, keep=keep)), bundles)
+
+
+def recording_path(args: argparse.Namespace) -> str:
+    """REC or -i FILE (given once), else ./vmprof.data; set as args.recording."""
+    if args.recording and args.input and args.recording != args.input:
+        raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
+    given = args.recording or args.input
+    if not given and not Path(DEFAULT_RECORDING).exists():
+        raise Failure(f"no recording given and no ./{DEFAULT_RECORDING} here: vmprof record writes one")
+    args.recording = given or DEFAULT_RECORDING
+    return args.recording
+
+
+def _checked(args: argparse.Namespace, an: A, bundles: dict[str, Path]) -> A:
+    """The analysis, once --guest-bundle and --vm name VMs it has."""
     for vm, path in bundles.items():  # a bundle for a VM not recorded names nothing: a typo, most likely
         if vm not in an.vm_names():
             raise Failure(f"--guest-bundle {vm}={path}: no VM named {vm} in {args.recording} "
@@ -213,3 +226,22 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     if args.vm and args.vm not in an.vm_names():
         raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
     return an
+
+
+def load_streamed(args: argparse.Namespace, piece_rows: int | None = None) -> StreamedAnalysis | None:
+    """REC analysed a piece at a time (analyse/stream.py) when it is larger than a piece and can be read so (an
+    intact recording without call stacks); None: load it whole (load_analysis)."""
+    from vmprof_tui.analyse import stream
+    from vmprof_tui.record.recording import RecordingError
+    from vmprof_tui.record.stream import scan
+
+    rows = piece_rows or stream.PIECE_ROWS
+    scanned = scan(Path(recording_path(args)))
+    if scanned is None or scanned.samples <= rows:
+        return None
+    bundles = _parse_bundles(args.guest_bundle)
+    try:
+        an = stream.StreamedAnalysis(scanned, bundles, piece_rows=rows)
+    except RecordingError as e:
+        raise Failure(str(e)) from None
+    return _checked(args, an, bundles)

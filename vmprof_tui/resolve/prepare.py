@@ -33,10 +33,15 @@ def recording_window(rec: Recording) -> tuple[int, int]:
     if not times:
         return 0, 0
     w0, w1 = int(min(t.min() for t in times)), int(max(t.max() for t in times))
-    end = rec.end or {}
+    return w0, recording_end(w0, w1, rec.end)
+
+
+def recording_end(first_ns: int, last_ns: int, end: dict | None) -> int:
+    """recording_window's end, of a recording whose records span [first_ns, last_ns] and with this end chunk."""
+    end = end or {}
     if "end_monotonic_ns" in end and "duration_s" in end:
-        w1 = max(w1, min(int(end["end_monotonic_ns"]), w0 + round(float(end["duration_s"]) * 1e9)))
-    return w0, w1
+        return max(last_ns, min(int(end["end_monotonic_ns"]), first_ns + round(float(end["duration_s"]) * 1e9)))
+    return last_ns
 
 
 @dataclass
