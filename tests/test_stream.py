@@ -84,7 +84,7 @@ def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> No
     """The pieces follow each other in time and together hold every record once; the summaries kept across them
     are the distinct rows, not the samples."""
     scanned = scan(recording)
-    an = stream.StreamedAnalysis(scanned, piece_rows=1000)
+    an = stream.StreamedAnalysis(scanned, piece_rows=1000)  # the host level
     assert an.pieces == 12  # a piece per sample chunk (500 ms of 3 CPUs)
     total = an.host_profile().total_samples
     assert total == pytest.approx(scanned.samples, abs=1)  # idle from sched events replaces the idle samples

@@ -13,12 +13,12 @@ A recording of one piece is analysed whole (``StreamedAnalysis.whole``): what is
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
@@ -60,9 +60,11 @@ def _empty_rows() -> RowCounts:
 class StreamedAnalysis:
     """What `vmprof report` reads of an Analysis (VM names, vCPUs, host and guest profiles), summed piece by piece."""
 
-    def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None,
-                 keep: Callable[[np.ndarray], np.ndarray] | None = None, piece_rows: int = PIECE_ROWS) -> None:
+    def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
+                 vm: str | None = None, piece_rows: int = PIECE_ROWS) -> None:
+        """level: the profiles asked for, host or guest (of `vm`, else of every VM): only their sums are kept."""
         self.rec = rec = scanned.rec
+        self.level, self.vm = level, vm
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.host = HostParts()
         self.host_rows = _empty_rows()
@@ -74,7 +76,6 @@ class StreamedAnalysis:
         self.notes: dict[str, None] = {}
         self.has_sched = False
         self.pieces = 0
-        from vmprof_tui.analyse.analysis import Analysis
         from vmprof_tui.analyse.window import SwitchContext
 
         resolver = Resolver()
@@ -84,7 +85,7 @@ class StreamedAnalysis:
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
             part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems))
-            an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi)),
+            an = Analysis(prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi)),
                           shares_only=True)
             self._add(an)
             context.advance(piece.sched)
@@ -92,25 +93,32 @@ class StreamedAnalysis:
             snapshot = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # parsed once, by the first
             self.pieces += 1
 
-    def _add(self, an: object) -> None:
-        span = an.span_summary()  # type: ignore[attr-defined]
-        self.host.add(span.host)
-        self.host_rows = RowCounts.combine([self.host_rows, span.host_rows])
-        for r in span.host_others:
-            key = (r.kind, r.function, r.module, r.pid)
-            if key in self.others:
-                self.others[key].samples += r.samples
-            else:
-                self.others[key] = replace(r)
-        flags = an.samples["flags"]  # type: ignore[attr-defined]
-        counts = an.vcpus  # type: ignore[attr-defined]
-        for tl in an.timelines.values():  # type: ignore[attr-defined]
-            tid, _parts, rows = span.vcpus[(tl.vm, tl.vcpu)]
-            mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tid, _empty_rows()))
-            mine.tid = tid
-            mine.rows = RowCounts.combine([mine.rows, rows])
+    def _add(self, an: Analysis) -> None:
+        self.vm_index.update(an.vm_index)
+        self.vm_by_pid.update(an.vm_by_pid)
+        self.notes.update(dict.fromkeys(an.notes))
+        if self.level == "host":
+            parts, rows, others = an.host_sums()
+            self.host.add(parts)
+            self.host_rows = RowCounts.combine([self.host_rows, rows])
+            for r in others:
+                key = (r.kind, r.function, r.module, r.pid)
+                if key in self.others:
+                    self.others[key].samples += r.samples
+                else:
+                    self.others[key] = replace(r)
+            self.unresolved += int(np.count_nonzero(an.unresolved))
+            return
+        flags, counts = an.samples["flags"], an.vcpus
+        timelines = [tl for tl in an.timelines.values() if self.vm in (None, tl.vm)]
+        guest = [counts.thread_samples(tl) for tl in timelines]
+        guest = [idx[an.is_guest[idx]] for idx in guest]
+        rows = an.row_counts_of(guest) if timelines else []
+        for tl, real, names in zip(timelines, guest, rows, strict=True):
+            mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tl.tid, _empty_rows()))
+            mine.tid = tl.tid
+            mine.rows = RowCounts.combine([mine.rows, names])
             idx = counts.thread_samples(tl)
-            real = idx[an.is_guest[idx]]  # type: ignore[attr-defined]
             kernel = int(np.count_nonzero(flags[real] & SAMPLE_GUEST_KERNEL))
             polling = len(counts.polling_samples(tl))
             mine.kernel += kernel
@@ -121,12 +129,8 @@ class StreamedAnalysis:
             mine.on_cpu_ns += tl.on_cpu_ns
             if (exact := counts.exact_poll_ns(tl)) is not None:
                 mine.exact_poll_ns = (mine.exact_poll_ns or 0) + exact
-            for cause, ns in an.blank_split(tl, in_ns=True).items():  # type: ignore[attr-defined]
+            for cause, ns in an.blank_split(tl, in_ns=True).items():
                 mine.blank_ns[cause] += ns
-        self.vm_index.update(an.vm_index)  # type: ignore[attr-defined]
-        self.vm_by_pid.update(an.vm_by_pid)  # type: ignore[attr-defined]
-        self.unresolved += int(np.count_nonzero(an.unresolved))  # type: ignore[attr-defined]
-        self.notes.update(dict.fromkeys(an.notes))  # type: ignore[attr-defined]
 
     # -- what the report reads -----------------------------------------------------------------------------
     @property
@@ -155,8 +159,8 @@ class StreamedAnalysis:
             counts.counts[order].tolist(), *strings, pids[order].tolist(), names.unknown(codes).tolist(), strict=True)]
 
     def host_profile(self, cpu: int | None = None) -> Profile:
-        if cpu is not None:
-            raise ValueError("a streamed analysis has the host profile of every CPU only")
+        if cpu is not None or self.level != "host":
+            raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
         idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
         vms = sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
         rows = self._rows(self.host_rows, None) + idle + vms
@@ -166,6 +170,8 @@ class StreamedAnalysis:
     def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
         if vm not in self.vm_names():
             raise KeyError(vm)
+        if self.level != "guest" or self.vm not in (None, vm):
+            raise ValueError(f"this streamed analysis has no guest profile of {vm}: analyse it whole")
         parts = GuestParts()
         mine = [v for (v_vm, v_id), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)
                 if v_vm == vm and vcpu in (None, v_id)]

@@ -228,9 +228,10 @@ def _checked(args: argparse.Namespace, an: A, bundles: dict[str, Path]) -> A:
     return an
 
 
-def load_streamed(args: argparse.Namespace, piece_rows: int | None = None) -> StreamedAnalysis | None:
-    """REC analysed a piece at a time (analyse/stream.py) when it is larger than a piece and can be read so (an
-    intact recording without call stacks); None: load it whole (load_analysis)."""
+def load_streamed(args: argparse.Namespace, level: str, piece_rows: int | None = None) -> StreamedAnalysis | None:
+    """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
+    or of every VM) when it is larger than a piece and can be read so (an intact recording without call stacks);
+    None: load it whole (load_analysis)."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
     from vmprof_tui.record.stream import scan
@@ -241,7 +242,7 @@ def load_streamed(args: argparse.Namespace, piece_rows: int | None = None) -> St
         return None
     bundles = _parse_bundles(args.guest_bundle)
     try:
-        an = stream.StreamedAnalysis(scanned, bundles, piece_rows=rows)
+        an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows)
     except RecordingError as e:
         raise Failure(str(e)) from None
     return _checked(args, an, bundles)

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
     streamable = args.format in ORDERED and not (filters or args.children or args.callers or args.time_range
                                                  or args.cpu is not None)
-    an = (streamable and load_streamed(args)) or load_analysis(args)
+    an = (streamable and load_streamed(args, level)) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)
