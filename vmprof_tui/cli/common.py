@@ -11,7 +11,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -49,8 +49,9 @@ def stop_on_signals() -> Callable[[], bool]:
     return flag.is_set
 
 
-def write_output(args: argparse.Namespace, data: str | bytes) -> None:
-    """To -o FILE when given (files.write_file: never through a planted link), else to stdout (bytes as bytes)."""
+def write_output(args: argparse.Namespace, data: str | bytes | Iterable[str]) -> None:
+    """To -o FILE when given (files.write_file: never through a planted link), else to stdout (bytes as bytes);
+    text given in parts is written as they come."""
     if getattr(args, "output", None):
         try:
             files.write_file(Path(args.output), data)
@@ -58,8 +59,11 @@ def write_output(args: argparse.Namespace, data: str | bytes) -> None:
             raise Failure(f"cannot write {args.output}: {e.strerror or e}") from None
     elif isinstance(data, bytes):
         sys.stdout.buffer.write(data)
-    else:
+    elif isinstance(data, str):
         sys.stdout.write(data)
+    else:
+        for part in data:
+            sys.stdout.write(part)
 
 
 # -- option values: one checker per kind of value, shared by every command -----------------------------------

@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         profiles = [dataclasses.replace(p, notes=[note, *p.notes]) for p in profiles]
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
                               limit=args.limit, cols=cols)
-    write_output(args, fmt.render(inp))
+    write_output(args, fmt.render_parts(inp) if hasattr(fmt, "render_parts") else fmt.render(inp))
     return 0
 
 
