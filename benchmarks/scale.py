@@ -17,7 +17,9 @@ Usage:
   python benchmarks/scale.py top REC [--baseline SRC]      replayed refresh of every screen
   python benchmarks/scale.py poll REC [--baseline SRC] [--window 10]   a refresh without Textual: the poll, the
         overview's summaries, and coding a chunk's names once millions are known (a long session)
-  python benchmarks/scale.py presets [--baseline SRC] [--demo DIR]   the issue's two cases
+  python benchmarks/scale.py memory REC... [--vm NAME] [--baseline SRC]   peak RSS and time of report (host and
+        one VM) against the samples of each recording: the 60 s and 600 s cases show bounded memory as a flat line
+  python benchmarks/scale.py presets [--baseline SRC] [--demo DIR] [--long]   the issue's cases
 `--baseline SRC` times a second vmprof source tree (e.g. `git archive` of main unpacked in /tmp) in the same
 run, side by side: the printed ratios are baseline / this tree.
 """
@@ -42,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Background, perf_binary  # noqa: E402
 
+from vmprof_tui.record.recording import SAMPLES as SAMPLES_KIND  # noqa: E402
 from vmprof_tui.record.recording import snapshot  # noqa: E402
 from vmprof_tui.record.records import (  # noqa: E402
     SAMPLE_DTYPE,
@@ -499,6 +502,32 @@ def time_poll(rec: Path, baseline: Path | None, window_s: float, refreshes: int)
     return res
 
 
+def memory(recs: list[Path], vm: str | None, baseline: Path | None) -> list[dict]:
+    """Peak RSS and time of `vmprof report` (host level and one VM's guest level) of recordings of different
+    lengths, against their samples: a flat line of MB is memory bounded by the rows, not by the samples."""
+    out = []
+    print(f"{'recording':22}{'samples':>12}  {'level':10}{'tree':>8}{'s':>9}{'s/M':>7}{'MB':>7}  peak RSS")
+    for rec in recs:
+        samples = sum(c.rows for c in scan_chunks(rec) if c.kind == SAMPLES_KIND)
+        for level, args in (("host", []), ("guest", ["--vm", vm or first_vm(rec)])):
+            for tree, env in trees(baseline).items():
+                wall, mb = run_measured(vmprof("report", str(rec), *args), env)
+                out.append({"recording": rec.name, "samples": samples, "level": level, "tree": tree, "s": wall,
+                            "mb": mb})
+                print(f"{rec.name[:22]:22}{samples:12,}  {level:10}{tree:>8}{wall:9.2f}{wall / samples * 1e6:7.2f}"
+                      f"{mb:7.0f}  {'#' * int(mb // 25)}")
+    return out
+
+
+def scan_chunks(rec: Path) -> list:
+    from vmprof_tui.record.stream import scan
+
+    scanned = scan(rec)
+    if scanned is None:
+        raise SystemExit(f"{rec}: not an intact recording of samples and sched events")
+    return scanned.chunks
+
+
 def demo(out: Path, seconds: float, rate: int) -> None:
     """vmprof record and perf kvm record side by side while the steal3 demo runs (root)."""
     from vmprof_tui.demo import runner
@@ -539,10 +568,16 @@ def main() -> int:
         t.add_argument("--perf-data", type=Path, default=None)
         t.add_argument("--repeat", type=int, default=3)
         t.add_argument("--window", type=float, default=10.0)
+    mem = sub.add_parser("memory", help="peak RSS against samples: report of each recording, host and one VM")
+    mem.add_argument("recs", type=Path, nargs="+")
+    mem.add_argument("--vm", default=None)
+    mem.add_argument("--baseline", type=Path, default=None)
     p = sub.add_parser("presets")
     p.add_argument("--baseline", type=Path, default=None)
     p.add_argument("--demo", type=Path, default=None, help="a folder from `demo` (steal3.vmprof, perf.data)")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--long", action="store_true", help="also the 600 s recording (38.4M samples): peak RSS against "
+                   "samples")
     args = ap.parse_args()
     if args.cmd == "make":
         info = make(args.out, args.cpus, args.vms, args.vcpus, args.seconds, args.rate, args.host_procs,
@@ -554,6 +589,8 @@ def main() -> int:
         time_reports(args.rec, args.vm or first_vm(args.rec), args.baseline, args.repeat, args.perf_data)
     elif args.cmd == "top":
         time_top(args.rec, args.baseline, args.window, args.repeat * 2)
+    elif args.cmd == "memory":
+        memory(args.recs, args.vm, args.baseline)
     elif args.cmd == "poll":
         time_poll(args.rec, args.baseline, args.window, args.repeat * 8)
     else:
@@ -582,6 +619,11 @@ def presets(args: argparse.Namespace) -> None:
     print(f"== {info['samples']} samples: 64 CPUs, 20 VMs x 4 vCPUs, 60 s at 1 kHz (synthetic, "
           f"{info['bytes'] >> 20} MB)")
     time_reports(big, "vm00", args.baseline, 1, None)
+    if args.long:
+        long = work / "long.vmprof"
+        info = make(long, 64, 20, 4, 600, 1000)
+        print(f"== {info['samples']} samples: the same host, 600 s (synthetic, {info['bytes'] >> 20} MB)")
+        memory([big, long], "vm00", args.baseline)
     top = work / "top64.vmprof"
     make(top, 64, 20, 4, 16, 1000)
     print("== top: 64 CPUs, 1 kHz, 20 VMs x 4 vCPUs")

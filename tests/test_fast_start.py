@@ -1,0 +1,48 @@
+"""`vmprof report` of a small recording imports what it uses only: not the live screen's, the fleet's or the
+disassembler's libraries (docs/scale.md: the start of a command is most of a small report)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from synth import MS, SynthRecording
+
+HEAVY = ("textual", "dask", "distributed", "pyarrow", "duckdb", "scipy", "capstone", "cxxfilt", "prometheus_client",
+         "google.protobuf", "bcc")
+PROBE = """
+import json, sys
+from vmprof_tui.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(m for m in sys.modules if m.split(".")[0] in %r
+                                                  or m == "google.protobuf")}), file=sys.stderr)
+"""
+
+
+def modules_of(argv: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE % (HEAVY,), *argv], capture_output=True, text=True,
+                         timeout=120)
+    return json.loads(out.stderr.strip().splitlines()[-1])
+
+
+def test_report_of_a_small_recording_imports_no_heavy_library(tmp_path: Path) -> None:
+    b = SynthRecording(frequency=1000, cpus=2)
+    web = b.vm("web", pid=100, vcpus={0: 101})
+    b.run(web, 0, cpu=1, start_ns=0, end_ns=40 * MS)
+    b.halt(web, 0, start_ns=40 * MS, end_ns=80 * MS)
+    b.run(web, 0, cpu=1, start_ns=80 * MS, end_ns=100 * MS)
+    b.host_task(500, "app", cpu=0, start_ns=0, end_ns=100 * MS)
+    rec = b.write(tmp_path / "small.vmprof")
+    for argv in (["report", str(rec)], ["report", str(rec), "--vm", "web", "--format", "json"]):
+        got = modules_of(argv)
+        assert got == {"code": 0, "modules": []}, argv
+
+
+def test_version_imports_no_command() -> None:
+    out = subprocess.run([sys.executable, "-c", "import sys, json; from vmprof_tui.cli import main, COMMANDS; "
+                          "main(['--version']); print(json.dumps(sorted(set(sys.modules) & ({'numpy'} | "
+                          "{f'vmprof_tui.cli.{c}' for c in COMMANDS}))))"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("vmprof ")
+    assert json.loads(out.stdout.splitlines()[-1]) == []
