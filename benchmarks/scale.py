@@ -19,6 +19,7 @@ Usage:
         overview's summaries, and coding a chunk's names once millions are known (a long session)
   python benchmarks/scale.py memory REC... [--vm NAME] [--baseline SRC]   peak RSS and time of report (host and
         one VM) against the samples of each recording: the 60 s and 600 s cases show bounded memory as a flat line
+  python benchmarks/scale.py start REC [--baseline SRC] [--repeat 10]   wall time of --version and a small report
   python benchmarks/scale.py presets [--baseline SRC] [--demo DIR] [--long]   the issue's cases
 `--baseline SRC` times a second vmprof source tree (e.g. `git archive` of main unpacked in /tmp) in the same
 run, side by side: the printed ratios are baseline / this tree.
@@ -519,6 +520,19 @@ def memory(recs: list[Path], vm: str | None, baseline: Path | None) -> list[dict
     return out
 
 
+def start(rec: Path, baseline: Path | None, repeat: int) -> dict:
+    """Wall seconds of `vmprof --version` and of a report of a small recording, the trees in turn (median, min)."""
+    cases = {"--version": vmprof("--version"), f"report {rec.name}": vmprof("report", str(rec))}
+    res: dict[tuple[str, str], list[float]] = {}
+    for _ in range(repeat):
+        for tree, env in trees(baseline).items():
+            for name, cmd in cases.items():
+                res.setdefault((name, tree), []).append(run_measured(cmd, env)[0])
+    for (name, tree), times in res.items():
+        print(f"{name:28}{tree:>8}  median {statistics.median(times):.3f} s  min {min(times):.3f} s")
+    return res
+
+
 def scan_chunks(rec: Path) -> list:
     from vmprof_tui.record.stream import scan
 
@@ -572,6 +586,10 @@ def main() -> int:
     mem.add_argument("recs", type=Path, nargs="+")
     mem.add_argument("--vm", default=None)
     mem.add_argument("--baseline", type=Path, default=None)
+    st = sub.add_parser("start", help="wall time of vmprof --version and of a report of a small recording")
+    st.add_argument("rec", type=Path)
+    st.add_argument("--baseline", type=Path, default=None)
+    st.add_argument("--repeat", type=int, default=10)
     p = sub.add_parser("presets")
     p.add_argument("--baseline", type=Path, default=None)
     p.add_argument("--demo", type=Path, default=None, help="a folder from `demo` (steal3.vmprof, perf.data)")
@@ -589,6 +607,8 @@ def main() -> int:
         time_reports(args.rec, args.vm or first_vm(args.rec), args.baseline, args.repeat, args.perf_data)
     elif args.cmd == "top":
         time_top(args.rec, args.baseline, args.window, args.repeat * 2)
+    elif args.cmd == "start":
+        start(args.rec, args.baseline, args.repeat)
     elif args.cmd == "memory":
         memory(args.recs, args.vm, args.baseline)
     elif args.cmd == "poll":

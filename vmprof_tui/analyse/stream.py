@@ -85,7 +85,8 @@ class StreamedAnalysis:
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
             part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems))
-            an = Analysis(prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi)),
+            # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
+            an = Analysis(prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True),
                           shares_only=True)
             self._add(an)
             context.advance(piece.sched)

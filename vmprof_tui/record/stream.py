@@ -16,6 +16,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,26 +175,36 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int]) -> It
         groups[-1].append(c)
         count += c.rows if c.kind == fmt.SAMPLES else 0
     fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        samples, sched = _read_group(fd, groups[0])
-        lo = first = _first(samples, sched)
-        for group in groups[1:]:
-            nxt_samples, nxt_sched = _read_group(fd, group)
-            cut = _first(nxt_samples, nxt_sched)
-            if lo is None or cut is None or cut <= lo:  # nothing, or out of order past a whole piece: read on
-                samples, sched = np.concatenate([samples, nxt_samples]), np.concatenate([sched, nxt_sched])
-                lo = first = lo if lo is not None else cut
-                continue
-            samples, sched = _ordered(samples), _ordered_sched(sched)
-            a, b = (int(np.searchsorted(t["time_ns"], np.uint64(cut))) for t in (samples, sched))
-            piece_samples, piece_sched = samples[:a], sched[:b]
-            samples = np.concatenate([samples[a:], nxt_samples])
-            sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]))
-            yield Piece(lo, cut, piece_samples, piece_sched, sched)
-            lo = cut
-        if lo is None:  # no records
-            return
-        last = max(int(t["time_ns"].max()) for t in (samples, sched) if len(t))
-        yield Piece(lo, end_of(first, last), _ordered(samples), _ordered_sched(sched), sched[:0])
-    finally:
-        os.close(fd)
+    # the next group is read and inflated (zlib lets other threads run) while the piece before it is analysed
+    with ThreadPoolExecutor(1) as reader:
+        try:
+            ahead = [reader.submit(_read_group, fd, g) for g in groups[:2]]
+            samples, sched = ahead.pop(0).result()
+            sched = _ordered_sched(sched)  # kept so: the next group's events are merged in as they come
+            lo = first = _first(samples, sched)
+            for k in range(1, len(groups)):
+                nxt_samples, nxt_sched = ahead.pop(0).result()
+                if k + 1 < len(groups):
+                    ahead.append(reader.submit(_read_group, fd, groups[k + 1]))
+                cut = _first(nxt_samples, nxt_sched)
+                if lo is None or cut is None or cut <= lo:  # nothing, or out of order past a whole piece: read on
+                    samples = np.concatenate([samples, nxt_samples])
+                    sched = _ordered_sched(np.concatenate([sched, nxt_sched]))
+                    lo = first = lo if lo is not None else cut
+                    continue
+                samples = _ordered(samples)
+                a, b = (int(np.searchsorted(t["time_ns"], np.uint64(cut))) for t in (samples, sched))
+                piece_samples, piece_sched = samples[:a], sched[:b]
+                samples = np.concatenate([samples[a:], nxt_samples])
+                sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]))
+                yield Piece(lo, cut, piece_samples, piece_sched, sched)
+                lo = cut
+            if lo is None:  # no records
+                return
+            last = max(int(t["time_ns"].max()) for t in (samples, sched) if len(t))
+            yield Piece(lo, end_of(first, last), _ordered(samples), sched, sched[:0])
+        finally:
+            for job in ahead:
+                job.cancel()
+            reader.shutdown(wait=True)
+            os.close(fd)
