@@ -238,10 +238,12 @@ def load_streamed(args: argparse.Namespace, level: str, piece_rows: int | None =
     None: load it whole (load_analysis)."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
-    from vmprof_tui.record.stream import scan
+    from vmprof_tui.record.stream import sample_rows, scan
 
     rows = piece_rows or stream.PIECE_ROWS
-    scanned = scan(Path(recording_path(args)))
+    if sample_rows(Path(recording_path(args))) <= rows:  # a look at the chunk headers: small ones load whole
+        return None
+    scanned = scan(Path(args.recording))
     if scanned is None or scanned.samples <= rows:
         return None
     bundles = _parse_bundles(args.guest_bundle)

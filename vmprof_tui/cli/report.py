@@ -209,10 +209,10 @@ def _ranges(values: list[int]) -> str:
 def with_stack_notes(an: Analysis | StreamedAnalysis, profile: Profile, cpu: int | None) -> Profile:
     """The profile with the notes of its call stacks (a recording made with -g): how many were partial,
     truncated or missing, which every format carries as it carries the analysis' notes."""
+    if isinstance(an, StreamedAnalysis) or an.rec.stacks is None:  # (one with stacks is never streamed)
+        return profile
     from vmprof_tui.analyse.callgraph import call_graph
 
-    if isinstance(an, StreamedAnalysis):  # a recording with call stacks is never streamed
-        return profile
     graph = call_graph(an)
     if not graph.recorded:
         return profile

@@ -13,6 +13,7 @@ stacks, LBR), and the caller loads it whole.
 from __future__ import annotations
 
 import os
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterator, MutableMapping
@@ -46,6 +47,33 @@ class Scanned:
     @property
     def samples(self) -> int:
         return sum(c.rows for c in self.chunks if c.kind == fmt.SAMPLES)
+
+
+def sample_rows(path: Path) -> int:
+    """How many samples the sample chunks of a recording state, from the chunk headers alone (a quick look before
+    scan: a small recording is loaded whole); 0 for what is not a readable recording."""
+    rows = 0
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(fmt.MAGIC) + 2) != fmt.MAGIC + struct.pack("<H", fmt.VERSION):
+                return 0
+            while len(header := f.read(fmt.CHUNK_HEADER.size)) == fmt.CHUNK_HEADER.size:
+                magic, kind, _res, length, _crc = fmt.CHUNK_HEADER.unpack(header)
+                if magic != fmt.CHUNK_MAGIC:
+                    return rows
+                if kind == fmt.SAMPLES:
+                    (hlen,) = struct.unpack("<I", f.read(4))
+                    found = ROWS.search(f.read(min(hlen, 64)))
+                    rows += int(found.group(1)) if found else 0
+                    f.seek(length - 4 - min(hlen, 64), os.SEEK_CUR)
+                else:
+                    f.seek(length, os.SEEK_CUR)
+    except (OSError, struct.error):
+        return rows
+    return rows
+
+
+ROWS = re.compile(rb'^\{"rows": (\d{1,12})[,}]')  # pack_rows' header begins so
 
 
 def scan(path: Path) -> Scanned | None:

@@ -17,10 +17,9 @@ from operator import attrgetter
 
 from rich.cells import cell_len, set_cell_size
 
-from vmprof_tui.analyse.shares import Profile, Row
+from vmprof_tui.analyse.shares import Profile, Row, process_name
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
-from vmprof_tui.show.stacks import process_name
 from vmprof_tui.show.text import fill, wrap
 
 ONE_PROFILE = False
