@@ -355,11 +355,14 @@ class Analysis:
         host_rows = rows[-1]
         return SpanSummary(self.window(), self.vm_names(), host.parts, host_rows, self._host_other_rows(host), vcpus)
 
-    def host_sums(self) -> tuple[HostParts, RowCounts, list[Row]]:
+    def host_sums(self) -> tuple[HostParts, RowCounts, RowCounts, list[Row]]:
         """The host profile (of every CPU) in parts and rows that add across spans: SpanSummary's host, host_rows
-        and host_others alone (analyse/stream.py sums them over a recording's pieces)."""
+        (and of them, the samples in kernel mode: Row.kernel) and host_others (analyse/stream.py sums them over
+        a recording's pieces)."""
         host = self._host_shares(None)
-        return host.parts, self.row_counts_of([np.flatnonzero(host.host)])[0], self._host_other_rows(host)
+        idx = np.flatnonzero(host.host)
+        rows, kernel = self.row_counts_of([idx, idx[kernel_mode(self.samples["flags"][idx])]])
+        return host.parts, rows, kernel, self._host_other_rows(host)
 
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))

@@ -13,6 +13,7 @@ A recording of one piece is analysed whole (``StreamedAnalysis.whole``): what is
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,11 +33,27 @@ PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory
 
 
 @dataclass
+class _Rows:
+    """A profile's function rows summed so far: samples, and of them those in kernel mode (Row.kernel: the ratios
+    of a filtered profile are made of it), by the resolver's name codes."""
+    all: RowCounts = field(default_factory=lambda: _empty_rows())
+    kernel: RowCounts = field(default_factory=lambda: _empty_rows())
+
+    def add(self, rows: RowCounts, kernel: RowCounts) -> None:
+        self.all = RowCounts.combine([self.all, rows])
+        self.kernel = RowCounts.combine([self.kernel, kernel])
+
+    @staticmethod
+    def joined(parts: list[_Rows]) -> _Rows:
+        return _Rows(RowCounts.combine([p.all for p in parts]), RowCounts.combine([p.kernel for p in parts]))
+
+
+@dataclass
 class _Vcpu:
     """A vCPU's counts over the pieces so far, in what adds: samples and nanoseconds (virtual samples are priced at
     the vCPU thread's rate over the whole recording, as Analysis.vcpu_parts prices them, once at the end)."""
     tid: int
-    rows: RowCounts
+    rows: _Rows
     kernel: int = 0  # its guest-mode samples in the guest kernel
     user: int = 0
     vmm: int = 0  # its thread's samples outside guest mode (the VMM or KVM working for it), but halt polling
@@ -61,13 +78,15 @@ class StreamedAnalysis:
     """What `vmprof report` reads of an Analysis (VM names, vCPUs, host and guest profiles), summed piece by piece."""
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
-                 vm: str | None = None, piece_rows: int = PIECE_ROWS) -> None:
-        """level: the profiles asked for, host or guest (of `vm`, else of every VM): only their sums are kept."""
+                 vm: str | None = None, piece_rows: int = PIECE_ROWS,
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """level: the profiles asked for, host or guest (of `vm`, else of every VM): only their sums are kept.
+        keep: the samples to analyse (`report -K/-U`), as prepare's."""
         self.rec = rec = scanned.rec
         self.level, self.vm = level, vm
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.host = HostParts()
-        self.host_rows = _empty_rows()
+        self.host_rows = _Rows()
         self.others: dict[tuple, Row] = {}  # CPU idle, one row per VM (by pid)
         self.vcpus: dict[tuple[str, int], _Vcpu] = {}
         self.vm_index: dict[str, int] = {}
@@ -86,7 +105,8 @@ class StreamedAnalysis:
             part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems))
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
-            an = Analysis(prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True),
+            an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
+                                  sched_in_order=True),
                           shares_only=True)
             self._add(an)
             context.advance(piece.sched)
@@ -99,9 +119,9 @@ class StreamedAnalysis:
         self.vm_by_pid.update(an.vm_by_pid)
         self.notes.update(dict.fromkeys(an.notes))
         if self.level == "host":
-            parts, rows, others = an.host_sums()
+            parts, rows, kernel, others = an.host_sums()
             self.host.add(parts)
-            self.host_rows = RowCounts.combine([self.host_rows, rows])
+            self.host_rows.add(rows, kernel)
             for r in others:
                 key = (r.kind, r.function, r.module, r.pid)
                 if key in self.others:
@@ -114,11 +134,12 @@ class StreamedAnalysis:
         timelines = [tl for tl in an.timelines.values() if self.vm in (None, tl.vm)]
         guest = [counts.thread_samples(tl) for tl in timelines]
         guest = [idx[an.is_guest[idx]] for idx in guest]
-        rows = an.row_counts_of(guest) if timelines else []
-        for tl, real, names in zip(timelines, guest, rows, strict=True):
-            mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tl.tid, _empty_rows()))
+        in_kernel = [real[(flags[real] & SAMPLE_GUEST_KERNEL) != 0] for real in guest]
+        rows = an.row_counts_of(guest + in_kernel) if timelines else []
+        for tl, real, names, kernel_names in zip(timelines, guest, rows[:len(guest)], rows[len(guest):], strict=True):
+            mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tl.tid, _Rows()))
             mine.tid = tl.tid
-            mine.rows = RowCounts.combine([mine.rows, names])
+            mine.rows.add(names, kernel_names)
             idx = counts.thread_samples(tl)
             kernel = int(np.count_nonzero(flags[real] & SAMPLE_GUEST_KERNEL))
             polling = len(counts.polling_samples(tl))
@@ -144,8 +165,9 @@ class StreamedAnalysis:
     def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
         return sorted((vcpu, v.tid) for (v_vm, vcpu), v in self.vcpus.items() if v_vm == vm)
 
-    def _rows(self, counts: RowCounts, vm: str | None) -> list[Row]:
+    def _rows(self, summed: _Rows, vm: str | None) -> list[Row]:
         """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code."""
+        counts = summed.all
         names = counts.names
         if names is None or not len(counts.codes):
             return []
@@ -154,10 +176,14 @@ class StreamedAnalysis:
         vm_code = np.array([code_of_pid.get(p, 0) for p in pids.tolist()], np.int64)
         order = np.lexsort((counts.codes, vm_code))
         codes = counts.codes[order]
+        kernel = np.zeros(len(counts.codes))
+        kernel[np.searchsorted(counts.codes, summed.kernel.codes)] = summed.kernel.counts  # of some of the codes
+        kernel = kernel[order]
         kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
         strings = (names.strings_of(codes, c).tolist() for c in ("func", "module", "process"))
-        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u]) for n, f, m, p, pid, u in zip(
-            counts.counts[order].tolist(), *strings, pids[order].tolist(), names.unknown(codes).tolist(), strict=True)]
+        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
+            counts.counts[order].tolist(), *strings, pids[order].tolist(), names.unknown(codes).tolist(),
+            kernel.tolist(), strict=True)]
 
     def host_profile(self, cpu: int | None = None) -> Profile:
         if cpu is not None or self.level != "host":
@@ -178,8 +204,9 @@ class StreamedAnalysis:
                 if v_vm == vm and vcpu in (None, v_id)]
         for v in mine:
             parts.add(v.parts(self.period_ns))
-        counts = RowCounts.combine([v.rows for v in mine])
-        rows = self._rows(counts, vm)
+        summed = _Rows.joined([v.rows for v in mine])
+        counts = summed.all
+        rows = self._rows(summed, vm)
         rows += [Row(n, *kind.label(vcpu=v), None, None, vm, kind) for (kind, v), n in parts.virtual().items()]
         unresolved = int(counts.counts[counts.names.unknown(counts.codes)].sum()) if counts.names is not None else 0
         notes = list(self.notes)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, TypeVar
 from vmprof_tui import files
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from vmprof_tui.analyse.analysis import Analysis
     from vmprof_tui.analyse.stream import StreamedAnalysis
 
@@ -180,7 +182,7 @@ def no_vm(an: Analysis, recording: str, then: str) -> str:
 
 def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
-    from vmprof_tui.analyse.analysis import Analysis, in_kernel
+    from vmprof_tui.analyse.analysis import Analysis
     from vmprof_tui.record.recording import RecordingError, load
     from vmprof_tui.resolve.prepare import prepare, recording_window
 
@@ -201,13 +203,19 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
             raise Failure(f"--time-range {lo:g}:{hi:g} starts after the end of {args.recording} "
                           f"(it spans 0 to {span:.2f} s)")
         time_range = (lo, min(hi, span))
-    keep = None
-    if getattr(args, "hide_kernel", False):
-        keep = lambda s: ~in_kernel(s)  # noqa: E731
-    elif getattr(args, "hide_user", False):
-        keep = in_kernel
     bundles = _parse_bundles(args.guest_bundle)
-    return _checked(args, Analysis(prepare(rec, bundles, time_range=time_range, keep=keep)), bundles)
+    return _checked(args, Analysis(prepare(rec, bundles, time_range=time_range, keep=_mode(args))), bundles)
+
+
+def _mode(args: argparse.Namespace) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The samples -K (user mode) or -U (kernel mode) keep; None: all."""
+    from vmprof_tui.analyse.analysis import in_kernel
+
+    if getattr(args, "hide_kernel", False):
+        return lambda s: ~in_kernel(s)
+    if getattr(args, "hide_user", False):
+        return in_kernel
+    return None
 
 
 def recording_path(args: argparse.Namespace) -> str:
@@ -248,7 +256,7 @@ def load_streamed(args: argparse.Namespace, level: str, piece_rows: int | None =
         return None
     bundles = _parse_bundles(args.guest_bundle)
     try:
-        an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows)
+        an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args))
     except RecordingError as e:
         raise Failure(str(e)) from None
     return _checked(args, an, bundles)

@@ -118,8 +118,10 @@ def run(args: argparse.Namespace) -> int:
                     "(narrow them with --vm, --vcpu, --cpu, -K or -U)")
     if filters and args.format == "chrome":
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
-    streamable = args.format in ORDERED and not (filters or args.children or args.callers or args.time_range
-                                                 or args.cpu is not None)
+    # made from the profiles alone; -K/-U with --percentage absolute also analyse the level without them
+    absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
+    streamable = args.format in ORDERED and not (args.children or args.callers or args.time_range
+                                                 or args.cpu is not None or absolute_mode)
     an = (streamable and load_streamed(args, level)) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
