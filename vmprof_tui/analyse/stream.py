@@ -39,9 +39,10 @@ class _Rows:
     all: RowCounts = field(default_factory=lambda: _empty_rows())
     kernel: RowCounts = field(default_factory=lambda: _empty_rows())
 
-    def add(self, rows: RowCounts, kernel: RowCounts) -> None:
+    def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
         self.all = RowCounts.combine([self.all, rows])
-        self.kernel = RowCounts.combine([self.kernel, kernel])
+        if kernel is not None:
+            self.kernel = RowCounts.combine([self.kernel, kernel])
 
     @staticmethod
     def joined(parts: list[_Rows]) -> _Rows:
@@ -79,9 +80,11 @@ class StreamedAnalysis:
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
-                 keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True) -> None:
         """level: the profiles asked for, host or guest (of `vm`, else of every VM): only their sums are kept.
-        keep: the samples to analyse (`report -K/-U`), as prepare's."""
+        keep: the samples to analyse (`report -K/-U`), as prepare's.  kernel: each row's kernel-mode samples are
+        summed too (Row.kernel: what a filtered profile's ratios are made of; else 0)."""
+        self.kernel = kernel
         self.rec = rec = scanned.rec
         self.level, self.vm = level, vm
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
@@ -119,7 +122,7 @@ class StreamedAnalysis:
         self.vm_by_pid.update(an.vm_by_pid)
         self.notes.update(dict.fromkeys(an.notes))
         if self.level == "host":
-            parts, rows, kernel, others = an.host_sums()
+            parts, rows, kernel, others = an.host_sums(self.kernel)
             self.host.add(parts)
             self.host_rows.add(rows, kernel)
             for r in others:
@@ -134,9 +137,10 @@ class StreamedAnalysis:
         timelines = [tl for tl in an.timelines.values() if self.vm in (None, tl.vm)]
         guest = [counts.thread_samples(tl) for tl in timelines]
         guest = [idx[an.is_guest[idx]] for idx in guest]
-        in_kernel = [real[(flags[real] & SAMPLE_GUEST_KERNEL) != 0] for real in guest]
+        in_kernel = [real[(flags[real] & SAMPLE_GUEST_KERNEL) != 0] for real in guest] if self.kernel else []
         rows = an.row_counts_of(guest + in_kernel) if timelines else []
-        for tl, real, names, kernel_names in zip(timelines, guest, rows[:len(guest)], rows[len(guest):], strict=True):
+        kernel_rows = rows[len(guest):] if self.kernel else [None] * len(guest)
+        for tl, real, names, kernel_names in zip(timelines, guest, rows[:len(guest)], kernel_rows, strict=True):
             mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tl.tid, _Rows()))
             mine.tid = tl.tid
             mine.rows.add(names, kernel_names)

@@ -240,10 +240,11 @@ def _checked(args: argparse.Namespace, an: A, bundles: dict[str, Path]) -> A:
     return an
 
 
-def load_streamed(args: argparse.Namespace, level: str, piece_rows: int | None = None) -> StreamedAnalysis | None:
+def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
+                  piece_rows: int | None = None) -> StreamedAnalysis | None:
     """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
     or of every VM) when it is larger than a piece and can be read so (an intact recording without call stacks);
-    None: load it whole (load_analysis)."""
+    None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters)."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
     from vmprof_tui.record.stream import sample_rows, scan
@@ -256,7 +257,7 @@ def load_streamed(args: argparse.Namespace, level: str, piece_rows: int | None =
         return None
     bundles = _parse_bundles(args.guest_bundle)
     try:
-        an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args))
+        an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
     except RecordingError as e:
         raise Failure(str(e)) from None
     return _checked(args, an, bundles)

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
     streamable = args.format in ORDERED and not (args.children or args.callers or args.time_range
                                                  or args.cpu is not None or absolute_mode)
-    an = (streamable and load_streamed(args, level)) or load_analysis(args)
+    an = (streamable and load_streamed(args, level, bool(filters))) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)
