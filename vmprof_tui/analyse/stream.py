@@ -2,12 +2,13 @@
 bounded by the distinct rows, not by the samples (docs/scale.md).
 
 Each piece of the recording (record/stream.py) is prepared and analysed on its own, with the last switch of each
-CPU and vCPU thread before it (window.SwitchContext, as the live screen's chunks), into a shares.SpanSummary; the
-summaries are summed as they come and the piece is let go.  The profiles made from the sums are those
-Analysis.host_profile and guest_profile make of the whole recording: the same rows, samples and shares (the
-virtual samples of blank time are sums of the pieces' parts, equal to the whole's up to float rounding).
+CPU and vCPU thread before it (window.SwitchContext, as the live screen's chunks) and the first switch of each
+thread after it; what the level asked for needs of it is summed in samples and nanoseconds, and the piece is let
+go.  The profiles made from the sums are those Analysis.host_profile and guest_profile make of the whole
+recording: the same rows, in the same order, with the same samples and shares (the virtual samples of blank time
+are priced once, from the summed nanoseconds, equal to the whole's up to float rounding).
 
-A recording of one piece is analysed whole (``StreamedAnalysis.whole``): what is small costs nothing new.
+A recording of one piece is analysed whole (cli/common.py load_streamed): what is small costs nothing new.
 """
 
 from __future__ import annotations
