@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from synth import MS, SynthRecording
+from synth import busy_recording
 
 HEAVY = ("textual", "dask", "distributed", "pyarrow", "duckdb", "scipy", "capstone", "cxxfilt", "prometheus_client",
          "google.protobuf", "bcc")
@@ -30,15 +30,9 @@ def modules_of(argv: list[str], piece_rows: int) -> dict:
 
 
 def test_report_of_a_small_recording_imports_no_heavy_library(tmp_path: Path) -> None:
-    b = SynthRecording(frequency=1000, cpus=2)
-    web = b.vm("web", pid=100, vcpus={0: 101})
-    b.run(web, 0, cpu=1, start_ns=0, end_ns=40 * MS)
-    b.halt(web, 0, start_ns=40 * MS, end_ns=80 * MS)
-    b.run(web, 0, cpu=1, start_ns=80 * MS, end_ns=100 * MS)
-    b.host_task(500, "app", cpu=0, start_ns=0, end_ns=100 * MS)
-    rec = b.write(tmp_path / "small.vmprof")
+    rec = busy_recording(tmp_path / "small.vmprof", 1.0)
     for argv in (["report", str(rec)], ["report", str(rec), "--vm", "web", "--format", "json"]):
-        for piece_rows in (1 << 20, 50):  # loaded whole, and read a piece at a time (analyse/stream.py)
+        for piece_rows in (1 << 20, 500):  # loaded whole, and read a piece at a time (analyse/stream.py)
             got = modules_of(argv, piece_rows)
             assert got == {"code": 0, "modules": []}, (argv, piece_rows)
 
