@@ -17,7 +17,10 @@ Usage:
   python benchmarks/scale.py top REC [--baseline SRC]      replayed refresh of every screen
   python benchmarks/scale.py poll REC [--baseline SRC] [--window 10]   a refresh without Textual: the poll, the
         overview's summaries, and coding a chunk's names once millions are known (a long session)
-  python benchmarks/scale.py presets [--baseline SRC] [--demo DIR]   the issue's two cases
+  python benchmarks/scale.py memory REC... [--vm NAME] [--baseline SRC]   peak RSS and time of report (host and
+        one VM) against the samples of each recording: the 60 s and 600 s cases show bounded memory as a flat line
+  python benchmarks/scale.py start REC [--baseline SRC] [--repeat 10]   wall time of --version and a small report
+  python benchmarks/scale.py presets [--baseline SRC] [--demo DIR] [--long]   the issue's cases
 `--baseline SRC` times a second vmprof source tree (e.g. `git archive` of main unpacked in /tmp) in the same
 run, side by side: the printed ratios are baseline / this tree.
 """
@@ -34,6 +37,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Background, perf_binary  # noqa: E402
 
+from vmprof_tui.record.recording import SAMPLES as SAMPLES_KIND  # noqa: E402
 from vmprof_tui.record.recording import snapshot  # noqa: E402
 from vmprof_tui.record.records import (  # noqa: E402
     SAMPLE_DTYPE,
@@ -61,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BASE_NS = 5_000 * 1_000_000_000
 SLICE_NS = 4_000_000
 FLUSH_NS = 500_000_000
+BLOCK_NS = 10_000_000_000  # made at once (make)
 VMX_EXT_INT, VMX_HLT, VMX_IO, VMX_MSR_WRITE, VMX_EPT = 1, 12, 30, 32, 48
 HOST_COMMS = ["systemd", "sshd", "journald", "containerd", "kubelet", "dockerd", "nginx", "postgres", "redis-server",
               "python3", "java", "node", "envoy", "prometheus", "node_exporter", "chronyd", "rsyslogd", "cron",
@@ -155,70 +161,11 @@ def make(out: Path, cpus: int, vms: int, vcpus: int, seconds: float, rate: int, 
         if len(ht):
             row[cat == 2] = ht[rng.integers(0, len(ht), int((cat == 2).sum()))]
         slice_thread[c] = row
-
-    # sched events at each change of thread where the one leaving or arriving is a vCPU thread or idle
-    c_idx, s_idx = np.nonzero(slice_thread[:, 1:] != slice_thread[:, :-1])
-    prev, nxt = slice_thread[c_idx, s_idx], slice_thread[c_idx, s_idx + 1]
-    keep = is_vcpu[prev] | is_vcpu[nxt] | (prev == 0) | (nxt == 0)
-    c_idx, s_idx, prev, nxt = c_idx[keep], s_idx[keep], prev[keep], nxt[keep]
-    ev = np.zeros(len(prev), SCHED_DTYPE)
-    ev["time_ns"] = BASE_NS + (s_idx + 1) * SLICE_NS
-    ev["prev_pid"], ev["prev_tid"], ev["next_pid"], ev["next_tid"] = th_pid[prev], th_tid[prev], th_pid[nxt], \
-        th_tid[nxt]
-    ev["cpu"] = c_idx
-    halted = rng.random(len(prev)) < 0.3
-    flags = np.where(prev == 0, SCHED_PREV_RUNNABLE, 0)
-    pv = is_vcpu[prev]
-    flags = np.where(pv, SCHED_PREV_VCPU | SCHED_PREV_LOADED | np.where(halted, SCHED_PREV_HALTED,
-                                                                      SCHED_PREV_RUNNABLE), flags)
-    flags |= np.where(is_vcpu[nxt], SCHED_NEXT_VCPU, 0)
-    ev["flags"] = flags
-    ev["prev_exit_reason"] = np.where(pv, np.where(halted, VMX_HLT, VMX_EXT_INT), 0)
-    ev["prev_vcpu_id"] = np.where(pv, th_vcpu[prev], 0)
     comms = np.array([c.encode()[:15] for c in th_comm], "S16")
     comms[0] = b"swapper/0"
-    ev["next_comm"] = comms[nxt]
-    ev = ev[np.argsort(ev["time_ns"], kind="stable")]
-
-    # samples: every CPU every period, for what it runs then
-    n_ticks = int(dur_ns // period)
-    t = np.round(np.arange(n_ticks) * period).astype(np.int64)
-    th = slice_thread[:, t // SLICE_NS].T.reshape(-1)  # time-major, then CPU
-    s = np.zeros(len(th), SAMPLE_DTYPE)
-    s["time_ns"] = BASE_NS + np.repeat(t, cpus)
-    s["cpu"] = np.tile(np.arange(cpus), n_ticks)
-    s["pid"], s["tid"] = th_pid[th], th_tid[th]
-    s["stack_id"] = -1
-    n = len(s)
-    mode = rng.random(n)
-    v = is_vcpu[th]
-    guest = v & (mode < 0.85)
-    kvm = v & (mode >= 0.85) & (mode < 0.95)
-    vmm_user = v & (mode >= 0.95)
-    host_user = ~v & (th != 0) & ~th_kthread[th] & (mode < 0.7)
-    kernel = ~(host_user | vmm_user)
-    flags = np.where(kernel, SAMPLE_HOST_KERNEL, 0)
-    flags |= np.where(guest | kvm, SAMPLE_VCPU, 0)
-    gk = guest & (rng.random(n) < 0.3)
-    flags |= np.where(guest, SAMPLE_GUEST, 0) | np.where(gk, SAMPLE_GUEST_KERNEL, 0)
-    s["flags"] = flags
-    s["host_ip"] = k_ips[zipf_choice(rng, len(k_ips), n)]
-    s["vcpu_id"] = np.where(guest | kvm, th_vcpu[th], 0)
-    s["exit_reason"] = np.where(guest, VMX_EXT_INT, np.where(kvm, rng.choice([VMX_IO, VMX_MSR_WRITE, VMX_EPT], n), 0))
-    # host user IPs: libc or python, a Zipf pick of their functions
-    lib_of = rng.integers(0, len(libs), n)
-    bases = [0 if info[4] else base for info, base in zip(libinfo, (0x7F0000000000, 0x555500000000), strict=True)]
-    user_ip = np.zeros(n, np.uint64)
-    for i, (_vaddr, _off, _size, funcs, _exec) in enumerate(libinfo):
-        sel = (host_user | vmm_user) & (lib_of == i)
-        user_ip[sel] = np.uint64(bases[i]) + funcs[zipf_choice(rng, len(funcs), int(sel.sum()))] + np.uint64(4)
-    s["host_ip"] = np.where(host_user | vmm_user, user_ip, s["host_ip"])
-    # guest: per VM guest_procs processes (a CR3 each), user IPs in libc, kernel IPs in the guest kallsyms
     g_kips = kernel_ips(ks_text, rng, 2000)
-    gproc = zipf_choice(rng, guest_procs, n, 1.5)
-    s["guest_cr3"] = np.where(guest, (0x10_0000 + gproc * 0x1000).astype(np.uint64), 0)
-    g_user_ip = np.uint64(0x7F1000000000) + libinfo[0][3][zipf_choice(rng, len(libinfo[0][3]), n)] + np.uint64(4)
-    s["guest_ip"] = np.where(gk, g_kips[zipf_choice(rng, len(g_kips), n)], np.where(guest, g_user_ip, 0))
+    bases = [0 if info[4] else base for info, base in zip(libinfo, (0x7F0000000000, 0x555500000000), strict=True)]
+    threads = Threads(th_pid, th_tid, th_vcpu, th_kthread, is_vcpu, comms)
 
     # the file, as the recorder writes it
     meta = {"vmprof": "scale-benchmark", "host": "synth", "kernel": "synthetic", "machine": "x86_64", "cpus": cpus,
@@ -246,16 +193,106 @@ def make(out: Path, cpus: int, vms: int, vcpus: int, seconds: float, rate: int, 
         procs[pid] = {"pid": pid, "comm": comm, "cmdline": [comm] if user else [],
                       "exe": str(libs[1]) if user else None, "maps": maps, "build_ids": {}}
     w.add_snapshot(snapshot(processes=procs))
-    for lo in range(0, dur_ns, FLUSH_NS):
-        a, b = np.searchsorted(s["time_ns"], [BASE_NS + lo, BASE_NS + lo + FLUSH_NS])
-        c, d = np.searchsorted(ev["time_ns"], [BASE_NS + lo, BASE_NS + lo + FLUSH_NS])
-        w.add(s[a:b], ev[c:d])
-        w.flush()
+    # made and written BLOCK_NS at a time: a long recording (600 s of 64 CPUs: 38.4M samples) in bounded memory
+    n_ticks = int(dur_ns // period)
+    n = n_sched = n_guest = 0
+    for lo in range(0, dur_ns, BLOCK_NS):
+        hi = min(lo + BLOCK_NS, dur_ns)
+        ev = sched_events(slice_thread, threads, rng, lo // SLICE_NS, -(-hi // SLICE_NS))
+        ticks = np.arange(int(np.ceil(lo / period)), min(int(np.ceil(hi / period)), n_ticks))
+        s, guest = samples_of(slice_thread, threads, rng, np.round(ticks * period).astype(np.int64), cpus, k_ips,
+                              g_kips, libinfo, bases, guest_procs)
+        n, n_sched, n_guest = n + len(s), n_sched + len(ev), n_guest + guest
+        for f_lo in range(lo, hi, FLUSH_NS):
+            a, b = np.searchsorted(s["time_ns"], [BASE_NS + f_lo, BASE_NS + f_lo + FLUSH_NS])
+            c, d = np.searchsorted(ev["time_ns"], [BASE_NS + f_lo, BASE_NS + f_lo + FLUSH_NS])
+            w.add(s[a:b], ev[c:d])
+            w.flush()
     w.add_snapshot(snapshot(kallsyms=ks_text))
-    w.close({"duration_s": seconds, "samples": n, "guest_samples": int(guest.sum()),
+    w.close({"duration_s": seconds, "samples": n, "guest_samples": n_guest,
              "lost": {"samples": [0] * cpus, "sched": [0] * cpus}, "end_monotonic_ns": BASE_NS + dur_ns,
              "vms": vm_json})
-    return {"samples": n, "sched": len(ev), "bytes": out.stat().st_size}
+    return {"samples": n, "sched": n_sched, "bytes": out.stat().st_size}
+
+
+@dataclass
+class Threads:
+    """The synthetic host's threads (0: idle): pid, tid, vCPU id (-1: none), kernel thread, vCPU thread, comm."""
+    pid: np.ndarray
+    tid: np.ndarray
+    vcpu: np.ndarray
+    kthread: np.ndarray
+    is_vcpu: np.ndarray
+    comm: np.ndarray
+
+
+def sched_events(slice_thread: np.ndarray, th: Threads, rng: np.random.Generator, s0: int, s1: int) -> np.ndarray:
+    """The sched events of slices [s0, s1): at each change of thread where the one leaving or arriving is a vCPU
+    thread or idle."""
+    window = slice_thread[:, max(s0 - 1, 0):s1]
+    c_idx, s_idx = np.nonzero(window[:, 1:] != window[:, :-1])
+    prev, nxt = window[c_idx, s_idx], window[c_idx, s_idx + 1]
+    s_idx = s_idx + max(s0 - 1, 0)
+    is_vcpu = th.is_vcpu
+    keep = is_vcpu[prev] | is_vcpu[nxt] | (prev == 0) | (nxt == 0)
+    c_idx, s_idx, prev, nxt = c_idx[keep], s_idx[keep], prev[keep], nxt[keep]
+    ev = np.zeros(len(prev), SCHED_DTYPE)
+    ev["time_ns"] = BASE_NS + (s_idx + 1) * SLICE_NS
+    ev["prev_pid"], ev["prev_tid"], ev["next_pid"], ev["next_tid"] = th.pid[prev], th.tid[prev], th.pid[nxt], \
+        th.tid[nxt]
+    ev["cpu"] = c_idx
+    halted = rng.random(len(prev)) < 0.3
+    flags = np.where(prev == 0, SCHED_PREV_RUNNABLE, 0)
+    pv = is_vcpu[prev]
+    flags = np.where(pv, SCHED_PREV_VCPU | SCHED_PREV_LOADED | np.where(halted, SCHED_PREV_HALTED,
+                                                                      SCHED_PREV_RUNNABLE), flags)
+    flags |= np.where(is_vcpu[nxt], SCHED_NEXT_VCPU, 0)
+    ev["flags"] = flags
+    ev["prev_exit_reason"] = np.where(pv, np.where(halted, VMX_HLT, VMX_EXT_INT), 0)
+    ev["prev_vcpu_id"] = np.where(pv, th.vcpu[prev], 0)
+    ev["next_comm"] = th.comm[nxt]
+    return ev[np.argsort(ev["time_ns"], kind="stable")]
+
+
+def samples_of(slice_thread: np.ndarray, th: Threads, rng: np.random.Generator, t: np.ndarray, cpus: int,
+               k_ips: np.ndarray, g_kips: np.ndarray, libinfo: list, bases: list[int],
+               guest_procs: int) -> tuple[np.ndarray, int]:
+    """The samples at times t (ns after the start): every CPU, for what it runs then; and how many are guest's."""
+    thread = slice_thread[:, t // SLICE_NS].T.reshape(-1)  # time-major, then CPU
+    s = np.zeros(len(thread), SAMPLE_DTYPE)
+    s["time_ns"] = BASE_NS + np.repeat(t, cpus)
+    s["cpu"] = np.tile(np.arange(cpus), len(t))
+    s["pid"], s["tid"] = th.pid[thread], th.tid[thread]
+    s["stack_id"] = -1
+    n = len(s)
+    mode = rng.random(n)
+    v = th.is_vcpu[thread]
+    guest = v & (mode < 0.85)
+    kvm = v & (mode >= 0.85) & (mode < 0.95)
+    vmm_user = v & (mode >= 0.95)
+    host_user = ~v & (thread != 0) & ~th.kthread[thread] & (mode < 0.7)
+    kernel = ~(host_user | vmm_user)
+    flags = np.where(kernel, SAMPLE_HOST_KERNEL, 0)
+    flags |= np.where(guest | kvm, SAMPLE_VCPU, 0)
+    gk = guest & (rng.random(n) < 0.3)
+    flags |= np.where(guest, SAMPLE_GUEST, 0) | np.where(gk, SAMPLE_GUEST_KERNEL, 0)
+    s["flags"] = flags
+    s["host_ip"] = k_ips[zipf_choice(rng, len(k_ips), n)]
+    s["vcpu_id"] = np.where(guest | kvm, th.vcpu[thread], 0)
+    s["exit_reason"] = np.where(guest, VMX_EXT_INT, np.where(kvm, rng.choice([VMX_IO, VMX_MSR_WRITE, VMX_EPT], n), 0))
+    # host user IPs: libc or python, a Zipf pick of their functions
+    lib_of = rng.integers(0, len(libinfo), n)
+    user_ip = np.zeros(n, np.uint64)
+    for i, (_vaddr, _off, _size, funcs, _exec) in enumerate(libinfo):
+        sel = (host_user | vmm_user) & (lib_of == i)
+        user_ip[sel] = np.uint64(bases[i]) + funcs[zipf_choice(rng, len(funcs), int(sel.sum()))] + np.uint64(4)
+    s["host_ip"] = np.where(host_user | vmm_user, user_ip, s["host_ip"])
+    # guest: per VM guest_procs processes (a CR3 each), user IPs in libc, kernel IPs in the guest kallsyms
+    gproc = zipf_choice(rng, guest_procs, n, 1.5)
+    s["guest_cr3"] = np.where(guest, (0x10_0000 + gproc * 0x1000).astype(np.uint64), 0)
+    g_user_ip = np.uint64(0x7F1000000000) + libinfo[0][3][zipf_choice(rng, len(libinfo[0][3]), n)] + np.uint64(4)
+    s["guest_ip"] = np.where(gk, g_kips[zipf_choice(rng, len(g_kips), n)], np.where(guest, g_user_ip, 0))
+    return s, int(guest.sum())
 
 
 def guest_bundle_tar(ks_text: str, libc: Path, libc_info: tuple, procs: int) -> bytes:
@@ -466,6 +503,45 @@ def time_poll(rec: Path, baseline: Path | None, window_s: float, refreshes: int)
     return res
 
 
+def memory(recs: list[Path], vm: str | None, baseline: Path | None) -> list[dict]:
+    """Peak RSS and time of `vmprof report` (host level and one VM's guest level) of recordings of different
+    lengths, against their samples: a flat line of MB is memory bounded by the rows, not by the samples."""
+    out = []
+    print(f"{'recording':22}{'samples':>12}  {'level':10}{'tree':>8}{'s':>9}{'s/M':>7}{'MB':>7}  peak RSS")
+    for rec in recs:
+        samples = sum(c.rows for c in scan_chunks(rec) if c.kind == SAMPLES_KIND)
+        for level, args in (("host", []), ("guest", ["--vm", vm or first_vm(rec)])):
+            for tree, env in trees(baseline).items():
+                wall, mb = run_measured(vmprof("report", str(rec), *args), env)
+                out.append({"recording": rec.name, "samples": samples, "level": level, "tree": tree, "s": wall,
+                            "mb": mb})
+                print(f"{rec.name[:22]:22}{samples:12,}  {level:10}{tree:>8}{wall:9.2f}{wall / samples * 1e6:7.2f}"
+                      f"{mb:7.0f}  {'#' * int(mb // 25)}")
+    return out
+
+
+def start(rec: Path, baseline: Path | None, repeat: int) -> dict:
+    """Wall seconds of `vmprof --version` and of a report of a small recording, the trees in turn (median, min)."""
+    cases = {"--version": vmprof("--version"), f"report {rec.name}": vmprof("report", str(rec))}
+    res: dict[tuple[str, str], list[float]] = {}
+    for _ in range(repeat):
+        for tree, env in trees(baseline).items():
+            for name, cmd in cases.items():
+                res.setdefault((name, tree), []).append(run_measured(cmd, env)[0])
+    for (name, tree), times in res.items():
+        print(f"{name:28}{tree:>8}  median {statistics.median(times):.3f} s  min {min(times):.3f} s")
+    return res
+
+
+def scan_chunks(rec: Path) -> list:
+    from vmprof_tui.record.stream import scan
+
+    scanned = scan(rec)
+    if scanned is None:
+        raise SystemExit(f"{rec}: not an intact recording of samples and sched events")
+    return scanned.chunks
+
+
 def demo(out: Path, seconds: float, rate: int) -> None:
     """vmprof record and perf kvm record side by side while the steal3 demo runs (root)."""
     from vmprof_tui.demo import runner
@@ -506,10 +582,20 @@ def main() -> int:
         t.add_argument("--perf-data", type=Path, default=None)
         t.add_argument("--repeat", type=int, default=3)
         t.add_argument("--window", type=float, default=10.0)
+    mem = sub.add_parser("memory", help="peak RSS against samples: report of each recording, host and one VM")
+    mem.add_argument("recs", type=Path, nargs="+")
+    mem.add_argument("--vm", default=None)
+    mem.add_argument("--baseline", type=Path, default=None)
+    st = sub.add_parser("start", help="wall time of vmprof --version and of a report of a small recording")
+    st.add_argument("rec", type=Path)
+    st.add_argument("--baseline", type=Path, default=None)
+    st.add_argument("--repeat", type=int, default=10)
     p = sub.add_parser("presets")
     p.add_argument("--baseline", type=Path, default=None)
     p.add_argument("--demo", type=Path, default=None, help="a folder from `demo` (steal3.vmprof, perf.data)")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--long", action="store_true", help="also the 600 s recording (38.4M samples): peak RSS against "
+                   "samples")
     args = ap.parse_args()
     if args.cmd == "make":
         info = make(args.out, args.cpus, args.vms, args.vcpus, args.seconds, args.rate, args.host_procs,
@@ -521,6 +607,10 @@ def main() -> int:
         time_reports(args.rec, args.vm or first_vm(args.rec), args.baseline, args.repeat, args.perf_data)
     elif args.cmd == "top":
         time_top(args.rec, args.baseline, args.window, args.repeat * 2)
+    elif args.cmd == "start":
+        start(args.rec, args.baseline, args.repeat)
+    elif args.cmd == "memory":
+        memory(args.recs, args.vm, args.baseline)
     elif args.cmd == "poll":
         time_poll(args.rec, args.baseline, args.window, args.repeat * 8)
     else:
@@ -549,6 +639,11 @@ def presets(args: argparse.Namespace) -> None:
     print(f"== {info['samples']} samples: 64 CPUs, 20 VMs x 4 vCPUs, 60 s at 1 kHz (synthetic, "
           f"{info['bytes'] >> 20} MB)")
     time_reports(big, "vm00", args.baseline, 1, None)
+    if args.long:
+        long = work / "long.vmprof"
+        info = make(long, 64, 20, 4, 600, 1000)
+        print(f"== {info['samples']} samples: the same host, 600 s (synthetic, {info['bytes'] >> 20} MB)")
+        memory([big, long], "vm00", args.baseline)
     top = work / "top64.vmprof"
     make(top, 64, 20, 4, 16, 1000)
     print("== top: 64 CPUs, 1 kHz, 20 VMs x 4 vCPUs")

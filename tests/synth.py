@@ -476,3 +476,43 @@ class SynthRecording:
                  "vms": [self._vm_json(vm, bundles) for vm in self.vms]})
         return path
 
+
+# -- a recording of every kind of vCPU state, over many chunks (tests of streaming, of start-up) ----------------
+BUSY_SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between samples
+
+
+def busy_recording(path: Path, seconds: float) -> Path:
+    """2 VMs of 2 vCPUs on 3 CPUs; in each slot a CPU runs one of its vCPUs (guest code, then KVM), a host task or
+    nothing; a vCPU off its CPU is halted (woken before it runs again) or preempted."""
+    rng = np.random.default_rng(7)
+    b = SynthRecording(frequency=1000, cpus=3)
+    web = b.vm("web", pid=100, vcpus={0: 101, 1: 102})
+    db = b.vm("db", pid=200, vcpus={0: 201, 1: 202})
+    vcpus = [(web, 0, 1), (web, 1, 2), (db, 0, 1), (db, 1, 2)]  # (VM, vCPU, its CPU)
+    slots = int(seconds * 1e9) // BUSY_SLOT
+    runs = np.zeros((len(vcpus), slots), bool)
+    for slot in range(slots):
+        t0, t1 = slot * BUSY_SLOT, (slot + 1) * BUSY_SLOT
+        b.host_task(500 + slot % 3, "app", cpu=0, start_ns=t0, end_ns=t1, kernel=bool(slot % 2))
+        for cpu in (1, 2):
+            mine = [i for i, v in enumerate(vcpus) if v[2] == cpu]
+            choice = int(rng.integers(0, 4))
+            if choice == 2:
+                b.host_task(600 + cpu, "worker", cpu=cpu, start_ns=t0, end_ns=t1)
+            elif choice < 2:
+                vm, vcpu, _cpu = vcpus[mine[choice]]
+                runs[mine[choice], slot] = True
+                split = t0 + int(rng.integers(1, BUSY_SLOT // MS)) * MS
+                b.run(vm, vcpu, cpu=cpu, start_ns=t0, end_ns=split, kernel=bool(rng.integers(0, 2)))
+                b.vmm_work(vm, vcpu, cpu=cpu, start_ns=split, end_ns=t1, exit_reason=VMX_IO)
+    for i, (vm, vcpu, _cpu) in enumerate(vcpus):  # each stretch off the CPU: a halt or a preemption
+        edges = np.flatnonzero(np.diff(np.concatenate([[1], runs[i].astype(int), [1]])))
+        for a, z in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+            lo, hi = a * BUSY_SLOT, z * BUSY_SLOT
+            if rng.random() < 0.6:
+                b.halt(vm, vcpu, start_ns=lo, end_ns=hi, wakeup_ns=hi - MS // 2 if z < slots else None)
+                if z < slots:
+                    b.halt_end(vm, vcpu, hi - MS // 2, hi - MS // 2 - lo, polled=False)
+            else:
+                b.preempt(vm, vcpu, start_ns=lo, end_ns=hi)
+    return b.write(path)

@@ -15,6 +15,7 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -109,20 +110,26 @@ def open_recording(path: Path, keep_old: bool = False) -> tuple[BinaryIO, Path |
     return create_new(path, buffering=0), old, True
 
 
-def write_file(path: Path, data: bytes | str) -> None:
-    """All of `data` at `path`, atomically: a temporary file in the same folder (created exclusively, never
-    through a link) renamed over it; devices and links we may follow are written in place."""
+def write_file(path: Path, data: bytes | str | Iterable[str]) -> None:
+    """All of `data` (or of its parts, written as they come) at `path`, atomically: a temporary file in the same
+    folder (created exclusively, never through a link) renamed over it; devices and links we may follow are
+    written in place."""
     path = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
+    parts = [data] if isinstance(data, (str, bytes)) else data
+
+    def write(f: BinaryIO) -> None:
+        for part in parts:
+            f.write(part.encode() if isinstance(part, str) else part)
+
     if _write_through(path, _existing(path)):
         with open(path, "wb") as f:
-            f.write(raw)
+            write(f)
         return
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
         with open(fd, "wb") as f:
             os.fchmod(f.fileno(), file_mode())
-            f.write(raw)
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -355,6 +355,16 @@ class Analysis:
         host_rows = rows[-1]
         return SpanSummary(self.span(), self.vm_names(), host.parts, host_rows, self._host_other_rows(host), vcpus)
 
+    def host_sums(self, kernel: bool = True) -> tuple[HostParts, RowCounts, RowCounts | None, list[Row]]:
+        """The host profile (of every CPU) in parts and rows that add across spans: SpanSummary's host, host_rows
+        (and of them, with `kernel`, the samples in kernel mode: Row.kernel) and host_others (analyse/stream.py
+        sums them over a recording's pieces)."""
+        host = self._host_shares(None)
+        idx = np.flatnonzero(host.host)
+        groups = [idx, idx[kernel_mode(self.samples["flags"][idx])]] if kernel else [idx]
+        rows = self.row_counts_of(groups)
+        return host.parts, rows[0], rows[1] if kernel else None, self._host_other_rows(host)
+
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
 

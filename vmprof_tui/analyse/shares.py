@@ -39,6 +39,13 @@ class Row:
                 "vm": self.vm}
 
 
+def process_name(row: Row) -> str | None:
+    """`name [pid]` of a row's process (None when it has none)."""
+    if not row.process:
+        return None
+    return f"{row.process} [{row.pid}]" if row.pid is not None else row.process
+
+
 @dataclass
 class Profile:
     level: str  # host | guest

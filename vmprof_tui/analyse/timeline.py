@@ -119,8 +119,17 @@ class Schedule:
 
     @functools.cached_property
     def switches_on_cpu(self) -> dict[int, np.ndarray]:
-        """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs."""
-        return dict(arrays.group_by(self.sched["cpu"], cpu_order(self.sched)))
+        """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs.  Of the
+        switches before the span analysed, only the last (what the CPU ran as the span began): a chunk's sched events
+        begin with the last switch of each CPU and of each vCPU thread (window.SwitchContext), and a vCPU thread's
+        may be older than its CPU's."""
+        on_cpu = dict(arrays.group_by(self.sched["cpu"], cpu_order(self.sched)))
+        if self.range_ns is not None:
+            t, lo = self.sched["time_ns"], np.uint64(self.range_ns[0])
+            for cpu, at in on_cpu.items():
+                before = int(np.searchsorted(t[at], lo))
+                on_cpu[cpu] = at[max(before - 1, 0):]
+        return on_cpu
 
     def timelines(self, thread_samples: dict[int, np.ndarray], sample_times: np.ndarray) -> dict[int, VcpuTimeline]:
         """Per vCPU thread: on-CPU time and blank intervals from the sched events, for every thread at once (its

@@ -58,12 +58,8 @@ class VcpuSamples:
         +-15%).  Priced at this rate, a guest's run, idle, steal and halt-polling shares are its exact times;
         samples only split the on-CPU time.  Too few samples to measure a rate: the nominal period.
         """
-        n = len(self.thread_samples(tl))
-        on_cpu = tl.on_cpu_ns
-        if (poll_ns := self._exact_poll_ns(tl)) is not None:  # priced exactly too: the rate is of the rest
-            n -= len(self.polling_samples(tl))
-            on_cpu -= poll_ns
-        return on_cpu / n if n >= MIN_SAMPLES_FOR_RATE and on_cpu > 0 else self.period_ns
+        return thread_sample_ns(len(self.thread_samples(tl)), tl.on_cpu_ns, len(self.polling_samples(tl)),
+                                self.exact_poll_ns(tl), self.period_ns)
 
     def polling_samples(self, tl: VcpuTimeline) -> np.ndarray:
         """The indices of a vCPU thread's samples that caught KVM polling its halted vCPU: KVM with the vCPU
@@ -82,10 +78,11 @@ class VcpuSamples:
     def poll_ns(self, tl: VcpuTimeline) -> float:
         """How long KVM polled the vCPU's halts within its life here: exact from kvm_vcpu_wakeup records (sampled,
         it aliases with a guest's timer), else its polling samples at the thread's rate."""
-        exact = self._exact_poll_ns(tl)
+        exact = self.exact_poll_ns(tl)
         return float(len(self.polling_samples(tl))) * self.sample_ns(tl) if exact is None else float(exact)
 
-    def _exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
+    def exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
+        """How long KVM polled the vCPU's halts by its kvm_vcpu_wakeup records (None: the recording has none)."""
         if tl.poll_intervals is None:
             return None
         clipped = np.clip(tl.poll_intervals, tl.start_ns, tl.end_ns)
@@ -97,3 +94,13 @@ class VcpuSamples:
         mask = np.zeros(len(self.samples), bool)
         mask[self.thread_samples(tl)] = True
         return mask
+
+
+def thread_sample_ns(samples: int, on_cpu_ns: float, polling: int, exact_poll_ns: int | None,
+                     period_ns: float) -> float:
+    """VcpuSamples.sample_ns from its counts (which add across spans: analyse/stream.py prices a recording's vCPUs
+    once, from the sums of its pieces)."""
+    if exact_poll_ns is not None:  # priced exactly too: the rate is of the rest
+        samples -= polling
+        on_cpu_ns -= exact_poll_ns
+    return on_cpu_ns / samples if samples >= MIN_SAMPLES_FOR_RATE and on_cpu_ns > 0 else period_ns

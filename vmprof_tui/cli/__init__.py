@@ -75,6 +75,9 @@ def _gc_paused() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # without the parsers, which import every command
+        print(f"vmprof {__version__}")
+        return 0
     parser, commands = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would print the top-level usage; the command's own is the useful one

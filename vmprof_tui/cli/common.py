@@ -11,14 +11,19 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from vmprof_tui import files
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from vmprof_tui.analyse.analysis import Analysis
+    from vmprof_tui.analyse.stream import StreamedAnalysis
+
+A = TypeVar("A", "Analysis", "StreamedAnalysis")
 
 
 LARGE_RECORDING = 64 << 20  # bytes (a million samples or so): memory before speed, see return_freed_memory
@@ -46,8 +51,9 @@ def stop_on_signals() -> Callable[[], bool]:
     return flag.is_set
 
 
-def write_output(args: argparse.Namespace, data: str | bytes) -> None:
-    """To -o FILE when given (files.write_file: never through a planted link), else to stdout (bytes as bytes)."""
+def write_output(args: argparse.Namespace, data: str | bytes | Iterable[str]) -> None:
+    """To -o FILE when given (files.write_file: never through a planted link), else to stdout (bytes as bytes);
+    text given in parts is written as they come."""
     if getattr(args, "output", None):
         try:
             files.write_file(Path(args.output), data)
@@ -55,8 +61,11 @@ def write_output(args: argparse.Namespace, data: str | bytes) -> None:
             raise Failure(f"cannot write {args.output}: {e.strerror or e}") from None
     elif isinstance(data, bytes):
         sys.stdout.buffer.write(data)
-    else:
+    elif isinstance(data, str):
         sys.stdout.write(data)
+    else:
+        for part in data:
+            sys.stdout.write(part)
 
 
 # -- option values: one checker per kind of value, shared by every command -----------------------------------
@@ -173,16 +182,11 @@ def no_vm(an: Analysis, recording: str, then: str) -> str:
 
 def load_analysis(args: argparse.Namespace) -> Analysis:
     """The Analysis of REC with the options of add_recording_arguments."""
-    from vmprof_tui.analyse.analysis import Analysis, in_kernel
+    from vmprof_tui.analyse.analysis import Analysis
     from vmprof_tui.record.recording import RecordingError, load
     from vmprof_tui.resolve.prepare import prepare, recording_span
 
-    if args.recording and args.input and args.recording != args.input:
-        raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
-    given = args.recording or args.input
-    if not given and not Path(DEFAULT_RECORDING).exists():
-        raise Failure(f"no recording given and no ./{DEFAULT_RECORDING} here: vmprof record writes one")
-    args.recording = given or DEFAULT_RECORDING
+    recording_path(args)
     with contextlib.suppress(OSError):  # an unreadable one fails with its line just below
         if os.path.getsize(args.recording) > LARGE_RECORDING:
             return_freed_memory()
@@ -199,13 +203,34 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
             raise Failure(f"--time-range {lo:g}:{hi:g} starts after the end of {args.recording} "
                           f"(it spans 0 to {span:.2f} s)")
         time_range = (lo, min(hi, span))
-    keep = None
-    if getattr(args, "hide_kernel", False):
-        keep = lambda s: ~in_kernel(s)  # noqa: E731
-    elif getattr(args, "hide_user", False):
-        keep = in_kernel
     bundles = _parse_bundles(args.guest_bundle)
-    an = Analysis(prepare(rec, bundles, time_range=time_range, keep=keep))
+    return _checked(args, Analysis(prepare(rec, bundles, time_range=time_range, keep=_mode(args))), bundles)
+
+
+def _mode(args: argparse.Namespace) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The samples -K (user mode) or -U (kernel mode) keep; None: all."""
+    from vmprof_tui.analyse.analysis import in_kernel
+
+    if getattr(args, "hide_kernel", False):
+        return lambda s: ~in_kernel(s)
+    if getattr(args, "hide_user", False):
+        return in_kernel
+    return None
+
+
+def recording_path(args: argparse.Namespace) -> str:
+    """REC or -i FILE (given once), else ./vmprof.data; set as args.recording."""
+    if args.recording and args.input and args.recording != args.input:
+        raise Usage(f"give the recording once: REC ({args.recording}) or -i ({args.input})")
+    given = args.recording or args.input
+    if not given and not Path(DEFAULT_RECORDING).exists():
+        raise Failure(f"no recording given and no ./{DEFAULT_RECORDING} here: vmprof record writes one")
+    args.recording = given or DEFAULT_RECORDING
+    return args.recording
+
+
+def _checked(args: argparse.Namespace, an: A, bundles: dict[str, Path]) -> A:
+    """The analysis, once --guest-bundle and --vm name VMs it has."""
     for vm, path in bundles.items():  # a bundle for a VM not recorded names nothing: a typo, most likely
         if vm not in an.vm_names():
             raise Failure(f"--guest-bundle {vm}={path}: no VM named {vm} in {args.recording} "
@@ -213,3 +238,26 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     if args.vm and args.vm not in an.vm_names():
         raise Failure(f"no VM named {args.vm} in {args.recording} (VMs: {', '.join(an.vm_names()) or 'none'})")
     return an
+
+
+def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
+                  piece_rows: int | None = None) -> StreamedAnalysis | None:
+    """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
+    or of every VM) when it is larger than a piece and can be read so (an intact recording without call stacks);
+    None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters)."""
+    from vmprof_tui.analyse import stream
+    from vmprof_tui.record.recording import RecordingError
+    from vmprof_tui.record.stream import sample_rows, scan
+
+    rows = piece_rows or stream.PIECE_ROWS
+    if sample_rows(Path(recording_path(args))) <= rows:  # a look at the chunk headers: small ones load whole
+        return None
+    scanned = scan(Path(args.recording))
+    if scanned is None or scanned.samples <= rows:
+        return None
+    bundles = _parse_bundles(args.guest_bundle)
+    try:
+        an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
+    except RecordingError as e:
+        raise Failure(str(e)) from None
+    return _checked(args, an, bundles)

@@ -12,7 +12,16 @@ import numpy as np
 
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import row_ratios, whole_rows
-from vmprof_tui.cli.common import Failure, Usage, add_recording_arguments, load_analysis, no_vm, write_output
+from vmprof_tui.analyse.stream import StreamedAnalysis
+from vmprof_tui.cli.common import (
+    Failure,
+    Usage,
+    add_recording_arguments,
+    load_analysis,
+    load_streamed,
+    no_vm,
+    write_output,
+)
 from vmprof_tui.lbr.recording import simulated_note
 from vmprof_tui.show.formats import FORMATS
 from vmprof_tui.show.formats.table import SORT_KEYS
@@ -109,7 +118,11 @@ def run(args: argparse.Namespace) -> int:
                     "(narrow them with --vm, --vcpu, --cpu, -K or -U)")
     if filters and args.format == "chrome":
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
-    an = load_analysis(args)
+    # made from the profiles alone; -K/-U with --percentage absolute also analyse the level without them
+    absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
+    streamable = args.format in ORDERED and not (args.children or args.callers or args.time_range
+                                                 or args.cpu is not None or absolute_mode)
+    an = (streamable and load_streamed(args, level, bool(filters))) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)
@@ -133,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         profiles = [dataclasses.replace(p, notes=[note, *p.notes]) for p in profiles]
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
                               limit=args.limit, cols=cols)
-    write_output(args, fmt.render(inp))
+    write_output(args, fmt.render_parts(inp) if hasattr(fmt, "render_parts") else fmt.render(inp))
     return 0
 
 
@@ -168,12 +181,11 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | 
     return 0
 
 
-def check_selection(args: argparse.Namespace, an: Analysis, level: str) -> None:
+def check_selection(args: argparse.Namespace, an: Analysis | StreamedAnalysis, level: str) -> None:
     """--vcpu and --cpu name a vCPU or CPU the recording has: one that matches nothing is an error, with the
     valid values (an empty report would look like an idle one)."""
     if args.vcpu is not None:
-        vcpus = {vm: sorted({tl.vcpu for tl in an.vm_timelines(vm)}) for vm in ([args.vm] if args.vm
-                                                                                 else an.vm_names())}
+        vcpus = {vm: [vcpu for vcpu, _tid in an.vcpu_threads(vm)] for vm in ([args.vm] if args.vm else an.vm_names())}
         if not any(args.vcpu in v for v in vcpus.values()):
             have = "; ".join(f"VM {vm} has vCPUs {_ranges(v) or 'none'}" for vm, v in vcpus.items())
             raise Failure(f"--vcpu {args.vcpu} matches nothing in {args.recording}: {have or 'it has no VM'}")
@@ -196,9 +208,11 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in out)
 
 
-def with_stack_notes(an: Analysis, profile: Profile, cpu: int | None) -> Profile:
+def with_stack_notes(an: Analysis | StreamedAnalysis, profile: Profile, cpu: int | None) -> Profile:
     """The profile with the notes of its call stacks (a recording made with -g): how many were partial,
     truncated or missing, which every format carries as it carries the analysis' notes."""
+    if isinstance(an, StreamedAnalysis) or an.rec.stacks is None:  # (one with stacks is never streamed)
+        return profile
     from vmprof_tui.analyse.callgraph import call_graph
 
     graph = call_graph(an)
@@ -236,7 +250,7 @@ def row_filters(args: argparse.Namespace) -> Filters:
     return out
 
 
-def _profiles(args: argparse.Namespace, an: Analysis, level: str) -> list[Profile]:
+def _profiles(args: argparse.Namespace, an: Analysis | StreamedAnalysis, level: str) -> list[Profile]:
     """The profiles a report shows: the host's (or one CPU's), or each VM's asked for (or one vCPU's)."""
     if level == "host":
         return [an.host_profile(args.cpu)]

@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-import cxxfilt
-
 _RUST_HASH = re.compile(r"::h[0-9a-f]{16}$")
 MAX_NAME = 4096  # guest symbol names are hostile: longer ones are not handed to the demangler
 
@@ -20,6 +18,8 @@ MAX_NAME = 4096  # guest symbol names are hostile: longer ones are not handed to
 def demangle(name: str) -> str:
     if not name.startswith("_Z") or len(name) > MAX_NAME:
         return name
+    import cxxfilt  # only for a mangled name: most profiles have none, and a small report need not import it
+
     try:
         out = cxxfilt.demangle(name, external_only=False)
     except cxxfilt.Error:

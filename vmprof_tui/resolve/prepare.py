@@ -33,10 +33,15 @@ def recording_span(rec: Recording) -> tuple[int, int]:
     if not times:
         return 0, 0
     w0, w1 = int(min(t.min() for t in times)), int(max(t.max() for t in times))
-    end = rec.end or {}
+    return w0, recording_end(w0, w1, rec.end)
+
+
+def recording_end(first_ns: int, last_ns: int, end: dict | None) -> int:
+    """recording_window's end, of a recording whose records span [first_ns, last_ns] and with this end chunk."""
+    end = end or {}
     if "end_monotonic_ns" in end and "duration_s" in end:
-        w1 = max(w1, min(int(end["end_monotonic_ns"]), w0 + round(float(end["duration_s"]) * 1e9)))
-    return w0, w1
+        return max(last_ns, min(int(end["end_monotonic_ns"]), first_ns + round(float(end["duration_s"]) * 1e9)))
+    return last_ns
 
 
 @dataclass
@@ -94,13 +99,14 @@ class Prepared:
 def prepare(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolver: Resolver | None = None,
             time_range: tuple[float, float] | None = None, resolved: Resolved | None = None,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
-            span_ns: tuple[int, int] | None = None) -> Prepared:
+            span_ns: tuple[int, int] | None = None, sched_in_order: bool = False) -> Prepared:
     """resolver: symbol sources kept across analyses (the live screen's windows share one);
     time_range: (from, to) in seconds after the first record; only that span is kept.
     resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
     keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged.
     span_ns: [lo, hi) on the host clock that timelines, blanks and idle are cut to, with the samples as given
-    (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext)."""
+    (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext).
+    sched_in_order: rec.sched is in the order given here already (by time, ties by the other fields)."""
     t = rec.samples["time_ns"]
     if np.all(t[1:] >= t[:-1]):  # the live screen's window usually is
         samples, given = rec.samples, resolved
@@ -110,7 +116,8 @@ def prepare(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolv
         given = resolved.take(order) if resolved is not None else None
     ts = rec.sched["time_ns"]
     # strictly increasing: a full-record sort would not move anything (the window usually is)
-    sched = rec.sched if np.all(ts[1:] > ts[:-1]) else np.sort(rec.sched, order="time_ns", kind="stable")
+    in_order = sched_in_order or np.all(ts[1:] > ts[:-1])
+    sched = rec.sched if in_order else np.sort(rec.sched, order="time_ns", kind="stable")
     not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
     switches, wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (sched, sched[:0])
     span = recording_span(rec)

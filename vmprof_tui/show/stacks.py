@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from vmprof_tui.analyse.analysis import Analysis, vm_rows
 from vmprof_tui.analyse.callgraph import call_graph
 from vmprof_tui.analyse.kinds import RowKind
-from vmprof_tui.analyse.shares import Profile, Row
+from vmprof_tui.analyse.shares import Profile, Row, process_name
 from vmprof_tui.mapping import Mapping
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
@@ -53,13 +53,6 @@ def function_name(row: Row) -> str:
             return UNKNOWN
         return row.module if row.module.startswith("[") else f"[{row.module}]"  # [kernel.kallsyms] as it is
     return demangle(row.function)
-
-
-def process_name(row: Row) -> str | None:
-    """`name [pid]` of a row's process (None when it has none)."""
-    if not row.process:
-        return None
-    return f"{row.process} [{row.pid}]" if row.pid is not None else row.process
 
 
 def function_frame(row: Row) -> Frame:

@@ -12,14 +12,14 @@ renderable, which is far slower on large profiles (docs/performance.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from operator import attrgetter
 
 from rich.cells import cell_len, set_cell_size
 
-from vmprof_tui.analyse.shares import Profile, Row
+from vmprof_tui.analyse.shares import Profile, Row, process_name
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
-from vmprof_tui.show.stacks import process_name
 from vmprof_tui.show.text import fill, wrap
 
 ONE_PROFILE = False
@@ -67,24 +67,49 @@ FUNCTION_MIN = 16  # the function column's width before process and module get w
 
 def render_profile(profile: Profile, sort: str = "samples", limit: int | None = None, cols: int | None = None) -> str:
     """The table of one profile in `cols` columns, or with whole names (cols None)."""
+    return "".join(profile_parts(profile, sort, limit, cols))
+
+
+TITLES = ("Samples", "%Ratio", "Process", "Module", "Function")
+BLOCK = 16384  # rows laid out at once: a report can have a million rows, whose cells would be 700 MB at once
+
+
+def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = None,
+                  cols: int | None = None) -> Iterator[str]:
+    """render_profile's text in parts, BLOCK rows each: the names are read twice (once to measure the columns, once
+    to lay them out) rather than all cells held at once."""
     rows = sort_rows(profile.shown_rows, sort)[:limit]
     total = profile.total_samples or 1.0
-    cells = [("Samples", "%Ratio", "Process", "Module", "Function")]
     processes: dict[tuple, str] = {}  # rows are many, their processes few
-    cells += [(str(int(round(r.samples))), f"{100.0 * r.samples / total:.3f}",
-               processes.get((r.process, r.pid)) or processes.setdefault((r.process, r.pid), process_name(r) or ""),
-               r.module, demangle(r.function)) for r in rows]
-    columns: list = list(zip(*cells, strict=True))
-    del cells  # a column is let go once fitted: cells of many rows are large
-    plain = ["".join(texts).isascii() for texts in columns]  # then a cell's width is its length (the usual case)
-    longest = [max(map(len if p else cell_len, texts)) for p, texts in zip(plain, columns, strict=True)]
+
+    def columns(block: list[Row], names_only: bool = False) -> list[list[str]]:
+        names = [[processes.get((r.process, r.pid)) or processes.setdefault((r.process, r.pid), process_name(r) or "")
+                  for r in block], [r.module for r in block], [demangle(r.function) for r in block]]
+        if names_only:
+            return names
+        numbers = [[str(int(round(r.samples))) for r in block], [f"{100.0 * r.samples / total:.3f}" for r in block]]
+        return numbers + names
+
+    plain = [True] * len(TITLES)  # then a cell's width is its length (the usual case)
+    longest = [len(t) for t in TITLES]
+    if rows:  # the numbers' longest cells are those of the row with the most samples
+        most = max(rows, key=attrgetter("samples"))
+        longest[:2] = (max(a, len(b)) for a, b in zip(longest, columns([most])[:2], strict=False))
+    for at in range(0, len(rows), BLOCK):
+        for i, texts in enumerate(columns(rows[at:at + BLOCK], names_only=True), 2):
+            plain[i] = plain[i] and "".join(texts).isascii()  # ASCII texts measured before: their length is their width
+            longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, texts)))
     widths = longest if cols is None else column_widths(longest, cols)
-    fitted = []
-    for i, (w, p) in enumerate(zip(widths, plain, strict=True)):
-        fitted.append(_fit_column(columns[i], w, p, right=i < 2))
-        columns[i] = None
-    body = ["  ".join(row).rstrip() for row in zip(*fitted, strict=True)]
-    return "\n".join(header(profile, cols) + body) + "\n"
+
+    def lines(block: list[list[str]]) -> str:
+        fitted = [_fit_column(texts, w, p, right=i < 2)
+                  for i, (texts, w, p) in enumerate(zip(block, widths, plain, strict=True))]
+        return "".join("  ".join(row).rstrip() + "\n" for row in zip(*fitted, strict=True))
+
+    yield "\n".join(header(profile, cols)) + "\n"
+    yield lines([[t] for t in TITLES])
+    for at in range(0, len(rows), BLOCK):
+        yield lines(columns(rows[at:at + BLOCK]))
 
 
 def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
@@ -104,7 +129,7 @@ def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MI
     return widths
 
 
-def _fit_column(texts: tuple[str, ...], w: int, plain: bool, right: bool) -> list[str]:
+def _fit_column(texts: list[str], w: int, plain: bool, right: bool) -> list[str]:
     """Each text in exactly `w` cells: padded on the left if `right`, else on the right, or cut to w-1 cells and
     an ellipsis.  Plain (ASCII) columns without a call per cell: a report can have 260,000 rows."""
     if not plain:
@@ -122,4 +147,12 @@ def _fit(text: str, w: int, right: bool) -> str:
 
 
 def render(inp: ReportInput) -> str:
-    return "\n".join(render_profile(p, inp.sort, inp.limit, inp.cols) for p in inp.profiles)
+    return "".join(render_parts(inp))
+
+
+def render_parts(inp: ReportInput) -> Iterator[str]:
+    """render's text in parts (the report writes them as they come)."""
+    for n, p in enumerate(inp.profiles):
+        if n:
+            yield "\n"
+        yield from profile_parts(p, inp.sort, inp.limit, inp.cols)

@@ -1,0 +1,62 @@
+"""`vmprof report` of a recording read a piece at a time (analyse/stream.py) against the same report of the
+whole recording (the reference): byte for byte, at the host and guest levels, in every format made from the
+summaries.  The recording is synthetic (tests/synth.py) and long enough for many pieces: vCPUs run, halt (with
+wake-ups and KVM's halt-end records), are preempted by host tasks and by each other, and exit to KVM, across
+piece boundaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synth import busy_recording
+
+from vmprof_tui.analyse import stream
+from vmprof_tui.analyse.stream import StreamedAnalysis
+from vmprof_tui.cli import main
+from vmprof_tui.record.stream import scan
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return busy_recording(tmp_path_factory.mktemp("stream") / "busy.vmprof", 6.0)
+
+
+def report(args: list[str], piece_rows: int, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+           streamed: bool) -> str:
+    """The report's text, checking that it was read a piece at a time (streamed) or whole."""
+    made = []
+    init = StreamedAnalysis.__init__
+    monkeypatch.setattr(stream, "PIECE_ROWS", piece_rows)
+    monkeypatch.setattr(StreamedAnalysis, "__init__", lambda self, *a, **k: made.append(1) or init(self, *a, **k))
+    assert main(["report", *args]) == 0
+    assert bool(made) == streamed
+    return capsys.readouterr().out
+
+
+LEVELS = [[], ["--vm", "web"], ["--vm", "db", "--vcpu", "1"]]
+CASES = [[fmt, *level] for fmt in ("table", "json", "csv") for level in LEVELS] + [["table", "--level", "guest"]]
+# perf's row filters: their totals and ratios are of the rows kept (each row's kernel-mode samples), or of the level
+CASES += [["table", "-K"], ["table", "--vm", "web", "-U"], ["json", "--comm", "app", "--dso", "[kernel.kallsyms]"],
+          ["csv", "--pid", "601,500", "--percentage", "absolute"], ["table", "--comm", "worker", "-U"]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=" ".join)
+def test_streamed_report_is_the_whole_report(recording: Path, case: list[str], capsys: pytest.CaptureFixture,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [str(recording), "--format", *case]
+    whole = report(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert len(whole.splitlines()) >= 4  # rows, not only a header
+    assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
+    assert report(args, 1733, capsys, monkeypatch, streamed=True) == whole
+
+
+def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> None:
+    """The pieces follow each other in time and together hold every record once; the summaries kept across them
+    are the distinct rows, not the samples."""
+    scanned = scan(recording)
+    an = stream.StreamedAnalysis(scanned, piece_rows=1000)  # the host level
+    assert an.pieces == 12  # a piece per sample chunk (500 ms of 3 CPUs)
+    total = an.host_profile().total_samples
+    assert total == pytest.approx(scanned.samples, abs=1)  # idle from sched events replaces the idle samples
+    assert len(an.host_rows.all.codes) < 50

@@ -1,0 +1,233 @@
+"""One pass over a recording, a piece at a time, into summaries that add: the profiles of `vmprof report` in memory
+bounded by the distinct rows, not by the samples (docs/scale.md).
+
+Each piece of the recording (record/stream.py) is prepared and analysed on its own, with the last switch of each
+CPU and vCPU thread before it (window.SwitchContext, as the live screen's chunks) and the first switch of each
+thread after it; what the level asked for needs of it is summed in samples and nanoseconds, and the piece is let
+go.  The profiles made from the sums are those Analysis.host_profile and guest_profile make of the whole
+recording: the same rows, in the same order, with the same samples and shares (the virtual samples of blank time
+are priced once, from the summed nanoseconds, equal to the whole's up to float rounding).
+
+A recording of one piece is analysed whole (cli/common.py load_streamed): what is small costs nothing new.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
+from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
+from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
+from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
+from vmprof_tui.record.stream import Scanned, pieces
+from vmprof_tui.resolve.prepare import prepare, recording_end
+from vmprof_tui.resolve.resolver import Resolver
+
+PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory of a piece against its time)
+
+
+@dataclass
+class _Rows:
+    """A profile's function rows summed so far: samples, and of them those in kernel mode (Row.kernel: the ratios
+    of a filtered profile are made of it), by the resolver's name codes."""
+    all: RowCounts = field(default_factory=lambda: _empty_rows())
+    kernel: RowCounts = field(default_factory=lambda: _empty_rows())
+
+    def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
+        self.all = RowCounts.combine([self.all, rows])
+        if kernel is not None:
+            self.kernel = RowCounts.combine([self.kernel, kernel])
+
+    @staticmethod
+    def joined(parts: list[_Rows]) -> _Rows:
+        return _Rows(RowCounts.combine([p.all for p in parts]), RowCounts.combine([p.kernel for p in parts]))
+
+
+@dataclass
+class _Vcpu:
+    """A vCPU's counts over the pieces so far, in what adds: samples and nanoseconds (virtual samples are priced at
+    the vCPU thread's rate over the whole recording, as Analysis.vcpu_parts prices them, once at the end)."""
+    tid: int
+    rows: _Rows
+    kernel: int = 0  # its guest-mode samples in the guest kernel
+    user: int = 0
+    vmm: int = 0  # its thread's samples outside guest mode (the VMM or KVM working for it), but halt polling
+    samples: int = 0  # its thread's samples
+    polling: int = 0  # of them, KVM polling the halted vCPU
+    on_cpu_ns: int = 0
+    exact_poll_ns: int | None = None  # from kvm_vcpu_wakeup records, when the recording has them
+    blank_ns: dict = field(default_factory=lambda: defaultdict(float))  # by cause
+
+    def parts(self, period_ns: float) -> GuestParts:
+        unit = thread_sample_ns(self.samples, self.on_cpu_ns, self.polling, self.exact_poll_ns, period_ns)
+        poll = self.polling if self.exact_poll_ns is None else self.exact_poll_ns / unit
+        blank = defaultdict(float, {cause: ns / unit for cause, ns in self.blank_ns.items()})
+        return GuestParts(float(self.kernel), float(self.user), blank, float(self.vmm), float(poll))
+
+
+def _empty_rows() -> RowCounts:
+    return RowCounts(np.empty(0, np.int64), np.empty(0), None)
+
+
+class StreamedAnalysis:
+    """What `vmprof report` reads of an Analysis (VM names, vCPUs, host and guest profiles), summed piece by piece."""
+
+    def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
+                 vm: str | None = None, piece_rows: int = PIECE_ROWS,
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True) -> None:
+        """level: the profiles asked for, host or guest (of `vm`, else of every VM): only their sums are kept.
+        keep: the samples to analyse (`report -K/-U`), as prepare's.  kernel: each row's kernel-mode samples are
+        summed too (Row.kernel: what a filtered profile's ratios are made of; else 0)."""
+        self.kernel = kernel
+        self.rec = rec = scanned.rec
+        self.level, self.vm = level, vm
+        self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
+        self.host = HostParts()
+        self.host_rows = _Rows()
+        self.others: dict[tuple, Row] = {}  # CPU idle, one row per VM (by pid)
+        self.vcpus: dict[tuple[str, int], _Vcpu] = {}
+        self.vm_index: dict[str, int] = {}
+        self.vm_by_pid: dict[int, str] = {}
+        self.unresolved = 0  # samples whose function did not resolve (host level: of every sample)
+        self.notes: dict[str, None] = {}
+        self.has_sched = False
+        self.pieces = 0
+        from vmprof_tui.analyse.window import SwitchContext
+
+        resolver = Resolver()
+        context = SwitchContext()
+        snapshot = rec.snapshot
+        for piece in pieces(scanned, piece_rows, lambda first, last: recording_end(first, last, rec.end)):
+            sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
+            part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
+                             rec.end, problems=list(rec.problems))
+            # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
+            an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
+                                  sched_in_order=True),
+                          shares_only=True)
+            self._add(an)
+            context.advance(piece.sched)
+            self.has_sched |= bool(len(piece.sched))
+            snapshot = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # parsed once, by the first
+            self.pieces += 1
+
+    def _add(self, an: Analysis) -> None:
+        self.vm_index.update(an.vm_index)
+        self.vm_by_pid.update(an.vm_by_pid)
+        self.notes.update(dict.fromkeys(an.notes))
+        if self.level == "host":
+            parts, rows, kernel, others = an.host_sums(self.kernel)
+            self.host.add(parts)
+            self.host_rows.add(rows, kernel)
+            for r in others:
+                key = (r.kind, r.function, r.module, r.pid)
+                if key in self.others:
+                    self.others[key].samples += r.samples
+                else:
+                    self.others[key] = replace(r)
+            self.unresolved += int(np.count_nonzero(an.unresolved))
+            return
+        flags, counts = an.samples["flags"], an.vcpus
+        timelines = [tl for tl in an.timelines.values() if self.vm in (None, tl.vm)]
+        guest = [counts.thread_samples(tl) for tl in timelines]
+        guest = [idx[an.is_guest[idx]] for idx in guest]
+        in_kernel = [real[(flags[real] & SAMPLE_GUEST_KERNEL) != 0] for real in guest] if self.kernel else []
+        rows = an.row_counts_of(guest + in_kernel) if timelines else []
+        kernel_rows = rows[len(guest):] if self.kernel else [None] * len(guest)
+        for tl, real, names, kernel_names in zip(timelines, guest, rows[:len(guest)], kernel_rows, strict=True):
+            mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tl.tid, _Rows()))
+            mine.tid = tl.tid
+            mine.rows.add(names, kernel_names)
+            idx = counts.thread_samples(tl)
+            kernel = int(np.count_nonzero(flags[real] & SAMPLE_GUEST_KERNEL))
+            polling = len(counts.polling_samples(tl))
+            mine.kernel += kernel
+            mine.user += len(real) - kernel
+            mine.vmm += len(idx) - len(real) - polling
+            mine.samples += len(idx)
+            mine.polling += polling
+            mine.on_cpu_ns += tl.on_cpu_ns
+            if (exact := counts.exact_poll_ns(tl)) is not None:
+                mine.exact_poll_ns = (mine.exact_poll_ns or 0) + exact
+            for cause, ns in an.blank_split(tl, in_ns=True).items():
+                mine.blank_ns[cause] += ns
+
+    # -- what the report reads -----------------------------------------------------------------------------
+    @property
+    def duration_s(self) -> float:
+        return self.rec.duration_s
+
+    def vm_names(self) -> list[str]:
+        return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
+
+    def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
+        return sorted((vcpu, v.tid) for (v_vm, vcpu), v in self.vcpus.items() if v_vm == vm)
+
+    def _rows(self, summed: _Rows, vm: str | None) -> list[Row]:
+        """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code."""
+        counts = summed.all
+        names = counts.names
+        if names is None or not len(counts.codes):
+            return []
+        pids = names.ids(counts.codes, "pid")
+        code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
+        vm_code = np.array([code_of_pid.get(p, 0) for p in pids.tolist()], np.int64)
+        order = np.lexsort((counts.codes, vm_code))
+        codes = counts.codes[order]
+        kernel = np.zeros(len(counts.codes))
+        kernel[np.searchsorted(counts.codes, summed.kernel.codes)] = summed.kernel.counts  # of some of the codes
+        kernel = kernel[order]
+        kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
+        strings = (names.strings_of(codes, c).tolist() for c in ("func", "module", "process"))
+        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
+            counts.counts[order].tolist(), *strings, pids[order].tolist(), names.unknown(codes).tolist(),
+            kernel.tolist(), strict=True)]
+
+    def host_profile(self, cpu: int | None = None) -> Profile:
+        if cpu is not None or self.level != "host":
+            raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
+        idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
+        vms = sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
+        rows = self._rows(self.host_rows, None) + idle + vms
+        return Profile("host", None, None, self.host.total, self.duration_s, self.rec.lost_samples, self.host.ratios(),
+                       rows, self.unresolved, list(self.notes))
+
+    def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
+        if vm not in self.vm_names():
+            raise KeyError(vm)
+        if self.level != "guest" or self.vm not in (None, vm):
+            raise ValueError(f"this streamed analysis has no guest profile of {vm}: analyse it whole")
+        parts = GuestParts()
+        mine = [v for (v_vm, v_id), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)
+                if v_vm == vm and vcpu in (None, v_id)]
+        for v in mine:
+            parts.add(v.parts(self.period_ns))
+        summed = _Rows.joined([v.rows for v in mine])
+        counts = summed.all
+        rows = self._rows(summed, vm)
+        rows += [Row(n, *kind.label(vcpu=v), None, None, vm, kind) for (kind, v), n in parts.virtual().items()]
+        unresolved = int(counts.counts[counts.names.unknown(counts.codes)].sum()) if counts.names is not None else 0
+        notes = list(self.notes)
+        if not self.has_sched:
+            notes.append("no scheduler events in this recording: idle and steal are unknown")
+        return Profile("guest", vm, vcpu, parts.total, self.duration_s, self.rec.lost_samples, parts.ratios(), rows,
+                       unresolved, notes)
+
+
+def first_switches(sched: np.ndarray) -> np.ndarray:
+    """The first context switch of each thread (as the one leaving or the one coming) among sched events in time
+    order: with them a piece's vCPUs end as they do in the whole recording (on a CPU to the end of the piece, or in
+    a blank that a later switch-in closes), where without them a vCPU's life would end at its last record."""
+    switches = sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]
+    keep = []
+    for side in ("prev", "next"):
+        thread = switches[f"{side}_pid"].astype(np.int64) << 32 | switches[f"{side}_tid"]
+        keep.append(np.unique(thread, return_index=True)[1])
+    return switches[np.unique(np.concatenate(keep))] if keep else switches

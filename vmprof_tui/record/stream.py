@@ -1,0 +1,238 @@
+"""A recording read a piece at a time: bounded memory for recordings of any length (docs/scale.md).
+
+``scan`` reads every chunk once but keeps only what is small (metadata, snapshots, guest bundles, the end chunk)
+and where each sample and sched table chunk lies; ``pieces`` then decodes those chunks a group at a time into
+pieces of the host clock that follow each other: every record of a piece is before every record of the next,
+so a piece can be analysed on its own with the switches before it (analyse/stream.py).
+
+Only an intact recording of samples and sched events is read this way: ``scan`` returns None for a damaged or
+cut one (load reports what is wrong) and for one with records that need all of the recording at once (call
+stacks, LBR), and the caller loads it whole.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from collections.abc import Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vmprof_tui import arrays, bounded_json
+from vmprof_tui.record import recording as fmt
+from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+
+DTYPES = {fmt.SAMPLES: SAMPLE_DTYPE, fmt.SCHED: SCHED_DTYPE}
+
+
+@dataclass
+class TableChunk:
+    kind: int  # fmt.SAMPLES or fmt.SCHED
+    offset: int  # of its payload in the file
+    length: int
+    rows: int
+
+
+@dataclass
+class Scanned:
+    """A recording without its tables (rec.samples and rec.sched are empty), and where its tables are."""
+    rec: fmt.Recording
+    chunks: list[TableChunk]
+
+    @property
+    def samples(self) -> int:
+        return sum(c.rows for c in self.chunks if c.kind == fmt.SAMPLES)
+
+
+def sample_rows(path: Path) -> int:
+    """How many samples the sample chunks of a recording state, from the chunk headers alone (a quick look before
+    scan: a small recording is loaded whole); 0 for what is not a readable recording."""
+    rows = 0
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(fmt.MAGIC) + 2) != fmt.MAGIC + struct.pack("<H", fmt.VERSION):
+                return 0
+            while len(header := f.read(fmt.CHUNK_HEADER.size)) == fmt.CHUNK_HEADER.size:
+                magic, kind, _res, length, _crc = fmt.CHUNK_HEADER.unpack(header)
+                if magic != fmt.CHUNK_MAGIC:
+                    return rows
+                if kind == fmt.SAMPLES:
+                    (hlen,) = struct.unpack("<I", f.read(4))
+                    found = ROWS.search(f.read(min(hlen, 64)))
+                    rows += int(found.group(1)) if found else 0
+                    f.seek(length - 4 - min(hlen, 64), os.SEEK_CUR)
+                else:
+                    f.seek(length, os.SEEK_CUR)
+    except (OSError, struct.error):
+        return rows
+    return rows
+
+
+ROWS = re.compile(rb'^\{"rows": (\d{1,12})[,}]')  # pack_rows' header begins so
+
+
+def scan(path: Path) -> Scanned | None:
+    """The recording at `path` without its tables; None when it cannot be read a piece at a time (see above)."""
+    rec = fmt.Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
+    chunks: list[TableChunk] = []
+    bundles: dict[str, tuple[int, int]] = {}
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below, on every path)
+    except OSError:
+        return None
+    with f:
+        if f.read(len(fmt.MAGIC) + 2) != fmt.MAGIC + struct.pack("<H", fmt.VERSION):
+            return None
+        pos = len(fmt.MAGIC) + 2
+        while header := f.read(fmt.CHUNK_HEADER.size):
+            if len(header) < fmt.CHUNK_HEADER.size:
+                return None
+            magic, kind, _res, length, crc = fmt.CHUNK_HEADER.unpack(header)
+            if magic != fmt.CHUNK_MAGIC or length > fmt.MAX_CHUNK:
+                return None
+            payload = f.read(length)
+            if len(payload) != length or zlib.crc32(payload) != crc:
+                return None
+            pos += fmt.CHUNK_HEADER.size
+            try:
+                if kind in DTYPES:
+                    chunks.append(TableChunk(kind, pos, length, fmt._table_rows(payload, DTYPES[kind])))
+                elif kind == fmt.META:
+                    rec.meta = fmt._meta(bounded_json.loads(payload, "the metadata chunk"))
+                elif kind == fmt.SNAPSHOT:
+                    text = zlib.decompressobj().decompress(payload, fmt.MAX_INFLATED)
+                    rec.snapshot.update(fmt._snapshot(bounded_json.loads(text, "a snapshot chunk")))
+                elif kind == fmt.BUNDLE:  # read when the resolver loads it (20 guests: 140 MB held otherwise)
+                    (n,) = struct.unpack_from("<H", payload)
+                    bundles[payload[2:2 + n].decode(errors="replace")] = (pos + 2 + n, length - 2 - n)
+                elif kind == fmt.END:
+                    rec.end = fmt._end(bounded_json.loads(payload, "the end chunk"))
+                else:  # call stacks, LBR: joined to the samples of the whole recording
+                    return None
+            except (ValueError, KeyError, TypeError, struct.error, zlib.error, fmt.RecordingError):
+                return None
+            pos += length
+    if not rec.meta or rec.end is None or rec.meta.get("stacks"):
+        return None
+    rec.bundles = StoredBundles(rec.path, bundles)  # type: ignore[assignment]
+    fmt._load_static(rec)
+    return Scanned(rec, chunks)
+
+
+class StoredBundles(MutableMapping[str, bytes]):
+    """A recording's guest bundles by VM name, each read from the file when asked for (those set, a window's of
+    `vmprof agent` from its spool, are held)."""
+
+    def __init__(self, path: Path, where: dict[str, tuple[int, int]]) -> None:
+        self.path, self.where = path, where
+        self.held: dict[str, bytes] = {}
+
+    def __getitem__(self, vm: str) -> bytes:
+        if vm in self.held:
+            return self.held[vm]
+        offset, length = self.where[vm]
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def __setitem__(self, vm: str, data: bytes) -> None:
+        self.held[vm] = data
+        self.where.setdefault(vm, (0, 0))
+
+    def __delitem__(self, vm: str) -> None:
+        self.held.pop(vm, None)
+        del self.where[vm]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
+@dataclass
+class Piece:
+    """The records of [lo, hi) of the host clock (the last piece: [lo, hi]), each table in time order."""
+    lo: int
+    hi: int
+    samples: np.ndarray
+    sched: np.ndarray
+    following: np.ndarray  # the sched events after it (those of the next piece, in time order)
+
+
+def _read_group(fd: int, group: list[TableChunk]) -> tuple[np.ndarray, np.ndarray]:
+    pending = [(c.kind, 0, memoryview(os.pread(fd, c.length, c.offset)), c.rows) for c in group]
+    problems: list[str] = []
+    tables = fmt._decode_tables(pending, problems, DTYPES)
+    if problems:  # scan checked every checksum: the file changed since
+        raise fmt.RecordingError(problems[0])
+    return (tables.get(fmt.SAMPLES, np.empty(0, SAMPLE_DTYPE)), tables.get(fmt.SCHED, np.empty(0, SCHED_DTYPE)))
+
+
+def _ordered(samples: np.ndarray) -> np.ndarray:
+    t = samples["time_ns"]
+    return samples if np.all(t[1:] >= t[:-1]) else samples[arrays.stable_argsort(t)]
+
+
+def _ordered_sched(sched: np.ndarray) -> np.ndarray:
+    """As prepare orders them (ties by the other fields: sched events of many CPUs share times)."""
+    t = sched["time_ns"]
+    return sched if np.all(t[1:] > t[:-1]) else np.sort(sched, order="time_ns", kind="stable")
+
+
+def _first(*tables: np.ndarray) -> int | None:
+    times = [int(t["time_ns"].min()) for t in tables if len(t)]
+    return min(times) if times else None
+
+
+def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int]) -> Iterator[Piece]:
+    """The recording's records in pieces of about `rows` samples, in time order: a piece ends where the next one's
+    first record is (records of a piece that are later go on to the next).  end_of(first, last): where the last
+    piece ends, given the times of the first and the last record (prepare.recording_end)."""
+    groups: list[list[TableChunk]] = [[]]
+    count = 0
+    for c in scanned.chunks:
+        if count >= rows and c.kind == fmt.SAMPLES:
+            groups.append([])
+            count = 0
+        groups[-1].append(c)
+        count += c.rows if c.kind == fmt.SAMPLES else 0
+    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
+    # the next group is read and inflated (zlib lets other threads run) while the piece before it is analysed
+    with ThreadPoolExecutor(1) as reader:
+        try:
+            ahead = [reader.submit(_read_group, fd, g) for g in groups[:2]]
+            samples, sched = ahead.pop(0).result()
+            sched = _ordered_sched(sched)  # kept so: the next group's events are merged in as they come
+            lo = first = _first(samples, sched)
+            for k in range(1, len(groups)):
+                nxt_samples, nxt_sched = ahead.pop(0).result()
+                if k + 1 < len(groups):
+                    ahead.append(reader.submit(_read_group, fd, groups[k + 1]))
+                cut = _first(nxt_samples, nxt_sched)
+                if lo is None or cut is None or cut <= lo:  # nothing, or out of order past a whole piece: read on
+                    samples = np.concatenate([samples, nxt_samples])
+                    sched = _ordered_sched(np.concatenate([sched, nxt_sched]))
+                    lo = first = lo if lo is not None else cut
+                    continue
+                samples = _ordered(samples)
+                a, b = (int(np.searchsorted(t["time_ns"], np.uint64(cut))) for t in (samples, sched))
+                piece_samples, piece_sched = samples[:a], sched[:b]
+                samples = np.concatenate([samples[a:], nxt_samples])
+                sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]))
+                yield Piece(lo, cut, piece_samples, piece_sched, sched)
+                lo = cut
+            if lo is None:  # no records
+                return
+            last = max(int(t["time_ns"].max()) for t in (samples, sched) if len(t))
+            yield Piece(lo, end_of(first, last), _ordered(samples), sched, sched[:0])
+        finally:
+            for job in ahead:
+                job.cancel()
+            reader.shutdown(wait=True)
+            os.close(fd)
