@@ -18,6 +18,7 @@ from conftest import record_scenario, require_root, start_sampling, vmprof
 
 from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.shares import Profile
+from vmprof_tui.analyse.source import RecordingSource
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
@@ -341,7 +342,7 @@ def test_metrics_holder_labels_stay_bounded(tmp_path: Path) -> None:
             t += 5 * MS + (i + 1) * MS
         b.run(web, 0, cpu=1, start_ns=t, end_ns=t + 5 * MS)
         an = analyse(recording.load(b.write(tmp_path / f"w{window}.vmprof")))
-        metrics.add_window(an, True, 0.0, 0.0, 0)
+        metrics.add_window(RecordingSource(an), True, 0.0, 0.0, 0)
         expected += sum(range(1, 9)) / 1000
     labels = {s.labels["cause"]: s.value for m in registry.collect() if m.name == "vmprof_vcpu_steal_seconds"
               for s in m.samples if s.name.endswith("_total") and s.labels["type"] == "1"}

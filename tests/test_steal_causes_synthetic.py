@@ -13,6 +13,7 @@ from synth import MS, VMX_IO, SynthRecording
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.analysis import analyse as analyse_recording
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.source import RecordingSource
 from vmprof_tui.analyse.steal import vcpu_steal
 from vmprof_tui.record.recording import load
 
@@ -221,7 +222,7 @@ def test_holders_add_up_to_a_preemption_when_a_vcpu_thread_was_discovered_late(
     b.run(web, 0, cpu=1, start_ns=60 * MS, end_ns=80 * MS)
     an = analyse_recording(load(b.write(tmp_path / "x.vmprof")), time_range=time_range)
     wait = sum(held.values())
-    (v,) = [x for x in vcpu_seconds(an, "web") if x["vcpu"] == 0]
+    (v,) = [x for x in vcpu_seconds(RecordingSource(an), "web") if x["vcpu"] == 0]
     assert v["type1_by_holder"] == pytest.approx({k: ms / 1e3 for k, ms in held.items()})
     assert sum(v["type1_by_holder"].values()) == pytest.approx(v["steal_type1"]) == pytest.approx(wait / 1e3)
     (blank,) = [x for x in an.vm_timelines("web", 0)[0].blanks if x.kind == "preempted"]

@@ -116,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
                   f"({agent.not_stored} not stored so far)", file=sys.stderr, flush=True)
         if metrics is not None and path is not None:
             from vmprof_tui.analyse.analysis import analyse
+            from vmprof_tui.analyse.source import RecordingSource
             from vmprof_tui.record.recording import load
 
-            metrics.add_window(analyse(load(path)), stats.stored, stats.t0_s, stats.uncovered_s,
+            metrics.add_window(RecordingSource(analyse(load(path))), stats.stored, stats.t0_s, stats.uncovered_s,
                                stats.lost_samples)
 
     interrupted = stop_on_signals()

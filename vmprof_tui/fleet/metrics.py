@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.fleet.history import STATES
 from vmprof_tui.fleet.tasks import vcpu_seconds
 
@@ -69,13 +69,13 @@ class AgentMetrics:
             self.holder_labels.add(holder)
         return holder if holder in self.holder_labels else "other"
 
-    def add_window(self, an: Analysis, stored: bool, store_s: float, uncovered_s: float, lost: int) -> None:
+    def add_window(self, source: ProfileSource, stored: bool, store_s: float, uncovered_s: float, lost: int) -> None:
         self.windows.labels("stored" if stored else "not_stored").inc()
         self.store_seconds.set(store_s)
         self.uncovered_seconds.inc(uncovered_s)
         self.lost.inc(lost)
-        for vm in an.vm_names():
-            for v in vcpu_seconds(an, vm):
+        for vm in source.vm_names():
+            for v in vcpu_seconds(source, vm):
                 labels = (vm, str(v["vcpu"]))
                 for state in STATES:
                     self.vcpu_seconds.labels(*labels, state).inc(v[state])

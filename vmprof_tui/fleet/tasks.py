@@ -19,10 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vmprof_tui import files
-from vmprof_tui.analyse.analysis import Analysis, analyse
-from vmprof_tui.analyse.steal import vcpu_steal
+from vmprof_tui.analyse.analysis import analyse
+from vmprof_tui.analyse.source import ProfileSource, RecordingSource
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, load
-from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL
 
 # Every table starts with these columns (a window is named `window_id`, not `window`: WINDOW is a reserved word
 # in SQL, and a column of that name needs quoting in every query a user writes).
@@ -69,17 +68,15 @@ class WindowRef:
         return store / table / f"host={self.host}" / f"day={self.day}" / f"w{self.seq:08d}-{safe_vm}.parquet"
 
 
-def vcpu_seconds(an: Analysis, vm: str) -> list[dict]:
+def vcpu_seconds(source: ProfileSource, vm: str) -> list[dict]:
     """Per vCPU of `vm`: seconds of guest user, guest kernel, idle, steal type 1 (by holder, by cause) and type 2
     (by exit reason), co-stop, halt polling, IRQ time while running: the figures the store keeps and the
-    agent's metrics export."""
-    kernel = (an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0
-    timelines = {tl.vcpu: tl for tl in an.vm_timelines(vm)}
+    agent's metrics export.  Guest time is split between kernel and user mode as the guest profile's samples are."""
     out = []
-    for v in vcpu_steal(an, vm):
-        tl = timelines[v["vcpu"]]
-        in_guest = an.vcpus.thread_mask(tl) & an.is_guest
-        guest_kernel_s = float(np.count_nonzero(in_guest & kernel)) * an.vcpus.sample_ns(tl) / 1e9
+    for v in source.vcpu_steal(vm):
+        shares = source.guest_ratios(vm, v["vcpu"])
+        in_guest = shares["os"] + shares["user"]
+        guest_kernel_s = v["guest_s"] * shares["os"] / in_guest if in_guest else 0.0
         out.append({"vcpu": v["vcpu"], "guest_user": max(v["guest_s"] - guest_kernel_s, 0.0),
                     "guest_kernel": guest_kernel_s, "idle": v["idle_s"], "steal_type1": v["steal_type1_s"],
                     "steal_type2": v["steal_type2_s"], "type1_by_holder": v["type1_by_holder_s"],
@@ -127,7 +124,7 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
         # the guest profile's samples, real and virtual, at the vCPU's rate
         tables["profile"] += _function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
                                             an.vcpus.sample_ns(tl) / 1e9)
-    for v in vcpu_seconds(an, vm):
+    for v in vcpu_seconds(RecordingSource(an), vm):
         at = {**base, "vcpu": v["vcpu"]}
         tables["vcpu"] += [{**at, "state": state, "seconds": v[state]} for state in STATES]
         tables["steal"] += [{**at, "type": 1, "cause": c, "seconds": s} for c, s in v["type1_by_cause"].items()]
