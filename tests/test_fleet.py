@@ -25,9 +25,9 @@ from vmprof_tui.demo import runner
 from vmprof_tui.demo.scenarios import SHARED_CPU
 from vmprof_tui.fleet.analyse import corrupt_path, done_path, find_windows
 from vmprof_tui.fleet.history import Store
+from vmprof_tui.fleet.store_app import StoreApp
 from vmprof_tui.fleet.tasks import HOST_TASK, TABLES, analyse_window_vm, window_vms
 from vmprof_tui.record.spool import Agent, Spool
-from vmprof_tui.show.store_app import StoreApp
 
 HOSTS = ("h1", "h2", "h3")
 

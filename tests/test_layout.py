@@ -10,9 +10,10 @@ from pathlib import Path
 from conftest import ROOT
 
 # every package of vmprof_tui, in the order data flows: the demo VMs are what is sampled; estimate works on
-# analyses and demo runs; fleet, show and cli come last.  lbr is a wing on the whole core, collection to screen (the
-# LBR path: docs/lbr.md): it may import every stage before it and none of them imports it (but its contracts)
-STAGES = ("demo", "collect", "record", "resolve", "analyse", "estimate", "fleet", "show", "lbr", "cli")
+# analyses and demo runs; show and cli come last.  fleet and lbr are wings on the whole core: fleet (the agent's
+# metrics, the store and its screen) and lbr (the LBR path, collection to screen: docs/lbr.md) may import every
+# stage before them and none of those imports them (but the LBR contracts below)
+STAGES = ("demo", "collect", "record", "resolve", "analyse", "estimate", "show", "fleet", "lbr", "cli")
 # the ground floor every stage may import: the package's version, libc, the grouping of integer arrays, how files
 # are created, JSON from untrusted files parsed with limits, the one memory-mapping type (mapping.py), and the
 # contracts between programs: the sample record

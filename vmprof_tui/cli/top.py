@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
                       "and `vmprof report`")
     if args.store:
         from vmprof_tui.fleet.history import Store, StoreError
-        from vmprof_tui.show.store_app import StoreApp
+        from vmprof_tui.fleet.store_app import StoreApp
 
         try:
             StoreApp(Store(Path(args.store))).run()
