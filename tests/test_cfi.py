@@ -202,6 +202,18 @@ def test_call_graph_dwarf_with_a_size_is_cfi(tmp_path: Path) -> None:
     assert rec.meta["call_graph"] == "cfi" and rec.meta["stack_copy_bytes"] == 4096 and rec.stacks is not None
     assert rec.ustacks is not None and len(rec.ustacks) and rec.ustacks.dtype["data"].shape == (4096,)
 
+@pytest.mark.parametrize("args,mode", [(["-g"], "cfi"), (["-g", "--call-graph", "fp"], "fp")])
+def test_g_alone_is_cfi_and_fp_stays_on_request(args: list[str], mode: str, tmp_path: Path) -> None:
+    """record -g copies user stacks (each object unwound by its call-frame information where it has some, by
+    frame pointers where not); --call-graph fp still walks frame pointers only, with no copies."""
+    require_root()
+    res = vmprof("record", "-o", str(tmp_path / "r.vmprof"), "-d", "1", "-q", *args)
+    assert res.returncode == 0, res.stderr
+    rec = recording.load(tmp_path / "r.vmprof")
+    assert rec.meta["call_graph"] == mode and rec.stacks is not None
+    assert (rec.ustacks is not None and len(rec.ustacks) > 0) == (mode == "cfi")
+
+
 # -- host: frame-pointer-less programs against perf record --call-graph dwarf on the same run ----------------------
 
 PY_SCRIPT = """
