@@ -1,0 +1,43 @@
+"""Call paths by call-frame information inside demo guests running real programs (issue 34): shor and sqlite,
+static programs whose libraries (Debian's libquantum and libsqlite3) have no frame pointers, recorded with
+`--call-graph cfi` and unwound from the host through the guest's page tables and its bundle's objects."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import Recorded, record_scenario
+from test_cfi import frames_of_vm
+
+from vmprof_tui.analyse.analysis import analyse
+from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph
+from vmprof_tui.demo import scenarios
+
+# the guest kernel's functions, and its code without a symbol (as the flame graphs name it)
+KERNEL_FRAMES = {"syscall_entry", "do_syscall", "call_vmm", "set_fs_base", "kentry", "[guest.kallsyms]"}
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    tmp = tmp_path_factory.mktemp("real")
+    vms = [scenarios.real_vm("shor", scenarios.Custom(programs=("shor",), args=("143", "6"), dir=str(tmp),
+                                                     pin=scenarios.SHARED_CPU)),
+           scenarios.real_vm("sqlite", scenarios.Custom(programs=("sqlite",), args=("6",), dir=str(tmp),
+                                                       pin=scenarios.SHARED_CPU))]
+    # 4 kHz, the two VMs time-sliced on one pCPU for 6 s: about 10 000 samples of shor; sqlite spends most of its
+    # time in system calls served by the VMM (host samples), about 2 000 of its samples are its user code
+    return record_scenario(tmp, vms, 6.0, frequency=4000, stacks=True, call_graph="cfi")
+
+
+@pytest.mark.parametrize("program", ["shor", "sqlite"])
+def test_real_programs_in_guests_reach_main(real: Recorded, program: str) -> None:
+    """>= 95% of the program's user samples (those not in the guest kernel) carry a chain _start → ... → main."""
+    got = frames_of_vm(CallGraph(analyse(real.rec)), program, program)
+    user = Counter({c: n for c, n in got.items() if not KERNEL_FRAMES & set(c)})
+    total = sum(user.values())
+    to_main = sum(n for c, n in user.items() if "main" in c and c[0] == "_start" and PARTIAL not in c)
+    print(f"{program}: {to_main} of {total} user samples ({100 * to_main / max(total, 1):.2f}%) reach main; "
+          f"others {Counter({c[-4:]: n for c, n in user.items() if 'main' not in c}).most_common(5)}")
+    assert total > 1000 and to_main >= 0.95 * total
