@@ -55,3 +55,29 @@ def test_guest_kernel_chains_continue_into_user_code_to_main(real: Recorded) -> 
     print(f"{sum(kernel.values())} guest-kernel samples, {total} through call_vmm, {to_main} of those reach main; "
           f"others {Counter({c[-5:]: n for c, n in kernel.items() if 'main' not in c}).most_common(5)}")
     assert total > 500 and to_main >= 0.95 * total
+
+
+def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
+    """The walked kernel frames (up to the first user address) then the chain unwound from the copy; a missing copy
+    keeps the kernel frames only; a deep pair is cut at the chain's limit, never beyond."""
+    import numpy as np
+
+    from vmprof_tui.record.records import STACK_DTYPE, STACK_GUEST_MAX
+    from vmprof_tui.resolve.stacks import _below_guest_kernel
+
+    k = [0xFFFFFFFF80001000 + i for i in range(3)]
+    walked = np.zeros(3, STACK_DTYPE)
+    for w in walked:
+        w["guest"][:5] = [*k, 0x401000, 0x1234]  # the user part of a frame-pointer walk: stopped or garbage
+        w["guest_depth"] = 5
+    walked[2]["guest"][:STACK_GUEST_MAX] = [*k, *range(0x400000, 0x400000 + STACK_GUEST_MAX - 3)]
+    walked[2]["guest_depth"] = STACK_GUEST_MAX
+    chains = np.zeros((3, STACK_GUEST_MAX), np.uint64)
+    chains[0, :3] = [0x401000, 0x402000, 0x403000]
+    chains[1, :1] = [0x401000]
+    chains[2, :] = 0x500000
+    depth = np.array([3, 1, STACK_GUEST_MAX], np.uint8)
+    _below_guest_kernel(walked, chains, depth, np.arange(3), np.array([True, False, True]))
+    assert chains[0, :depth[0]].tolist() == [*k, 0x401000, 0x402000, 0x403000] and not chains[0, depth[0]:].any()
+    assert chains[1, :depth[1]].tolist() == k and depth[1] == 3
+    assert depth[2] == STACK_GUEST_MAX and chains[2, :3].tolist() == k and (chains[2, 3:] == 0x500000).all()
