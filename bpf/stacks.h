@@ -246,11 +246,22 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 	st->user_stack_id = -1;
 	int guest = (s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu;
 #ifdef STACK_COPY
-	if (guest && (s->flags & SAMPLE_GUEST_KERNEL)) {
+	/* a kernel RIP at CPL 3 too: this host's kvm_pvm reports the SYSCALL entry's first instructions so */
+	if (guest && ((s->flags & SAMPLE_GUEST_KERNEL) || s->guest_ip >= GUEST_USER_TOP)) {
 		/* a guest kernel: its own frames by frame pointers, as fp; below its entry frame, the user stack it
 		 * was entered from is copied (resolve/stacks.py joins the two) */
 		struct guest_user user = {};
 		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st, &user);
+		u64 rsp = read_u64(vcpu + VCPU_RSP), rcx = read_u64(vcpu + VCPU_RCX);
+		if (!user.ip && rsp && rsp < GUEST_USER_TOP && rcx && rcx < GUEST_USER_TOP) {
+			/* still on the user stack: the kernel's SYSCALL entry before it switches stacks, or its SYSRET;
+			 * x86-64's SYSCALL left the user RIP in RCX.  The walk (from the user's RBP) meant nothing. */
+			user.ip = rcx;
+			user.sp = rsp;
+			user.bp = read_u64(vcpu + VCPU_RBP);
+			st->guest_depth = 1;
+			st->flags &= ~STACK_GUEST_PARTIAL;
+		}
 		if (user.ip && user.sp && copy_guest_stack(vcpu, user.ip, user.sp, user.bp, s->guest_cr3, s) == 0)
 			st->flags |= STACK_USER_COPY;
 	} else if (guest) {

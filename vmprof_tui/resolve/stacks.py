@@ -153,6 +153,9 @@ def resolve_stacks(samples: np.ndarray, stacks: np.ndarray, host_stacks: Mapping
     return out
 
 
+GUEST_USER_TOP = np.uint64(1 << 47)  # guest addresses below are user space (the sampler's GUEST_USER_TOP)
+
+
 def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, ustacks: np.ndarray | None,
                    resolver: Resolver, processes: Mapping[int, dict], vm_of_pid: Mapping[int, str],
                    out: SampleStacks) -> None:
@@ -183,7 +186,7 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     if have.any():
         at = np.nonzero(have)[0]
         chains[at], depth[at], reason[at] = unwind(ustacks, urows[at], [spaces[i] for i in at.tolist()], rules)
-    in_kernel = guest & ((s["flags"] & SAMPLE_GUEST_KERNEL) != 0)
+    in_kernel = guest & (((s["flags"] & SAMPLE_GUEST_KERNEL) != 0) | (s["guest_ip"] >= GUEST_USER_TOP))
     if in_kernel.any():  # the guest kernel's own frames, walked, above the user chain it was entered from
         _below_guest_kernel(st[idx[in_kernel]], chains, depth, np.nonzero(in_kernel)[0], have)
     st["flags"][idx] &= np.uint8(~STACK_GUEST_PARTIAL & 0xFF)  # a walk's verdict; the unwinding's is below
@@ -194,9 +197,6 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     for part, level, what in ((guest, "guest", "guest"), (~guest, "host", "host user")):
         out.level_notes.setdefault(level, []).extend(reason_notes(reason[part], what))
     out.notes += rules.notes
-
-
-GUEST_USER_TOP = 1 << 47  # guest addresses below are user space
 
 
 def _below_guest_kernel(walked: np.ndarray, chains: np.ndarray, depth: np.ndarray, rows: np.ndarray,
