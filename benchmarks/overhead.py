@@ -80,7 +80,9 @@ def main() -> int:
             line += f"; vmprof -g above the floor {cost['vmprof -g'] - cost['floor']:+.2f}%"
             line += f", vmprof -g cfi {cost['vmprof -g cfi'] - cost['floor']:+.2f}%"
             if "perf dwarf" in cost and cost["perf dwarf"]:
-                line += f"; vmprof -g cfi/perf dwarf cost ratio {cost['vmprof -g cfi'] / cost['perf dwarf']:.2f}"
+                line += f"; cost ratios to perf --call-graph dwarf: vmprof -g cfi " \
+                        f"{cost['vmprof -g cfi'] / cost['perf dwarf']:.2f}, --call-graph fp " \
+                        f"{cost['vmprof -g'] / cost['perf dwarf']:.2f}"
         if "perf" in cost:
             ours = "vmprof -g" if args.stacks else "vmprof"
             line += f"; {ours}/perf cost ratio {cost[ours] / cost['perf']:.2f}" if cost["perf"] else ""

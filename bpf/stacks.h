@@ -21,6 +21,7 @@
 #define PTE_LARGE 0x80ULL
 #define MEMSLOT_TREE_DEPTH 16  /* a red-black tree of up to 255 slots is at most 16 deep */
 #define GUEST_STACK_PAGES 8    /* the window of guest stack the walk follows frames in, from RSP up */
+#define GUEST_USER_TOP 0x800000000000ULL  /* guest addresses below are user space (x86-64, 4-level) */
 
 BPF_STACK_TRACE(host_stacks, HOST_STACK_ENTRIES);
 BPF_RINGBUF_OUTPUT(stacks, STACK_RING_PAGES);
@@ -101,7 +102,13 @@ static __always_inline u64 gva_to_hva(struct guest_mem *m, u64 gva)
  * sequence of 8193 jumps is too complex"), and bcc 0.26 cannot load bpf_loop callbacks.  So the
  * stack pages from RSP up (GUEST_STACK_PAGES, 32 KiB) are translated first, each once, and the
  * chain is followed inside that window: a frame outside it ends the walk as partial. */
-static __always_inline void walk_guest_stack(void *vcpu, u64 rip, u64 cr3, struct vmprof_stack *st)
+/* The user registers where a guest entered its kernel, found by the walk (cfi mode, a guest-kernel sample). */
+struct guest_user {
+	u64 ip, sp, bp;
+};
+
+static __always_inline void walk_guest_stack(void *vcpu, u64 rip, u64 cr3, struct vmprof_stack *st,
+					     struct guest_user *user)
 {
 	struct guest_mem m = {.cr3 = cr3};
 	void *kvm = (void *)read_u64(vcpu + VCPU_KVM);
@@ -134,6 +141,16 @@ static __always_inline void walk_guest_stack(void *vcpu, u64 rip, u64 cr3, struc
 			return;
 		st->guest[i & (STACK_GUEST_MAX - 1)] = ret;
 		st->guest_depth = i + 1;
+		if (user && ret < GUEST_USER_TOP && !user->ip) {
+			/* the kernel's entry frame (the demo guest kernel's contract, kernel.h struct uregs): the caller's
+			 * RBP at fp, the user RIP at fp + 8, the user RSP at fp + 16 */
+			u64 sp_at = pages[((off + 16) >> 12) & (GUEST_STACK_PAGES - 1)];
+			if (off <= (GUEST_STACK_PAGES << 12) - 24 && sp_at &&
+			    !bpf_probe_read_user(&user->sp, 8, (void *)(sp_at + ((off + 16) & 0xfff)))) {
+				user->ip = ret;
+				user->bp = next;
+			}
+		}
 		if (next == 0) {
 			st->flags &= ~STACK_GUEST_PARTIAL;  /* the outermost frame: complete */
 			return;
@@ -196,7 +213,7 @@ static __always_inline int copy_user_stack(struct vmprof_sample *s, u64 ip, u64 
 	return 0;
 }
 
-static __always_inline int copy_guest_stack(void *vcpu, u64 rip, u64 cr3, struct vmprof_sample *s)
+static __always_inline int copy_guest_stack(void *vcpu, u64 rip, u64 sp, u64 bp, u64 cr3, struct vmprof_sample *s)
 {
 	struct guest_mem m = {.cr3 = cr3};
 	void *kvm = (void *)read_u64(vcpu + VCPU_KVM);
@@ -204,7 +221,7 @@ static __always_inline int copy_guest_stack(void *vcpu, u64 rip, u64 cr3, struct
 	if (!m.memslots)
 		return -1;
 	m.node_idx = read_u32(m.memslots + MEMSLOTS_NODE_IDX) & 1;
-	return copy_user_stack(s, rip, read_u64(vcpu + VCPU_RSP), read_u64(vcpu + VCPU_RBP), &m);
+	return copy_user_stack(s, rip, sp, bp, &m);
 }
 #endif
 
@@ -229,10 +246,27 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 	st->user_stack_id = -1;
 	int guest = (s->flags & (SAMPLE_GUEST | SAMPLE_GUEST_UNKNOWN)) == SAMPLE_GUEST && vcpu;
 #ifdef STACK_COPY
-	if (guest && (s->flags & SAMPLE_GUEST_KERNEL)) {
-		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);  /* a guest kernel: its frame pointers, as fp */
+	/* a kernel RIP at CPL 3 too: this host's kvm_pvm reports the SYSCALL entry's first instructions so */
+	if (guest && ((s->flags & SAMPLE_GUEST_KERNEL) || s->guest_ip >= GUEST_USER_TOP)) {
+		/* a guest kernel: its own frames by frame pointers, as fp; below its entry frame, the user stack it
+		 * was entered from is copied (resolve/stacks.py joins the two) */
+		struct guest_user user = {};
+		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st, &user);
+		u64 rsp = read_u64(vcpu + VCPU_RSP), rcx = read_u64(vcpu + VCPU_RCX);
+		if (!user.ip && rsp && rsp < GUEST_USER_TOP && rcx && rcx < GUEST_USER_TOP) {
+			/* still on the user stack: the kernel's SYSCALL entry before it switches stacks, or its SYSRET;
+			 * x86-64's SYSCALL left the user RIP in RCX.  The walk (from the user's RBP) meant nothing. */
+			user.ip = rcx;
+			user.sp = rsp;
+			user.bp = read_u64(vcpu + VCPU_RBP);
+			st->guest_depth = 1;
+			st->flags &= ~STACK_GUEST_PARTIAL;
+		}
+		if (user.ip && user.sp && copy_guest_stack(vcpu, user.ip, user.sp, user.bp, s->guest_cr3, s) == 0)
+			st->flags |= STACK_USER_COPY;
 	} else if (guest) {
-		if (copy_guest_stack(vcpu, s->guest_ip, s->guest_cr3, s) == 0) {
+		if (copy_guest_stack(vcpu, s->guest_ip, read_u64(vcpu + VCPU_RSP), read_u64(vcpu + VCPU_RBP),
+				     s->guest_cr3, s) == 0) {
 			st->flags |= STACK_USER_COPY;
 		} else {  /* its copy could not be sent: the leaf, partial (and never a host chain) */
 			st->flags |= STACK_GUEST_WALKED | STACK_GUEST_PARTIAL;
@@ -253,7 +287,7 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 	}
 #else
 	if (guest)
-		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st);
+		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st, 0);
 #endif
 	if (s->pid && !(st->flags & STACK_USER_COPY))
 		st->user_stack_id = host_stacks.get_stackid(ctx, BPF_F_USER_STACK);

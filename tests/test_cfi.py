@@ -202,6 +202,18 @@ def test_call_graph_dwarf_with_a_size_is_cfi(tmp_path: Path) -> None:
     assert rec.meta["call_graph"] == "cfi" and rec.meta["stack_copy_bytes"] == 4096 and rec.stacks is not None
     assert rec.ustacks is not None and len(rec.ustacks) and rec.ustacks.dtype["data"].shape == (4096,)
 
+@pytest.mark.parametrize("args,mode", [(["-g"], "cfi"), (["-g", "--call-graph", "fp"], "fp")])
+def test_g_alone_is_cfi_and_fp_stays_on_request(args: list[str], mode: str, tmp_path: Path) -> None:
+    """record -g copies user stacks (each object unwound by its call-frame information where it has some, by
+    frame pointers where not); --call-graph fp still walks frame pointers only, with no copies."""
+    require_root()
+    res = vmprof("record", "-o", str(tmp_path / "r.vmprof"), "-d", "1", "-q", *args)
+    assert res.returncode == 0, res.stderr
+    rec = recording.load(tmp_path / "r.vmprof")
+    assert rec.meta["call_graph"] == mode and rec.stacks is not None
+    assert (rec.ustacks is not None and len(rec.ustacks) > 0) == (mode == "cfi")
+
+
 # -- host: frame-pointer-less programs against perf record --call-graph dwarf on the same run ----------------------
 
 PY_SCRIPT = """
@@ -318,20 +330,32 @@ def test_native_chain_without_frame_pointers_matches_perf_dwarf(tmp_path: Path) 
     assert complete + lost >= 0.98 * sum(ours.values())
 
 
+# The signal comes from a CLOCK_MONOTONIC timer re-armed at a random delay: ITIMER_PROF fires at the kernel's tick
+# (250 Hz here), and both tools sample on hrtimers whose 250 us period divides the tick, so with it the handler
+# started at the same phase of every sampling period and each run's handler share was 2/16 or 3/16 of the samples
+# by phase alone (aliasing: 12.50% against perf's 13.68% in one run, 4.24 points apart in another).
 SIGNALS_C = r"""
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/time.h>
 #include <time.h>
 volatile unsigned long x;
+static timer_t timer;
+static unsigned long seed = 34;
 __attribute__((noinline)) void in_handler(void) { for (long i = 0; i < 500000; i++) x = x * 6364136223846793005UL + 1; }
-void handler(int s) { (void)s; in_handler(); }
+static void arm(void)
+{
+	seed = seed * 6364136223846793005UL + 1442695040888963407UL;
+	struct itimerspec t = {{0, 0}, {0, 1500000 + (long)((seed >> 33) % 1000000)}};
+	timer_settime(timer, 0, &t, 0);
+}
+void handler(int s) { (void)s; in_handler(); arm(); }
 __attribute__((noinline)) void work(void) { for (long i = 0; i < 1000000; i++) x = x * 6364136223846793005UL + 1; }
 int main(int argc, char **argv)
 {
-	struct itimerval t = {{0, 2000}, {0, 2000}};
+	struct sigevent ev = {.sigev_notify = SIGEV_SIGNAL, .sigev_signo = SIGPROF};
 	signal(SIGPROF, handler);
-	setitimer(ITIMER_PROF, &t, 0);
+	timer_create(CLOCK_MONOTONIC, &ev, &timer);
+	arm();
 	time_t end = time(0) + (argc > 1 ? atoi(argv[1]) : 5);
 	while (time(0) < end)
 		work();

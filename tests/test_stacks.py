@@ -163,7 +163,8 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path, map_entries: int
     subprocess.run(["gcc", *flags, "-o", str(native), str(tmp_path / "chain.o"), str(ROOT / "tests/native/harness.c")],
                    check=True)
     out, perf_data = tmp_path / "host.vmprof", tmp_path / "perf.data"
-    rec = start_recording(out, "-g", *(("--stack-map-entries", str(map_entries)) if map_entries else ()))
+    entries = ("--stack-map-entries", str(map_entries)) if map_entries else ()
+    rec = start_recording(out, "--call-graph", "fp", *entries)
     try:
         subprocess.run(["perf", "record", "-q", "-g", "-e", "cpu-clock", "-F", "1000", "-o", str(perf_data), "--",
                         str(native), "600"], check=True, capture_output=True, timeout=300)
@@ -432,7 +433,7 @@ def test_flame_graph_of_code_without_frame_pointers_has_no_unknown_runs(tmp_path
     require_root()
     out = tmp_path / "host.vmprof"
     loop = "import re\nfor i in range(10**7): re.findall('a', 'banana' * 3)"
-    res = vmprof("record", "-g", "-o", str(out), "-d", "2", "--", "python3", "-c", loop, timeout=180)
+    res = vmprof("record", "--call-graph", "fp", "-o", str(out), "-d", "2", "--", "python3", "-c", loop, timeout=180)
     assert out.exists(), res.stderr
     folded = vmprof("report", str(out), "--format", "collapsed")
     assert folded.returncode == 0 and folded.stdout, folded.stderr

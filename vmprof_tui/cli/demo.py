@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     elif not args.no_tui and sys.stdout.isatty():
         try:
             run_top(None, args.frequency, 5.0, 1.0, stopped, stacks=args.scenario in ("stacks", "stacks-nofp"),
-                    call_graph=parse_call_graph("cfi") if args.scenario == "stacks-nofp" else None)
+                    call_graph=parse_call_graph("cfi" if args.scenario == "stacks-nofp" else "fp"))
         except Failure as e:
             demo.stop()
             return fail(str(e))

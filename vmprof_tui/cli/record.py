@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   vmprof record -o web.vmprof --vm web1 -d 30   samples of one VM only
   vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)
   vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest
+  vmprof record --call-graph fp -d 5            call stacks by frame pointers only
   vmprof record -e cpu-clock -d 5               perf's events: cpu-clock, cycles
   vmprof record -o sim.vmprof --lbr=simulate -F 100000 -- ./prog
                  branch records on any machine: prog single-stepped (slow)
@@ -56,9 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record call stacks: host kernel and user chains and guest chains read through guest "
                         "memory (docs/stacks.md); user chains as --call-graph says")
     p.add_argument("--call-graph", default=None, metavar="fp|cfi|dwarf[,SIZE]",
-                   help="implies -g: fp walks frame pointers at sample time; cfi (dwarf, as perf calls it) copies "
-                        "SIZE bytes of user stack per sample (default 8192) and unwinds them by the objects' "
-                        "call-frame information when reporting (default: fp)")
+                   help="implies -g: cfi (dwarf, as perf calls it; the default) copies SIZE bytes of user stack per "
+                        "sample (default 8192) and unwinds them when reporting by each object's call-frame "
+                        "information, by frame pointers in an object without any; fp walks frame pointers at "
+                        "sample time (smaller and cheaper: for many CPUs at high rates)")
     p.add_argument("--stack-map-entries", type=int, default=None, metavar="N",
                    help="with -g: host chains the BPF stack map holds (default 16384); a chain whose slot "
                         "another holds is stored in its sample's record instead")
@@ -106,11 +108,15 @@ def _process_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def parse_call_graph(text: str | None) -> tuple[str, int]:
-    """(mode, stack copy bytes) of --call-graph fp|cfi|dwarf[,SIZE] (dwarf is cfi)."""
+def parse_call_graph(text: str | None, default: str = "cfi") -> tuple[str, int]:
+    """(mode, stack copy bytes) of --call-graph fp|cfi|dwarf[,SIZE] (dwarf is cfi); `-g` alone is `default`.
+
+    record's `-g` is cfi: each object unwinds by its call-frame information where it has some, by frame pointers
+    where it has none (resolve/unwind.py), because Debian's programs and libraries have no frame pointers and
+    the copy costs little per sample (the measurement is in docs/stacks.md, "Default")."""
     from vmprof_tui.record.records import STACK_COPY_BYTES
 
-    mode, _, size = (text or "fp").partition(",")
+    mode, _, size = (text or default).partition(",")
     mode = "cfi" if mode == "dwarf" else mode
     if mode not in ("fp", "cfi") or (size and mode != "cfi"):
         raise Usage(f"--call-graph {text}: say fp, cfi or dwarf, the last two with an optional ,SIZE")

@@ -148,7 +148,7 @@ def run_top(replay: str | None, frequency: int, window_s: float, refresh_s: floa
         from vmprof_tui.collect.bpf import CollectError
         from vmprof_tui.collect.session import CollectionSession, SessionError
 
-        mode, copy_bytes = call_graph or parse_call_graph(None)
+        mode, copy_bytes = call_graph or parse_call_graph(None, "fp")
         collector, lbr = lbr_live if lbr_live is not None else (None, None)
         try:  # checks privileges, BTF and KVM here; BPF loads in the app
             window = LiveWindow(CollectionSession(frequency, build_ids=False, stacks=stacks, host_counts=host_counts,
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
             raise Usage(f"{name} takes seconds from {lo:g} to {hi:g}, not {value:g}")
     from vmprof_tui.cli.record import parse_call_graph
 
-    call_graph = parse_call_graph(args.call_graph)
+    # top's -g stays fp: the live window holds every copy of its seconds in memory (8 KiB a sample)
+    call_graph = parse_call_graph(args.call_graph, "fp")
     args.stacks = args.stacks or args.call_graph is not None
     counted = host_counts(args.host_counts, args.frequency, args.stacks)
     if args.replay and args.perf_script:

@@ -115,11 +115,12 @@ def _compute_offsets(backend: str) -> dict[str, int]:
 
 
 def _guest_memory_offsets(btf: Btf, regs: int) -> dict[str, int]:
-    """What the guest stack walk (bpf/stacks.h) reads: guest RSP/RBP in ``kvm_vcpu.arch.regs`` and the
+    """What the guest stack walk (bpf/stacks.h) reads: guest RSP/RBP/RCX in ``kvm_vcpu.arch.regs`` and the
     VM's memslots (address space 0: ``kvm->memslots[0]``, a gfn-ordered red-black tree)."""
     return {
         "VCPU_RSP": regs + btf.enum_value("VCPU_REGS_RSP") * 8,
         "VCPU_RBP": regs + btf.enum_value("VCPU_REGS_RBP") * 8,
+        "VCPU_RCX": regs + btf.enum_value("VCPU_REGS_RCX") * 8,  # SYSCALL's user RIP (cfi: a kernel's entry/exit)
         "VCPU_KVM": btf.offset("kvm_vcpu.kvm"),
         "KVM_MEMSLOTS": btf.offset("kvm.memslots"),
         "MEMSLOTS_GFN_TREE": btf.offset("kvm_memslots.gfn_tree"),

@@ -27,6 +27,7 @@ import numpy as np
 from vmprof_tui.mapping import Mapping
 from vmprof_tui.record.records import (
     SAMPLE_GUEST,
+    SAMPLE_GUEST_KERNEL,
     SAMPLE_HOST_KERNEL,
     STACK_GUEST_MAX,
     STACK_GUEST_PARTIAL,
@@ -142,6 +143,9 @@ def resolve_stacks(samples: np.ndarray, stacks: np.ndarray, host_stacks: Mapping
     return out
 
 
+GUEST_USER_TOP = np.uint64(1 << 47)  # guest addresses below are user space (the sampler's GUEST_USER_TOP)
+
+
 def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, ustacks: np.ndarray | None,
                    resolver: Resolver, processes: MappingOf[int, dict], vm_of_pid: MappingOf[int, str],
                    out: SampleStacks) -> None:
@@ -172,6 +176,10 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     if have.any():
         at = np.nonzero(have)[0]
         chains[at], depth[at], reason[at] = unwind(ustacks, urows[at], [spaces[i] for i in at.tolist()], rules)
+    in_kernel = guest & (((s["flags"] & SAMPLE_GUEST_KERNEL) != 0) | (s["guest_ip"] >= GUEST_USER_TOP))
+    if in_kernel.any():  # the guest kernel's own frames, walked, above the user chain it was entered from
+        _below_guest_kernel(st[idx[in_kernel]], chains, depth, np.nonzero(in_kernel)[0], have)
+    st["flags"][idx] &= np.uint8(~STACK_GUEST_PARTIAL & 0xFF)  # a walk's verdict; the unwinding's is below
     st["guest"][idx] = chains
     st["guest_depth"][idx] = depth
     partial = np.where(reason != COMPLETE, STACK_GUEST_PARTIAL, 0).astype(np.uint8)
@@ -179,6 +187,23 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     for part, level, what in ((guest, "guest", "guest"), (~guest, "host", "host user")):
         out.level_notes.setdefault(level, []).extend(reason_notes(reason[part], what))
     out.notes += rules.notes
+
+
+def _below_guest_kernel(walked: np.ndarray, chains: np.ndarray, depth: np.ndarray, rows: np.ndarray,
+                        have: np.ndarray) -> None:
+    """Guest-kernel samples whose user stack was copied at the kernel's entry (bpf/stacks.h): each chain becomes
+    the walked kernel frames (up to the first user address, the entry frame's return) and then the user chain
+    unwound from the copy, which starts at that same user address (none if the copy is missing: partial)."""
+    for w, row in zip(walked, rows.tolist(), strict=True):
+        n = min(int(w["guest_depth"]), STACK_GUEST_MAX)
+        frames = w["guest"][:n]
+        k = int(np.argmax(frames < GUEST_USER_TOP)) if (frames < GUEST_USER_TOP).any() else n
+        user = chains[row, :depth[row]].copy() if have[row] else chains[row, :0].copy()
+        m = min(len(user), STACK_GUEST_MAX - k)
+        chains[row, :k] = frames[:k]
+        chains[row, k:k + m] = user[:m]
+        chains[row, k + m:] = 0
+        depth[row] = k + m
 
 
 def _distinct(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -40,6 +40,7 @@ kentry:
 syscall_entry:
 	mov %rsp, user_rsp(%rip)
 	lea kstack_top(%rip), %rsp
+	pushq user_rsp(%rip)
 	push %rcx
 	push %rbp
 	mov %rsp, %rbp
@@ -52,7 +53,9 @@ syscall_entry:
 	push %r8
 	push %r9
 	mov %rsp, %rdi
+	sub $8, %rsp  /* eleven pushes: the call wants RSP 16-aligned */
 	call do_syscall
+	add $8, %rsp
 	pop %r9
 	pop %r8
 	pop %r10

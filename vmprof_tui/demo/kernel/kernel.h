@@ -29,10 +29,11 @@ struct mailbox {
 	u64 fs_base;   /* the value to load into FS.base when ret says so */
 };
 
-/* What syscall_entry pushes: a frame-pointer frame (rbp, user rip) so that stack walks continue from
- * the kernel into user code, then the call's registers. */
+/* What syscall_entry pushes: the user rsp and a frame-pointer frame (rbp, user rip) so that stack walks
+ * continue from the kernel into user code — the sampler reads the user rsp at the frame + 16 to copy the
+ * user stack for unwinding by call-frame information (bpf/stacks.h) — then the call's registers. */
 struct uregs {
-	u64 r9, r8, r10, rdx, rsi, rdi, rax, r11, rbp, rip;
+	u64 r9, r8, r10, rdx, rsi, rdi, rax, r11, rbp, rip, rsp;
 };
 
 /* What the exception stubs push below the CPU's own frame. */

@@ -1,0 +1,84 @@
+"""Call paths by call-frame information inside demo guests running real programs (issue 34): shor and sqlite,
+static programs whose libraries (Debian's libquantum and libsqlite3) have no frame pointers, recorded with
+`--call-graph cfi` and unwound from the host through the guest's page tables and its bundle's objects."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from conftest import Recorded, record_scenario
+from test_cfi import frames_of_vm
+
+from vmprof_tui.analyse.analysis import analyse
+from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph
+from vmprof_tui.demo import scenarios
+
+# the guest kernel's functions, and its code without a symbol (as the flame graphs name it)
+KERNEL_FRAMES = {"syscall_entry", "do_syscall", "call_vmm", "set_fs_base", "kentry", "[guest.kallsyms]"}
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    tmp = tmp_path_factory.mktemp("real")
+    vms = [scenarios.real_vm("shor", scenarios.Custom(programs=("shor",), args=("143", "6"), dir=str(tmp),
+                                                     pin=scenarios.SHARED_CPU)),
+           scenarios.real_vm("sqlite", scenarios.Custom(programs=("sqlite",), args=("6",), dir=str(tmp),
+                                                       pin=scenarios.SHARED_CPU))]
+    # 4 kHz, the two VMs time-sliced on one pCPU for 6 s: about 10 000 samples of shor; sqlite spends most of its
+    # time in system calls served by the VMM (host samples), about 2 000 of its samples are its user code
+    return record_scenario(tmp, vms, 6.0, frequency=4000, stacks=True, call_graph="cfi")
+
+
+@pytest.mark.parametrize("program", ["shor", "sqlite"])
+def test_real_programs_in_guests_reach_main(real: Recorded, program: str) -> None:
+    """>= 95% of the program's user samples (those not in the guest kernel) carry a chain _start → ... → main."""
+    got = frames_of_vm(CallGraph(analyse(real.rec)), program, program)
+    user = Counter({c: n for c, n in got.items() if not KERNEL_FRAMES & set(c)})
+    total = sum(user.values())
+    to_main = sum(n for c, n in user.items() if "main" in c and c[0] == "_start" and PARTIAL not in c)
+    print(f"{program}: {to_main} of {total} user samples ({100 * to_main / max(total, 1):.2f}%) reach main; "
+          f"others {Counter({c[-4:]: n for c, n in user.items() if 'main' not in c}).most_common(5)}")
+    assert total > 1000 and to_main >= 0.95 * total
+
+
+def test_guest_kernel_chains_continue_into_user_code_to_main(real: Recorded) -> None:
+    """A sample in the guest kernel during sqlite's system calls: the kernel's frames (walked: the demo kernel keeps
+    frame pointers) syscall_entry → do_syscall → call_vmm, below them the user chain unwound by call-frame
+    information from the copy taken at the kernel's entry, to _start → main (before this, frame pointers ended it
+    at the first library function).  Samples at the entry's first instruction or at its SYSRET, still on the user
+    stack, continue from RCX (SYSCALL's user RIP) the same way."""
+    got = frames_of_vm(CallGraph(analyse(real.rec)), "sqlite", "sqlite")
+    kernel = Counter({c: n for c, n in got.items() if KERNEL_FRAMES & set(c)})
+    to_main = sum(n for c, n in kernel.items() if c[:1] == ("_start",) and "main" in c and PARTIAL not in c)
+    total = sum(kernel.values())
+    through = sum(n for c, n in kernel.items() if c[-3:] == ("syscall_entry", "do_syscall", "call_vmm"))
+    print(f"{total} guest-kernel samples ({through} in call_vmm), {to_main} reach main; "
+          f"others {Counter({c[-5:]: n for c, n in kernel.items() if 'main' not in c}).most_common(5)}")
+    assert total > 500 and to_main >= 0.95 * total
+
+
+def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
+    """The walked kernel frames (up to the first user address) then the chain unwound from the copy; a missing copy
+    keeps the kernel frames only; a deep pair is cut at the chain's limit, never beyond."""
+    import numpy as np
+
+    from vmprof_tui.record.records import STACK_DTYPE, STACK_GUEST_MAX
+    from vmprof_tui.resolve.stacks import _below_guest_kernel
+
+    k = [0xFFFFFFFF80001000 + i for i in range(3)]
+    walked = np.zeros(3, STACK_DTYPE)
+    for w in walked:
+        w["guest"][:5] = [*k, 0x401000, 0x1234]  # the user part of a frame-pointer walk: stopped or garbage
+        w["guest_depth"] = 5
+    walked[2]["guest"][:STACK_GUEST_MAX] = [*k, *range(0x400000, 0x400000 + STACK_GUEST_MAX - 3)]
+    walked[2]["guest_depth"] = STACK_GUEST_MAX
+    chains = np.zeros((3, STACK_GUEST_MAX), np.uint64)
+    chains[0, :3] = [0x401000, 0x402000, 0x403000]
+    chains[1, :1] = [0x401000]
+    chains[2, :] = 0x500000
+    depth = np.array([3, 1, STACK_GUEST_MAX], np.uint8)
+    _below_guest_kernel(walked, chains, depth, np.arange(3), np.array([True, False, True]))
+    assert chains[0, :depth[0]].tolist() == [*k, 0x401000, 0x402000, 0x403000] and not chains[0, depth[0]:].any()
+    assert chains[1, :depth[1]].tolist() == k and depth[1] == 3
+    assert depth[2] == STACK_GUEST_MAX and chains[2, :3].tolist() == k and (chains[2, 3:] == 0x500000).all()
