@@ -1,10 +1,9 @@
 """CPU used by `vmprof top` at 1 kHz on all CPUs with three demo VMs (target: at most 5% of one core).
 
 The block view (`blocks`, and `block`: Enter on its first row) is measured on `vmprof demo --scenario
-lbr` instead: its simulated LBR recording replayed, the window moving each refresh (no VM).  `blocks-live` is the
-block view of a live session, `vmprof top --lbr=simulate --blocks hash_step -- lbr_demo` (the demo's program, run
-longer): the session polls the simulated collector, whose tracing thread (single-stepping: a core by nature) is
-left out of the figure.
+lbr` instead (no VM): a live session of `vmprof top --lbr=simulate --blocks hash_step -- lbr_demo`, which
+polls the simulated collector, whose tracing thread (single-stepping: a core by nature) is left out of the
+figure.
 
 Runs the steal3 demo, starts `vmprof top` in a tmux terminal, lets it settle, opens the screen to
 measure with the keys a user would press, then measures the process's CPU time (utime + stime from
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from vmprof_tui.demo import runner
+from vmprof_tui.lbr.simulated_collector import THREAD_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 # screen: (keys from the overview, with the cursor on its first row (the host), text the screen then shows)
@@ -38,10 +38,8 @@ SCREENS = {
     "timeline": (("Down", "t"), "one column ="),
     "blocks": ((), "Enter: disassembly"),
     "block": (("Enter",), "call/return chain"),
-    "blocks-live": ((), "Enter: disassembly"),
 }
-BLOCK_SCREENS = ("blocks", "block", "blocks-live")  # vmprof demo --scenario lbr opens the block view itself
-LIVE_ROUNDS = 30_000  # lbr_demo's rounds for blocks-live: 2.8 million instructions, past the measurement
+BLOCK_SCREENS = ("blocks", "block")  # vmprof demo --scenario lbr opens the block view itself
 
 
 def cpu_seconds(pid: int, but: str | None = None) -> float:
@@ -69,24 +67,15 @@ def measure(tree: Path, screen: str, seconds: float) -> float:
     """% of one core `vmprof top` (the code in `tree`) used on `screen` over `seconds`."""
     session = f"vmprof-bench-{os.getpid()}"
     blocks = screen in BLOCK_SCREENS
-    if blocks and seconds > 25 and screen != "blocks-live":
-        raise RuntimeError("the lbr demo's window moves for 30 refreshes: measure at most 25 s")
     command = "demo --scenario lbr" if blocks else "top -F 1000"
-    but = None
-    if screen == "blocks-live":
-        from vmprof_tui.demo.builds import lbr_demo_path
-        from vmprof_tui.lbr.simulated_collector import THREAD_NAME
-
-        but = THREAD_NAME.decode()
-        command = ("top --lbr=simulate --blocks hash_step --lbr-max-instructions 5000000 -- "
-                   f"{lbr_demo_path(LIVE_ROUNDS)}")
+    but = THREAD_NAME.decode() if blocks else None
     with contextlib.nullcontext() if blocks else runner.DemoRun(runner.scenario_specs("steal3"),
                                                                   duration_s=seconds + 60):
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
                         f"cd {tree} && env -u COLUMNS -u LINES {sys.executable} -m vmprof_tui {command}"], check=True)
         try:
             pid = find_top(command.split()[0])
-            if blocks:  # the demo single-steps its program first (10-20 s), then opens the block view
+            if blocks:  # the demo builds its program, then opens the block view
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline and "Enter: disassembly" not in subprocess.run(
                         ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout:
@@ -128,8 +117,7 @@ def main() -> int:
                 used[name].append(measure(tree, screen, args.seconds))
                 print(f"  {screen} {name}: {used[name][-1]:.1f}%", flush=True)
         this = sum(used["this"]) / len(used["this"])
-        what = "vmprof top --lbr=simulate (live, tracing thread left out)" if screen == "blocks-live" else \
-            "vmprof demo --scenario lbr (replayed, window moving)" if screen in BLOCK_SCREENS else \
+        what = "vmprof demo --scenario lbr (live, tracing thread left out)" if screen in BLOCK_SCREENS else \
             "vmprof top at 1 kHz, 3 VMs"
         line = (f"{what}, {screen} screen: {this:.1f}% of one core over {args.seconds:.0f} s, "
                 f"mean of {args.repeat} (target <= 5%)")

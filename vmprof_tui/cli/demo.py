@@ -158,51 +158,51 @@ def _show_output(events: list[dict], shown: int, as_json: bool) -> int:
 
 LBR_RATE = 100_000  # simulated samples per second: one every 10,000 cost-model cycles
 LBR_FUNCTION = "hash_step"
-LBR_REFRESHES = 30  # the replay's window moves over the recording in this many refreshes
+LBR_LIVE_ROUNDS = 40_000  # the live screen's program: some 3.7M instructions, a minute or two single-stepped
+LBR_LIVE_MAX_INSTRUCTIONS = 5_000_000
 
 
 def run_lbr(args: argparse.Namespace) -> int:
-    """`vmprof demo --scenario lbr`: programs/lbr_demo.c single-stepped into a simulated LBR recording
-    (lbr/simulate.py), then replayed into the block view of hash_step.  Live, single-stepping gives a few
-    samples a second (`top --lbr=simulate`, docs/demo.md): the recording is made first, and its simulated
-    millisecond is replayed over LBR_REFRESHES refreshes."""
-    import tempfile
-    from pathlib import Path
-
-    from vmprof_tui.cli.top import lbr_window
+    """`vmprof demo --scenario lbr`: programs/lbr_demo.c single-stepped (lbr/simulate.py) into LBR records.  On a
+    terminal, live: `vmprof top --lbr=simulate --blocks hash_step -- PROGRAM`, the block view of hash_step filling
+    in as the program runs (single-stepping gives a few samples a second: a longer build of the program keeps the
+    view moving).  Otherwise (--json, --no-tui, no terminal): a shorter build recorded, and its blocks printed."""
+    from vmprof_tui.cli.top import live_lbr, run_top
     from vmprof_tui.demo.builds import BuildError, lbr_demo_path
     from vmprof_tui.lbr import simulate as lbr_simulate
     from vmprof_tui.lbr.patterns import get
-    from vmprof_tui.lbr.screen import LbrViews
-    from vmprof_tui.show.tui import VmprofTop
 
+    live = not (args.json or args.no_tui or not sys.stdout.isatty())
     try:
-        program = lbr_demo_path()
+        program = lbr_demo_path(LBR_LIVE_ROUNDS) if live else lbr_demo_path()
     except BuildError as e:
         return fail(str(e))
-    if not args.json:
-        print(f"vmprof demo: scenario lbr: single-stepping {program.name} into a simulated LBR recording "
-              "(every instruction traced: this takes a while)...", file=sys.stderr, flush=True)
+    if live:
+        try:
+            run_top(None, args.frequency, 5.0, 1.0, stop_on_signals(), blocks=LBR_FUNCTION,
+                    lbr_live=live_lbr("simulate", None, 16, LBR_LIVE_MAX_INSTRUCTIONS, [str(program)], None))
+        except Failure as e:
+            return fail(str(e))
+        return 0
+    try:
+        run = lbr_simulate.simulate([str(program)], get("type4").with_options(info=True), LBR_RATE)
+    except lbr_simulate.SimulateError as e:
+        return fail(str(e))
+    if args.json:
+        print(json.dumps({"scenario": "lbr", "program": str(program), "instructions": run.instructions,
+                          "samples": len(run.records), "period_cycles": run.period, "function": LBR_FUNCTION}))
+        return 0
+    import tempfile
+    from pathlib import Path
+
+    from vmprof_tui.lbr import format_table as blocks_table
+    from vmprof_tui.lbr.source import from_recording
+    from vmprof_tui.record.recording import load
+
     with tempfile.TemporaryDirectory(prefix="vmprof-lbr-demo-") as tmp:
         rec = Path(tmp) / "lbr_demo.vmprof"
-        try:
-            run = lbr_simulate.simulate([str(program)], get("type4").with_options(info=True), LBR_RATE)
-            lbr_simulate.write(rec, run, LBR_RATE)
-        except lbr_simulate.SimulateError as e:
-            return fail(str(e))
-        if args.json:
-            print(json.dumps({"scenario": "lbr", "program": str(program), "instructions": run.instructions,
-                              "samples": len(run.records), "period_cycles": run.period, "function": LBR_FUNCTION}))
-            return 0
-        span_s = run.cycles / lbr_simulate.CLOCK_HZ
-        window, source = lbr_window(str(rec), None, span_s / 5, [], None)
-        window.step_s = span_s / LBR_REFRESHES  # simulated time: a refresh moves the window by a 30th of the run
-        if args.no_tui or not sys.stdout.isatty():
-            from vmprof_tui.lbr import format_table as blocks_table
-
-            print(run.summary())
-            print(blocks_table.render(source.report(None, None), LBR_FUNCTION, 0))
-            return 0
-        VmprofTop(window, 1.0, stop_on_signals(), LbrViews(source), LBR_FUNCTION).run()
+        lbr_simulate.write(rec, run, LBR_RATE)
+        source = from_recording(load(rec))
     print(run.summary())
+    print(blocks_table.render(source.report(None, None), LBR_FUNCTION, 0))
     return 0

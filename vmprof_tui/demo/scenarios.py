@@ -146,6 +146,6 @@ DESCRIPTIONS = {
     "smp2": f"one VM, 2 vCPUs pinned to CPUs 0 and {SHARED_CPU}, shor and gzip on the guest kernel (002 Tables 10-11)",
     "custom": "any mix: --vms, --vcpus, --program, --pin, --busy-ms/--idle-ms; or a real program: "
               "--exec PATH [--arg A]... [--dir D] [--mem SIZE], --program shor|gzip|xz|sqlite|lua",
-    "lbr": "no VM: a host program single-stepped into a simulated LBR recording (record --lbr=simulate), "
-           "replayed into the block view of its hot function hash_step",
+    "lbr": "no VM: a host program single-stepped into simulated LBR records (top --lbr=simulate), live in "
+           "the block view of its hot function hash_step",
 }
