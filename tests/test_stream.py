@@ -60,3 +60,45 @@ def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> No
     total = an.host_profile().total_samples
     assert total == pytest.approx(scanned.samples, abs=1)  # idle from sched events replaces the idle samples
     assert len(an.host_rows.all.codes) < 50
+
+
+@pytest.fixture(scope="module")
+def late_cpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return busy_recording(tmp_path_factory.mktemp("stream") / "late.vmprof", 6.0, late_cpu=True)
+
+
+@pytest.mark.parametrize("case", [["table"], ["json"], ["csv", "-K"], ["table", "--comm", "swapper/3"]], ids=" ".join)
+def test_streamed_report_replaces_idle_samples_as_the_whole_report(late_cpu: Path, case: list[str],
+                                                                  capsys: pytest.CaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU idle (its idle task sampled) over the first pieces, with no switch on it until then: the whole report
+    replaces its idle samples by its idle time from the recording's start, and so must every piece."""
+    args = [str(late_cpu), "--format", *case]
+    whole = report(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
+    assert report(args, 1733, capsys, monkeypatch, streamed=True) == whole
+
+
+@pytest.mark.parametrize("case", [["table"], ["json", "--vm", "vm-300"], ["table", "--level", "guest"]], ids=" ".join)
+def test_report_of_a_vcpu_thread_the_vm_list_misses_is_the_whole_report(tmp_path: Path, case: list[str],
+                                                                       capsys: pytest.CaptureFixture,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vCPU thread that only its samples name is known to the whole recording in every piece (its timeline), to a
+    piece only where it ran guest code: such a recording is reported whole."""
+    path = busy_recording(tmp_path / "unlisted.vmprof", 6.0, unlisted_vm=True)
+    args = [str(path), "--format", *case]
+    whole = report(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert "vm-300" in whole
+    gave_up = []
+    init = StreamedAnalysis.__init__
+
+    def watched(self: StreamedAnalysis, *a: object, **k: object) -> None:
+        try:
+            init(self, *a, **k)
+        except stream.WholeNeeded:
+            gave_up.append(1)
+            raise
+
+    monkeypatch.setattr(StreamedAnalysis, "__init__", watched)
+    assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
+    assert gave_up

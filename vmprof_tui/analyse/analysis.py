@@ -365,6 +365,25 @@ class Analysis:
         rows = self.row_counts_of(groups)
         return host.parts, rows[0], rows[1] if kernel else None, self._host_other_rows(host)
 
+    def idle_sums(self, kernel: bool = True) -> tuple[set[int], set[int], dict[int, tuple[int, list[RowCounts]]]]:
+        """What makes a streamed host profile's idle the whole recording's (analyse/stream.py): the CPUs whose idle
+        samples the sched events replaced here, of them those idle from the start (their first switch to or from
+        idle leaves idle), and per other CPU its idle samples kept: a count, their rows (and with `kernel`, those
+        in kernel mode)."""
+        at_start: set[int] = set()
+        filters = self.rec.meta.get("filters")
+        by_pid = isinstance(filters, dict) and filters.get("pid") is not None  # cpu_idle_ns: none replaced
+        replaced = set() if by_pid else set(self._schedule.cpu_idle_ns(at_start))
+        idx = np.flatnonzero(self._host_shares(None).host & (self.samples["pid"] == 0))
+        by_cpu = dict(arrays.group_by(self.samples["cpu"], idx))
+        groups = list(by_cpu.values())
+        if kernel:
+            groups += [g[kernel_mode(self.samples["flags"][g])] for g in groups]
+        rows = self.row_counts_of(groups) if groups else []
+        n = len(by_cpu)
+        kept = {cpu: (len(g), rows[i::n]) for i, (cpu, g) in enumerate(by_cpu.items())}
+        return replaced, at_start, kept
+
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
 
