@@ -41,9 +41,11 @@ class _Rows:
     kernel: RowCounts = field(default_factory=lambda: _empty_rows())
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
-        self.all = RowCounts.combine([self.all, rows])
+        # merged into the sums (no sort of them again: 150 pieces of a host of 900,000 rows); rows that cancel
+        # out (_add_idle) are dropped at the end (StreamedAnalysis._rows)
+        self.all = self.all.plus(rows)
         if kernel is not None:
-            self.kernel = RowCounts.combine([self.kernel, kernel])
+            self.kernel = self.kernel.plus(kernel)
 
     @staticmethod
     def joined(parts: list[_Rows]) -> _Rows:
@@ -74,6 +76,11 @@ class _Vcpu:
 
 def _empty_rows() -> RowCounts:
     return RowCounts(np.empty(0, np.int64), np.empty(0), None)
+
+
+def _nonzero(rows: RowCounts) -> RowCounts:
+    keep = rows.counts != 0
+    return rows if keep.all() else replace(rows, codes=rows.codes[keep], counts=rows.counts[keep])
 
 
 class WholeNeeded(Exception):
@@ -218,13 +225,14 @@ class StreamedAnalysis:
         names = counts.names
         if names is None or not len(counts.codes):
             return []
+        counts, in_kernel = (_nonzero(c) for c in (counts, summed.kernel))  # _add_idle takes samples away again
         pids = names.ids(counts.codes, "pid")
         code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
         vm_code = np.array([code_of_pid.get(p, 0) for p in pids.tolist()], np.int64)
         order = np.lexsort((counts.codes, vm_code))
         codes = counts.codes[order]
         kernel = np.zeros(len(counts.codes))
-        kernel[np.searchsorted(counts.codes, summed.kernel.codes)] = summed.kernel.counts  # of some of the codes
+        kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
         kernel = kernel[order]
         kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
         strings = (names.strings_of(codes, c).tolist() for c in ("func", "module", "process"))
