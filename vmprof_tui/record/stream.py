@@ -223,8 +223,9 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int]) -> It
                 samples = _ordered(samples)
                 a, b = (int(np.searchsorted(t["time_ns"], np.uint64(cut))) for t in (samples, sched))
                 piece_samples, piece_sched = samples[:a], sched[:b]
-                samples = np.concatenate([samples[a:], nxt_samples])
-                sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]))
+                # what is left of this group is usually nothing: then no copy of the next group
+                samples = np.concatenate([samples[a:], nxt_samples]) if a < len(samples) else nxt_samples
+                sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]) if b < len(sched) else nxt_sched)
                 yield Piece(lo, cut, piece_samples, piece_sched, sched)
                 lo = cut
             if lo is None:  # no records
