@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
@@ -278,6 +279,6 @@ def first_switches(sched: np.ndarray) -> np.ndarray:
     switches = sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]
     keep = []
     for side in ("prev", "next"):
-        thread = switches[f"{side}_pid"].astype(np.int64) << 32 | switches[f"{side}_tid"]
-        keep.append(np.unique(thread, return_index=True)[1])
+        thread = arrays.thread_keys(switches[f"{side}_pid"], switches[f"{side}_tid"])
+        keep.append(arrays.unique(thread, return_index=True)[1])
     return switches[np.unique(np.concatenate(keep))] if keep else switches
