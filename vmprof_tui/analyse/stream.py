@@ -229,7 +229,8 @@ class StreamedAnalysis:
         counts, in_kernel = (_nonzero(c) for c in (counts, summed.kernel))  # _add_idle takes samples away again
         pids = names.ids(counts.codes, "pid")
         code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
-        vm_code = np.array([code_of_pid.get(p, 0) for p in pids.tolist()], np.int64)
+        upids, inverse = arrays.unique(pids, return_inverse=True)  # a row's VM code by its pid: pids are few
+        vm_code = np.array([code_of_pid.get(p, 0) for p in upids.tolist()], np.int64)[inverse]
         order = np.lexsort((counts.codes, vm_code))
         codes = counts.codes[order]
         kernel = np.zeros(len(counts.codes))
