@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from synth import busy_recording
 
 from vmprof_tui.analyse import stream
 from vmprof_tui.analyse.stream import StreamedAnalysis
 from vmprof_tui.cli import main
-from vmprof_tui.record.stream import scan
+from vmprof_tui.record.records import SCHED_DTYPE
+from vmprof_tui.record.stream import scan, sort_sched
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,22 @@ def test_report_of_a_vcpu_thread_the_vm_list_misses_is_the_whole_report(tmp_path
     monkeypatch.setattr(StreamedAnalysis, "__init__", watched)
     assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
     assert gave_up
+
+
+@pytest.mark.parametrize("case", ["ties", "ties in the threads too", "wide thread ids", "one", "none"])
+def test_sort_sched_is_numpys_order_of_records(case: str) -> None:
+    """sort_sched (three packed sorts) against np.sort(order="time_ns"): by time, ties by every other field."""
+    rng = np.random.default_rng(5)
+    n = {"one": 1, "none": 0}.get(case, 20_000)
+    ev = np.zeros(n, SCHED_DTYPE)
+    ev["time_ns"] = 10**18 + rng.integers(0, 50, n) * 1000  # 50 instants: most events tie on time
+    for side in ("prev", "next"):
+        ev[f"{side}_pid"] = rng.integers(0, 1 << 22, n)
+        ev[f"{side}_tid"] = rng.integers(0, 1 << 32 if case == "wide thread ids" else 1 << 22, n)
+    if case == "ties in the threads too":  # the same switch twice, told apart by later fields
+        ev[n // 2:][["prev_pid", "prev_tid", "next_pid", "next_tid"]] = ev[:n - n // 2][
+            ["prev_pid", "prev_tid", "next_pid", "next_tid"]]
+        ev["time_ns"][n // 2:] = ev["time_ns"][:n - n // 2]
+    ev["cpu"] = rng.integers(0, 64, n)
+    ev["flags"] = rng.integers(0, 256, n)
+    assert np.sort(ev, order="time_ns", kind="stable").tobytes() == sort_sched(ev).tobytes()
