@@ -5,13 +5,16 @@ VMs sharing the host's CPUs at 1 kHz, with guest bundles so guest code resolves)
 `vmprof analyze` on an embedded LocalCluster of this machine's cores, and prints t0 (store time,
 measured by writing the window), t1, t2 (analysis cost of one window, all its VMs) and the largest n
 with t0 + t1 > (t0 + t2/threads) × n (thesis: 4 hosts × 10 VMs per 14-core node; target here: 50 × 10).
-Usage: python benchmarks/fleet.py [--vms 5,10] [--windows 4]
+With --host64, the windows are instead those of the synthetic 64-CPU host of `benchmarks/scale.py make` (20 VMs
+of 4 vCPUs, 3.84M samples a 60 s window; docs/scale.md).
+Usage: python benchmarks/fleet.py [--vms 5,10] [--windows 4] [--host64]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -19,6 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import make  # noqa: E402
 from synth import SynthRecording  # noqa: E402
 
 from vmprof_tui.fleet.analyse import Analyser, find_windows, hosts_per_node  # noqa: E402
@@ -59,23 +64,46 @@ def build_spool(root: Path, vms: int, windows: int, window_s: float = 60.0) -> l
     return t0s
 
 
+def build_host64_spool(root: Path, windows: int, window_s: float = 60.0) -> list[float]:
+    """Windows of the synthetic 64-CPU, 20-VM host (scale.py make, another seed each); returns their store times."""
+    wdir = root / "h1" / "windows"
+    wdir.mkdir(parents=True)
+    t0s = []
+    for w in range(windows):
+        path = wdir / f"W{w + 1:08d}-{1_800_000_000 + int(w * window_s)}.vmprof"
+        make(path, cpus=64, vms=20, vcpus=4, seconds=window_s, rate=1000, seed=w + 1)
+        t0s.append(store_time(path))
+    return t0s
+
+
+def analyse_spool(tmp: Path, t0s: list[float], label: str, vms: int) -> None:
+    with Analyser(tmp / "store", workers=os.cpu_count()) as an:
+        results = an.run(find_windows([tmp / "spool"]))
+        threads = an.n_threads
+    shutil.rmtree(tmp, ignore_errors=True)  # 64-CPU windows: 170 MB each
+    t2s = [r.t2_s for r in results if r.error is None]
+    t0 = statistics.median(t0s)
+    n = min(hosts_per_node(t0, 60.0, t2, threads) for t2 in t2s)
+    print(f"{label}: t0 {t0:.3f} s (median), t2 median {statistics.median(t2s):.3f} s, max {max(t2s):.3f} s over "
+          f"{len(t2s)} windows; {threads} worker processes: hosts per analysis node n = {n} (n x VMs = {n * vms})",
+          flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vms", default="5,10")
     ap.add_argument("--windows", type=int, default=4)
+    ap.add_argument("--host64", action="store_true", help="windows of the synthetic 64-CPU, 20-VM host instead")
     args = ap.parse_args()
+    if args.host64:
+        tmp = Path(tempfile.mkdtemp(prefix="vmprof-fleet-"))
+        analyse_spool(tmp, build_host64_spool(tmp / "spool", args.windows), "64 CPUs, 20 VMs x 4 vCPUs, 60 s "
+                      "windows at 1 kHz (3.84M samples)", 20)
+        return 0
     for vms in (int(v) for v in args.vms.split(",")):
         tmp = Path(tempfile.mkdtemp(prefix="vmprof-fleet-"))
-        t0s = build_spool(tmp / "spool", vms, args.windows)
-        with Analyser(tmp / "store", workers=os.cpu_count()) as an:
-            results = an.run(find_windows([tmp / "spool"]))
-            threads = an.n_threads
-        t2s = [r.t2_s for r in results if r.error is None]
-        t0 = statistics.median(t0s)
-        n = min(hosts_per_node(t0, 60.0, t2, threads) for t2 in t2s)
-        print(f"{vms} VMs per host, 60 s windows at 1 kHz on 2 CPUs: t0 {t0:.3f} s (median), t2 median "
-              f"{statistics.median(t2s):.3f} s, max {max(t2s):.3f} s over {len(t2s)} windows; {threads} worker "
-              f"processes: hosts per analysis node n = {n} (n x VMs = {n * vms})", flush=True)
+        analyse_spool(tmp, build_spool(tmp / "spool", vms, args.windows),
+                      f"{vms} VMs per host, 60 s windows at 1 kHz on 2 CPUs", vms)
     return 0
 
 

@@ -124,6 +124,7 @@ class Vm:
     comm: str
     kind: str
     discovered_ns: int = 0  # before this, the sched program knows its vCPU threads only while loaded
+    listed: bool = True  # in the recording's VM list (else only its samples name it: vm-PID)
 
     def tid(self, vcpu: int) -> int:
         return self.vcpus[vcpu]
@@ -183,8 +184,8 @@ class SynthRecording:
 
     # -- what the host runs ----------------------------------------------------------------------
     def vm(self, name: str, pid: int, vcpus: dict[int, int], comm: str = "qemu-system-x86",
-           kind: str = "qemu", discovered_ns: int = 0) -> Vm:
-        vm = Vm(name, pid, dict(vcpus), comm, kind, discovered_ns)
+           kind: str = "qemu", discovered_ns: int = 0, listed: bool = True) -> Vm:
+        vm = Vm(name, pid, dict(vcpus), comm, kind, discovered_ns, listed)
         self.vms.append(vm)
         return vm
 
@@ -457,7 +458,7 @@ class SynthRecording:
             if vm.name in bundles:
                 self._write_bundle(bundles[vm.name], vm, self._guests[vm.name])
                 w.add_bundle(vm.name, bundles[vm.name])
-        w.add_snapshot({"vms": [self._vm_json(vm, bundles) for vm in self.vms]})
+        w.add_snapshot({"vms": [self._vm_json(vm, bundles) for vm in self.vms if vm.listed]})
         seen: set[int] = set()
         for lo in range(0, max(self.duration_ns, 1), FLUSH_NS):
             s_part = samples[(samples["time_ns"] >= BASE_NS + lo) & (samples["time_ns"] < BASE_NS + lo + FLUSH_NS)]
@@ -473,7 +474,7 @@ class SynthRecording:
                  "guest_samples": int(np.count_nonzero(samples["flags"] & SAMPLE_GUEST)),
                  "lost": {"samples": [0] * self.cpus, "sched": [0] * self.cpus},
                  "end_monotonic_ns": BASE_NS + self.duration_ns,
-                 "vms": [self._vm_json(vm, bundles) for vm in self.vms]})
+                 "vms": [self._vm_json(vm, bundles) for vm in self.vms if vm.listed]})
         return path
 
 
@@ -481,11 +482,14 @@ class SynthRecording:
 BUSY_SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between samples
 
 
-def busy_recording(path: Path, seconds: float) -> Path:
+def busy_recording(path: Path, seconds: float, late_cpu: bool = False, unlisted_vm: bool = False) -> Path:
     """2 VMs of 2 vCPUs on 3 CPUs; in each slot a CPU runs one of its vCPUs (guest code, then KVM), a host task or
-    nothing; a vCPU off its CPU is halted (woken before it runs again) or preempted."""
+    nothing; a vCPU off its CPU is halted (woken before it runs again) or preempted.
+    late_cpu: a 4th CPU idle (its idle task sampled) for the first 40% of the recording, then a host task, idle
+    again, and the task to the end: no switch on it until 40%.  unlisted_vm: a 3rd VM that the VM list does not
+    name runs its one vCPU on the 4th CPU over [61%, 66%)."""
     rng = np.random.default_rng(7)
-    b = SynthRecording(frequency=1000, cpus=3)
+    b = SynthRecording(frequency=1000, cpus=4 if late_cpu or unlisted_vm else 3)
     web = b.vm("web", pid=100, vcpus={0: 101, 1: 102})
     db = b.vm("db", pid=200, vcpus={0: 201, 1: 202})
     vcpus = [(web, 0, 1), (web, 1, 2), (db, 0, 1), (db, 1, 2)]  # (VM, vCPU, its CPU)
@@ -515,4 +519,12 @@ def busy_recording(path: Path, seconds: float) -> Path:
                     b.halt_end(vm, vcpu, hi - MS // 2, hi - MS // 2 - lo, polled=False)
             else:
                 b.preempt(vm, vcpu, start_ns=lo, end_ns=hi)
+    at = [slots * BUSY_SLOT * p // 100 for p in (40, 60, 61, 66, 70)]
+    if late_cpu:
+        b.host_task(700, "late", cpu=3, start_ns=at[0], end_ns=at[1], kernel=True)
+        b.host_task(700, "late", cpu=3, start_ns=at[4], end_ns=slots * BUSY_SLOT)
+    if unlisted_vm:
+        batch = b.vm("batch", pid=300, vcpus={0: 301}, listed=False)
+        b.run(batch, 0, cpu=3, start_ns=at[2], end_ns=at[3])
+        b.block(batch, 0, start_ns=at[3], end_ns=slots * BUSY_SLOT)
     return b.write(path)

@@ -38,3 +38,17 @@ def test_unique_is_numpys(name: str) -> None:
 def test_stable_argsort_is_numpys(name: str) -> None:
     keys = CASES[name]
     assert np.array_equal(arrays.stable_argsort(keys), np.argsort(keys, kind="stable")), name
+
+
+def test_thread_keys_tell_threads_apart_and_unique_gives_numpys_first_switches() -> None:
+    """(pid, tid) keys: one per thread, with ids of Linux's 22 bits and wider (then 32 bits each), and
+    arrays.unique's first positions of them are np.unique's."""
+    rng = np.random.default_rng(3)
+    for top in (1 << 22, 1 << 32):
+        pid = rng.integers(0, top, 5000, dtype=np.int64).astype(np.uint32)
+        tid = rng.integers(0, top, 5000, dtype=np.int64).astype(np.uint32)
+        pid[2500:], tid[2500:] = pid[:2500], tid[:2500]  # each thread twice
+        keys = arrays.thread_keys(pid, tid)
+        assert len(np.unique(keys)) == len(set(zip(pid.tolist(), tid.tolist(), strict=True)))
+        for got, want in zip(arrays.unique(keys, return_index=True), np.unique(keys, return_index=True), strict=True):
+            assert np.array_equal(got, want)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from synth import busy_recording
 
 from vmprof_tui.analyse import stream
 from vmprof_tui.analyse.stream import StreamedAnalysis
 from vmprof_tui.cli import main
-from vmprof_tui.record.stream import scan
+from vmprof_tui.record.records import SCHED_DTYPE
+from vmprof_tui.record.stream import scan, sort_sched
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +62,64 @@ def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> No
     total = an.host_profile().total_samples
     assert total == pytest.approx(scanned.samples, abs=1)  # idle from sched events replaces the idle samples
     assert len(an.host_rows.all.codes) < 50
+
+
+@pytest.fixture(scope="module")
+def late_cpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return busy_recording(tmp_path_factory.mktemp("stream") / "late.vmprof", 6.0, late_cpu=True)
+
+
+@pytest.mark.parametrize("case", [["table"], ["json"], ["csv", "-K"], ["table", "--comm", "swapper/3"]], ids=" ".join)
+def test_streamed_report_replaces_idle_samples_as_the_whole_report(late_cpu: Path, case: list[str],
+                                                                  capsys: pytest.CaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU idle (its idle task sampled) over the first pieces, with no switch on it until then: the whole report
+    replaces its idle samples by its idle time from the recording's start, and so must every piece."""
+    args = [str(late_cpu), "--format", *case]
+    whole = report(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
+    assert report(args, 1733, capsys, monkeypatch, streamed=True) == whole
+
+
+@pytest.mark.parametrize("case", [["table"], ["json", "--vm", "vm-300"], ["table", "--level", "guest"]], ids=" ".join)
+def test_report_of_a_vcpu_thread_the_vm_list_misses_is_the_whole_report(tmp_path: Path, case: list[str],
+                                                                       capsys: pytest.CaptureFixture,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vCPU thread that only its samples name is known to the whole recording in every piece (its timeline), to a
+    piece only where it ran guest code: such a recording is reported whole."""
+    path = busy_recording(tmp_path / "unlisted.vmprof", 6.0, unlisted_vm=True)
+    args = [str(path), "--format", *case]
+    whole = report(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert "vm-300" in whole
+    gave_up = []
+    init = StreamedAnalysis.__init__
+
+    def watched(self: StreamedAnalysis, *a: object, **k: object) -> None:
+        try:
+            init(self, *a, **k)
+        except stream.WholeNeeded:
+            gave_up.append(1)
+            raise
+
+    monkeypatch.setattr(StreamedAnalysis, "__init__", watched)
+    assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
+    assert gave_up
+
+
+@pytest.mark.parametrize("case", ["ties", "ties in the threads too", "wide thread ids", "one", "none"])
+def test_sort_sched_is_numpys_order_of_records(case: str) -> None:
+    """sort_sched (three packed sorts) against np.sort(order="time_ns"): by time, ties by every other field."""
+    rng = np.random.default_rng(5)
+    n = {"one": 1, "none": 0}.get(case, 20_000)
+    ev = np.zeros(n, SCHED_DTYPE)
+    ev["time_ns"] = 10**18 + rng.integers(0, 50, n) * 1000  # 50 instants: most events tie on time
+    for side in ("prev", "next"):
+        ev[f"{side}_pid"] = rng.integers(0, 1 << 22, n)
+        ev[f"{side}_tid"] = rng.integers(0, 1 << 32 if case == "wide thread ids" else 1 << 22, n)
+    if case == "ties in the threads too":  # the same switch twice, told apart by later fields
+        ev[n // 2:][["prev_pid", "prev_tid", "next_pid", "next_tid"]] = ev[:n - n // 2][
+            ["prev_pid", "prev_tid", "next_pid", "next_tid"]]
+        ev["time_ns"][n // 2:] = ev["time_ns"][:n - n // 2]
+    ev["cpu"] = rng.integers(0, 64, n)
+    ev["flags"] = rng.integers(0, 256, n)
+    assert np.sort(ev, order="time_ns", kind="stable").tobytes() == sort_sched(ev).tobytes()

@@ -235,10 +235,16 @@ class Analysis:
     def cpu_idle_ns(self) -> dict[int, int]:
         """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples); none in a
         recording of one process (record -p): its ratios are of that process's own samples."""
+        return self._cpu_idle[0]
+
+    @functools.cached_property
+    def _cpu_idle(self) -> tuple[dict[int, int], set[int]]:
+        """cpu_idle_ns, and the CPUs of it idle from the start (Schedule.cpu_idle_ns)."""
         filters = self.rec.meta.get("filters")
         if isinstance(filters, dict) and filters.get("pid") is not None:
-            return {}
-        return self._schedule.cpu_idle_ns()
+            return {}, set()
+        at_start: set[int] = set()
+        return self._schedule.cpu_idle_ns(at_start), at_start
 
     def host_profile(self, cpu: int | None = None) -> Profile:
         key = ("host", cpu)
@@ -364,6 +370,22 @@ class Analysis:
         groups = [idx, idx[kernel_mode(self.samples["flags"][idx])]] if kernel else [idx]
         rows = self.row_counts_of(groups)
         return host.parts, rows[0], rows[1] if kernel else None, self._host_other_rows(host)
+
+    def idle_sums(self, kernel: bool = True) -> tuple[set[int], set[int], dict[int, tuple[int, list[RowCounts]]]]:
+        """What makes a streamed host profile's idle the whole recording's (analyse/stream.py): the CPUs whose idle
+        samples the sched events replaced here, of them those idle from the start (their first switch to or from
+        idle leaves idle), and per other CPU its idle samples kept: a count, their rows (and with `kernel`, those
+        in kernel mode)."""
+        idle_ns, at_start = self._cpu_idle
+        idx = np.flatnonzero(self._host_shares(None).host & (self.samples["pid"] == 0))
+        by_cpu = dict(arrays.group_by(self.samples["cpu"], idx))
+        groups = list(by_cpu.values())
+        if kernel:
+            groups += [g[kernel_mode(self.samples["flags"][g])] for g in groups]
+        rows = self.row_counts_of(groups) if groups else []
+        n = len(by_cpu)
+        kept = {cpu: (len(g), rows[i::n]) for i, (cpu, g) in enumerate(by_cpu.items())}
+        return set(idle_ns), at_start, kept
 
     def vm_names(self) -> list[str]:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
@@ -27,7 +28,7 @@ from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
 from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
 from vmprof_tui.record.stream import Scanned, pieces
-from vmprof_tui.resolve.prepare import prepare, recording_end
+from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolver
 
 PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory of a piece against its time)
@@ -41,9 +42,11 @@ class _Rows:
     kernel: RowCounts = field(default_factory=lambda: _empty_rows())
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
-        self.all = RowCounts.combine([self.all, rows])
+        # merged into the sums (no sort of them again: 150 pieces of a host of 900,000 rows); rows that cancel
+        # out (_add_idle) are dropped at the end (StreamedAnalysis._rows)
+        self.all = self.all.plus(rows)
         if kernel is not None:
-            self.kernel = RowCounts.combine([self.kernel, kernel])
+            self.kernel = self.kernel.plus(kernel)
 
     @staticmethod
     def joined(parts: list[_Rows]) -> _Rows:
@@ -76,6 +79,15 @@ def _empty_rows() -> RowCounts:
     return RowCounts(np.empty(0, np.int64), np.empty(0), None)
 
 
+def _nonzero(rows: RowCounts) -> RowCounts:
+    keep = rows.counts != 0
+    return rows if keep.all() else replace(rows, codes=rows.codes[keep], counts=rows.counts[keep])
+
+
+class WholeNeeded(Exception):
+    """The recording has what a piece at a time cannot report as the whole recording does: load it whole."""
+
+
 class StreamedAnalysis:
     """What `vmprof report` reads of an Analysis (VM names, vCPUs, host and guest profiles), summed piece by piece."""
 
@@ -99,6 +111,14 @@ class StreamedAnalysis:
         self.notes: dict[str, None] = {}
         self.has_sched = False
         self.pieces = 0
+        # the whole recording's idle per CPU (see _add_idle): CPUs whose idle samples the sched events replace,
+        # idle samples kept in pieces where they were not replaced (CPU -> count, rows), idle before the pieces
+        self.idle_cpus: set[int] = set()
+        self.kept_idle: dict[int, tuple[int, _Rows]] = {}
+        self.start_ns: int | None = None
+        # the vCPU threads of the VM list: one that only its samples name is learned in the pieces where it ran
+        # guest code, where the whole recording knows it in every piece (its timeline): not streamed
+        listed = learn_vms(rec, np.empty(0, rec.samples.dtype), np.empty(0, bool)).vcpu_of_tid
         from vmprof_tui.analyse.window import SwitchContext
 
         resolver = Resolver()
@@ -112,13 +132,17 @@ class StreamedAnalysis:
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
                                   sched_in_order=True),
                           shares_only=True)
-            self._add(an)
+            if any(listed.get(tid) != vcpu for tid, vcpu in an.vcpu_of_tid.items()):
+                raise WholeNeeded("a vCPU thread that the VM list does not name")
+            if self.start_ns is None:
+                self.start_ns = piece.lo
+            self._add(an, piece.lo)
             context.advance(piece.sched)
             self.has_sched |= bool(len(piece.sched))
             snapshot = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # parsed once, by the first
             self.pieces += 1
 
-    def _add(self, an: Analysis) -> None:
+    def _add(self, an: Analysis, lo: int) -> None:
         self.vm_index.update(an.vm_index)
         self.vm_by_pid.update(an.vm_by_pid)
         self.notes.update(dict.fromkeys(an.notes))
@@ -127,11 +151,8 @@ class StreamedAnalysis:
             self.host.add(parts)
             self.host_rows.add(rows, kernel)
             for r in others:
-                key = (r.kind, r.function, r.module, r.pid)
-                if key in self.others:
-                    self.others[key].samples += r.samples
-                else:
-                    self.others[key] = replace(r)
+                self._add_other(r)
+            self._add_idle(an, lo)
             self.unresolved += int(np.count_nonzero(an.unresolved))
             return
         flags, counts = an.samples["flags"], an.vcpus
@@ -159,6 +180,35 @@ class StreamedAnalysis:
             for cause, ns in an.blank_split(tl, in_ns=True).items():
                 mine.blank_ns[cause] += ns
 
+    def _add_other(self, r: Row) -> None:
+        key = (r.kind, r.function, r.module, r.pid)
+        if key in self.others:
+            self.others[key].samples += r.samples
+        else:
+            self.others[key] = replace(r)
+
+    def _add_idle(self, an: Analysis, lo: int) -> None:
+        """The whole recording replaces the idle samples of every CPU that switches to or from idle anywhere in it
+        by its idle time from the sched events, which runs from the recording's start on a CPU whose first such
+        switch leaves idle; a piece knows only the switches up to its end.  So a CPU's idle samples kept in a
+        piece are taken away again once it switches to or from idle, and a CPU first seen leaving idle gets the
+        time from the recording's start to its piece."""
+        replaced, at_start, kept = an.idle_sums(self.kernel)
+        assert self.start_ns is not None
+        if first := len(at_start - self.idle_cpus):
+            before = first * (lo - self.start_ns) / self.period_ns
+            self._add_other(Row(before, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
+            self.host.idle += before
+        self.idle_cpus |= replaced
+        for cpu, (count, rows) in kept.items():
+            count_before, rows_before = self.kept_idle.get(cpu, (0, _Rows()))
+            rows_before.add(rows[0], rows[1] if self.kernel else None)
+            self.kept_idle[cpu] = (count_before + count, rows_before)
+        for cpu in sorted(self.idle_cpus & self.kept_idle.keys()):
+            count, rows = self.kept_idle.pop(cpu)
+            self.host.idle -= count
+            self.host_rows.add(rows.all.negated(), rows.kernel.negated() if self.kernel else None)
+
     # -- what the report reads -----------------------------------------------------------------------------
     @property
     def duration_s(self) -> float:
@@ -176,13 +226,15 @@ class StreamedAnalysis:
         names = counts.names
         if names is None or not len(counts.codes):
             return []
+        counts, in_kernel = (_nonzero(c) for c in (counts, summed.kernel))  # _add_idle takes samples away again
         pids = names.ids(counts.codes, "pid")
         code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
-        vm_code = np.array([code_of_pid.get(p, 0) for p in pids.tolist()], np.int64)
+        upids, inverse = arrays.unique(pids, return_inverse=True)  # a row's VM code by its pid: pids are few
+        vm_code = np.array([code_of_pid.get(p, 0) for p in upids.tolist()], np.int64)[inverse]
         order = np.lexsort((counts.codes, vm_code))
         codes = counts.codes[order]
         kernel = np.zeros(len(counts.codes))
-        kernel[np.searchsorted(counts.codes, summed.kernel.codes)] = summed.kernel.counts  # of some of the codes
+        kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
         kernel = kernel[order]
         kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
         strings = (names.strings_of(codes, c).tolist() for c in ("func", "module", "process"))
@@ -228,6 +280,6 @@ def first_switches(sched: np.ndarray) -> np.ndarray:
     switches = sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]
     keep = []
     for side in ("prev", "next"):
-        thread = switches[f"{side}_pid"].astype(np.int64) << 32 | switches[f"{side}_tid"]
-        keep.append(np.unique(thread, return_index=True)[1])
+        thread = arrays.thread_keys(switches[f"{side}_pid"], switches[f"{side}_tid"])
+        keep.append(arrays.unique(thread, return_index=True)[1])
     return switches[np.unique(np.concatenate(keep))] if keep else switches

@@ -466,8 +466,10 @@ class Schedule:
             self._holders[(pid, comm)] = holder
         return holder
 
-    def cpu_idle_ns(self) -> dict[int, int]:
-        """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples)."""
+    def cpu_idle_ns(self, idle_at_start: set[int] | None = None) -> dict[int, int]:
+        """Idle time per CPU from switches to and from the idle task (exact, unlike idle samples).  idle_at_start:
+        filled with the CPUs whose first such switch leaves idle (idle from the start of the recording: a streamed
+        report adds what came before its piece, analyse/stream.py)."""
         ev = self.sched
         idle: dict[int, int] = {}
         w0, w1 = self.span
@@ -484,6 +486,8 @@ class Schedule:
             end = t[from_idle[ends[ok]]].astype(np.int64)
             if len(from_idle) and (not len(to_idle) or from_idle[0] < to_idle[0]):
                 start, end = np.append(w0, start), np.append(t[from_idle[0]], end)  # idle from the start
+                if idle_at_start is not None:
+                    idle_at_start.add(int(cpu))
             if len(to_idle) and not ok[-1]:
                 start, end = np.append(start, t[to_idle[-1]]), np.append(end, w1)  # idle to the end
             if self.range_ns is not None:

@@ -80,12 +80,12 @@ class SwitchContext:
         if not len(ev):
             return
         n = len(ev)
-        _cpus, from_end = np.unique(ev["cpu"][::-1], return_index=True)
+        _cpus, from_end = arrays.unique(ev["cpu"][::-1], return_index=True)
         keep = [n - 1 - from_end]
         for side, flag in (("prev", SCHED_PREV_VCPU), ("next", SCHED_NEXT_VCPU)):
             at = np.flatnonzero(ev["flags"] & flag)
-            thread = ev[f"{side}_pid"][at].astype(np.int64) << 32 | ev[f"{side}_tid"][at]
-            _threads, from_end = np.unique(thread[::-1], return_index=True)
+            thread = arrays.thread_keys(ev[f"{side}_pid"][at], ev[f"{side}_tid"][at])
+            _threads, from_end = arrays.unique(thread[::-1], return_index=True)
             keep.append(at[len(at) - 1 - from_end])
         self.events = ev[np.unique(np.concatenate(keep))]
 

@@ -260,4 +260,6 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
         an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
     except RecordingError as e:
         raise Failure(str(e)) from None
+    except stream.WholeNeeded:
+        return None
     return _checked(args, an, bundles)

@@ -182,7 +182,28 @@ def _ordered(samples: np.ndarray) -> np.ndarray:
 def _ordered_sched(sched: np.ndarray) -> np.ndarray:
     """As prepare orders them (ties by the other fields: sched events of many CPUs share times)."""
     t = sched["time_ns"]
-    return sched if np.all(t[1:] > t[:-1]) else np.sort(sched, order="time_ns", kind="stable")
+    return sched if np.all(t[1:] > t[:-1]) else sort_sched(sched)
+
+
+def sort_sched(sched: np.ndarray) -> np.ndarray:
+    """np.sort(sched, order="time_ns", kind="stable"): by time, ties by the other fields in turn.  Where the time
+    and the two threads (prev, next) tell every record apart, by three packed stable sorts of integers instead of
+    numpy's comparison of records field by field (the synthetic 64-CPU host switches all its CPUs at the same
+    nanosecond: 97% of its events tie on time)."""
+    if len(sched) < 2 or max(int(sched[f].max()) for f in ("prev_tid", "next_tid")) >= 1 << 22:
+        return np.sort(sched, order="time_ns", kind="stable")
+    keys = [sched["time_ns"], arrays.thread_keys(sched["prev_pid"], sched["prev_tid"]),
+            arrays.thread_keys(sched["next_pid"], sched["next_tid"])]  # (pid, tid) in 44 bits, in their order
+    order = np.arange(len(sched))
+    for k in reversed(keys):  # the least significant first: each sort keeps the order of the ones before
+        order = order[arrays.stable_argsort(k[order])]
+    same = np.ones(len(sched) - 1, bool)
+    for k in keys:
+        ordered = k[order]
+        same &= ordered[1:] == ordered[:-1]
+    if same.any():  # two records that only later fields tell apart
+        return np.sort(sched, order="time_ns", kind="stable")
+    return sched[order]
 
 
 def _first(*tables: np.ndarray) -> int | None:
@@ -223,8 +244,9 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int]) -> It
                 samples = _ordered(samples)
                 a, b = (int(np.searchsorted(t["time_ns"], np.uint64(cut))) for t in (samples, sched))
                 piece_samples, piece_sched = samples[:a], sched[:b]
-                samples = np.concatenate([samples[a:], nxt_samples])
-                sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]))
+                # what is left of this group is usually nothing: then no copy of the next group
+                samples = np.concatenate([samples[a:], nxt_samples]) if a < len(samples) else nxt_samples
+                sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]) if b < len(sched) else nxt_sched)
                 yield Piece(lo, cut, piece_samples, piece_sched, sched)
                 lo = cut
             if lo is None:  # no records

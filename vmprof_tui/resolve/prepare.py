@@ -17,6 +17,7 @@ import numpy as np
 from vmprof_tui import arrays
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.records import SAMPLE_GUEST, SCHED_NOT_SWITCH
+from vmprof_tui.record.stream import sort_sched
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 
@@ -117,7 +118,7 @@ def prepare(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolv
     ts = rec.sched["time_ns"]
     # strictly increasing: a full-record sort would not move anything (the window usually is)
     in_order = sched_in_order or np.all(ts[1:] > ts[:-1])
-    sched = rec.sched if in_order else np.sort(rec.sched, order="time_ns", kind="stable")
+    sched = rec.sched if in_order else sort_sched(rec.sched)
     not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
     switches, wake_events = (sched[~not_switch], sched[not_switch]) if not_switch.any() else (sched, sched[:0])
     span = recording_span(rec)
