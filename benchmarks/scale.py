@@ -45,9 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Background, perf_binary  # noqa: E402
 
-from vmprof_tui.record.recording import SAMPLES as SAMPLES_KIND  # noqa: E402
-from vmprof_tui.record.recording import snapshot  # noqa: E402
-from vmprof_tui.record.records import (  # noqa: E402
+from vmprof_tui.record.bpf_records import (  # noqa: E402
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
@@ -60,6 +58,8 @@ from vmprof_tui.record.records import (  # noqa: E402
     SCHED_PREV_RUNNABLE,
     SCHED_PREV_VCPU,
 )
+from vmprof_tui.record.recording import SAMPLES as SAMPLES_KIND  # noqa: E402
+from vmprof_tui.record.recording import snapshot  # noqa: E402
 from vmprof_tui.record.writer import Writer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 /* The one definition of vmprof's records, shared by the BPF programs and by
- * Python (vmprof_tui/records.py declares the same layout as numpy dtypes and
+ * Python (vmprof_tui/record/bpf_records.py declares the same layout as numpy dtypes and
  * tests/test_records.py proves sizes and offsets agree).
  * Only fixed-size UAPI types: bcc compiles this against any headers tree. */
 #ifndef VMPROF_SAMPLE_H

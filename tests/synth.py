@@ -76,7 +76,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import __version__
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,

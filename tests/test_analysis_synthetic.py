@@ -39,8 +39,7 @@ from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.analyse.steal import attributions, steal_report, vcpu_steal
 from vmprof_tui.analyse.timeline import VcpuTimeline
-from vmprof_tui.record.recording import CHUNK_HEADER, END, MAGIC, META, SAMPLES, SCHED, SNAPSHOT, load
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
     SAMPLE_HOST_KERNEL,
@@ -51,6 +50,7 @@ from vmprof_tui.record.records import (
     SCHED_PREV_RUNNABLE,
     SCHED_PREV_VCPU,
 )
+from vmprof_tui.record.recording import CHUNK_HEADER, END, MAGIC, META, SAMPLES, SCHED, SNAPSHOT, load
 
 approx = pytest.approx
 

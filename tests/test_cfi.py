@@ -19,7 +19,7 @@ from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import CallGraph
 from vmprof_tui.demo import builds
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SAMPLE_GUEST,
     STACK_GUEST_PARTIAL,
     STACK_GUEST_WALKED,
@@ -537,7 +537,7 @@ def test_fuzz_cfi_parser(tmp_path: Path) -> None:
 def test_stack_copies_round_trip_and_a_corrupt_chunk_is_one_problem(tmp_path: Path) -> None:
     """Kind 10 (zstd) written and read back exactly, at the copy size the meta chunk states; a chunk whose zstd
     body is garbage is skipped with one problem line, the rest of the recording loads."""
-    from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, ustack_dtype
+    from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE, ustack_dtype
 
     u = np.zeros(3, ustack_dtype(4096))
     u["time_ns"], u["cpu"], u["copied"], u["sp"] = [10, 20, 30], [0, 1, 0], [16, 4096, 0], 0x7FFF0000

@@ -63,7 +63,7 @@ def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
     keeps the kernel frames only; a deep pair is cut at the chain's limit, never beyond."""
     import numpy as np
 
-    from vmprof_tui.record.records import STACK_DTYPE, STACK_GUEST_MAX
+    from vmprof_tui.record.bpf_records import STACK_DTYPE, STACK_GUEST_MAX
     from vmprof_tui.resolve.stacks import _below_guest_kernel
 
     k = [0xFFFFFFFF80001000 + i for i in range(3)]

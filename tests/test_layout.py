@@ -21,7 +21,7 @@ STAGES = ("demo", "collect", "record", "resolve", "analyse", "estimate", "show",
 # guest agent and the demo VMM write it)
 SHARED = ("vmprof_tui", "vmprof_tui.libc", "vmprof_tui.arrays", "vmprof_tui.files", "vmprof_tui.bounded_json",
           "vmprof_tui.mapping",
-          "vmprof_tui.record.records", "vmprof_tui.lbr.records", "vmprof_tui.lbr.model",
+          "vmprof_tui.record.bpf_records", "vmprof_tui.lbr.records", "vmprof_tui.lbr.model",
           "vmprof_tui.resolve.bundle_format")
 # importing module -> (the later modules it imports, why)
 ALLOWED = {
@@ -180,7 +180,7 @@ def test_timelines_know_nothing_of_profiles() -> None:
     """analyse/timeline.py builds the vCPU timelines from sched events alone: no profile, name or analysis in it."""
     known = modules()
     used = imports(known["vmprof_tui.analyse.timeline"], known)
-    assert used <= {"vmprof_tui.arrays", "vmprof_tui.analyse.blanks", "vmprof_tui.record.records"}, used
+    assert used <= {"vmprof_tui.arrays", "vmprof_tui.analyse.blanks", "vmprof_tui.record.bpf_records"}, used
 
 
 def test_one_mapping_type() -> None:

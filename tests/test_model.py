@@ -14,7 +14,7 @@ from conftest import vmprof
 from vmprof_tui.cli import main
 from vmprof_tui.estimate import model as M
 from vmprof_tui.estimate.model_measure import on_cpu_ns
-from vmprof_tui.record.records import SCHED_DTYPE
+from vmprof_tui.record.bpf_records import SCHED_DTYPE
 
 WINDOW = "0.3"
 

@@ -16,7 +16,7 @@ from elftools.elf.elffile import ELFFile
 
 from vmprof_tui.demo import runner
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_VCPU, context_switches
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST, SAMPLE_VCPU, context_switches
 
 
 @pytest.fixture(scope="module")

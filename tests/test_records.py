@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from vmprof_tui.record import records
+from vmprof_tui.record import bpf_records as records
 from vmprof_tui.record.writer import Writer
 
 

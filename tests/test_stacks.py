@@ -18,7 +18,7 @@ from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph, WeightedStacks
 from vmprof_tui.demo import builds
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_GUEST, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE, stack_rows
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE, stack_rows
 from vmprof_tui.record.writer import Writer
 
 # chain.c: per round 6 units under kernel_a, 3 under copy, 1 under report
@@ -208,7 +208,7 @@ def test_host_chains_match_perf_on_the_same_run(tmp_path: Path, map_entries: int
 
 def test_stacks_round_trip_through_the_recording_format(tmp_path: Path) -> None:
     """Kinds 8 and 9 written and read back exactly; a recording without them has no stacks."""
-    from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
+    from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE
 
     samples = np.zeros(3, SAMPLE_DTYPE)
     samples["time_ns"], samples["cpu"], samples["stack_id"] = [10, 20, 30], [0, 1, 0], [0, 0, -1]

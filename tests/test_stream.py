@@ -15,7 +15,7 @@ from synth import busy_recording
 from vmprof_tui.analyse import stream
 from vmprof_tui.analyse.stream import StreamedAnalysis
 from vmprof_tui.cli import main
-from vmprof_tui.record.records import SCHED_DTYPE
+from vmprof_tui.record.bpf_records import SCHED_DTYPE
 from vmprof_tui.record.stream import scan, sort_sched
 
 

@@ -15,7 +15,7 @@ from vmprof_tui.analyse.steal import steal_report
 from vmprof_tui.collect import backends
 from vmprof_tui.collect import bpf as collect
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
     SAMPLE_GUEST_UNKNOWN,

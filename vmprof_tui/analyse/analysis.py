@@ -44,12 +44,12 @@ from vmprof_tui.analyse.shares import (
 from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import VcpuSamples
 from vmprof_tui.collect import backends
-from vmprof_tui.record.recording import Recording
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
     SAMPLE_HOST_KERNEL,
 )
+from vmprof_tui.record.recording import Recording
 from vmprof_tui.resolve.prepare import Prepared, prepare
 from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
 

@@ -26,7 +26,7 @@ from vmprof_tui.analyse.blanks import (
 )
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.timeline import VcpuTimeline
-from vmprof_tui.record.records import SAMPLE_VCPU
+from vmprof_tui.record.bpf_records import SAMPLE_VCPU
 
 
 def attributions(an: Analysis, vm: str, per_function: bool = True) -> list[Attribution]:

@@ -25,8 +25,8 @@ from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
-from vmprof_tui.record.records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
 from vmprof_tui.record.stream import Scanned, pieces
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolver

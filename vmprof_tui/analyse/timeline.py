@@ -17,7 +17,7 @@ import numpy as np
 from vmprof_tui import arrays
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import NO_TIME, Blank, BlankTable
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SCHED_HALT_END,
     SCHED_NOT_SWITCH,
     SCHED_PREV_HALTED,

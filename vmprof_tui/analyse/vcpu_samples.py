@@ -10,7 +10,7 @@ import numpy as np
 
 from vmprof_tui import arrays
 from vmprof_tui.analyse.timeline import VcpuTimeline
-from vmprof_tui.record.records import SAMPLE_HALTED, SAMPLE_VCPU
+from vmprof_tui.record.bpf_records import SAMPLE_HALTED, SAMPLE_VCPU
 
 MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
 

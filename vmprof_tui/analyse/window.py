@@ -35,7 +35,7 @@ from vmprof_tui.analyse.shares import (
 from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SAMPLE_DTYPE,
     SAMPLE_HOST_KERNEL,
     SCHED_DTYPE,

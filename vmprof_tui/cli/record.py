@@ -114,7 +114,7 @@ def parse_call_graph(text: str | None, default: str = "cfi") -> tuple[str, int]:
     record's `-g` is cfi: each object unwinds by its call-frame information where it has some, by frame pointers
     where it has none (resolve/unwind.py), because Debian's programs and libraries have no frame pointers and
     the copy costs little per sample (the measurement is in docs/stacks.md, "Default")."""
-    from vmprof_tui.record.records import STACK_COPY_BYTES
+    from vmprof_tui.record.bpf_records import STACK_COPY_BYTES
 
     mode, _, size = (text or default).partition(",")
     mode = "cfi" if mode == "dwarf" else mode

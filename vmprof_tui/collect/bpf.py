@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.collect.backends import Backend
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     HOST_COUNT_KEY_DTYPE,
     SAMPLE_DTYPE,
     SCHED_DTYPE,

@@ -26,7 +26,7 @@ from vmprof_tui import __version__
 from vmprof_tui.collect import discover
 from vmprof_tui.collect.backends import Backend, load_backend
 from vmprof_tui.collect.bpf import HOST_STACK_ENTRIES, Collector, check_privileges
-from vmprof_tui.record.records import SAMPLE_DTYPE, STACK_COPY_BYTES, stack_rows
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, STACK_COPY_BYTES, stack_rows
 from vmprof_tui.resolve.elf import read_build_id, read_elf_symbols_uncached
 from vmprof_tui.resolve.object_table import encode_object_table
 from vmprof_tui.resolve.untrusted import BundleError

@@ -28,7 +28,7 @@ import numpy as np
 
 from vmprof_tui.demo.runner import DemoRun
 from vmprof_tui.libc import schedstat
-from vmprof_tui.record.records import context_switches
+from vmprof_tui.record.bpf_records import context_switches
 
 RESOURCES = ("host-cpu", "vm-cpu", "vmm-cpu")
 ACCOUNTINGS = ("sched", "schedstat")

@@ -26,7 +26,7 @@ from vmprof_tui.collect.session import BranchCollectorError
 from vmprof_tui.lbr import capability
 from vmprof_tui.lbr.patterns import DEFAULT_PATTERN, Pattern, get
 from vmprof_tui.lbr.records import decode, record_dtype
-from vmprof_tui.record.records import SAMPLE_DTYPE
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE
 
 BPF_SOURCE = BPF_DIR / "lbr.bpf.c"
 PERF_EVENT_IOC_ENABLE = 0x2400

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.lbr.model import BranchFilter, Fields, LbrSample, Resolve, ResolvedAddr
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE
 from vmprof_tui.record.recording import VMS_KEY, Recording, snapshot
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
 from vmprof_tui.resolve.elfcode import ElfError, ElfResolver, ImageCache
 
 _HEADER = re.compile(

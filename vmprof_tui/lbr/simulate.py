@@ -33,7 +33,7 @@ from vmprof_tui.lbr.model import INFO_CYCLES_SHIFT, Fields
 from vmprof_tui.lbr.patterns import Pattern
 from vmprof_tui.lbr.records import record_dtype
 from vmprof_tui.record import recording
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE
 from vmprof_tui.record.writer import Writer
 
 CLOCK_HZ = 1_000_000_000  # simulated: one cost-model cycle per ns

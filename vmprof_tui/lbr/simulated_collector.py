@@ -20,7 +20,7 @@ from vmprof_tui.lbr.patterns import Pattern
 from vmprof_tui.lbr.records import record_dtype
 from vmprof_tui.lbr.simulate import CLOCK_HZ, DEFAULT_MAX_INSTRUCTIONS, SimulateError, host_samples, sample_records
 from vmprof_tui.libc import LIBC
-from vmprof_tui.record.records import SAMPLE_DTYPE
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE
 
 PR_SET_NAME = 15
 THREAD_NAME = b"lbr-simulate"  # the tracing thread's name in /proc (the kernel's comm of the thread)

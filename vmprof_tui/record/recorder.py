@@ -16,8 +16,8 @@ import numpy as np
 
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST
 from vmprof_tui.record.recording import RecordingError
-from vmprof_tui.record.records import SAMPLE_GUEST
 from vmprof_tui.record.writer import WriteFailed, Writer
 
 DRAIN_S, FLUSH_S = 0.1, 0.5

@@ -7,7 +7,7 @@ self-describing and checksummed, so a reader keeps every complete chunk of a
 cut-off file and says what was cut.
 
 Sample and sched tables are stored column by column (numpy arrays of the
-dtypes in vmprof_tui.record.records), times delta-encoded, compressed with zlib.
+dtypes in vmprof_tui.record.bpf_records), times delta-encoded, compressed with zlib.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays, bounded_json
-from vmprof_tui.record.records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE, ustack_dtype
+from vmprof_tui.record.bpf_records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE, ustack_dtype
 
 MAGIC = b"VMPROFREC\0"
 VERSION = 1

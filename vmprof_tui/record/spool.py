@@ -36,8 +36,8 @@ import numpy as np
 
 from vmprof_tui import files
 from vmprof_tui.collect.session import Chunk, CollectionSession, read_kallsyms, read_object_table
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SAMPLE_GUEST, SAMPLE_HOST_KERNEL, SCHED_DTYPE
 from vmprof_tui.record.recording import OBJECTS_REF_KEY, bundle_tar, object_ref, snapshot
-from vmprof_tui.record.records import SAMPLE_DTYPE, SAMPLE_GUEST, SAMPLE_HOST_KERNEL, SCHED_DTYPE
 from vmprof_tui.record.writer import WriteFailed, Writer
 
 WINDOW_RE = re.compile(r"^W(\d{8})-(\d+)\.vmprof$")

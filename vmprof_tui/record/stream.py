@@ -25,7 +25,7 @@ import numpy as np
 
 from vmprof_tui import arrays, bounded_json
 from vmprof_tui.record import recording as fmt
-from vmprof_tui.record.records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE
 
 DTYPES = {fmt.SAMPLES: SAMPLE_DTYPE, fmt.SCHED: SCHED_DTYPE}
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import Recording
-from vmprof_tui.record.records import SAMPLE_GUEST, SCHED_NOT_SWITCH
 from vmprof_tui.record.stream import sort_sched
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 

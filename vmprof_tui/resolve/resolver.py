@@ -26,7 +26,7 @@ import numpy as np
 
 from vmprof_tui import arrays
 from vmprof_tui.arrays import group_by
-from vmprof_tui.record.records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
 from vmprof_tui.resolve import spaces
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
 from vmprof_tui.resolve.elf import ET_EXEC, ElfSymbols

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vmprof_tui.mapping import Mapping
-from vmprof_tui.record.records import (
+from vmprof_tui.record.bpf_records import (
     SAMPLE_GUEST,
     SAMPLE_GUEST_KERNEL,
     SAMPLE_HOST_KERNEL,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmprof_tui.record.records import STACK_GUEST_MAX
+from vmprof_tui.record.bpf_records import STACK_GUEST_MAX
 from vmprof_tui.resolve.cfi import (
     BP_AT_SP,
     CFA_DEREF,

@@ -48,7 +48,7 @@ from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.segments import Segment, SegmentKind, vcpu_segments
 from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.analyse.timeline import VcpuTimeline, task_name
-from vmprof_tui.record.records import cpu_order, next_on_cpu
+from vmprof_tui.record.bpf_records import cpu_order, next_on_cpu
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
 
