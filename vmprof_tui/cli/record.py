@@ -20,7 +20,7 @@ EXAMPLES = """examples:
   vmprof record -o web.vmprof --vm web1 -d 30   samples of one VM only
   vmprof record -o lbr.vmprof --lbr -p 1234     + branch records (PMU hosts)
   vmprof record -g -d 5 -o stacks.vmprof        + call stacks, host and guest
-  vmprof record --call-graph fp -d 5            call stacks by frame pointers only
+  vmprof record --call-graph fp -d 5            stacks by frame pointers only
   vmprof record -e cpu-clock -d 5               perf's events: cpu-clock, cycles
   vmprof record -o sim.vmprof --lbr=simulate -F 100000 -- ./prog
                  branch records on any machine: prog single-stepped (slow)
