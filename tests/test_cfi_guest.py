@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from conftest import Recorded, record_scenario
 from test_cfi import frames_of_vm
@@ -13,6 +14,16 @@ from test_cfi import frames_of_vm
 from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph
 from vmprof_tui.demo import scenarios
+from vmprof_tui.record.records import (
+    SAMPLE_DTYPE,
+    SAMPLE_GUEST,
+    SAMPLE_GUEST_KERNEL,
+    USTACK_GUEST_KERNEL,
+    stack_rows,
+)
+from vmprof_tui.resolve.cfi import read_cfi
+from vmprof_tui.resolve.spaces import guest_symbols
+from vmprof_tui.resolve.unwind import COMPLETE, KernelRules, unwind_guest_kernel
 
 # the guest kernel's functions, and its code without a symbol (as the flame graphs name it)
 KERNEL_FRAMES = {"syscall_entry", "do_syscall", "call_vmm", "set_fs_base", "kentry", "[guest.kallsyms]"}
@@ -58,13 +69,36 @@ def test_guest_kernel_chains_continue_into_user_code_to_main(real: Recorded) -> 
     assert total > 500 and to_main >= 0.95 * total
 
 
+def test_guest_kernel_frames_by_its_cfi_equal_the_walked_ones(real: Recorded) -> None:
+    """A guest-kernel sample's copy ends with its kernel stack (bpf/stacks.h); unwound by the demo kernel's own
+    call-frame information (its ELF file in the VM's bundle, its entry's CFI directives in entry.S), its kernel
+    frames up to the entry frame's user RIP equal the frame-pointer walk of the same sample for >= 95%."""
+    rec = real.rec
+    bundle = guest_symbols("sqlite", rec.bundles["sqlite"]).bundle
+    assert bundle is not None and bundle.kernel is not None and bundle.kernel.object_path is not None
+    rules = KernelRules(read_cfi(bundle.kernel.object_path))
+    s, u = rec.samples, rec.ustacks
+    assert u is not None and len(rules.table)
+    rows, urows = stack_rows(s, rec.stacks), stack_rows(s, u)
+    kernel = ((s["flags"] & SAMPLE_GUEST) != 0) & (rows >= 0) & (urows >= 0) & (
+        ((s["flags"] & SAMPLE_GUEST_KERNEL) != 0) | (s["guest_ip"] >= 1 << 47))
+    at = np.nonzero(kernel & ((u["flags"][np.maximum(urows, 0)] & USTACK_GUEST_KERNEL) != 0))[0]
+    same = 0
+    for i, (chain, why) in zip(at.tolist(), unwind_guest_kernel(u, urows[at], s["guest_ip"][at], rules), strict=True):
+        w = rec.stacks[rows[i]]
+        walked = w["guest"][:w["guest_depth"]].tolist()
+        user = next((k for k, a in enumerate(walked) if a < 1 << 47), len(walked))
+        same += why == COMPLETE and chain == walked[:user + 1] and chain[-1] == int(u["ip"][urows[i]])
+    print(f"{len(at)} of {int(kernel.sum())} guest-kernel samples with their kernel stack; kernel frames by CFI "
+          f"equal the walked ones for {same} ({100 * same / max(len(at), 1):.2f}%)")
+    assert len(at) > 500 and same >= 0.95 * len(at)
+
+
 def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
     """The walked kernel frames (up to the first user address) then the chain unwound from the copy; a missing copy
     keeps the kernel frames only; a deep pair is cut at the chain's limit, never beyond."""
-    import numpy as np
-
     from vmprof_tui.record.records import STACK_DTYPE, STACK_GUEST_MAX
-    from vmprof_tui.resolve.stacks import _below_guest_kernel
+    from vmprof_tui.resolve.stacks import _below_guest_kernel, _guest_kernel_frames
 
     k = [0xFFFFFFFF80001000 + i for i in range(3)]
     walked = np.zeros(3, STACK_DTYPE)
@@ -78,7 +112,8 @@ def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
     chains[1, :1] = [0x401000]
     chains[2, :] = 0x500000
     depth = np.array([3, 1, STACK_GUEST_MAX], np.uint8)
-    _below_guest_kernel(walked, chains, depth, np.arange(3), np.array([True, False, True]))
+    kernel = _guest_kernel_frames(np.zeros(3, SAMPLE_DTYPE), walked, np.full(3, -1), None, None, {}, None)
+    _below_guest_kernel(kernel, chains, depth, np.arange(3), np.array([True, False, True]))
     assert chains[0, :depth[0]].tolist() == [*k, 0x401000, 0x402000, 0x403000] and not chains[0, depth[0]:].any()
     assert chains[1, :depth[1]].tolist() == k and depth[1] == 3
     assert depth[2] == STACK_GUEST_MAX and chains[2, :3].tolist() == k and (chains[2, 3:] == 0x500000).all()

@@ -538,10 +538,13 @@ def write_bundle(vm: DemoVm, directory: Path) -> None:
                           "cr3": [p.space.cr3, p.space.cr3 + PAGE] if p.kernel is not None else [p.space.cr3]})
     kernel = None
     image = next((p.kernel.image for p in vm.processes if p.kernel is not None), None)
-    if image is not None:  # the guest kernel's symbols, as a Linux guest's kallsyms
+    if image is not None:  # the guest kernel's symbols, as a Linux guest's kallsyms, and its ELF file (its CFI)
         (directory / bundle_format.KALLSYMS).write_text(image.kallsyms)
+        data = image.path.read_bytes()
+        name = hashlib.sha256(data).hexdigest()[:32]
+        (objects / name).write_bytes(data)
         kernel = {"release": "vmprof demo guest kernel", "build_id": None, "kallsyms": bundle_format.KALLSYMS,
-                  "modules": []}
+                  "object": f"objects/{name}", "modules": []}
     bundle = {"format": bundle_format.FORMAT, "version": bundle_format.VERSION, "vm": vm.name,
               "created_by": "vmprof demo VMM", "cr3_method": "vmm", "kernel": kernel,
               "processes": processes}
