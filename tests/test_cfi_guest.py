@@ -4,7 +4,12 @@ static programs whose libraries (Debian's libquantum and libsqlite3) have no fra
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -117,3 +122,53 @@ def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
     assert chains[0, :depth[0]].tolist() == [*k, 0x401000, 0x402000, 0x403000] and not chains[0, depth[0]:].any()
     assert chains[1, :depth[1]].tolist() == k and depth[1] == 3
     assert depth[2] == STACK_GUEST_MAX and chains[2, :3].tolist() == k and (chains[2, 3:] == 0x500000).all()
+
+
+def test_a_hostile_guest_kernel_stack_or_table_ends_partial(tmp_path: Path) -> None:
+    """The kernel stack is guest memory and the kernel's file comes from the guest's bundle: a saved RBP that
+    loops ends the kernel chain (a frame that does not climb), and a kernel file whose .debug_frame is garbage is
+    one note line, its samples then keep the frame-pointer walk."""
+    from test_cfi import _section
+
+    from vmprof_tui.demo import guestos
+    from vmprof_tui.record.records import KSTACK_TAIL, ustack_dtype
+    from vmprof_tui.resolve.stacks import _kernel_rules
+    from vmprof_tui.resolve.unwind import NOT_CLIMBING
+
+    path = guestos.kernel_path()
+    rules = KernelRules(read_cfi(path))
+    image = guestos.KernelImage.load(path)
+    sp = image.symbols["kstack_top"] - 256
+    u = np.zeros(1, ustack_dtype(4 * KSTACK_TAIL))
+    tail = u["data"][0, 3 * KSTACK_TAIL:]
+    tail[:16] = np.array([sp, sp], np.uint64).view(np.uint8)  # RSP, and RBP = RSP: a frame whose saved RBP is itself
+    tail[16:32] = np.array([sp, image.symbols["do_syscall"] + 0x20], np.uint64).view(np.uint8)
+    leaf = np.array([image.symbols["call_vmm"] + 0x10], np.uint64)
+    [(chain, why)] = unwind_guest_kernel(u, np.zeros(1, np.int64), leaf, rules)
+    assert why == NOT_CLIMBING and chain == [int(leaf[0]), image.symbols["do_syscall"] + 0x20]
+
+    data = bytearray(path.read_bytes())
+    off, size = _section(bytes(data), ".debug_frame")
+    data[off:off + size] = b"\xff" * size
+    bad = tmp_path / "kernel"
+    bad.write_bytes(bytes(data))
+    notes: list[str] = []
+    vm = SimpleNamespace(bundle=SimpleNamespace(kernel=SimpleNamespace(object_path=bad)))
+    assert _kernel_rules(vm, notes) is None  # type: ignore[arg-type]
+    assert len(notes) == 1 and "\n" not in notes[0] and "frame pointers" in notes[0], notes
+    print(notes[0])
+
+
+def test_fuzz_guest_kernel_stack(tmp_path: Path) -> None:
+    """The atheris target `kstack` (tests/fuzz/fuzz_bundle.py): any kernel stack bytes and leaf unwound by the demo
+    kernel's CFI end within the chain's limit, for a bounded time: no crash, hang or OOM."""
+    script = Path(__file__).resolve().parent / "fuzz" / "fuzz_bundle.py"
+    (tmp_path / "corpus").mkdir()
+    proc = subprocess.run([sys.executable, str(script), "kstack", "-max_total_time=6", "-timeout=10",
+                           "-rss_limit_mb=4096", f"-artifact_prefix={tmp_path}/", str(tmp_path / "corpus")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=180,
+                          env={**os.environ, "VMPROF_FUZZ_SCRATCH": str(tmp_path)})
+    done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
+    crashes = [c.name for c in tmp_path.iterdir() if c.name.startswith(("crash-", "timeout-", "oom-"))]
+    print(done[-1] if done else proc.stderr[-2000:])
+    assert proc.returncode == 0 and done and not crashes, proc.stderr[-3000:]

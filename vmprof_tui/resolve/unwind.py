@@ -226,12 +226,11 @@ def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: object, rul
             bp = None
         if ra == 0:
             return chain, COMPLETE
-        if user_top is not None and ra < user_top:
-            chain.append(ra)
-            return chain, COMPLETE
         if len(chain) >= STACK_GUEST_MAX:
             return chain, TOO_DEEP
         chain.append(ra)
+        if user_top is not None and ra < user_top:
+            return chain, COMPLETE
         sp, pc, exact = cfa & _MASK, ra, bool(flags & SIGNAL_FRAME)
 
 
