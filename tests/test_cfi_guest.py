@@ -60,8 +60,8 @@ def test_real_programs_in_guests_reach_main(real: Recorded, program: str) -> Non
 
 
 def test_guest_kernel_chains_continue_into_user_code_to_main(real: Recorded) -> None:
-    """A sample in the guest kernel during sqlite's system calls: the kernel's frames (walked: the demo kernel keeps
-    frame pointers) syscall_entry → do_syscall → call_vmm, below them the user chain unwound by call-frame
+    """A sample in the guest kernel during sqlite's system calls: the kernel's frames (by the kernel's own CFI, else
+    walked by frame pointers) syscall_entry → do_syscall → call_vmm, below them the user chain unwound by call-frame
     information from the copy taken at the kernel's entry, to _start → main (before this, frame pointers ended it
     at the first library function).  Samples at the entry's first instruction or at its SYSRET, still on the user
     stack, continue from RCX (SYSCALL's user RIP) the same way."""

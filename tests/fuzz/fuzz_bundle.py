@@ -198,7 +198,7 @@ def fuzz_kstack(data: bytes) -> None:
     tail = fdp.ConsumeBytes(KSTACK_TAIL)
     u["data"][0, 4 * KSTACK_TAIL - KSTACK_TAIL:][:len(tail)] = np.frombuffer(tail, np.uint8)
     [(chain, why)] = unwind.unwind_guest_kernel(u, np.zeros(1, np.int64), np.array([ip], np.uint64), rules)
-    assert 1 <= len(chain) <= STACK_GUEST_MAX and why in unwind.REASONS or why == unwind.COMPLETE
+    assert 1 <= len(chain) <= STACK_GUEST_MAX and (why in unwind.REASONS or why == unwind.COMPLETE)
     assert chain[0] == ip
 
 
