@@ -70,6 +70,13 @@ struct vmprof_stack {
 #define STACK_COPY_BYTES 8192     /* bytes of user stack copied from RSP up (-DSTACK_COPY_BYTES=N, a power of two) */
 #endif
 #define USTACK_GUEST 0x01         /* vmprof_ustack.flags: a guest's stack, read through its page tables */
+/* vmprof_ustack.flags: a guest-kernel sample; data[] ends with the guest kernel's stack (KSTACK_TAIL bytes:
+ * its RSP, its RBP, then KSTACK_COPY_BYTES from that RSP up), unwound by the kernel's own call-frame
+ * information; the user stack it was entered from is the first `copied` bytes (at most
+ * STACK_COPY_BYTES - KSTACK_TAIL) */
+#define USTACK_GUEST_KERNEL 0x02
+#define KSTACK_COPY_BYTES 512
+#define KSTACK_TAIL (16 + KSTACK_COPY_BYTES)
 
 /* A bounded copy of a user stack and the registers unwinding starts from.  `copied` bytes from `sp` up
  * were read (a read stops at the first page that is not resident or not mapped); the rest is zero. */

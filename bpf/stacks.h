@@ -107,6 +107,39 @@ struct guest_user {
 	u64 ip, sp, bp;
 };
 
+#ifdef STACK_COPY
+/* A guest-kernel sample's kernel stack (cfi): KSTACK_COPY_BYTES from its RSP, read through the walk's window;
+ * `ok` says the copy is whole.  The slack lets the verifier bound the second read's offset + length. */
+struct kstack_scratch {
+	u64 sp, bp;
+	u8 data[KSTACK_COPY_BYTES];
+	u8 slack[KSTACK_COPY_BYTES];
+	u64 ok;
+};
+BPF_PERCPU_ARRAY(kstack_scratch, struct kstack_scratch, 1);
+
+static __always_inline void copy_kernel_stack(u64 *pages, u64 rsp, u64 rbp)
+{
+	int zero = 0;
+	struct kstack_scratch *k = kstack_scratch.lookup(&zero);
+	if (!k)
+		return;
+	k->ok = 0;
+	k->sp = rsp;
+	k->bp = rbp;
+	u64 off = rsp & 0xfff, first = 4096 - off;
+	if (first > KSTACK_COPY_BYTES)
+		first = KSTACK_COPY_BYTES;
+	asm volatile("" : "+r"(first));  /* the verifier must see the clamp on `first` itself, not on `off` */
+	if (!pages[0] || bpf_probe_read_user(k->data, first, (void *)(pages[0] + off)))
+		return;
+	if (first < KSTACK_COPY_BYTES &&
+	    (!pages[1] || bpf_probe_read_user(k->data + first, KSTACK_COPY_BYTES - first, (void *)pages[1])))
+		return;
+	k->ok = 1;
+}
+#endif
+
 static __always_inline void walk_guest_stack(void *vcpu, u64 rip, u64 cr3, struct vmprof_stack *st,
 					     struct guest_user *user)
 {
@@ -130,6 +163,10 @@ static __always_inline void walk_guest_stack(void *vcpu, u64 rip, u64 cr3, struc
 		if (!pages[k])
 			break;
 	}
+#ifdef STACK_COPY
+	if (user)
+		copy_kernel_stack(pages, read_u64(vcpu + VCPU_RSP), fp);
+#endif
 	for (int i = 1; i < STACK_GUEST_MAX; i++) {
 		u64 off = fp - base, ret = 0, next = 0;
 		if ((fp & 7) || off > (GUEST_STACK_PAGES << 12) - 16)
@@ -177,7 +214,8 @@ BPF_PERCPU_ARRAY(ustack_scratch, struct ustack_scratch, 1);
 
 /* Copy up to STACK_COPY_BYTES from `sp` up, page by page (a page of a guest through its page tables and
  * the memslots: m != 0), stopping at the first page that cannot be read; emit the record. */
-static __always_inline int copy_user_stack(struct vmprof_sample *s, u64 ip, u64 sp, u64 bp, struct guest_mem *m)
+static __always_inline int copy_user_stack(struct vmprof_sample *s, u64 ip, u64 sp, u64 bp, struct guest_mem *m,
+					   int kernel)
 {
 	int zero = 0;
 	struct ustack_scratch *u = ustack_scratch.lookup(&zero);
@@ -206,6 +244,15 @@ static __always_inline int copy_user_stack(struct vmprof_sample *s, u64 ip, u64 
 		done += len;
 	}
 	u->rec.copied = done > STACK_COPY_BYTES ? STACK_COPY_BYTES : done;
+#if STACK_COPY_BYTES >= 4 * KSTACK_TAIL
+	struct kstack_scratch *k = kernel ? kstack_scratch.lookup(&zero) : 0;
+	if (k && k->ok) {  /* the guest kernel's stack goes in the copy's last KSTACK_TAIL bytes */
+		if (u->rec.copied > STACK_COPY_BYTES - KSTACK_TAIL)
+			u->rec.copied = STACK_COPY_BYTES - KSTACK_TAIL;
+		bpf_probe_read_kernel(u->rec.data + STACK_COPY_BYTES - KSTACK_TAIL, KSTACK_TAIL, k);
+		u->rec.flags |= USTACK_GUEST_KERNEL;
+	}
+#endif
 	if (ustacks.ringbuf_output(&u->rec, sizeof(u->rec), BPF_RB_NO_WAKEUP)) {
 		ustacks_lost.increment(zero);
 		return -1;
@@ -213,7 +260,8 @@ static __always_inline int copy_user_stack(struct vmprof_sample *s, u64 ip, u64 
 	return 0;
 }
 
-static __always_inline int copy_guest_stack(void *vcpu, u64 rip, u64 sp, u64 bp, u64 cr3, struct vmprof_sample *s)
+static __always_inline int copy_guest_stack(void *vcpu, u64 rip, u64 sp, u64 bp, u64 cr3, struct vmprof_sample *s,
+					    int kernel)
 {
 	struct guest_mem m = {.cr3 = cr3};
 	void *kvm = (void *)read_u64(vcpu + VCPU_KVM);
@@ -221,7 +269,7 @@ static __always_inline int copy_guest_stack(void *vcpu, u64 rip, u64 sp, u64 bp,
 	if (!m.memslots)
 		return -1;
 	m.node_idx = read_u32(m.memslots + MEMSLOTS_NODE_IDX) & 1;
-	return copy_user_stack(s, rip, sp, bp, &m);
+	return copy_user_stack(s, rip, sp, bp, &m, kernel);
 }
 #endif
 
@@ -252,6 +300,7 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 		 * was entered from is copied (resolve/stacks.py joins the two) */
 		struct guest_user user = {};
 		walk_guest_stack(vcpu, s->guest_ip, s->guest_cr3, st, &user);
+		int entry_frame = user.ip != 0;  /* the walk met the entry frame: its kernel stack was copied */
 		u64 rsp = read_u64(vcpu + VCPU_RSP), rcx = read_u64(vcpu + VCPU_RCX);
 		if (!user.ip && rsp && rsp < GUEST_USER_TOP && rcx && rcx < GUEST_USER_TOP) {
 			/* still on the user stack: the kernel's SYSCALL entry before it switches stacks, or its SYSRET;
@@ -262,11 +311,11 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 			st->guest_depth = 1;
 			st->flags &= ~STACK_GUEST_PARTIAL;
 		}
-		if (user.ip && user.sp && copy_guest_stack(vcpu, user.ip, user.sp, user.bp, s->guest_cr3, s) == 0)
+		if (user.ip && user.sp && copy_guest_stack(vcpu, user.ip, user.sp, user.bp, s->guest_cr3, s, entry_frame) == 0)
 			st->flags |= STACK_USER_COPY;
 	} else if (guest) {
 		if (copy_guest_stack(vcpu, s->guest_ip, read_u64(vcpu + VCPU_RSP), read_u64(vcpu + VCPU_RBP),
-				     s->guest_cr3, s) == 0) {
+				     s->guest_cr3, s, 0) == 0) {
 			st->flags |= STACK_USER_COPY;
 		} else {  /* its copy could not be sent: the leaf, partial (and never a host chain) */
 			st->flags |= STACK_GUEST_WALKED | STACK_GUEST_PARTIAL;
@@ -275,14 +324,14 @@ static __always_inline s32 record_stacks(struct bpf_perf_event_data *ctx, struct
 		}
 	} else if (s->pid && !(s->flags & SAMPLE_HOST_KERNEL)) {
 		/* a host sample in user mode: the interrupted registers are the user's */
-		if (copy_user_stack(s, s->host_ip, ctx->regs.sp, ctx->regs.bp, 0) == 0)
+		if (copy_user_stack(s, s->host_ip, ctx->regs.sp, ctx->regs.bp, 0, 0) == 0)
 			st->flags |= STACK_USER_COPY;
 	} else if (s->pid) {
 		/* in the kernel on a task's behalf: its user registers are where it entered the kernel (a kernel
 		 * thread has none: not user mode there) */
 		struct pt_regs user = {};
 		bpf_probe_read_kernel(&user, sizeof(user), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
-		if ((user.cs & 3) == 3 && user.ip && copy_user_stack(s, user.ip, user.sp, user.bp, 0) == 0)
+		if ((user.cs & 3) == 3 && user.ip && copy_user_stack(s, user.ip, user.sp, user.bp, 0, 0) == 0)
 			st->flags |= STACK_USER_COPY;
 	}
 #else

@@ -4,8 +4,14 @@ static programs whose libraries (Debian's libquantum and libsqlite3) have no fra
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from conftest import Recorded, record_scenario
 from test_cfi import frames_of_vm
@@ -13,6 +19,17 @@ from test_cfi import frames_of_vm
 from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.callgraph import PARTIAL, CallGraph
 from vmprof_tui.demo import scenarios
+from vmprof_tui.record.bpf_records import (
+    KSTACK_TAIL,
+    SAMPLE_DTYPE,
+    SAMPLE_GUEST,
+    SAMPLE_GUEST_KERNEL,
+    USTACK_GUEST_KERNEL,
+    stack_rows,
+)
+from vmprof_tui.resolve.cfi import read_cfi
+from vmprof_tui.resolve.spaces import guest_symbols
+from vmprof_tui.resolve.unwind import COMPLETE, KernelRules, unwind_guest_kernel
 
 # the guest kernel's functions, and its code without a symbol (as the flame graphs name it)
 KERNEL_FRAMES = {"syscall_entry", "do_syscall", "call_vmm", "set_fs_base", "kentry", "[guest.kallsyms]"}
@@ -43,8 +60,8 @@ def test_real_programs_in_guests_reach_main(real: Recorded, program: str) -> Non
 
 
 def test_guest_kernel_chains_continue_into_user_code_to_main(real: Recorded) -> None:
-    """A sample in the guest kernel during sqlite's system calls: the kernel's frames (walked: the demo kernel keeps
-    frame pointers) syscall_entry → do_syscall → call_vmm, below them the user chain unwound by call-frame
+    """A sample in the guest kernel during sqlite's system calls: the kernel's frames (by the kernel's own CFI, else
+    walked by frame pointers) syscall_entry → do_syscall → call_vmm, below them the user chain unwound by call-frame
     information from the copy taken at the kernel's entry, to _start → main (before this, frame pointers ended it
     at the first library function).  Samples at the entry's first instruction or at its SYSRET, still on the user
     stack, continue from RCX (SYSCALL's user RIP) the same way."""
@@ -58,13 +75,44 @@ def test_guest_kernel_chains_continue_into_user_code_to_main(real: Recorded) -> 
     assert total > 500 and to_main >= 0.95 * total
 
 
+def test_guest_kernel_frames_by_its_cfi_equal_the_walked_ones(real: Recorded) -> None:
+    """A guest-kernel sample's copy ends with its kernel stack (bpf/stacks.h); unwound by the demo kernel's own
+    call-frame information (its ELF file in the VM's bundle, its entry's CFI directives in entry.S), its kernel
+    frames up to the entry frame's user RIP equal the frame-pointer walk of the same sample for >= 95%."""
+    rec = real.rec
+    bundle = guest_symbols("sqlite", rec.bundles["sqlite"]).bundle
+    assert bundle is not None and bundle.kernel is not None and bundle.kernel.object_path is not None
+    rules = KernelRules(read_cfi(bundle.kernel.object_path))
+    s, u = rec.samples, rec.ustacks
+    assert u is not None and len(rules.table)
+    rows, urows = stack_rows(s, rec.stacks), stack_rows(s, u)
+    kernel = ((s["flags"] & SAMPLE_GUEST) != 0) & (rows >= 0) & (urows >= 0) & (
+        ((s["flags"] & SAMPLE_GUEST_KERNEL) != 0) | (s["guest_ip"] >= 1 << 47))
+    at = np.nonzero(kernel & ((u["flags"][np.maximum(urows, 0)] & USTACK_GUEST_KERNEL) != 0))[0]
+    same = 0
+    for i, (chain, why) in zip(at.tolist(), unwind_guest_kernel(u, urows[at], s["guest_ip"][at], rules), strict=True):
+        w = rec.stacks[rows[i]]
+        walked = w["guest"][:w["guest_depth"]].tolist()
+        user = next((k for k, a in enumerate(walked) if a < 1 << 47), len(walked))
+        same += why == COMPLETE and chain == walked[:user + 1] and chain[-1] == int(u["ip"][urows[i]])
+    # what the kernel stack costs on disk: the copies compressed as the recording does (zstd), with and without it
+    import pyarrow as pa
+
+    copies = u[urows[at]].copy()
+    with_kernel = len(pa.compress(copies.tobytes(), codec="zstd", asbytes=True))
+    copies["data"][:, copies["data"].shape[1] - KSTACK_TAIL:] = 0
+    without = len(pa.compress(copies.tobytes(), codec="zstd", asbytes=True))
+    print(f"{len(at)} of {int(kernel.sum())} guest-kernel samples with their kernel stack; kernel frames by CFI "
+          f"equal the walked ones for {same} ({100 * same / max(len(at), 1):.2f}%); on disk "
+          f"{(with_kernel - without) / max(len(at), 1):.1f} bytes more per such sample")
+    assert len(at) > 500 and same >= 0.95 * len(at)
+
+
 def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
     """The walked kernel frames (up to the first user address) then the chain unwound from the copy; a missing copy
     keeps the kernel frames only; a deep pair is cut at the chain's limit, never beyond."""
-    import numpy as np
-
     from vmprof_tui.record.bpf_records import STACK_DTYPE, STACK_GUEST_MAX
-    from vmprof_tui.resolve.stacks import _below_guest_kernel
+    from vmprof_tui.resolve.stacks import _below_guest_kernel, _guest_kernel_frames
 
     k = [0xFFFFFFFF80001000 + i for i in range(3)]
     walked = np.zeros(3, STACK_DTYPE)
@@ -78,7 +126,58 @@ def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
     chains[1, :1] = [0x401000]
     chains[2, :] = 0x500000
     depth = np.array([3, 1, STACK_GUEST_MAX], np.uint8)
-    _below_guest_kernel(walked, chains, depth, np.arange(3), np.array([True, False, True]))
+    kernel = _guest_kernel_frames(np.zeros(3, SAMPLE_DTYPE), walked, np.full(3, -1), None, None, {}, None)
+    _below_guest_kernel(kernel, chains, depth, np.arange(3), np.array([True, False, True]))
     assert chains[0, :depth[0]].tolist() == [*k, 0x401000, 0x402000, 0x403000] and not chains[0, depth[0]:].any()
     assert chains[1, :depth[1]].tolist() == k and depth[1] == 3
     assert depth[2] == STACK_GUEST_MAX and chains[2, :3].tolist() == k and (chains[2, 3:] == 0x500000).all()
+
+
+def test_a_hostile_guest_kernel_stack_or_table_ends_partial(tmp_path: Path) -> None:
+    """The kernel stack is guest memory and the kernel's file comes from the guest's bundle: a saved RBP that
+    loops ends the kernel chain (a frame that does not climb), and a kernel file whose .debug_frame is garbage is
+    one note line, its samples then keep the frame-pointer walk."""
+    from test_cfi import _section
+
+    from vmprof_tui.demo import guestos
+    from vmprof_tui.record.bpf_records import ustack_dtype
+    from vmprof_tui.resolve.stacks import _kernel_rules
+    from vmprof_tui.resolve.unwind import NOT_CLIMBING
+
+    path = guestos.kernel_path()
+    rules = KernelRules(read_cfi(path))
+    image = guestos.KernelImage.load(path)
+    sp = image.symbols["kstack_top"] - 256
+    u = np.zeros(1, ustack_dtype(4 * KSTACK_TAIL))
+    tail = u["data"][0, 3 * KSTACK_TAIL:]
+    tail[:16] = np.array([sp, sp], np.uint64).view(np.uint8)  # RSP, and RBP = RSP: a frame whose saved RBP is itself
+    tail[16:32] = np.array([sp, image.symbols["do_syscall"] + 0x20], np.uint64).view(np.uint8)
+    leaf = np.array([image.symbols["call_vmm"] + 0x10], np.uint64)
+    [(chain, why)] = unwind_guest_kernel(u, np.zeros(1, np.int64), leaf, rules)
+    assert why == NOT_CLIMBING and chain == [int(leaf[0]), image.symbols["do_syscall"] + 0x20]
+
+    data = bytearray(path.read_bytes())
+    off, size = _section(bytes(data), ".debug_frame")
+    data[off:off + size] = b"\xff" * size
+    bad = tmp_path / "kernel"
+    bad.write_bytes(bytes(data))
+    notes: list[str] = []
+    vm = SimpleNamespace(bundle=SimpleNamespace(kernel=SimpleNamespace(object_path=bad)))
+    assert _kernel_rules(vm, notes) is None  # type: ignore[arg-type]
+    assert len(notes) == 1 and "\n" not in notes[0] and "frame pointers" in notes[0], notes
+    print(notes[0])
+
+
+def test_fuzz_guest_kernel_stack(tmp_path: Path) -> None:
+    """The atheris target `kstack` (tests/fuzz/fuzz_bundle.py): any kernel stack bytes and leaf unwound by the demo
+    kernel's CFI end within the chain's limit, for a bounded time: no crash, hang or OOM."""
+    script = Path(__file__).resolve().parent / "fuzz" / "fuzz_bundle.py"
+    (tmp_path / "corpus").mkdir()
+    proc = subprocess.run([sys.executable, str(script), "kstack", "-max_total_time=6", "-timeout=10",
+                           "-rss_limit_mb=4096", f"-artifact_prefix={tmp_path}/", str(tmp_path / "corpus")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=180,
+                          env={**os.environ, "VMPROF_FUZZ_SCRATCH": str(tmp_path)})
+    done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
+    crashes = [c.name for c in tmp_path.iterdir() if c.name.startswith(("crash-", "timeout-", "oom-"))]
+    print(done[-1] if done else proc.stderr[-2000:])
+    assert proc.returncode == 0 and done and not crashes, proc.stderr[-3000:]

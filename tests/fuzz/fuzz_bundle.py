@@ -7,8 +7,11 @@ TARGET is one of
   tar    raw archive bytes            -> load_bundle (tar, plain or gzip)
   bundle a tar built from the input   -> load_bundle (structured: member names, kinds, sizes, index)
   elf    object file bytes            -> elf_symbols_from_bytes (and the ELF lookups on success)
-  cfi    object file bytes            -> cfi_from_bytes (call-frame information; seeds: /usr/bin/true and a
-                                         demo program, whose .eh_frame / .debug_frame mutations then reach)
+  cfi    object file bytes            -> cfi_from_bytes (call-frame information; seeds: /usr/bin/true, a
+                                         demo program and the demo guest kernel, whose .eh_frame /
+                                         .debug_frame mutations then reach)
+  kstack a guest kernel's stack copy  -> unwind_guest_kernel with the demo guest kernel's call-frame
+                                         information (a guest-kernel sample's stack is guest memory)
 
 An empty corpus folder is first filled with seeds (the hand-made bundles of
 tests/data/bundles/hostile.py, a minimal ELF, /usr/bin/true).
@@ -40,7 +43,7 @@ with atheris.instrument_imports(include=["vmprof_tui", "elftools"]):
     import elftools.elf.elffile  # noqa: F401 - instrumented for coverage feedback
 
     from vmprof_tui.resolve import bundle as B
-    from vmprof_tui.resolve import cfi, elf
+    from vmprof_tui.resolve import cfi, elf, unwind
 
 import hostile  # noqa: E402 - after the instrumented import
 
@@ -174,7 +177,33 @@ def fuzz_cfi(data: bytes) -> None:
     table.row(0x401000)
 
 
-TARGETS = {"json": fuzz_json, "tar": fuzz_tar, "bundle": fuzz_bundle, "elf": fuzz_elf, "cfi": fuzz_cfi}
+_KERNEL: list = []  # the demo guest kernel's unwind rules, built once
+
+
+def fuzz_kstack(data: bytes) -> None:
+    import numpy as np
+
+    from vmprof_tui.record.bpf_records import KSTACK_TAIL, STACK_GUEST_MAX, ustack_dtype
+
+    if not _KERNEL:
+        from vmprof_tui.demo import guestos
+
+        _KERNEL.append(unwind.KernelRules(cfi.read_cfi(guestos.kernel_path())))
+    rules = _KERNEL[0]
+    fdp = atheris.FuzzedDataProvider(data)
+    starts = rules.starts
+    ip = starts[fdp.ConsumeIntInRange(0, len(starts) - 1)] + fdp.ConsumeIntInRange(0, 64) \
+        if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, (1 << 64) - 1)
+    u = np.zeros(1, ustack_dtype(4 * KSTACK_TAIL))
+    tail = fdp.ConsumeBytes(KSTACK_TAIL)
+    u["data"][0, 4 * KSTACK_TAIL - KSTACK_TAIL:][:len(tail)] = np.frombuffer(tail, np.uint8)
+    [(chain, why)] = unwind.unwind_guest_kernel(u, np.zeros(1, np.int64), np.array([ip], np.uint64), rules)
+    assert 1 <= len(chain) <= STACK_GUEST_MAX and (why in unwind.REASONS or why == unwind.COMPLETE)
+    assert chain[0] == ip
+
+
+TARGETS = {"json": fuzz_json, "tar": fuzz_tar, "bundle": fuzz_bundle, "elf": fuzz_elf, "cfi": fuzz_cfi,
+           "kstack": fuzz_kstack}
 
 
 def main() -> None:
@@ -219,6 +248,9 @@ def write_seeds(target: str, out: Path) -> None:
 
             (out / "true").write_bytes(Path("/usr/bin/true").read_bytes())
             (out / "chain-nofp").write_bytes(builds.program_path("chain-nofp").read_bytes())
+            from vmprof_tui.demo import guestos
+
+            (out / "kernel").write_bytes(guestos.kernel_path().read_bytes())
         elif target == "bundle":
             (out / "empty").write_bytes(b"\0" * 64)
     finally:

@@ -18,10 +18,12 @@ import numpy as np
 from vmprof_tui.collect.backends import Backend
 from vmprof_tui.record.bpf_records import (
     HOST_COUNT_KEY_DTYPE,
+    KSTACK_TAIL,
     SAMPLE_DTYPE,
     SCHED_DTYPE,
     STACK_COPY_BYTES,
     STACK_DTYPE,
+    USTACK_GUEST_KERNEL,
     ustack_dtype,
 )
 
@@ -241,8 +243,10 @@ class Collector:
         ustacks = stacks[1] if self.copies else None
         if ustacks is not None and len(ustacks):
             # the sampler's scratch buffer is reused: bytes past what this copy read are an older stack's
-            for i in np.flatnonzero(ustacks["copied"] < self.stack_copy_bytes).tolist():
-                ustacks["data"][i, ustacks["copied"][i]:] = 0
+            # (a guest-kernel sample's kernel stack at the end excepted)
+            tail = np.where(ustacks["flags"] & USTACK_GUEST_KERNEL, KSTACK_TAIL, 0)
+            for i in np.flatnonzero(ustacks["copied"] < self.stack_copy_bytes - tail).tolist():
+                ustacks["data"][i, ustacks["copied"][i]:self.stack_copy_bytes - int(tail[i])] = 0
         return Drained(samples, sched, stacks[0], self._new_host_stacks(stacks[0]), counts, ustacks)
 
     def _take_host_counts(self) -> np.ndarray:

@@ -39,6 +39,7 @@ KERNEL_BASE = 0xFFFFFFFF80000000
 KFLAGS = ["-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-no-pie", "-fno-pic",
           "-mcmodel=kernel", "-mno-red-zone", "-mgeneral-regs-only", "-fno-stack-protector", "-fcf-protection=none",
           "-fno-asynchronous-unwind-tables", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer",
+          "-g",  # .debug_frame: its call-frame information, in the VM's bundle (docs/stacks.md)
           "-Wl,--build-id=none"]
 USER_STACK_BYTES = 8 << 20
 MAILBOX = struct.Struct("<Q6QQQQQQQQ")  # kernel.h struct mailbox: nr, args, ret, rip, rsp, vector, error, cr2, fs_base
@@ -71,6 +72,7 @@ class KernelImage:
     symbols: dict[str, int]
     kallsyms: str  # its code symbols as a guest's /proc/kallsyms (for the VM's bundle)
     size: int  # bytes from KERNEL_BASE to the end of the image
+    path: Path  # its ELF file (the VM's bundle carries it)
 
     @classmethod
     def load(cls, path: Path) -> KernelImage:
@@ -90,7 +92,7 @@ class KernelImage:
                         code.append((sym["st_value"], sym.name))
         kallsyms = "".join(f"{a:016x} {'T'} {n}\n" for a, n in sorted(code))
         size = page_up(max(v + m for v, _, m in segments) - KERNEL_BASE)
-        return cls(segments, symbols, kallsyms, size)
+        return cls(segments, symbols, kallsyms, size, path)
 
 
 @dataclass

@@ -521,16 +521,19 @@ def write_bundle(vm: DemoVm, directory: Path) -> None:
     objects = directory / "objects"
     objects.mkdir(parents=True, exist_ok=True)
     copied: dict[Path, str] = {}
+
+    def copy(path: Path) -> str:  # a file into objects/, once
+        if path not in copied:
+            data = path.read_bytes()
+            (objects / (name := hashlib.sha256(data).hexdigest()[:32])).write_bytes(data)
+            copied[path] = f"objects/{name}"
+        return copied[path]
+
     processes = []
     for p in vm.processes:
-        if p.program not in copied:
-            data = p.program.read_bytes()
-            name = hashlib.sha256(data).hexdigest()[:32]
-            (objects / name).write_bytes(data)
-            copied[p.program] = f"objects/{name}"
         maps = [{"start": m.start, "end": m.end, "perms": m.perms, "offset": m.offset,
                  "path": m.path if m.path.startswith("[") else f"/bin/{p.name}",
-                 "object": None if m.path.startswith("[") else copied[p.program]}
+                 "object": None if m.path.startswith("[") else copy(p.program)}
                 for m in p.space.maps]
         processes.append({"pid": p.pid, "tids": [p.pid], "name": p.name,
                           "cmdline": p.argv or [f"/bin/{p.name}", *map(str, p.args)],
@@ -538,13 +541,12 @@ def write_bundle(vm: DemoVm, directory: Path) -> None:
                           "cr3": [p.space.cr3, p.space.cr3 + PAGE] if p.kernel is not None else [p.space.cr3]})
     kernel = None
     image = next((p.kernel.image for p in vm.processes if p.kernel is not None), None)
-    if image is not None:  # the guest kernel's symbols, as a Linux guest's kallsyms
+    if image is not None:  # the guest kernel's symbols, as a Linux guest's kallsyms, and its ELF file (its CFI)
         (directory / bundle_format.KALLSYMS).write_text(image.kallsyms)
         kernel = {"release": "vmprof demo guest kernel", "build_id": None, "kallsyms": bundle_format.KALLSYMS,
-                  "modules": []}
+                  "object": copy(image.path), "modules": []}
     bundle = {"format": bundle_format.FORMAT, "version": bundle_format.VERSION, "vm": vm.name,
-              "created_by": "vmprof demo VMM", "cr3_method": "vmm", "kernel": kernel,
-              "processes": processes}
+              "created_by": "vmprof demo VMM", "cr3_method": "vmm", "kernel": kernel, "processes": processes}
     tmp = directory / f"{bundle_format.INDEX}.tmp"
     tmp.write_text(json.dumps(bundle, indent=1))
     tmp.rename(directory / bundle_format.INDEX)

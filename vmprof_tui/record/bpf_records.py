@@ -64,6 +64,9 @@ STACK_GUEST_PARTIAL = 0x02
 STACK_HOST_USER_INLINE = 0x04  # a host user chain that lost its stack-map bucket, stored in guest[]
 STACK_USER_COPY = 0x08  # a vmprof_ustack record (same cpu, time_ns) holds the user stack (--call-graph cfi)
 USTACK_GUEST = 0x01  # vmprof_ustack.flags: a guest's stack
+USTACK_GUEST_KERNEL = 0x02  # ... a guest-kernel sample: data[] ends with its kernel stack (KSTACK_TAIL bytes)
+KSTACK_COPY_BYTES = 512  # of the guest kernel's stack, from its RSP up (bpf/sample.h)
+KSTACK_TAIL = 16 + KSTACK_COPY_BYTES  # its RSP, its RBP, then the bytes
 
 # vmprof_sched_event.flags
 SCHED_PREV_VCPU = 0x01

@@ -68,6 +68,7 @@ class GuestKernel:
     build_id: str | None
     symbols: KernelSymbols | None
     modules: list[GuestModule] = field(default_factory=list)
+    object_path: Path | None = None  # its ELF file: call-frame information for its own frames (unwind.py)
 
 
 @dataclass
@@ -197,6 +198,8 @@ def parse_index(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict:
         ks = c.str(kernel, "kallsyms", "kernel", optional=True)
         if ks is not None and ks != KALLSYMS:
             raise BundleError(f"kernel.kallsyms must be {KALLSYMS!r} or null, not {ks[:60]!r}")
+        if kernel.get("object") is not None:
+            check_object_name(kernel["object"], "kernel")
         for i, m in enumerate(c.list(kernel, "modules", "kernel", limits.max_list, optional=True)):
             c.obj(m, f"kernel.modules[{i}]")
             c.str(m, "name", f"kernel.modules[{i}]")
@@ -509,11 +512,17 @@ def load_bundle(path: Path, limits: Limits = DEFAULT_LIMITS, workdir: Path | Non
         raise BundleError(f"guest bundle {path}: {e}") from None
 
 
+def _object_refs(index: dict) -> list[tuple[str, str]]:
+    """(reference, key) of every object the index names: its maps' and the kernel's ELF file."""
+    refs = [m["object"] for p in index["processes"] for m in p.get("maps") or [] if m.get("object") is not None]
+    refs += [r for r in [(index.get("kernel") or {}).get("object")] if r is not None]
+    return [(r, check_object_name(r)) for r in refs]
+
+
 def _load_folder(path: Path, limits: Limits) -> GuestBundle:
     index_bytes, kallsyms = _read_dir(path, limits)
     index = parse_index(index_bytes, limits)
-    keys = {check_object_name(m["object"]) for p in index["processes"] for m in p.get("maps") or []
-            if m.get("object") is not None}
+    keys = {key for _ref, key in _object_refs(index)}
     objects = _check_dir_objects(path, keys, limits)
     _check_objects_are_elf(objects, limits)
     return _build(index, kallsyms, objects, path, path, limits)
@@ -533,13 +542,10 @@ def _load_tar(path: Path, limits: Limits, workdir: Path | None) -> GuestBundle:
         index_bytes, kallsyms, extracted = _extract_tar(path, work, limits)
         index = parse_index(index_bytes, limits)
         objects: dict[str, Path] = {}
-        for p in index["processes"]:
-            for m in p.get("maps") or []:
-                if m.get("object") is not None:
-                    key = check_object_name(m["object"])
-                    if key not in extracted:
-                        raise BundleError(f"{m['object']} is referenced but not in the archive")
-                    objects[key] = extracted[key]
+        for ref, key in _object_refs(index):
+            if key not in extracted:
+                raise BundleError(f"{ref} is referenced but not in the archive")
+            objects[key] = extracted[key]
         _check_objects_are_elf(objects, limits)
         bundle = _build(index, kallsyms, objects, path, work, limits)
     except BaseException:
@@ -554,13 +560,12 @@ def _build(index: dict, kallsyms: bytes | None, objects: dict[str, Path], source
     kernel = None
     k = index.get("kernel")
     if k is not None:
-        symbols = None
-        if k.get("kallsyms"):
-            if kallsyms is None:
-                raise BundleError("kernel.kallsyms names a file the bundle does not hold")
-            symbols = parse_kallsyms(kallsyms, limits)
+        if k.get("kallsyms") and kallsyms is None:
+            raise BundleError("kernel.kallsyms names a file the bundle does not hold")
+        symbols = parse_kallsyms(kallsyms, limits) if k.get("kallsyms") and kallsyms is not None else None
+        obj = k.get("object")
         kernel = GuestKernel(release=_opt_text(k.get("release"), limits), build_id=k.get("build_id"),
-                             symbols=symbols,
+                             symbols=symbols, object_path=objects[check_object_name(obj)] if obj else None,
                              modules=[GuestModule(safe_text(m["name"], 256), m["start"], m["size"])
                                       for m in k.get("modules") or []])
     processes = []

@@ -84,7 +84,7 @@ def empty_table(source: str = "") -> CfiTable:
 
 def read_cfi(path: Path, limits: Limits = DEFAULT_LIMITS) -> CfiTable:
     """The unwind table of an object file, parsed once per file content (or identity, for large files)."""
-    return parsed_once(path, "cfi2", limits, _parse_guarded, _to_arrays, _from_arrays)
+    return parsed_once(path, "cfi3", limits, _parse_guarded, _to_arrays, _from_arrays)
 
 
 def cfi_from_bytes(data: bytes, limits: Limits = DEFAULT_LIMITS, what: str = "object") -> CfiTable:
@@ -195,7 +195,7 @@ def _fde_rows(fde: object, rows: array.array) -> None:
     ra_reg = int(cie["return_address_register"])
     start = int(fde["initial_location"])  # type: ignore[index]
     end = start + int(fde["address_range"])  # type: ignore[index]
-    if end <= start or start < 0 or end >= 1 << 63:
+    if end <= start or start < 0 or end >= 1 << 64:
         return
     instructions = list(cie.instructions) + list(fde.instructions)  # type: ignore[attr-defined]
     if len(instructions) > MAX_INSTRUCTIONS:
@@ -209,13 +209,13 @@ def _fde_rows(fde: object, rows: array.array) -> None:
     signal = SIGNAL_FRAME if b"S" in bytes(cie["augmentation"] or b"") else 0
 
     def emit(upto: int) -> None:
-        if upto > loc and loc < end:  # rows stay inside the FDE's range (and int64)
+        if upto > loc and loc < end:  # rows stay inside the FDE's range (addresses as int64 bit patterns)
             kind, reg, off, plt = state["cfa"]
             if not 0 <= reg < 64 or off == UNSUPPORTED:
                 kind, reg, off = CFA_UNSUPPORTED, 0, 0
             ra, bp = state[RA], state[RBP]
             flags = signal | (RA_AT_SP if isinstance(ra, tuple) else 0) | (BP_AT_SP if isinstance(bp, tuple) else 0)
-            rows.extend((loc, min(upto, end), kind, reg, off, ra[1] if isinstance(ra, tuple) else ra,
+            rows.extend((_signed(loc), _signed(min(upto, end)), kind, reg, off, ra[1] if isinstance(ra, tuple) else ra,
                          bp[1] if isinstance(bp, tuple) else bp, plt, flags))
 
     def set_reg(reg: int, rule: int | tuple[str, int]) -> None:
@@ -273,6 +273,11 @@ def _fde_rows(fde: object, rows: array.array) -> None:
             state.update(remembered.pop())
         # nop, GNU_args_size, GNU_window_save: nothing to follow
     emit(end)
+
+
+def _signed(addr: int) -> int:
+    """An address below 2**64 as the int64 of its bits (a kernel's high addresses; `_table` reads them back)."""
+    return addr - (1 << 64) if addr >= 1 << 63 else addr
 
 
 def _clamp(off: int) -> int:

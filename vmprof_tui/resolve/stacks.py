@@ -34,13 +34,25 @@ from vmprof_tui.record.bpf_records import (
     STACK_GUEST_WALKED,
     STACK_HOST_USER_INLINE,
     STACK_USER_COPY,
+    USTACK_GUEST_KERNEL,
     stack_rows,
 )
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
+from vmprof_tui.resolve.cfi import read_cfi
 from vmprof_tui.resolve.resolver import GUEST_KERNEL_MODULE, KERNEL_MODULE, UNKNOWN, Resolver
-from vmprof_tui.resolve.spaces import AddressSpace
+from vmprof_tui.resolve.spaces import AddressSpace, GuestSymbols
 from vmprof_tui.resolve.symtab import EMPTY_KERNEL, KernelSymbols
-from vmprof_tui.resolve.unwind import COMPLETE, LOST, Rules, reason_notes, unwind
+from vmprof_tui.resolve.untrusted import BundleError
+from vmprof_tui.resolve.unwind import (
+    COMPLETE,
+    LOST,
+    REASONS,
+    KernelRules,
+    Rules,
+    reason_notes,
+    unwind,
+    unwind_guest_kernel,
+)
 
 KERNEL_HALF = np.uint64(0xFFFF800000000000)
 # Where a complete user chain of a host process or thread starts (glibc, musl, Go, Rust runtimes).
@@ -177,8 +189,10 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
         at = np.nonzero(have)[0]
         chains[at], depth[at], reason[at] = unwind(ustacks, urows[at], [spaces[i] for i in at.tolist()], rules)
     in_kernel = guest & (((s["flags"] & SAMPLE_GUEST_KERNEL) != 0) | (s["guest_ip"] >= GUEST_USER_TOP))
-    if in_kernel.any():  # the guest kernel's own frames, walked, above the user chain it was entered from
-        _below_guest_kernel(st[idx[in_kernel]], chains, depth, np.nonzero(in_kernel)[0], have)
+    if in_kernel.any():  # the guest kernel's own frames above the user chain it was entered from
+        at = np.nonzero(in_kernel)[0]
+        kernel = _guest_kernel_frames(s[at], st[idx[at]], urows[at], ustacks, resolver, vm_of_pid, out)
+        _below_guest_kernel(kernel, chains, depth, at, have)
     st["flags"][idx] &= np.uint8(~STACK_GUEST_PARTIAL & 0xFF)  # a walk's verdict; the unwinding's is below
     st["guest"][idx] = chains
     st["guest_depth"][idx] = depth
@@ -189,15 +203,64 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     out.notes += rules.notes
 
 
-def _below_guest_kernel(walked: np.ndarray, chains: np.ndarray, depth: np.ndarray, rows: np.ndarray,
+def _guest_kernel_frames(s: np.ndarray, walked: np.ndarray, urows: np.ndarray, ustacks: np.ndarray | None,
+                         resolver: Resolver, vm_of_pid: MappingOf[int, str], out: SampleStacks) -> list[np.ndarray]:
+    """Each guest-kernel sample's own frames, leaf first, above the user RIP its entry frame returns to: unwound
+    by the kernel's call-frame information (its ELF file in the VM's bundle) from the kernel stack copied at the
+    end of the user stack's copy (bpf/stacks.h), else as the sampler walked them by frame pointers, the reason
+    counted in the notes."""
+    frames = []
+    for w in walked:
+        f = w["guest"][:min(int(w["guest_depth"]), STACK_GUEST_MAX)]
+        user = f < GUEST_USER_TOP
+        frames.append(f[:int(np.argmax(user))] if user.any() else f)
+    if ustacks is None or not len(ustacks):
+        return frames
+    flagged = (urows >= 0) & ((ustacks["flags"][np.maximum(urows, 0)] & USTACK_GUEST_KERNEL) != 0)
+    fallback: dict[str, int] = {}
+    by_cfi = 0
+    for pid in set(s["pid"][flagged].tolist()):
+        sel = np.nonzero(flagged & (s["pid"] == pid))[0]
+        rules = _kernel_rules(resolver.guests.get(vm_of_pid.get(pid, f"vm-{pid}")), out.notes)
+        if rules is None:
+            why = "the VM's bundle has no call-frame information of its kernel"
+            fallback[why] = fallback.get(why, 0) + len(sel)
+            continue
+        unwound = unwind_guest_kernel(ustacks, urows[sel], s["guest_ip"][sel], rules)
+        for i, (chain, reason), user_ip in zip(sel.tolist(), unwound, ustacks["ip"][urows[sel]].tolist(), strict=True):
+            if reason == COMPLETE and chain[-1] == user_ip:
+                frames[i] = np.array(chain[:-1], np.uint64)
+                by_cfi += 1
+            else:
+                why = REASONS.get(reason, "a return address other than the entry frame's user RIP")
+                fallback[why] = fallback.get(why, 0) + 1
+    notes = out.level_notes.setdefault("guest", [])
+    if by_cfi:
+        notes.append(f"{by_cfi} guest-kernel samples: kernel frames by the guest kernel's call-frame information")
+    notes += [f"{n} guest-kernel samples: kernel frames by frame pointers ({why})" for why, n in fallback.items()]
+    return frames
+
+
+def _kernel_rules(g: GuestSymbols | None, notes: list[str]) -> KernelRules | None:
+    """The unwind rules of a VM's guest kernel, or None (no ELF file in its bundle, or one without CFI)."""
+    path = g.bundle.kernel.object_path if g is not None and g.bundle is not None and g.bundle.kernel else None
+    if path is None:
+        return None
+    try:
+        table = read_cfi(path)
+    except (BundleError, OSError) as e:
+        notes.append(f"guest kernel: {e}: its frames by frame pointers")
+        return None
+    return KernelRules(table) if len(table) else None
+
+
+def _below_guest_kernel(kernel: list[np.ndarray], chains: np.ndarray, depth: np.ndarray, rows: np.ndarray,
                         have: np.ndarray) -> None:
     """Guest-kernel samples whose user stack was copied at the kernel's entry (bpf/stacks.h): each chain becomes
-    the walked kernel frames (up to the first user address, the entry frame's return) and then the user chain
-    unwound from the copy, which starts at that same user address (none if the copy is missing: partial)."""
-    for w, row in zip(walked, rows.tolist(), strict=True):
-        n = min(int(w["guest_depth"]), STACK_GUEST_MAX)
-        frames = w["guest"][:n]
-        k = int(np.argmax(frames < GUEST_USER_TOP)) if (frames < GUEST_USER_TOP).any() else n
+    the kernel frames and then the user chain unwound from the copy, which starts at the user address the entry
+    frame returns to (none if the copy is missing: partial)."""
+    for frames, row in zip(kernel, rows.tolist(), strict=True):
+        k = len(frames)
         user = chains[row, :depth[row]].copy() if have[row] else chains[row, :0].copy()
         m = min(len(user), STACK_GUEST_MAX - k)
         chains[row, :k] = frames[:k]

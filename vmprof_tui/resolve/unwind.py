@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmprof_tui.record.bpf_records import STACK_GUEST_MAX
+from vmprof_tui.record.bpf_records import KSTACK_TAIL, STACK_GUEST_MAX
 from vmprof_tui.resolve.cfi import (
     BP_AT_SP,
     CFA_DEREF,
@@ -57,6 +57,7 @@ REASONS = {LOST: "the stack copy was lost (its ring buffer was full)",
            TOO_DEEP: f"deeper than {STACK_GUEST_MAX} frames"}
 _U64 = struct.Struct("<Q")
 _MASK = (1 << 64) - 1
+GUEST_USER_TOP = 1 << 47  # guest addresses below are user space (the sampler's GUEST_USER_TOP)
 _NO_CFI = (-1, 0, 0, 0, 0, 0, 0)  # an object without call-frame information: frame pointers
 _NO_ROW = (-2, 0, 0, 0, 0, 0, 0)  # an object with CFI that has no row for the address
 Rule = tuple[int, int, int, int, int, int, int]  # cfa kind, register, offset; ra, rbp rules; plt threshold; flags
@@ -140,18 +141,41 @@ class Rules:
                 link = pc + obj.link_delta if obj.link_delta is not None else \
                     int(obj.symbols.link_addrs(obj.mapping, np.array([pc], np.uint64))[0])  # type: ignore[union-attr]
                 t, i = obj.table, bisect.bisect_right(obj.starts, link) - 1
-                rule = _NO_ROW if i < 0 or link >= int(t.end[i]) else (
-                    int(t.cfa_kind[i]), int(t.cfa_reg[i]), int(t.cfa_off[i]), int(t.ra[i]), int(t.bp[i]),
-                    int(t.plt_at[i]), int(t.flags[i]))
+                rule = _NO_ROW if i < 0 or link >= int(t.end[i]) else _rule(t, i)
         if len(self._rules) >= 1 << 20:
             self._rules.clear()
         self._rules[key] = rule
         return rule
 
 
-def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: AddressSpace | None, rules: Rules
-               ) -> tuple[list[int], int]:
-    """(the chain leaf first: ip then return addresses, why it ended) of one stack copy `data` taken at `sp`."""
+@dataclass
+class KernelRules:
+    """The rules of a guest kernel linked where it runs, from its ELF file in the VM's bundle (no mappings:
+    `space` is unused)."""
+    table: CfiTable
+    starts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.starts = self.table.start.tolist()
+
+    def is_entry(self, space: object, pc: int) -> bool:
+        return False
+
+    def rule(self, space: object, pc: int) -> Rule:
+        t, i = self.table, bisect.bisect_right(self.starts, pc) - 1
+        return _NO_ROW if i < 0 or pc >= int(t.end[i]) else _rule(t, i)
+
+
+def _rule(t: CfiTable, i: int) -> Rule:
+    return (int(t.cfa_kind[i]), int(t.cfa_reg[i]), int(t.cfa_off[i]), int(t.ra[i]), int(t.bp[i]), int(t.plt_at[i]),
+            int(t.flags[i]))
+
+
+def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: object, rules: Rules | KernelRules,
+               user_top: int | None = None) -> tuple[list[int], int]:
+    """(the chain leaf first: ip then return addresses, why it ended) of one stack copy `data` taken at `sp`.
+    With `user_top` (a guest kernel's stack), the first return address below it is the entry frame's user RIP:
+    the chain ends there, complete."""
     chain = [ip]
     if space is None:
         return chain, NO_MAPPING
@@ -205,6 +229,8 @@ def unwind_one(ip: int, sp: int, bp: int | None, data: bytes, space: AddressSpac
         if len(chain) >= STACK_GUEST_MAX:
             return chain, TOO_DEEP
         chain.append(ra)
+        if user_top is not None and ra < user_top:
+            return chain, COMPLETE
         sp, pc, exact = cfa & _MASK, ra, bool(flags & SIGNAL_FRAME)
 
 
@@ -223,6 +249,19 @@ def unwind(ustacks: np.ndarray, rows: np.ndarray, spaces: list[AddressSpace | No
         chains[i, :len(chain)] = chain
         depth[i], reason[i] = len(chain), why
     return chains, depth, reason
+
+
+def unwind_guest_kernel(ustacks: np.ndarray, rows: np.ndarray, leaves: np.ndarray, rules: KernelRules
+                        ) -> list[tuple[list[int], int]]:
+    """A guest-kernel sample's kernel frames, leaf first, through its entry frame's user RIP (the last), and why
+    they ended, from the kernel stack at the end of each copy (`USTACK_GUEST_KERNEL`, bpf/sample.h)."""
+    tails = ustacks["data"][rows, ustacks["data"].shape[1] - KSTACK_TAIL:]
+    out = []
+    for ip, tail in zip(leaves.tolist(), tails, strict=True):
+        raw = tail.tobytes()
+        sp, bp = _U64.unpack_from(raw, 0)[0], _U64.unpack_from(raw, 8)[0]
+        out.append(unwind_one(ip, sp, bp, raw[16:], rules, rules, GUEST_USER_TOP))
+    return out
 
 
 def reason_notes(reason: np.ndarray, what: str) -> list[str]:

@@ -183,6 +183,18 @@ def json_absolute(d: Path) -> Path:
     return write_folder(d / "json-absolute", index(["/etc/passwd"]))
 
 
+def kernel_object_traversal(d: Path) -> Path:
+    """The guest kernel's ELF file (its call-frame information) named outside objects/."""
+    kernel = {"release": "6.1", "build_id": None, "kallsyms": None, "object": "objects/../../etc/passwd",
+              "modules": []}
+    return write_folder(d / "kernel-object-traversal", index(kernel=kernel))
+
+
+def kernel_object_missing(d: Path) -> Path:
+    kernel = {"release": "6.1", "build_id": None, "kallsyms": None, "object": "objects/kernel", "modules": []}
+    return write_tar(d / "kernel-object-missing.tar", good_members(index(kernel=kernel)))
+
+
 def folder_symlink_object(d: Path) -> Path:
     root = write_folder(d / "folder-symlink", index(["objects/evil"]), objects={})
     os.symlink("/etc/passwd", root / "objects" / "evil")
@@ -306,6 +318,8 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "pax-bomb": (pax_bomb, "extended header"),
     "json-traversal": (json_traversal, "path traversal"),
     "json-absolute": (json_absolute, "absolute path"),
+    "kernel-object-traversal": (kernel_object_traversal, "path traversal"),
+    "kernel-object-missing": (kernel_object_missing, "not in the archive"),
     "folder-symlink-object": (folder_symlink_object, "symbolic link"),
     "folder-symlink-objects-dir": (folder_symlink_objects_dir, "link is not followed"),
     "folder-symlink-index": (folder_symlink_index, "symbolic link"),

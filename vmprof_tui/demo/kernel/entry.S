@@ -2,12 +2,15 @@
 #include "kernel.h"
 
 	.text
+	.cfi_sections .debug_frame  /* as gcc's for kernel.c (-g, no unwind tables): the VM's bundle carries it */
 /* Boot, at CPL 0 on this process's kernel stack: rdi = user entry, rsi = user stack,
  * rdx = guest-physical address of the virtual-IF area.  Registers the area first (the fork
  * runs CPL-0 code natively only once it is registered), then enters user mode. */
 	.globl kentry
 	.type kentry, @function
 kentry:
+	.cfi_startproc
+	.cfi_undefined rip  /* nothing called it: the outermost frame */
 	mov $MSR_PVM_VIF, %ecx
 	mov %rdx, %rax
 	or $1, %rax
@@ -30,6 +33,7 @@ kentry:
 	xor %r14d, %r14d
 	xor %r15d, %r15d
 	sysretq
+	.cfi_endproc
 	.size kentry, . - kentry
 
 /* SYSCALL from user mode: rax = number, rdi rsi rdx r10 r8 r9 = arguments, rcx = user rip,
@@ -37,13 +41,26 @@ kentry:
 	.globl syscall_entry
 	.type syscall_entry, @function
 	.balign 16
+/* Its call-frame information (read by resolve/unwind.py from the VM's bundle) names the kernel stack's top
+ * as the entry frame's CFA: the user RIP at CFA - 16, the user RBP at CFA - 24 and the user RSP at CFA - 8,
+ * where the unwinder leaves the kernel stack for the user's.  Before the switch and after it back, the
+ * user RIP is in RCX: a register in a register, which the unwinder does not follow. */
 syscall_entry:
+	.cfi_startproc simple
+	.cfi_def_cfa rsp, 0
+	.cfi_register rip, rcx
 	mov %rsp, user_rsp(%rip)
 	lea kstack_top(%rip), %rsp
 	pushq user_rsp(%rip)
+	.cfi_def_cfa_offset 8
 	push %rcx
+	.cfi_def_cfa_offset 16
+	.cfi_offset rip, -16
 	push %rbp
+	.cfi_def_cfa_offset 24
+	.cfi_offset rbp, -24
 	mov %rsp, %rbp
+	.cfi_def_cfa_register rbp
 	push %r11
 	push %rax
 	push %rdi
@@ -65,9 +82,15 @@ syscall_entry:
 	add $8, %rsp
 	pop %r11
 	pop %rbp
+	.cfi_def_cfa rsp, 16
+	.cfi_same_value rbp
 	pop %rcx
+	.cfi_def_cfa_offset 8
+	.cfi_register rip, rcx
 	mov user_rsp(%rip), %rsp
+	.cfi_def_cfa_offset 0
 	sysretq
+	.cfi_endproc
 	.size syscall_entry, . - syscall_entry
 
 /* Exception stubs, 16 bytes apart: vectors that push no error code push a zero. */
