@@ -193,7 +193,10 @@ def test_pprof_guest_level(twoprocs: tuple[Recorded, Analysis]) -> None:
         assert st[-1] == f"[{VM}]"
         if st[0] in ("compute_a", "compute_b"):
             assert st[1] in (f"{VM}/compute(1) [1]", f"{VM}/compute(2) [2]") and len(st) == 3
-    assert any(st[0].startswith("[steal] (") for st in d.stacks)
+    # the profile's virtual rows (steal by cause, idle: whatever this run had; a quiet pCPU may give no steal),
+    # each a leaf of its own; a row under 1.5 samples may round to none (cumulative rounding)
+    virtual = {f"{r.function} {r.module}" for r in g.rows if r.kind != RowKind.FUNCTION and r.samples >= 1.5}
+    assert virtual <= leaves
 
 
 def test_pprof_host_level_splits_vms(twoprocs: tuple[Recorded, Analysis]) -> None:
