@@ -4,7 +4,7 @@
  * 4 x ROUND_ITERS iterations and compute_b 1 x ROUND_ITERS, so compute_a takes
  * 80% and compute_b 20% of the time spent in the two (the small helpers
  * mix_result and report_progress take well under 1%).
- * Parameters: a = iterations per round unit (0: default), b = rounds (0: forever).
+ * Parameters: a = iterations per round unit on average (0: default), b = rounds (0: forever).
  * Progress is reported every REPORT_EVERY rounds (each report is an exit to the VMM).
  */
 #include "guest_rt.h"
@@ -48,10 +48,16 @@ int main(unsigned long iters, unsigned long rounds, unsigned long c, unsigned lo
 	(void)c; (void)d;
 	if (iters == 0)
 		iters = 200000;
-	unsigned long x = 12345;
+	unsigned long x = 12345, jitter = 88172645463325252UL;
 	for (unsigned long r = 0; rounds == 0 || r < rounds; r++) {
-		x = compute_a(x, iters);
-		x = compute_b(x, iters);
+		/* a round of 0.5-1.5 x iters units (iters on average): rounds of one length would beat with a
+		 * periodic sampler (a phase of the round seen again and again) and bias the 80/20 split */
+		jitter ^= jitter << 13;
+		jitter ^= jitter >> 7;
+		jitter ^= jitter << 17;
+		unsigned long n = iters / 2 + jitter % (iters + 1);
+		x = compute_a(x, n);
+		x = compute_b(x, n);
 		mix_result(x);
 		if ((r + 1) % REPORT_EVERY == 0)
 			report_progress(REPORT_EVERY);
