@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, require_root, vmprof
+from vmprof_tui.estimate import cost_code
 from vmprof_tui.estimate import predict as P
-from vmprof_tui.estimate import predict_costs
+from vmprof_tui.estimate.syscall_names import syscall_name, syscall_names
 
 KNOWN = ROOT / "tests/native/predict_known.c"
 
@@ -217,8 +218,8 @@ def test_costs_run_and_parse(tmp_path: Path) -> None:
 
 def test_machine_code_matches_its_source(tmp_path: Path) -> None:
     """The embedded bytes are the assembly in predict_costs (binutils come with gcc)."""
-    for name, asm, code in (("snippets", predict_costs.SNIPPETS_ASM, predict_costs.SNIPPETS_CODE),
-                            ("forker", predict_costs.FORKER_ASM, predict_costs.FORKER_CODE)):
+    for name, asm, code in (("snippets", cost_code.SNIPPETS_ASM, cost_code.SNIPPETS_CODE),
+                            ("forker", cost_code.FORKER_ASM, cost_code.FORKER_CODE)):
         src, obj, binary = tmp_path / f"{name}.s", tmp_path / f"{name}.o", tmp_path / f"{name}.bin"
         src.write_text(asm)
         subprocess.run(["as", "-o", str(obj), str(src)], check=True)
@@ -226,13 +227,13 @@ def test_machine_code_matches_its_source(tmp_path: Path) -> None:
         assert binary.read_bytes() == code, name
     syms = subprocess.run(["nm", str(tmp_path / "snippets.o")], capture_output=True, text=True, check=True).stdout
     offsets = {line.split()[2]: int(line.split()[0], 16) for line in syms.splitlines()}
-    assert offsets == predict_costs.SNIPPETS
+    assert offsets == cost_code.SNIPPETS
 
 
 def test_syscall_names_from_the_machine() -> None:
-    names = P.syscall_names()
+    names = syscall_names()
     assert names[0] == "read" and names[110] == "getppid" and names[59] == "execve"
-    assert P.syscall_name(100000, names) == "syscall_100000"
+    assert syscall_name(100000, names) == "syscall_100000"
 
 
 def test_deeply_nested_json_in_counts_costs_and_model_files_gives_one_line(tmp_path: Path) -> None:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from vmprof_tui import bounded_json, files
+from vmprof_tui.estimate.syscall_names import syscall_name, syscall_names
 
 COUNTS_FORMAT = "vmprof-predict-counts"
 COSTS_FORMAT = "vmprof-predict-costs"
@@ -43,34 +43,9 @@ COST_NAMES = ("compute_loop", "null_syscall", "open_close", "read_4k", "read_64k
 # durable (pwrite64 + fdatasync); without them those calls are charged a null syscall, as a fallback.
 OPTIONAL_COSTS = ("stat", "write_sync")
 
-UNISTD_HEADERS = ("/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "/usr/include/asm/unistd_64.h",
-                  "/usr/include/asm-generic/unistd.h")
-
 
 class PredictError(RuntimeError):
     """One line for the user: what is wrong and what to do."""
-
-
-# ---------------------------------------------------------------------------
-# syscall names
-
-
-def syscall_names(headers: tuple[str, ...] = UNISTD_HEADERS) -> dict[int, str]:
-    """Number -> name from the first readable unistd_64.h (libc6-dev); {} if none."""
-    pattern = re.compile(r"^#define\s+__NR_(\w+)\s+(\d+)\s*$", re.M)
-    for h in headers:
-        try:
-            text = Path(h).read_text()
-        except OSError:
-            continue
-        table = {int(nr): name for name, nr in pattern.findall(text)}
-        if table:
-            return table
-    return {}
-
-
-def syscall_name(nr: int, table: dict[int, str]) -> str:
-    return table.get(nr, f"syscall_{nr}")
 
 
 # ---------------------------------------------------------------------------

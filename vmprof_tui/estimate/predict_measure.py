@@ -35,9 +35,8 @@ from vmprof_tui.estimate.predict import (
     Counts,
     PredictError,
     SyscallCount,
-    syscall_name,
-    syscall_names,
 )
+from vmprof_tui.estimate.syscall_names import syscall_name, syscall_names
 from vmprof_tui.libc import LIBC
 
 BPF_FILE = BPF_DIR / "syscalls.bpf.c"

@@ -31,8 +31,8 @@ from vmprof_tui.estimate.predict import (
     Counts,
     PredictError,
     SyscallCount,
-    syscall_names,
 )
+from vmprof_tui.estimate.syscall_names import syscall_names
 
 NEIGHBOUR = "neighbour"  # the busy VM beside the target on its pCPU (the demo's compute program)
 MAX_OUTPUT_LINES = 64
