@@ -9,6 +9,7 @@ who held the pCPU, in seconds of each vCPU's wall time."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,11 +23,13 @@ from vmprof_tui.analyse.blanks import (
     IRQ_CAUSE,
     THROTTLED_CAUSE,
     WAKEUP_CAUSE,
+    Cause,
     steal_of_type,
 )
 from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.record.bpf_records import SAMPLE_VCPU
+from vmprof_tui.record.recording import Recording
 
 
 def attributions(an: Analysis, vm: str, per_function: bool = True) -> list[Attribution]:
@@ -75,10 +78,10 @@ def attributions(an: Analysis, vm: str, per_function: bool = True) -> list[Attri
     return sorted(out, key=lambda a: -a.apparent_ns)
 
 
-def host_run_delay(an: Analysis, tl: VcpuTimeline) -> tuple[int, int, int] | None:
+def host_run_delay(rec: Recording, tl: VcpuTimeline) -> tuple[int, int, int] | None:
     """(from, to, ns): the run-queue wait the host's own scheduler counted for the vCPU thread between two
     readings of /proc schedstat (the session's first and last), or None when the recording has none."""
-    for vm in an.rec.vms():
+    for vm in rec.vms():
         if int(vm.get("pid", -1)) == tl.pid:
             r = (vm.get("run_delay_ns") or {}).get(str(tl.tid))
             if r and len(r) == 4 and r[2] > r[0]:
@@ -108,10 +111,10 @@ def type1_by_cause_between(tl: VcpuTimeline, lo: int, hi: int) -> dict[str, floa
     return out
 
 
-def exits_to_vmm(an: Analysis, tid: int) -> dict[str, int]:
+def exits_to_vmm(rec: Recording, tid: int) -> dict[str, int]:
     """How often KVM_RUN returned to the VMM for this vCPU thread during the recording, by kvm_run exit reason
     (recorded by the sched program; empty for recordings made before it counted them)."""
-    counts = ((an.rec.end or {}).get("vmm_exits") or {}).get(str(tid)) or {}
+    counts = ((rec.end or {}).get("vmm_exits") or {}).get(str(tid)) or {}
     out: dict[str, int] = {}
     for reason, n in counts.items():
         name = exits.KVM_RUN_EXITS.get(int(reason), f"exit {reason}")
@@ -119,78 +122,111 @@ def exits_to_vmm(an: Analysis, tid: int) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+@dataclass
+class VcpuCounts:
+    """What vcpu_steal reads of a vCPU thread's samples, in counts that add across pieces of a recording
+    (analyse/stream_steal.py sums them): its samples, those in guest mode, those of KVM polling the halted vCPU,
+    per exit reason those of KVM handling an exit (not polling), and those of the VMM in user space."""
+    samples: int = 0
+    guest: int = 0
+    polling: int = 0
+    exits: dict[int, int] = field(default_factory=dict)
+    vmm_user: int = 0
+
+    def add(self, other: VcpuCounts) -> None:
+        self.samples += other.samples
+        self.guest += other.guest
+        self.polling += other.polling
+        self.vmm_user += other.vmm_user
+        for reason, n in other.exits.items():
+            self.exits[reason] = self.exits.get(reason, 0) + n
+
+
+def vcpu_counts(an: Analysis, idx: np.ndarray, polled: np.ndarray) -> VcpuCounts:
+    """The counts of one vCPU thread's samples `idx` (ascending), of which `polled` caught KVM polling."""
+    s = an.samples
+    guest = an.is_guest[idx]
+    vmm = idx[~guest]
+    in_kvm = (s["flags"][vmm] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
+    exiting = vmm[in_kvm & ~arrays.member(vmm, polled)]
+    reasons, n = np.unique(s["exit_reason"][exiting], return_counts=True)
+    return VcpuCounts(len(idx), int(np.count_nonzero(guest)), len(polled),
+                      dict(zip(reasons.tolist(), n.tolist(), strict=True)), int(np.count_nonzero(~in_kvm)))
+
+
 def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     """Per vCPU of `vm`: guest, idle and steal time, type 1 by cause and by who held the pCPU, type 2 by
     exit reason, co-stop, halt polling, and the host's own run-queue wait beside vmprof's."""
-    s = an.samples
-    in_kvm = (s["flags"] & SAMPLE_VCPU) != 0  # vCPU loaded: KVM handling an exit; else the VMM in user space
-    vcpus = []
+    out = []
     for tl in sorted(an.vm_timelines(vm), key=lambda t: t.vcpu):
-        thread = an.vcpus.thread_mask(tl)
-        polling = np.zeros(len(s), bool)  # KVM polling the halted vCPU
-        polling[an.vcpus.polling_samples(tl)] = True
-        period = an.vcpus.sample_ns(tl)  # so that guest time, type 2 and polling add up to the exact on-CPU time
-        guest_ns = float(np.count_nonzero(thread & an.is_guest)) * period
-        vmm = thread & ~an.is_guest
-        by_exit: dict[str, float] = defaultdict(float)
-        by_name: dict[str, float] = defaultdict(float)
-        for reason, n in zip(*np.unique(s["exit_reason"][vmm & in_kvm & ~polling], return_counts=True), strict=True):
-            by_exit[exits.exit_category(an.backend, int(reason))] += float(n) * period
-            by_name[exits.exit_name(an.backend, int(reason))] += float(n) * period
-        vmm_user = int(np.count_nonzero(vmm & ~in_kvm))
-        to_vmm = exits_to_vmm(an, tl.tid)
-        total_exits = sum(to_vmm.values())
-        if vmm_user and total_exits:
-            # what the VMM did in user space, shared among the exits it served by their counts
-            for name, n in to_vmm.items():
-                by_exit[f"vmm user space ({name})"] += float(vmm_user) * period * n / total_exits
-        elif vmm_user:
-            by_exit["vmm user space"] += float(vmm_user) * period
-        split = an.blank_split(tl, in_ns=True)
-        idle = split.get(IDLE_CAUSE, 0.0)
-        blocked = split.get(BLOCKED_CAUSE, 0.0)
-        if blocked:
-            by_exit["vmm blocked"] += blocked
-        who: dict[str, float] = defaultdict(float)
-        for b in tl.blanks:
-            if b.kind == BlankKind.PREEMPTED:
-                for holder, ns in b.holders().items():
-                    who[holder] += ns
-        type1 = steal_of_type(split, 1)
-        type2 = float(sum(by_exit.values()))
-        wall = float(tl.wall_ns) or 1.0
-        causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
-                  "irq": split.get(IRQ_CAUSE, 0.0)}
-        causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
-        poll_ns = an.vcpus.poll_ns(tl)
-        host = host_run_delay(an, tl)
-        mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
-        vcpus.append({
-            "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
-            "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
-            "steal_type2_s": type2 / 1e9,
-            "ratios": _ratios(wall, guest_ns, idle, type1, type2, causes, tl.costop_ns, poll_ns),
-            "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
-            "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
-            "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
-            "type2_in_kvm_by_exit_name_s": {k: v / 1e9 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])},
-            **({"exits_to_vmm": to_vmm} if to_vmm else {}),  # a recording's (not a live window's)
-            # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
-            "skew_s": tl.costop_ns / 1e9,
-            # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same
-            "irq_while_running_s": tl.irq_running_ns / 1e9,
-            # KVM polling halts (sched events: exact; samples: KVM with the vCPU halted)
-            "halt_poll_s": poll_ns / 1e9, "halts": tl.halts, "halts_ended_by_polling": tl.halt_polls_ok,
-            # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
-            "host_reported_steal_s": type1 / 1e9,
-            # the host's own count of that delay (schedstat) between the session's first and last reading of
-            # it, and vmprof's type 1 by cause over the same span; None when the recording has no readings
-            "host_run_delay": None if host is None else {
-                "span_s": (host[1] - host[0]) / 1e9, "host_s": host[2] / 1e9,
-                "vmprof_type1_by_cause_s": {k: v / 1e9 for k, v in mine_then.items()},
-                "difference_s": (host[2] - sum(mine_then.values())) / 1e9},
-        })
-    return vcpus
+        counts = vcpu_counts(an, an.vcpus.thread_samples(tl), an.vcpus.polling_samples(tl))
+        out.append(vcpu_entry(an.rec, an.backend, tl, counts, an.vcpus.sample_ns(tl), an.blank_split(tl, in_ns=True),
+                              an.vcpus.poll_ns(tl)))
+    return out
+
+
+def vcpu_entry(rec: Recording, backend: str, tl: VcpuTimeline, counts: VcpuCounts, period: float,
+               split: dict[Cause, float], poll_ns: float) -> dict:
+    """One vCPU's entry of vcpu_steal from its timeline, its samples' counts, the on-CPU time one of its samples
+    stands for (`period`: so that guest time, type 2 and polling add up to the exact on-CPU time), its blank time
+    by cause in ns, and its halt polling in ns."""
+    guest_ns = float(counts.guest) * period
+    by_exit: dict[str, float] = defaultdict(float)
+    by_name: dict[str, float] = defaultdict(float)
+    for reason, n in sorted(counts.exits.items()):
+        by_exit[exits.exit_category(backend, int(reason))] += float(n) * period
+        by_name[exits.exit_name(backend, int(reason))] += float(n) * period
+    vmm_user = counts.vmm_user
+    to_vmm = exits_to_vmm(rec, tl.tid)
+    total_exits = sum(to_vmm.values())
+    if vmm_user and total_exits:
+        # what the VMM did in user space, shared among the exits it served by their counts
+        for name, n in to_vmm.items():
+            by_exit[f"vmm user space ({name})"] += float(vmm_user) * period * n / total_exits
+    elif vmm_user:
+        by_exit["vmm user space"] += float(vmm_user) * period
+    idle = split.get(IDLE_CAUSE, 0.0)
+    blocked = split.get(BLOCKED_CAUSE, 0.0)
+    if blocked:
+        by_exit["vmm blocked"] += blocked
+    who: dict[str, float] = defaultdict(float)
+    for b in tl.blanks:
+        if b.kind == BlankKind.PREEMPTED:
+            for holder, ns in b.holders().items():
+                who[holder] += ns
+    type1 = steal_of_type(split, 1)
+    type2 = float(sum(by_exit.values()))
+    wall = float(tl.wall_ns) or 1.0
+    causes = {"wakeup": split.get(WAKEUP_CAUSE, 0.0), "throttled": split.get(THROTTLED_CAUSE, 0.0),
+              "irq": split.get(IRQ_CAUSE, 0.0)}
+    causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
+    host = host_run_delay(rec, tl)
+    mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
+    return {
+        "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
+        "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,
+        "steal_type2_s": type2 / 1e9,
+        "ratios": _ratios(wall, guest_ns, idle, type1, type2, causes, tl.costop_ns, poll_ns),
+        "type1_by_cause_s": {k: v / 1e9 for k, v in causes.items()},
+        "type1_by_holder_s": {k: v / 1e9 for k, v in sorted(who.items(), key=lambda kv: -kv[1])},
+        "type2_by_exit_s": {k: v / 1e9 for k, v in sorted(by_exit.items(), key=lambda kv: -kv[1])},
+        "type2_in_kvm_by_exit_name_s": {k: v / 1e9 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])},
+        **({"exits_to_vmm": to_vmm} if to_vmm else {}),  # a recording's (not a live window's)
+        # co-stop: waiting for a pCPU while a sibling vCPU ran (on any pCPU; part of type 1)
+        "skew_s": tl.costop_ns / 1e9,
+        # IRQ time of its pCPU while it ran: inside its guest time, taken from the guest all the same
+        "irq_while_running_s": tl.irq_running_ns / 1e9,
+        # KVM polling halts (sched events: exact; samples: KVM with the vCPU halted)
+        "halt_poll_s": poll_ns / 1e9, "halts": tl.halts, "halts_ended_by_polling": tl.halt_polls_ok,
+        # what KVM reports to the guest as steal: run-queue delay of the vCPU thread
+        "host_reported_steal_s": type1 / 1e9,
+        # the host's own count of that delay (schedstat) between the session's first and last reading of
+        # it, and vmprof's type 1 by cause over the same span; None when the recording has no readings
+        "host_run_delay": None if host is None else {
+            "span_s": (host[1] - host[0]) / 1e9, "host_s": host[2] / 1e9,
+            "vmprof_type1_by_cause_s": {k: v / 1e9 for k, v in mine_then.items()},
+            "difference_s": (host[2] - sum(mine_then.values())) / 1e9},
+    }
 
 
 def _ratios(wall: float, guest: float, idle: float, type1: float, type2: float, causes: dict[str, float],
@@ -232,6 +268,13 @@ def add_vcpu_steal(spans: list[list[dict]]) -> list[dict]:
 
 
 def steal_report(an: Analysis, vm: str) -> dict:
+    return report_of(vm, vcpu_steal(an, vm), attributions(an, vm, per_function=False), attributions(an, vm),
+                     an.notes)
+
+
+def report_of(vm: str, vcpus: list[dict], processes: list[Attribution], functions: list[Attribution],
+              notes: list[str]) -> dict:
+    """`vmprof steal`'s report of a VM from its vCPUs' entries and its attributions per process and function."""
     def corrected(a: Attribution) -> dict:
         apparent = a.apparent_ns
         return {"process": a.process, "function": a.function, "module": a.module, "vcpu": a.vcpu,
@@ -240,6 +283,5 @@ def steal_report(an: Analysis, vm: str) -> dict:
                 # what a guest could do with the steal the host reports to it: subtract the run-queue wait
                 "host_steal_corrected_s": (apparent - a.steal_type1_ns) / 1e9}
 
-    functions = [corrected(a) for a in attributions(an, vm)]
-    processes = [corrected(a) for a in attributions(an, vm, per_function=False)]
-    return {"vm": vm, "vcpus": vcpu_steal(an, vm), "processes": processes, "functions": functions, "notes": an.notes}
+    return {"vm": vm, "vcpus": vcpus, "processes": [corrected(a) for a in processes],
+            "functions": [corrected(a) for a in functions], "notes": notes}

@@ -68,11 +68,8 @@ class VcpuSamples:
         key = tl.pid << 32 | tl.tid
         if key not in self._polling:
             idx = self.thread_samples(tl)
-            flags = self.samples["flags"][idx]
-            polled = ~self.is_guest[idx] & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
-            if tl.poll_intervals is not None:
-                polled &= _inside(self.samples["time_ns"][idx], tl.poll_intervals)
-            self._polling[key] = idx[polled]
+            s = self.samples
+            self._polling[key] = idx[polled(s["time_ns"][idx], s["flags"][idx], self.is_guest[idx], tl)]
         return self._polling[key]
 
     def poll_ns(self, tl: VcpuTimeline) -> float:
@@ -83,10 +80,7 @@ class VcpuSamples:
 
     def exact_poll_ns(self, tl: VcpuTimeline) -> int | None:
         """How long KVM polled the vCPU's halts by its kvm_vcpu_wakeup records (None: the recording has none)."""
-        if tl.poll_intervals is None:
-            return None
-        clipped = np.clip(tl.poll_intervals, tl.start_ns, tl.end_ns)
-        return int((clipped[:, 1] - clipped[:, 0]).sum())
+        return exact_poll_ns(tl)
 
     def thread_mask(self, tl: VcpuTimeline) -> np.ndarray:
         """The samples of one vCPU thread as a mask (made on each call: masks of many threads would take
@@ -94,6 +88,23 @@ class VcpuSamples:
         mask = np.zeros(len(self.samples), bool)
         mask[self.thread_samples(tl)] = True
         return mask
+
+
+def exact_poll_ns(tl: VcpuTimeline) -> int | None:
+    """VcpuSamples.exact_poll_ns: of the timeline alone."""
+    if tl.poll_intervals is None:
+        return None
+    clipped = np.clip(tl.poll_intervals, tl.start_ns, tl.end_ns)
+    return int((clipped[:, 1] - clipped[:, 0]).sum())
+
+
+def polled(times: np.ndarray, flags: np.ndarray, is_guest: np.ndarray, tl: VcpuTimeline) -> np.ndarray:
+    """Which of a vCPU thread's samples (their times, flags, guest mode) caught KVM polling its halted vCPU
+    (VcpuSamples.polling_samples)."""
+    out = ~is_guest & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+    if tl.poll_intervals is not None:
+        out &= _inside(times, tl.poll_intervals)
+    return out
 
 
 def thread_sample_ns(samples: int, on_cpu_ns: float, polling: int, exact_poll_ns: int | None,

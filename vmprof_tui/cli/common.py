@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
     from vmprof_tui.analyse.analysis import Analysis
     from vmprof_tui.analyse.stream import StreamedAnalysis
+    from vmprof_tui.analyse.stream_steal import StreamedSteal
+    from vmprof_tui.record.stream import Scanned
 
-A = TypeVar("A", "Analysis", "StreamedAnalysis")
+A = TypeVar("A", "Analysis", "StreamedAnalysis", "StreamedSteal")
 
 
 LARGE_RECORDING = 64 << 20  # bytes (a million samples or so): memory before speed, see return_freed_memory
@@ -240,6 +242,38 @@ def _checked(args: argparse.Namespace, an: A, bundles: dict[str, Path]) -> A:
     return an
 
 
+def _scanned_large(args: argparse.Namespace, rows: int) -> Scanned | None:
+    """REC scanned (record/stream.scan) when it has more samples than a piece and can be read a piece at a time;
+    None: load it whole."""
+    from vmprof_tui.record.stream import sample_rows, scan
+
+    if sample_rows(Path(recording_path(args))) <= rows:  # a look at the chunk headers: small ones load whole
+        return None
+    scanned = scan(Path(args.recording))
+    return scanned if scanned is not None and scanned.samples > rows else None
+
+
+def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
+    """REC for `vmprof steal`, its samples read a piece at a time (analyse/stream_steal.py) when it is larger than
+    a piece and can be read so (and no --time-range); None: load it whole (load_analysis)."""
+    from vmprof_tui.analyse import stream, stream_steal
+    from vmprof_tui.record.recording import RecordingError
+
+    if args.time_range or (scanned := _scanned_large(args, stream.PIECE_ROWS)) is None:
+        return None
+    bundles = _parse_bundles(args.guest_bundle)
+    with contextlib.suppress(OSError):
+        if os.path.getsize(args.recording) > LARGE_RECORDING:
+            return_freed_memory()
+    try:
+        an = stream_steal.StreamedSteal(scanned, bundles, stream.PIECE_ROWS)
+    except RecordingError as e:
+        raise Failure(str(e)) from None
+    except stream.WholeNeeded:
+        return None
+    return _checked(args, an, bundles)
+
+
 def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
                   piece_rows: int | None = None) -> StreamedAnalysis | None:
     """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
@@ -247,13 +281,9 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
     None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters)."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
-    from vmprof_tui.record.stream import sample_rows, scan
 
     rows = piece_rows or stream.PIECE_ROWS
-    if sample_rows(Path(recording_path(args))) <= rows:  # a look at the chunk headers: small ones load whole
-        return None
-    scanned = scan(Path(args.recording))
-    if scanned is None or scanned.samples <= rows:
+    if (scanned := _scanned_large(args, rows)) is None:
         return None
     bundles = _parse_bundles(args.guest_bundle)
     try:

@@ -1,0 +1,184 @@
+"""`vmprof steal` of a recording whose samples are read a piece at a time (analyse/stream_steal.py) against the same
+report of the whole recording (the reference): byte for byte, as table and JSON, for every VM.  The recordings are
+a synthetic one with every kind of blank (halts woken or not, halt polling, preemptions by host tasks and by a
+sibling vCPU with the pCPU's IRQs, throttling, the VMM blocked), some of them open across several pieces, and the
+stored demo recording of three VMs (tests/data/golden)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synth import GUEST_CR3, MS, VMX_EPT_VIOLATION, VMX_IO, VMX_MSR_WRITE, SynthRecording, busy_recording
+
+from vmprof_tui.analyse import stream
+from vmprof_tui.analyse.stream_steal import StreamedSteal
+from vmprof_tui.cli import main
+from vmprof_tui.record.stream import pieces, scan
+from vmprof_tui.resolve.prepare import recording_end
+
+SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between samples
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
+
+
+def varied_recording(path: Path, seconds: float) -> Path:
+    """2 VMs of 2 vCPUs on 3 CPUs (web's two share CPU 1: a sibling holds the pCPU; db's share CPU 2), guest
+    processes by CR3, and off each CPU every kind of blank.  Three are long, across several pieces (500 ms each):
+    web's vCPU 0 preempted over [30%, 55%) with IRQs on its CPU, db's vCPU 0 halted over [60%, 80%) and woken near
+    the end, db's vCPU 1 throttled over [40%, 52%) with the kernel's throttled time recorded when it runs again."""
+    rng = np.random.default_rng(11)
+    b = SynthRecording(frequency=1000, cpus=3)
+    web = b.vm("web", pid=100, vcpus={0: 101, 1: 102})
+    db = b.vm("db", pid=200, vcpus={0: 201, 1: 202})
+    cr3s = [GUEST_CR3, 0x2000, 0x3000]
+    for vm in (web, db):
+        for pid, name, cr3 in zip((1, 50, 60), ("init", "nginx", "postgres"), cr3s, strict=True):
+            b.guest_process(vm, pid, name, cr3)
+    vcpus = [(web, 0, 1), (web, 1, 1), (db, 0, 2), (db, 1, 2)]  # (VM, vCPU, its CPU)
+    slots = int(seconds * 1e9) // SLOT
+    long_off = {0: (30, 55), 2: (60, 80), 3: (40, 52)}  # vCPU index -> % of the recording it stays off its CPU
+    off = {i: range(slots * a // 100, slots * z // 100) for i, (a, z) in long_off.items()}
+    runs = np.zeros((len(vcpus), slots), bool)
+    in_user = np.zeros((len(vcpus), slots), bool)  # ran in VMM user space at the end of the slot
+    for slot in range(slots):
+        t0, t1 = slot * SLOT, (slot + 1) * SLOT
+        b.host_task(500 + slot % 3, "app", cpu=0, start_ns=t0, end_ns=t1, kernel=bool(slot % 2))
+        for cpu in (1, 2):
+            mine = [i for i, v in enumerate(vcpus) if v[2] == cpu and slot not in off.get(i, ())]
+            choice = int(rng.integers(0, 4))
+            if choice >= len(mine):
+                if choice == 3:
+                    b.host_task(600 + cpu, "worker", cpu=cpu, start_ns=t0, end_ns=t1)
+                continue
+            vm, vcpu, _cpu = vcpus[mine[choice]]
+            runs[mine[choice], slot] = True
+            split = t0 + int(rng.integers(1, SLOT // MS)) * MS
+            b.run(vm, vcpu, cpu=cpu, start_ns=t0, end_ns=split, kernel=bool(rng.integers(0, 2)),
+                  guest_cr3=cr3s[int(rng.integers(0, 3))])
+            in_user[mine[choice], slot] = not rng.integers(0, 3)
+            b.vmm_work(vm, vcpu, cpu=cpu, start_ns=split, end_ns=t1,
+                       exit_reason=(VMX_IO, VMX_MSR_WRITE, VMX_EPT_VIOLATION)[int(rng.integers(0, 3))],
+                       in_kernel=not in_user[mine[choice], slot])
+            if rng.random() < 0.2:  # a short halt that polling ended while the thread ran
+                b.halt_end(vm, vcpu, split - MS // 2, 50_000, polled=True)
+    for cpu in (1, 2):  # the pCPUs' interrupts, now and then
+        for t in rng.integers(0, slots * SLOT - MS, 300).tolist():
+            b.irq(cpu, t, t + int(rng.integers(5_000, 80_000)))
+    for i, (vm, vcpu, _cpu) in enumerate(vcpus):  # each stretch off the CPU
+        edges = np.flatnonzero(np.diff(np.concatenate([[1], runs[i].astype(int), [1]])))
+        for a, z in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+            lo, hi = a * SLOT, z * SLOT
+            last = z >= slots
+            r = 0.0 if last else rng.random()
+            if i in off and a <= off[i].start < z:  # the long ones
+                r = {0: 0.6, 2: 0.0, 3: 0.8}[i]
+            if r < 0.45 and a > 0 and in_user[i, a - 1]:  # a halt leaves from KVM, not from VMM user space
+                r = 0.95
+            if r < 0.35:
+                wake = hi - MS // 2 if i == 2 else lo + int(rng.integers(0, hi - lo))
+                b.halt(vm, vcpu, start_ns=lo, end_ns=hi, wakeup_ns=None if last else wake)
+                if not last:
+                    b.halt_end(vm, vcpu, wake, wake - lo, polled=False)
+            elif r < 0.45:
+                b.halt(vm, vcpu, start_ns=lo, end_ns=hi)
+                b.throttled_wakeup(vm, vcpu, lo + (hi - lo) // 3, hi, (hi - lo) // 4)
+            elif r < 0.75:
+                b.preempt(vm, vcpu, start_ns=lo, end_ns=hi)
+            elif r < 0.9:
+                b.preempt(vm, vcpu, start_ns=lo, end_ns=hi, throttled=True, throttled_ns=(hi - lo) // 2)
+            else:
+                b.block(vm, vcpu, start_ns=lo, end_ns=hi)
+    return b.write(path)
+
+
+@pytest.fixture(scope="module")
+def varied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return varied_recording(tmp_path_factory.mktemp("stream_steal") / "varied.vmprof", 6.0)
+
+
+def steal(args: list[str], piece_rows: int, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+          streamed: bool) -> str:
+    """`vmprof steal`'s output, checking that it was read a piece at a time (streamed) or whole."""
+    made = []
+    init = StreamedSteal.__init__
+    monkeypatch.setattr(stream, "PIECE_ROWS", piece_rows)
+    monkeypatch.setattr(StreamedSteal, "__init__", lambda self, *a, **k: made.append(1) or init(self, *a, **k))
+    assert main(["steal", *args]) == 0
+    assert bool(made) == streamed
+    return capsys.readouterr().out
+
+
+CASES = [["--format", "json"], ["--format", "table"], ["--vm", "db", "--format", "json"]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=" ".join)
+@pytest.mark.parametrize("piece_rows", [1000, 1733, 4000])
+def test_streamed_steal_is_the_whole_steal(varied: Path, case: list[str], piece_rows: int,
+                                           capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [str(varied), *case]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert steal(args, piece_rows, capsys, monkeypatch, streamed=True) == whole
+
+
+def test_varied_recording_has_blanks_open_across_pieces(varied: Path) -> None:
+    """What the byte-for-byte test stands on: many pieces, blanks of every cause, and blanks open across a piece
+    edge (a halt woken in a later piece, a preemption with IRQ time, a throttled wait ended by the kernel's count
+    in a later piece)."""
+    scanned = scan(varied)
+    edges = [p.hi for p in pieces(scanned, 1000, lambda a, z: recording_end(a, z, scanned.rec.end))][:-1]
+    assert len(edges) >= 10
+    an = StreamedSteal(scanned, piece_rows=1000)
+    assert an.pieces == len(edges) + 1
+    crossing = {tl.vm: [b for b in tl.blanks if any(b.start_ns < e < b.end_ns for e in edges)]
+                for tl in an.timelines.values()}
+    long = {(tl.vm, tl.vcpu): max((b.duration_ns for b in tl.blanks), default=0) for tl in an.timelines.values()}
+    assert long[("web", 0)] > 1_000 * MS and long[("db", 0)] > 1_000 * MS and long[("db", 1)] > 500 * MS
+    kinds = {b.kind.name for blanks in crossing.values() for b in blanks}
+    assert {"IDLE", "PREEMPTED", "THROTTLED"} <= kinds
+    report = an.steal_report("web")
+    v0 = report["vcpus"][0]
+    assert v0["type1_by_cause_s"]["irq"] > 0 and v0["type1_by_cause_s"]["throttled"] > 0
+    assert "vcpu1" in v0["type1_by_holder_s"] and v0["skew_s"] > 0 and v0["halts"] > 0
+    assert any(a["attributed_steal_s"] > 0 for a in report["functions"])
+    assert len({a["process"] for a in report["processes"]}) >= 3
+
+
+@pytest.mark.parametrize("case", [["--format", "json"], ["--format", "table"]], ids=" ".join)
+@pytest.mark.parametrize("piece_rows", [100, 500])
+def test_streamed_steal_of_the_demo_recording_is_the_whole_steal(case: list[str], piece_rows: int,
+                                                                 capsys: pytest.CaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three demo VMs (a real recording: guest names from bundles, halt polling, exits to the VMM)."""
+    args = [str(GOLDEN), *case]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert steal(args, piece_rows, capsys, monkeypatch, streamed=True) == whole
+
+
+@pytest.mark.parametrize("case", [["--format", "json"], ["--format", "table"]], ids=" ".join)
+def test_streamed_steal_with_a_cpu_idle_before_its_first_switch(tmp_path: Path, case: list[str],
+                                                                 capsys: pytest.CaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4th CPU idle, with no switch on it, over the first pieces (its first switch leaves idle)."""
+    args = [str(busy_recording(tmp_path / "late.vmprof", 6.0, late_cpu=True)), *case]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert steal(args, 1000, capsys, monkeypatch, streamed=True) == whole
+
+
+def test_steal_of_a_vcpu_thread_the_vm_list_misses_is_read_whole(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VM that only its samples name is known to the whole recording from all of them: read whole."""
+    args = [str(busy_recording(tmp_path / "unlisted.vmprof", 6.0, unlisted_vm=True)), "--format", "json"]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    assert "vm-300" in whole
+    assert steal(args, 1000, capsys, monkeypatch, streamed=True) == whole
+
+
+def test_streamed_steal_holds_no_samples(varied: Path) -> None:
+    """What is kept across pieces is per vCPU thread and per key, not per sample."""
+    an = StreamedSteal(scan(varied), piece_rows=1000)
+    samples = scan(varied).samples
+    for t in an.threads.values():
+        assert len(t.by_function.samples) <= 10 and len(t.by_process.samples) <= 4
+        assert t.counts.samples < samples
+    assert not hasattr(an, "samples")
