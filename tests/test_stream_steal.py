@@ -99,11 +99,11 @@ def varied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def steal(args: list[str], piece_rows: int, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
           streamed: bool) -> str:
-    """`vmprof steal`'s output, checking that it was read a piece at a time (streamed) or whole."""
+    """`vmprof steal`'s output, checking that it was read a piece at a time to the end (streamed) or whole."""
     made = []
     init = StreamedSteal.__init__
     monkeypatch.setattr(stream, "PIECE_ROWS", piece_rows)
-    monkeypatch.setattr(StreamedSteal, "__init__", lambda self, *a, **k: made.append(1) or init(self, *a, **k))
+    monkeypatch.setattr(StreamedSteal, "__init__", lambda self, *a, **k: init(self, *a, **k) or made.append(1))
     assert main(["steal", *args]) == 0
     assert bool(made) == streamed
     return capsys.readouterr().out
@@ -171,7 +171,7 @@ def test_steal_of_a_vcpu_thread_the_vm_list_misses_is_read_whole(tmp_path: Path,
     args = [str(busy_recording(tmp_path / "unlisted.vmprof", 6.0, unlisted_vm=True)), "--format", "json"]
     whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
     assert "vm-300" in whole
-    assert steal(args, 1000, capsys, monkeypatch, streamed=True) == whole
+    assert steal(args, 1000, capsys, monkeypatch, streamed=False) == whole  # tried, given up
 
 
 def test_streamed_steal_holds_no_samples(varied: Path) -> None:

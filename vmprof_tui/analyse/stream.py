@@ -219,8 +219,9 @@ class StreamedAnalysis:
     def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
         return sorted((vcpu, v.tid) for (v_vm, vcpu), v in self.vcpus.items() if v_vm == vm)
 
-    def _rows(self, summed: _Rows, vm: str | None) -> list[Row]:
-        """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code."""
+    def _rows(self, summed: _Rows, vm: str | None, by_vm: bool = True) -> list[Row]:
+        """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code
+        (by_vm=False: by name code, as aggregate orders samples of one VM's processes, analyse/stream_stacks.py)."""
         counts = summed.all
         names = counts.names
         if names is None or not len(counts.codes):
@@ -230,7 +231,7 @@ class StreamedAnalysis:
         code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
         upids, inverse = arrays.unique(pids, return_inverse=True)  # a row's VM code by its pid: pids are few
         vm_code = np.array([code_of_pid.get(p, 0) for p in upids.tolist()], np.int64)[inverse]
-        order = np.lexsort((counts.codes, vm_code))
+        order = np.lexsort((counts.codes, vm_code)) if by_vm else np.arange(len(counts.codes))
         codes = counts.codes[order]
         kernel = np.zeros(len(counts.codes))
         kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes

@@ -127,6 +127,9 @@ class StreamedSteal:
         resolver = Resolver()
         snapshot = rec.snapshot
         for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end))):
+            if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
+                # a sample that came a whole piece late: the carried keys would be out of the whole's order
+                raise WholeNeeded("samples out of order across pieces")
             part = Recording(rec.path, rec.meta, piece.samples, sched[:0], snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems))
             prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True)

@@ -149,13 +149,15 @@ class Schedule:
         """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs.  Of the
         switches before the span analysed, only the last (what the CPU ran as the span began): a chunk's sched events
         begin with the last switch of each CPU and of each vCPU thread (SwitchContext), and a vCPU thread's
-        may be older than its CPU's."""
+        may be older than its CPU's.  Of those after it, none: a streamed piece's sched events end with the first
+        switch of each thread after it (analyse/stream.py first_switches), not every switch of each CPU, and a
+        switch from idle among them, without the switch to idle before it, made the CPU look idle from the start."""
         on_cpu = dict(arrays.group_by(self.sched["cpu"], cpu_order(self.sched)))
         if self.range_ns is not None:
-            t, lo = self.sched["time_ns"], np.uint64(self.range_ns[0])
+            t, (lo, hi) = self.sched["time_ns"], (np.uint64(r) for r in self.range_ns)
             for cpu, at in on_cpu.items():
-                before = int(np.searchsorted(t[at], lo))
-                on_cpu[cpu] = at[max(before - 1, 0):]
+                before, after = np.searchsorted(t[at], [lo, hi]).tolist()
+                on_cpu[cpu] = at[max(before - 1, 0):after]
         return on_cpu
 
     def timelines(self, thread_samples: dict[int, np.ndarray], sample_times: np.ndarray) -> dict[int, VcpuTimeline]:

@@ -275,10 +275,11 @@ def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
 
 
 def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
-                  piece_rows: int | None = None) -> StreamedAnalysis | None:
+                  piece_rows: int | None = None, stacks: bool = False) -> StreamedAnalysis | None:
     """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
     or of every VM) when it is larger than a piece and can be read so (an intact recording without call stacks);
-    None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters)."""
+    None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks:
+    for the stack formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows)."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
 
@@ -287,7 +288,12 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
         return None
     bundles = _parse_bundles(args.guest_bundle)
     try:
-        an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
+        if stacks:
+            from vmprof_tui.analyse.stream_stacks import StreamedStacks
+
+            an = StreamedStacks(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
+        else:
+            an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
     except RecordingError as e:
         raise Failure(str(e)) from None
     except stream.WholeNeeded:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from vmprof_tui.analyse.shares import Profile, Row
 
 ORDERED = ("table", "json", "csv")  # the formats whose rows --sort orders
+FLAT = ("collapsed", "pprof", "speedscope", "svg")  # stack formats whose stacks are rows without call stacks
 KNOWN_SHOWN = 8  # functions named when --callers matches none
 Filters = list[tuple[str, Callable[["Row"], bool]]]  # (what, test) of a row filter
 
@@ -120,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
     # made from the profiles alone; -K/-U with --percentage absolute also analyse the level without them
     absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
-    streamable = args.format in ORDERED and not (args.children or args.callers or args.time_range
-                                                 or args.cpu is not None or absolute_mode)
-    an = (streamable and load_streamed(args, level, bool(filters))) or load_analysis(args)
+    streamable = args.format in ORDERED + FLAT and not (args.children or args.callers or args.time_range
+                                                        or args.cpu is not None or absolute_mode)
+    an = (streamable and load_streamed(args, level, bool(filters), stacks=args.format in FLAT)) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)

@@ -22,6 +22,7 @@ from vmprof_tui.analyse.analysis import Analysis, vm_rows
 from vmprof_tui.analyse.callgraph import call_graph
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import Profile, Row, process_name
+from vmprof_tui.analyse.stream_stacks import StreamedStacks
 from vmprof_tui.mapping import Mapping
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
@@ -113,21 +114,23 @@ def path_stacks(an: Analysis, profile: Profile, cpu: int | None) -> list[Stack]:
     return sorted(out, key=lambda st: -st.samples)
 
 
-def profile_stacks(an: Analysis | None, profile: Profile, cpu: int | None = None,
+def profile_stacks(an: Analysis | StreamedStacks | None, profile: Profile, cpu: int | None = None,
                    limit: int | None = None) -> list[Stack]:
     """The stacks of one profile, largest row first (at most `limit` rows); VM rows of the host level are
     split when an Analysis is given; with call stacks recorded, function and VM rows are call paths."""
-    if an is not None and call_graph(an).recorded:
+    if an is not None and an.rec.stacks is not None:  # call_graph(an).recorded, without building the graph
         kept = [r for r in profile.rows if r.kind not in (RowKind.FUNCTION, RowKind.UNKNOWN, RowKind.VM)]
         rows = [Stack(row_frames(r), r.samples, r) for r in kept if r.samples > 0]
         return sorted(path_stacks(an, profile, cpu) + rows, key=lambda st: -st.samples)[:limit]
     rows = sorted(profile.rows, key=lambda r: -r.samples)[:limit]
     if an is not None and profile.level == "host":
-        rows = [g for r in rows for g in vm_rows(an, r, cpu)]
+        # a streamed analysis (analyse/stream_stacks.py) splits VM rows from its sums
+        split = an.vm_rows if isinstance(an, StreamedStacks) else lambda r, c: vm_rows(an, r, c)
+        rows = [g for r in rows for g in split(r, cpu)]
     return [Stack(row_frames(r), r.samples, r) for r in rows if r.samples > 0]
 
 
-def stacks(an: Analysis | None, profiles: list[Profile], cpu: int | None = None,
+def stacks(an: Analysis | StreamedStacks | None, profiles: list[Profile], cpu: int | None = None,
            limit: int | None = None) -> Iterator[tuple[Profile, list[Stack]]]:
     for p in profiles:
         yield p, profile_stacks(an, p, cpu, limit)
