@@ -28,7 +28,7 @@ from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a host profile of a 64-CPU host has a million stacks of them
 class Frame:
     name: str  # what users read
     module: str = ""
@@ -39,7 +39,7 @@ class Frame:
     mapping: Mapping | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stack:
     frames: tuple[Frame, ...]  # root first
     samples: float
