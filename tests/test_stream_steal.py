@@ -6,6 +6,7 @@ stored demo recording of three VMs (tests/data/golden)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,13 @@ def test_streamed_steal_holds_no_samples(varied: Path) -> None:
         assert len(t.by_function.samples) <= 10 and len(t.by_process.samples) <= 4
         assert t.counts.samples < samples
     assert not hasattr(an, "samples")
+
+
+@pytest.mark.parametrize("reports", [[{"vm": "a", "x": [1, {"y": "two\nlines"}]}, {"vm": "b", "z": {}}],
+                                     [{"vm": "a", "x": []}]], ids=["two VMs", "one VM"])
+def test_steal_json_written_a_vm_at_a_time_is_json_dumps(reports: list[dict]) -> None:
+    """cli/steal.py writes each VM's report as it is made: the same text as json.dumps of them all."""
+    from vmprof_tui.cli.steal import _json
+
+    many = len(reports) > 1
+    assert "".join(_json(iter(reports), many)) == json.dumps(reports if many else reports[0], indent=1) + "\n"
