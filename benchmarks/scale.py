@@ -17,8 +17,9 @@ Usage:
   python benchmarks/scale.py top REC [--baseline SRC]      replayed refresh of every screen
   python benchmarks/scale.py poll REC [--baseline SRC] [--window 10]   a refresh without Textual: the poll, the
         overview's summaries, and coding a chunk's names once millions are known (a long session)
-  python benchmarks/scale.py memory REC... [--vm NAME] [--baseline SRC]   peak RSS and time of report (host and
-        one VM) against the samples of each recording: the 60 s and 600 s cases show bounded memory as a flat line
+  python benchmarks/scale.py memory REC... [--vm NAME] [--baseline SRC] [--also steal,pprof]   peak RSS and time
+        of report (host and one VM; with --also, steal and the stack formats too) against the samples of each
+        recording: the 60 s and 600 s cases show bounded memory as a flat line
   python benchmarks/scale.py start REC [--baseline SRC] [--repeat 10]   wall time of --version and a small report
   python benchmarks/scale.py presets [--baseline SRC] [--demo DIR] [--long]   the issue's cases
 `--baseline SRC` times a second vmprof source tree (e.g. `git archive` of main unpacked in /tmp) in the same
@@ -507,16 +508,31 @@ def time_poll(rec: Path, baseline: Path | None, window_s: float, refreshes: int)
     return res
 
 
-def memory(recs: list[Path], vm: str | None, baseline: Path | None) -> list[dict]:
-    """Peak RSS and time of `vmprof report` (host level and one VM's guest level) of recordings of different
-    lengths, against their samples: a flat line of MB is memory bounded by the rows, not by the samples."""
+MEMORY_ALSO = {"steal": ["steal", "--format", "json"], "pprof": ["report", "--format", "pprof"],
+               "collapsed": ["report", "--format", "collapsed"], "speedscope": ["report", "--format", "speedscope"]}
+
+
+def also_cases(text: str) -> tuple[str, ...]:
+    """--also NAME,...: names of MEMORY_ALSO."""
+    names = tuple(x for x in text.split(",") if x)
+    if unknown := [n for n in names if n not in MEMORY_ALSO]:
+        raise argparse.ArgumentTypeError(f"takes names among {','.join(MEMORY_ALSO)}, not {','.join(unknown)}")
+    return names
+
+
+def memory(recs: list[Path], vm: str | None, baseline: Path | None, also: tuple[str, ...] = ()) -> list[dict]:
+    """Peak RSS and time of `vmprof report` (host level and one VM's guest level), and of the commands `also`
+    names (MEMORY_ALSO: `vmprof steal`, the stack formats at the host level), of recordings of different lengths,
+    against their samples: a flat line of MB is memory bounded by the rows, not by the samples."""
     out = []
     print(f"{'recording':22}{'samples':>12}  {'level':10}{'tree':>8}{'s':>9}{'s/M':>7}{'MB':>7}  peak RSS")
     for rec in recs:
         samples = sum(c.rows for c in scan_chunks(rec) if c.kind == SAMPLES_KIND)
-        for level, args in (("host", []), ("guest", ["--vm", vm or first_vm(rec)])):
+        cases = [("host", ["report"]), ("guest", ["report", "--vm", vm or first_vm(rec)])]
+        cases += [(name, MEMORY_ALSO[name]) for name in also]
+        for level, (command, *args) in cases:
             for tree, env in trees(baseline).items():
-                wall, mb = run_measured(vmprof("report", str(rec), *args), env)
+                wall, mb = run_measured(vmprof(command, str(rec), *args), env)
                 out.append({"recording": rec.name, "samples": samples, "level": level, "tree": tree, "s": wall,
                             "mb": mb})
                 print(f"{rec.name[:22]:22}{samples:12,}  {level:10}{tree:>8}{wall:9.2f}{wall / samples * 1e6:7.2f}"
@@ -590,6 +606,8 @@ def main() -> int:
     mem.add_argument("recs", type=Path, nargs="+")
     mem.add_argument("--vm", default=None)
     mem.add_argument("--baseline", type=Path, default=None)
+    mem.add_argument("--also", type=also_cases, default=(),
+                     help=f"also these, each its own row: {','.join(MEMORY_ALSO)}")
     st = sub.add_parser("start", help="wall time of vmprof --version and of a report of a small recording")
     st.add_argument("rec", type=Path)
     st.add_argument("--baseline", type=Path, default=None)
@@ -614,7 +632,7 @@ def main() -> int:
     elif args.cmd == "start":
         start(args.rec, args.baseline, args.repeat)
     elif args.cmd == "memory":
-        memory(args.recs, args.vm, args.baseline)
+        memory(args.recs, args.vm, args.baseline, args.also)
     elif args.cmd == "poll":
         time_poll(args.rec, args.baseline, args.window, args.repeat * 8)
     else:
