@@ -87,6 +87,21 @@ def test_elf_symbols_parsed_once_and_loaded_alike(fresh_cache: Path) -> None:
     assert again.segments == first.segments and (again.elf_type, again.build_id) == (first.elf_type, first.build_id)
 
 
+def test_cache_evicts_the_least_recently_used_entry(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table every report loads (the host's kallsyms) outlives newer tables used once: on a host whose reports
+    meet ever new processes, evicting by age alone would parse it again and again."""
+    monkeypatch.setattr(cache, "MAX_ENTRIES", 2)
+    table = {"a": np.arange(3)}
+    cache.store("hot", table)
+    cache.store("cold", table)
+    old = fresh_cache.stat().st_mtime - 60  # both written a minute ago, the hot one first
+    os.utime(fresh_cache / "hot.npz", (old - 1, old - 1))
+    os.utime(fresh_cache / "cold.npz", (old, old))
+    assert cache.load("hot") is not None  # used now
+    cache.store("new", table)
+    assert sorted(p.stem for p in fresh_cache.glob("*.npz")) == ["hot", "new"]
+
+
 def test_unwritable_cache_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

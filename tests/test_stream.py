@@ -64,6 +64,21 @@ def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> No
     assert len(an.host_rows.all.codes) < 50
 
 
+def test_streamed_pieces_read_the_snapshots_processes_once(recording: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every piece shares the recording's snapshot: its processes (thousands on a busy host) are listed once, not
+    once per piece and per use."""
+    from vmprof_tui.record import recording as rec_module
+
+    scanned = scan(recording)
+    keys = len(scanned.rec.snapshot)
+    seen = []
+    is_key = rec_module.is_process_key
+    monkeypatch.setattr(rec_module, "is_process_key", lambda key: seen.append(key) or is_key(key))
+    an = stream.StreamedAnalysis(scanned, piece_rows=1000)
+    assert an.pieces == 12
+    assert len(seen) == keys
+
+
 @pytest.fixture(scope="module")
 def late_cpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return busy_recording(tmp_path_factory.mktemp("stream") / "late.vmprof", 6.0, late_cpu=True)

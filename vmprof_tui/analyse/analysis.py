@@ -315,11 +315,11 @@ class Analysis:
         rows = []
         if shares.idle_virtual:
             rows.append(Row(shares.idle_virtual, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
-        vmm_comm = {pid: p.get("comm") or None for pid, p in self.rec.processes().items()}
+        processes = self.rec.processes()  # thousands on a busy host, of which the VMMs are a few
         for pid, n in zip(*(a.tolist() for a in np.unique(s["pid"][guest], return_counts=True)), strict=True):
             name = self.vm_by_pid.get(pid, f"vm-{pid}")
-            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)), vmm_comm.get(pid),
-                            pid, name, RowKind.VM))
+            rows.append(Row(n, *RowKind.VM.label(vm=name, vm_index=self.vm_index.get(name, 0)),
+                            processes.get(pid, {}).get("comm") or None, pid, name, RowKind.VM))
         return rows
 
     def row_counts_of(self, groups: list[np.ndarray]) -> list[RowCounts]:

@@ -123,10 +123,12 @@ class StreamedAnalysis:
         resolver = Resolver()
         context = SwitchContext()
         snapshot = rec.snapshot
+        later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
+        processes = rec.processes()  # the same in every piece
         for piece in pieces(scanned, piece_rows, lambda first, last: recording_end(first, last, rec.end)):
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
             part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
-                             rec.end, problems=list(rec.problems))
+                             rec.end, problems=list(rec.problems), fixed_processes=processes)
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
                                   sched_in_order=True),
@@ -138,7 +140,7 @@ class StreamedAnalysis:
             self._add(an, piece.lo)
             context.advance(piece.sched)
             self.has_sched |= bool(len(piece.sched))
-            snapshot = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # parsed once, by the first
+            snapshot = later
             self.pieces += 1
 
     def _add(self, an: Analysis, lo: int) -> None:

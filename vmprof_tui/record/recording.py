@@ -237,6 +237,9 @@ class Recording:
     problems: list[str] = field(default_factory=list)  # what was cut or skipped
     skipped_chunks: int = 0  # damaged chunks passed over (with the bytes up to the next whole chunk)
     skipped_bytes: int = 0
+    # processes() of a snapshot that no longer changes, computed once: the pieces of a streamed report share one
+    # snapshot of thousands of processes (analyse/stream.py)
+    fixed_processes: dict[int, dict] | None = field(default=None, repr=False, compare=False)
 
     def damage(self) -> str | None:
         """One line naming what corruption cost this recording (None: nothing was skipped), for every screen
@@ -258,6 +261,8 @@ class Recording:
 
     def processes(self) -> dict[int, dict]:
         """Host pid -> its snapshot (comm, cmdline, exe, maps text, build ids; taken when first sampled)."""
+        if self.fixed_processes is not None:
+            return self.fixed_processes
         return {int(v["pid"]): v for k, v in self.snapshot.items() if is_process_key(k)}
 
     def vms(self) -> list[dict]:

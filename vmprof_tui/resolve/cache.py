@@ -6,12 +6,14 @@ costs.  Each parse result is stored once as an ``.npz`` of plain arrays (loaded 
 ``allow_pickle=False``) named by a BLAKE2b hash of the parsed bytes themselves: guest files are hostile,
 and a key they declare (a build id, a path) could make one guest's names show up in another's profile
 or the host's; a content hash cannot.  Only successful parses are stored, so an unreadable file fails
-every time with the same line.  The folder is bounded (the oldest entries beyond `MAX_ENTRIES` go), and
-a cache that cannot be read or written is no error: the table is parsed as if there were none.
+every time with the same line.  The folder is bounded (the least recently used entries beyond `MAX_ENTRIES`
+go: a load marks an entry used), and a cache that cannot be read or written is no error: the table is parsed as
+if there were none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -64,11 +66,15 @@ _made: dict[str, Any] = {}
 
 
 def load(key: str) -> dict[str, np.ndarray] | None:
+    path = cache_dir() / f"{key}.npz"
     try:
-        with np.load(cache_dir() / f"{key}.npz", allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
+    with contextlib.suppress(OSError):  # used now: store() evicts the least recently used (the tables every report
+        os.utime(path)                  # reads stay)
+    return arrays
 
 
 def store(key: str, arrays: dict[str, np.ndarray]) -> None:
