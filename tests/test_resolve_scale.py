@@ -87,6 +87,23 @@ def test_elf_symbols_parsed_once_and_loaded_alike(fresh_cache: Path) -> None:
     assert again.segments == first.segments and (again.elf_type, again.build_id) == (first.elf_type, first.build_id)
 
 
+def test_host_objects_are_cached_by_identity_guest_objects_by_content(fresh_cache: Path, tmp_path: Path) -> None:
+    """A file a host process maps is known by its path, inode, size and mtime (no read and hash of every library on
+    every report); the same bytes reached otherwise (an extracted guest object) are known by their content."""
+    from vmprof_tui.mapping import Mapping
+    from vmprof_tui.resolve.spaces import ObjectCache
+
+    exe = Path(os.path.realpath(sys.executable))
+    objects = ObjectCache()
+    space = objects.host_space("python", 1, f"00400000-00500000 r-xp 00000000 08:01 1 {exe}\n")
+    assert objects.symbols(space.maps[0]) is not None
+    assert [p.name.split("-v")[0] for p in fresh_cache.glob("*.npz")] == ["elf-file"]
+    copy = tmp_path / "extracted"
+    copy.write_bytes(exe.read_bytes())
+    assert len(objects.symbols(Mapping(0x400000, 0x500000, 0, "/usr/bin/python3", copy)).names)
+    assert sorted(p.name.split("-v")[0] for p in fresh_cache.glob("*.npz")) == ["elf", "elf-file"]
+
+
 def test_cache_evicts_the_least_recently_used_entry(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A table every report loads (the host's kallsyms) outlives newer tables used once: on a host whose reports
     meet ever new processes, evicting by age alone would parse it again and again."""

@@ -145,24 +145,27 @@ def check_elf_header(head: bytes, size: int, limits: Limits, what: str) -> tuple
     return is64, endian
 
 
-def read_elf_symbols(path: Path, limits: Limits = DEFAULT_LIMITS) -> ElfSymbols:
+def read_elf_symbols(path: Path, limits: Limits = DEFAULT_LIMITS, host: bool = False) -> ElfSymbols:
     """Function symbols (.symtab, else also .dynsym) and PT_LOAD segments of an untrusted ELF file; parsed
     once per file (resolve/cache.py), later runs load the arrays.  A file up to HASHED_BYTES is known by
-    its content (guest objects extracted anew for every run hit the cache too); a larger one, by its
-    identity on this machine (path, device, inode, size, mtime): hashing a 100 MB library would cost more
-    than the cache saves."""
-    return parsed_once(path, "elf", limits, _parse_elf_guarded, _to_arrays, _from_arrays)
+    its content (guest objects extracted anew for every run hit the cache too); a larger one, and a `host`
+    file (one a host process mapped, at its path on this machine), by its identity here (path, device, inode,
+    size, mtime): hashing a 100 MB library would cost more than the cache saves, and a busy host's report
+    would read and hash hundreds of MB of libraries on every run."""
+    return parsed_once(path, "elf", limits, _parse_elf_guarded, _to_arrays, _from_arrays, by_identity=host)
 
 
 def parsed_once(path: Path, kind: str, limits: Limits, parse: Callable[[BinaryIO, int, Limits, str], T],
-                to_arrays: Callable[[T], dict], from_arrays: Callable[[dict], T]) -> T:
+                to_arrays: Callable[[T], dict], from_arrays: Callable[[dict], T], by_identity: bool = False) -> T:
     """`parse(file, size, limits, name)` of an untrusted object file, once per file (resolve/cache.py, as `kind`):
-    a file up to HASHED_BYTES is known by its content, a larger one by its identity on this machine."""
+    a file up to HASHED_BYTES is known by its content, a larger one (or any, by_identity) by its identity on this
+    machine.  Identity is for files at their own paths only: an extracted guest file's size and mtime are the
+    guest's, and its inode may be an earlier extraction's."""
     what = Path(path).name
     with open_regular(Path(path), limits.max_object_bytes, what) as f:
         st = os.fstat(f.fileno())
         source: BinaryIO = f
-        if st.st_size <= HASHED_BYTES:
+        if st.st_size <= HASHED_BYTES and not by_identity:
             data = f.read(HASHED_BYTES + 1)
             key = cache.content_key(kind, data)
             source = io.BytesIO(data)

@@ -36,6 +36,7 @@ class ObjectCache:
         self._cache: dict[str, ElfSymbols | None] = {}
         self._spaces: dict[tuple, AddressSpace] = {}
         self._tables: dict[str, bytes | ElfSymbols | None] = {}  # build id -> stored table, decoded once used
+        self._host_paths: set[str] = set()  # files host processes map: cached by identity (read_elf_symbols)
         self.notes: list[str] = []  # taken by Resolver.resolve
 
     def add_tables(self, tables: MappingOf[str, bytes]) -> None:
@@ -51,6 +52,7 @@ class ObjectCache:
             if len(self._spaces) >= 1024:  # the live screen meets ever new processes: forget the oldest
                 del self._spaces[next(iter(self._spaces))]
             maps = [replace(m, build_id=(build_ids or {}).get(m.path)) for m in parse_proc_maps(maps_text)]
+            self._host_paths.update(str(m.object_path) for m in maps if m.object_path is not None)
             self._spaces[key] = AddressSpace(name, pid, maps)
         return self._spaces[key]
 
@@ -82,7 +84,7 @@ class ObjectCache:
         key = str(path)
         if key not in self._cache:
             try:
-                self._cache[key] = read_elf_symbols(path)
+                self._cache[key] = read_elf_symbols(path, host=key in self._host_paths)
             except BundleError as e:  # a broken symbol table: its samples show [unknown], and the note says why
                 self._cache[key] = None
                 self._note(f"{e}: samples in {Path(path).name} show [unknown]")
