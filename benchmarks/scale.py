@@ -362,20 +362,25 @@ def time_reports(rec: Path, vm: str, baseline: Path | None, repeat: int, perf_da
     envs = trees(baseline)
     for env in envs.values():  # untimed: fills the symbol cache (the first run of a host's report parses its tables)
         run_measured(cases["report host"], env)
-    for name, cmd in cases.items():
-        for tree, env in envs.items():  # interleaved: drift hits both alike
-            runs = [run_measured(cmd, env) for _ in range(repeat)]
-            results[(name, tree)] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
     perf = perf_binary()
-    perf_s = None
+    perf_cmd = None
     if perf_data and perf:
-        cmd = [perf, "kvm", "--host", "--guest", "report", "-i", str(perf_data), "--stdio"]
+        perf_cmd = [perf, "kvm", "--host", "--guest", "report", "-i", str(perf_data), "--stdio"]
         # perf report exits 0 on a perf.data whose recorder was killed, printing only "Error:"
-        check = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        check = subprocess.run(perf_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if "Error:" in check.stderr:
             raise RuntimeError(f"perf cannot read {perf_data}: {check.stderr.strip()[-500:]}")
-        runs = [run_measured(cmd) for _ in range(repeat)]
-        perf_s = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
+    perf_runs: list[tuple[float, float]] = []
+    for name, cmd in cases.items():
+        runs: dict[str, list[tuple[float, float]]] = {tree: [] for tree in envs}
+        for _ in range(repeat):  # the trees (and perf, beside the host level) in turn: drift hits all alike
+            for tree, env in envs.items():
+                runs[tree].append(run_measured(cmd, env))
+            if perf_cmd and name == "report host":
+                perf_runs.append(run_measured(perf_cmd))
+        for tree, mine in runs.items():
+            results[(name, tree)] = (statistics.median(r[0] for r in mine), max(r[1] for r in mine))
+    perf_s = (statistics.median(r[0] for r in perf_runs), max(r[1] for r in perf_runs)) if perf_runs else None
     print(f"{'':24}" + "".join(f"{t:>22}" for t in envs) + ("      ratio" if baseline else ""))
     for name in cases:
         line = f"{name:24}" + "".join(f"{results[(name, t)][0]:9.3f} s {results[(name, t)][1]:7.0f} MB"

@@ -3,12 +3,13 @@
 A report reads the same kallsyms text and the same ELF files again and again (every recording of a host
 carries its kallsyms; every guest bundle of a fleet the same libc); parsing them is most of what a report
 costs.  Each parse result is stored once as an ``.npz`` of plain arrays (loaded with
-``allow_pickle=False``) named by a BLAKE2b hash of the parsed bytes themselves: guest files are hostile,
+``allow_pickle=False``) named by a SHA-256 hash of the parsed bytes themselves: guest files are hostile,
 and a key they declare (a build id, a path) could make one guest's names show up in another's profile
-or the host's; a content hash cannot.  Only successful parses are stored, so an unreadable file fails
-every time with the same line.  The folder is bounded (the least recently used entries beyond `MAX_ENTRIES`
-go: a load marks an entry used), and a cache that cannot be read or written is no error: the table is parsed as
-if there were none.
+or the host's; a content hash cannot.  (Files a host process maps, at their own paths, are named by their
+identity on this machine instead: resolve/elf.py read_elf_symbols.)  Only successful parses are stored,
+so an unreadable file fails every time with the same line.  The folder is bounded (the least recently used
+entries beyond `MAX_ENTRIES` go: a load marks an entry used), and a cache that cannot be read or written is
+no error: the table is parsed as if there were none.
 """
 
 from __future__ import annotations
