@@ -647,3 +647,69 @@ def test_screens_read_a_declared_interface_of_the_window_and_of_a_recording() ->
     assert len(view.vcpu_steal(vm)) == len(whole.vcpu_steal(vm))
     assert sorted(view.vcpu_segments(vm)) == sorted(whole.vcpu_segments(vm))
     assert view.call_paths(vm) is None and whole.call_paths(vm) is None  # recorded without -g
+
+
+def _strip_one_segment_at_a_time(screen: TimelineScreen, segments: list, w0: int, span: int,
+                                 width: int) -> list[int]:
+    """The timeline's strip painted as it was before it was vectorised: each segment sliced in, in paint order."""
+    import numpy as np
+
+    from vmprof_tui.analyse.kinds import BlankKind
+    from vmprof_tui.analyse.segments import SegmentKind
+
+    strip = np.zeros(width, np.int8)
+    for kind in screen.PAINT_ORDER:
+        for seg in segments:
+            if seg.kind is not kind:
+                continue
+            lo = min(int((seg.start_ns - w0) * width // span), width - 1)
+            hi = max(int((seg.end_ns - w0) * width // span), lo + 1)
+            strip[lo:hi] = (screen.BLANK_STATES[seg.blank.kind] if seg.blank is not None
+                            else 1 if kind is SegmentKind.GUEST else 2)
+            if seg.blank is not None and seg.blank.wakeup_ns is not None:
+                wake = min(int((seg.blank.wakeup_ns - w0) * width // span), hi - 1)
+                strip[wake:hi] = screen.WAKEUP_STATE
+            thr = seg.blank.throttled_after_wakeup() if seg.blank is not None else None
+            if thr and thr[0] < seg.end_ns and thr[1] > seg.start_ns:
+                a = min(max(int((thr[0] - w0) * width // span), lo), hi - 1)
+                strip[a:min(max(int((thr[1] - w0) * width // span), a + 1), hi)] = screen.BLANK_STATES[
+                    BlankKind.THROTTLED]
+    return strip.tolist()
+
+
+def test_timeline_strip_paints_as_one_segment_at_a_time() -> None:
+    """The timeline paints its strips vectorised (a 64-CPU window has thousands of segments a vCPU): every column
+    as painting each segment in turn gives, on a real window's segments seen through narrower and shifted spans (some
+    before or after it), and on blanks woken, woken into a throttled group, and throttled."""
+    import random
+
+    from vmprof_tui.analyse.blanks import Blank
+    from vmprof_tui.analyse.kinds import BlankKind
+    from vmprof_tui.analyse.segments import Segment, SegmentKind
+
+    window = ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=3.0)
+    window.start()
+    for _ in range(4):
+        view = window.poll(detail=True)
+    w0, w1 = view.span()
+    screen = TimelineScreen("steal1")
+    real = [segs for vm in view.vm_names() for segs in view.vcpu_segments(vm).values()]
+    assert real and sum(len(s) for s in real) > 100
+    rng = random.Random(7)
+    made = []
+    for _ in range(200):
+        start = rng.randrange(w0 - 10**8, w1)
+        end = start + rng.randrange(1, 5 * 10**8)
+        kind = rng.choice(list(BlankKind))
+        wakeup = rng.choice([None, rng.randrange(start, end)])
+        blank = Blank(start, end, kind, 0, 0, "x", wakeup_ns=wakeup,
+                      throttled_ns=rng.choice([None, rng.randrange(1, 10**8)]),
+                      throttled_wakeup_ns=rng.choice([None, rng.randrange(start - 10**7, end)]))
+        made.append(Segment(start, end, SegmentKind.BLANK, blank=blank))
+        made.append(Segment(start, end, rng.choice([SegmentKind.GUEST, SegmentKind.VMM, SegmentKind.UNSAMPLED])))
+    rng.shuffle(made)
+    for segments in [*real, made, []]:
+        for width in (20, 97, 148):
+            for lo, span in ((w0, w1 - w0), (w0 + (w1 - w0) // 3, (w1 - w0) // 2), (w0 - 10**9, 10**9)):
+                want = _strip_one_segment_at_a_time(screen, segments, lo, span, width)
+                assert screen.strip(segments, lo, span, width).tolist() == want, (width, lo, span)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from rich.text import Text
 
 from vmprof_tui.analyse.kinds import BlankKind
-from vmprof_tui.analyse.segments import SegmentKind
+from vmprof_tui.analyse.segments import Segment, SegmentKind
 from vmprof_tui.analyse.source import ProfileSource
 from vmprof_tui.show.screen import DrawingScreen, VmKeys
 
@@ -44,26 +47,59 @@ class TimelineScreen(VmKeys, DrawingScreen):
         text.append("\n\n")
         span = max(w1 - w0, 1)
         for vcpu, segments in sorted(an.vcpu_segments(self.vm).items()):
-            strip = np.zeros(width, np.int8)  # unsampled on-CPU time stays blank
-            for kind in self.PAINT_ORDER:
-                for seg in segments:
-                    if seg.kind is not kind:
-                        continue
-                    lo = min(int((seg.start_ns - w0) * width // span), width - 1)
-                    hi = max(int((seg.end_ns - w0) * width // span), lo + 1)
-                    strip[lo:hi] = (self.BLANK_STATES[seg.blank.kind] if seg.blank is not None
-                                    else 1 if kind is SegmentKind.GUEST else 2)
-                    if seg.blank is not None and seg.blank.wakeup_ns is not None:  # woken, waiting for its pCPU
-                        wake = min(int((seg.blank.wakeup_ns - w0) * width // span), hi - 1)
-                        strip[wake:hi] = self.WAKEUP_STATE
-                    thr = seg.blank.throttled_after_wakeup() if seg.blank is not None else None
-                    if thr and thr[0] < seg.end_ns and thr[1] > seg.start_ns:
-                        a = min(max(int((thr[0] - w0) * width // span), lo), hi - 1)  # woken into a throttled group
-                        strip[a:min(max(int((thr[1] - w0) * width // span), a + 1), hi)] = self.BLANK_STATES[
-                            BlankKind.THROTTLED]
             text.append(f"vcpu{vcpu:<3} ")
-            for code in strip.tolist():
-                ch, style = self.STATES[code]
-                text.append(ch, style=style)
+            strip = self.strip(segments, w0, span, width)
+            edges = np.flatnonzero(np.diff(strip)) + 1  # one append per run of a state, not per column
+            for a, b in zip([0, *edges.tolist()], [*edges.tolist(), width], strict=True):
+                ch, style = self.STATES[int(strip[a])]
+                text.append(ch * (b - a), style=style)
             text.append("\n")
         return text
+
+    def strip(self, segments: list[Segment], w0: int, span: int, width: int) -> np.ndarray:
+        """The state of each of `width` columns over [w0, w0 + span): the segments painted in PAINT_ORDER, each
+        blank followed by its wake-up wait and its throttled wait; where several share a column the last painted
+        shows.  Unsampled on-CPU time stays blank.  Vectorised: a window holds thousands of segments a vCPU."""
+        blanks = [s for s in segments if s.kind is SegmentKind.BLANK]
+        runs = [[s for s in segments if s.kind is kind] for kind in self.PAINT_ORDER[1:]]
+        never = np.iinfo(np.int64).min  # no wake-up, no throttled wait
+
+        def column(ns: np.ndarray) -> np.ndarray:
+            return (ns - w0) * width // span
+
+        def times(rows: list, of: Callable[[Any], int]) -> np.ndarray:
+            return np.array([of(s) for s in rows], np.int64).reshape(-1)
+
+        # (lo, hi, state) of every interval, in the order they are painted
+        los, his, states = [], [], []
+        for rows, state in ((blanks, None), *zip(runs, (2, 1), strict=True)):
+            lo = np.minimum(column(times(rows, lambda s: s.start_ns)), width - 1)
+            hi = np.maximum(column(times(rows, lambda s: s.end_ns)), lo + 1)
+            if state is not None:
+                los.append(lo), his.append(hi), states.append(np.full(len(rows), state, np.int8))
+                continue
+            kind = np.array([self.BLANK_STATES[s.blank.kind] for s in rows], np.int8)  # type: ignore[union-attr]
+            start, end = times(rows, lambda s: s.start_ns), times(rows, lambda s: s.end_ns)
+            wakeup = times(rows, lambda s: never if s.blank.wakeup_ns is None else s.blank.wakeup_ns)
+            woken = wakeup != never
+            wake = np.where(woken, np.minimum(column(np.where(woken, wakeup, end)), hi - 1), hi)  # waiting for its pCPU
+            thr = [s.blank.throttled_after_wakeup() or (never, never) for s in rows]  # type: ignore[union-attr]
+            t0, t1 = (times(thr, lambda t, i=i: t[i]) for i in (0, 1))
+            throttled = (t0 != never) & (t0 < end) & (t1 > start)  # woken into a throttled group
+            t0, t1 = np.where(throttled, t0, start), np.where(throttled, t1, start)
+            a = np.minimum(np.maximum(column(t0), lo), hi - 1)
+            b = np.where(throttled, np.minimum(np.maximum(column(t1), a + 1), hi), a)
+            # each blank, then its wake-up wait, then its throttled wait: interleaved, in the blanks' order
+            los.append(np.stack([lo, wake, a], 1).reshape(-1))
+            his.append(np.stack([hi, hi, b], 1).reshape(-1))
+            states.append(np.stack([kind, np.full_like(kind, self.WAKEUP_STATE),
+                                    np.full_like(kind, self.BLANK_STATES[BlankKind.THROTTLED])], 1).reshape(-1))
+        lo, hi, state = np.concatenate(los), np.concatenate(his), np.concatenate(states)
+        # as strip[lo:hi] reads its bounds: from the end when negative, cut to the strip
+        lo, hi = (np.clip(np.where(x < 0, x + width, x), 0, width) for x in (lo, hi))
+        size = np.maximum(hi - lo, 0)
+        order = np.repeat(np.arange(len(lo)), size)  # each covered column, with the interval painting it
+        cols = lo[order] + np.arange(len(order)) - np.repeat(np.cumsum(size) - size, size)
+        last = np.full(width, -1, np.int64)
+        np.maximum.at(last, cols, order)
+        return np.where(last >= 0, np.append(state, 0)[last], 0).astype(np.int8)
