@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 from rich.text import Text
@@ -60,41 +60,43 @@ class TimelineScreen(VmKeys, DrawingScreen):
         """The state of each of `width` columns over [w0, w0 + span): the segments painted in PAINT_ORDER, each
         blank followed by its wake-up wait and its throttled wait; where several share a column the last painted
         shows.  Unsampled on-CPU time stays blank.  Vectorised: a window holds thousands of segments a vCPU."""
-        blanks = [s for s in segments if s.kind is SegmentKind.BLANK]
-        runs = [[s for s in segments if s.kind is kind] for kind in self.PAINT_ORDER[1:]]
+        rank = {id(kind): i for i, kind in enumerate(self.PAINT_ORDER)}  # unsampled: not painted (by id: an Enum's
+        # hash is Python code)
+        n = len(segments)
+        start, end = (np.fromiter(map(attrgetter(f), segments), np.int64, n) for f in ("start_ns", "end_ns"))
+        paint = np.fromiter(map(rank.get, map(id, map(attrgetter("kind"), segments)), repeat(-1, n)), np.int64, n)
+        # painted in PAINT_ORDER, each kind in the segments' order
+        order = np.flatnonzero(paint >= 0)
+        order = order[np.argsort(paint[order], kind="stable")]
+        start, end, paint = start[order], end[order], paint[order]
+        blanks = [s.blank for s in segments if s.kind is SegmentKind.BLANK]  # the first rows, in order
         never = np.iinfo(np.int64).min  # no wake-up, no throttled wait
+        extra = np.array([(self.BLANK_STATES[b.kind], never if b.wakeup_ns is None else b.wakeup_ns,
+                           *(b.throttled_after_wakeup() or (never, never))) for b in blanks],  # type: ignore[union-attr]
+                         np.int64).reshape(-1, 4)
 
         def column(ns: np.ndarray) -> np.ndarray:
             return (ns - w0) * width // span
 
-        def times(rows: list, of: Callable[[Any], int]) -> np.ndarray:
-            return np.array([of(s) for s in rows], np.int64).reshape(-1)
-
-        # (lo, hi, state) of every interval, in the order they are painted
-        los, his, states = [], [], []
-        for rows, state in ((blanks, None), *zip(runs, (2, 1), strict=True)):
-            lo = np.minimum(column(times(rows, lambda s: s.start_ns)), width - 1)
-            hi = np.maximum(column(times(rows, lambda s: s.end_ns)), lo + 1)
-            if state is not None:
-                los.append(lo), his.append(hi), states.append(np.full(len(rows), state, np.int8))
-                continue
-            kind = np.array([self.BLANK_STATES[s.blank.kind] for s in rows], np.int8)  # type: ignore[union-attr]
-            start, end = times(rows, lambda s: s.start_ns), times(rows, lambda s: s.end_ns)
-            wakeup = times(rows, lambda s: never if s.blank.wakeup_ns is None else s.blank.wakeup_ns)
-            woken = wakeup != never
-            wake = np.where(woken, np.minimum(column(np.where(woken, wakeup, end)), hi - 1), hi)  # waiting for its pCPU
-            thr = [s.blank.throttled_after_wakeup() or (never, never) for s in rows]  # type: ignore[union-attr]
-            t0, t1 = (times(thr, lambda t, i=i: t[i]) for i in (0, 1))
-            throttled = (t0 != never) & (t0 < end) & (t1 > start)  # woken into a throttled group
-            t0, t1 = np.where(throttled, t0, start), np.where(throttled, t1, start)
-            a = np.minimum(np.maximum(column(t0), lo), hi - 1)
-            b = np.where(throttled, np.minimum(np.maximum(column(t1), a + 1), hi), a)
-            # each blank, then its wake-up wait, then its throttled wait: interleaved, in the blanks' order
-            los.append(np.stack([lo, wake, a], 1).reshape(-1))
-            his.append(np.stack([hi, hi, b], 1).reshape(-1))
-            states.append(np.stack([kind, np.full_like(kind, self.WAKEUP_STATE),
-                                    np.full_like(kind, self.BLANK_STATES[BlankKind.THROTTLED])], 1).reshape(-1))
-        lo, hi, state = np.concatenate(los), np.concatenate(his), np.concatenate(states)
+        lo = np.minimum(column(start), width - 1)
+        hi = np.maximum(column(end), lo + 1)
+        state = np.where(paint == rank[id(SegmentKind.GUEST)], 1, 2)
+        n = len(blanks)
+        state[:n] = extra[:, 0]
+        b_lo, b_hi, b_start, b_end = lo[:n], hi[:n], start[:n], end[:n]
+        wakeup, t0, t1 = extra[:, 1], extra[:, 2], extra[:, 3]
+        woken = wakeup != never
+        wake = np.where(woken, np.minimum(column(np.where(woken, wakeup, b_end)), b_hi - 1), b_hi)  # for its pCPU
+        throttled = (t0 != never) & (t0 < b_end) & (t1 > b_start)  # woken into a throttled group
+        a = np.minimum(np.maximum(column(np.where(throttled, t0, b_start)), b_lo), b_hi - 1)
+        b = np.where(throttled, np.minimum(np.maximum(column(np.where(throttled, t1, b_start)), a + 1), b_hi), a)
+        # (lo, hi, state) of every interval in the order they are painted: each blank, its wake-up wait, its
+        # throttled wait, then the VMM's runs and the guest's
+        lo = np.concatenate([np.stack([b_lo, wake, a], 1).reshape(-1), lo[n:]])
+        hi = np.concatenate([np.stack([b_hi, b_hi, b], 1).reshape(-1), hi[n:]])
+        state = np.concatenate([np.stack([state[:n], np.full(n, self.WAKEUP_STATE),
+                                          np.full(n, self.BLANK_STATES[BlankKind.THROTTLED])], 1).reshape(-1),
+                                state[n:]])
         # as strip[lo:hi] reads its bounds: from the end when negative, cut to the strip
         lo, hi = (np.clip(np.where(x < 0, x + width, x), 0, width) for x in (lo, hi))
         size = np.maximum(hi - lo, 0)
