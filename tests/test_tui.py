@@ -713,3 +713,73 @@ def test_timeline_strip_paints_as_one_segment_at_a_time() -> None:
             for lo, span in ((w0, w1 - w0), (w0 + (w1 - w0) // 3, (w1 - w0) // 2), (w0 - 10**9, 10**9)):
                 want = _strip_one_segment_at_a_time(screen, segments, lo, span, width)
                 assert screen.strip(segments, lo, span, width).tolist() == want, (width, lo, span)
+
+
+def test_tables_changed_refresh_by_refresh_show_what_tables_built_at_once_show() -> None:
+    """A table is changed, not rebuilt, at each refresh (cells made only for the values that changed, one refresh
+    of the table for all of them, its rows put in order by their keys): after each refresh of a sliding window the
+    overview and the host view show, row for row and cell for cell, what the same screen opened afresh shows."""
+    from vmprof_tui.show.overview_screen import OverviewScreen
+
+    app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=3600)
+
+    async def go() -> None:
+        async with app.run_test(size=(160, 40)) as pilot:
+            await until(pilot, lambda: app.analysis is not None and not app._polling, timeout=15)
+            for screen in (OverviewScreen, HostScreen):
+                if screen is HostScreen:
+                    await select(pilot, app, "(host)")
+                    await pilot.press("enter")
+                    await until(pilot, lambda: isinstance(app.screen, HostScreen) and len(cells(app)) > 5)
+                for _ in range(6):
+                    app._show(*app.poll_window())
+                    await pilot.pause()
+                    slid = cells(app)
+                    fresh = screen()
+                    app.push_screen(fresh)
+                    await until(pilot, lambda: app.screen is fresh and fresh.ready and cells(app))
+                    assert cells(app) == slid
+                    app.pop_screen()
+                    await pilot.pause()
+            await pilot.press("q")
+
+    asyncio.run(go())
+
+
+def test_live_table_updates_and_orders_as_data_table_does() -> None:
+    """LiveTable.update_cells and order (the refresh's one pass over the changed cells, and its rows put in the
+    order of their keys) leave the table as update_cell for each cell and sort leave a DataTable."""
+    from rich.text import Text
+    from textual.app import App
+
+    from vmprof_tui.show.live_table import LiveTable
+
+    class Two(App):
+        def compose(self):  # noqa: ANN202
+            yield LiveTable(id="live", cursor_type="row")
+            yield DataTable(id="plain", cursor_type="row")
+
+    def lines(table: DataTable) -> list[str]:
+        return [table.render_line(y).text for y in range(table.row_count + 1)]
+
+    async def main() -> None:
+        app = Two()
+        async with app.run_test(size=(80, 20)) as pilot:
+            live, plain = app.query_one("#live", LiveTable), app.query_one("#plain", DataTable)
+            for t in (live, plain):
+                t.add_columns("name", "samples")
+                for i in range(5):
+                    t.add_row(Text(f"f{i}"), Text(str(i * 10), justify="right"), key=f"f{i}")
+            await pilot.pause()
+            changes = [("f1", Text("123456789", justify="right"), True), ("f3", Text("7", justify="right"), False)]
+            live.update_cells([(k, live.ordered_columns[1].key, v, wider) for k, v, wider in changes])
+            for k, v, wider in changes:
+                plain.update_cell(k, plain.ordered_columns[1].key, v, update_width=wider)
+            order = ["f3", "f0", "f4", "f1", "f2"]
+            live.order(order)
+            plain.sort(key=lambda values: order.index(str(values[0])))
+            await pilot.pause()
+            assert lines(live) == lines(plain)
+            assert "123456789" in lines(live)[4] and [live.get_row_index(k) for k in order] == [0, 1, 2, 3, 4]
+
+    asyncio.run(main())
