@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import shutil
 import subprocess
@@ -735,9 +736,13 @@ def test_tables_changed_refresh_by_refresh_show_what_tables_built_at_once_show()
                     app._show(*app.poll_window())
                     await pilot.pause()
                     slid = cells(app)
+                    # the title and status lines are drawn anew without laying the screen out (one line each)
+                    shown = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+                    for line in ("#title", "#status"):
+                        assert str(app.screen._texts[line])[:60] in shown, (line, app.screen._texts[line])
                     fresh = screen()
                     app.push_screen(fresh)
-                    await until(pilot, lambda: app.screen is fresh and fresh.ready and cells(app))
+                    await until(pilot, lambda fresh=fresh: app.screen is fresh and fresh.ready and cells(app))
                     assert cells(app) == slid
                     app.pop_screen()
                     await pilot.pause()

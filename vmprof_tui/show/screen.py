@@ -21,6 +21,7 @@ from vmprof_tui.show.live_table import LiveTable
 
 SCROLLBAR = 2  # the columns a table's vertical scrollbar takes
 HOST_KEY = "(host)"
+ONE_LINE = ("#title", "#status")  # Statics one line high (VmprofTop.CSS)
 NO_STACKS = "no call stacks in this window: start vmprof top with -g (or replay a recording made with -g)"
 NO_BLOCKS = "no LBR block view in this session: start vmprof top with LBR data (docs/lbr.md)"
 
@@ -179,10 +180,11 @@ class TableScreen(View):
         self.set_text("#status", status)
 
     def set_text(self, selector: str, text: str | Text) -> None:
-        """Update a Static only when its text changed (an update lays the screen out again)."""
+        """Update a Static only when its text changed.  The title and the status line are one line high whatever they
+        say (the app's CSS): their new text is drawn without laying the screen out again."""
         if self._texts.get(selector) != text:
             self._texts[selector] = text
-            self.query_one(selector, Static).update(cell(text))
+            self.query_one(selector, Static).update(cell(text), layout=selector not in ONE_LINE)
 
     @staticmethod
     def _cursor_key(table: DataTable) -> str | None:
