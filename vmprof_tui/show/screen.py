@@ -77,6 +77,7 @@ class TableScreen(View):
         self.sort_column = self.columns.index(self.default_sort) if self.default_sort in self.columns else 0
         self.filter = ""
         self.cells: dict[str, tuple] = {}  # row key -> its values (as rows() and fit() gave them), in the table's order
+        self._shown: dict[str, list[Text]] = {}  # row key -> its cells as the table holds them
         self._texts: dict[str, str | Text] = {}
         self.ready = False
 
@@ -161,13 +162,20 @@ class TableScreen(View):
         for key, row in values.items():
             before = self.cells.get(key)
             if before is None:
-                table.add_row(*(self.cell_of(c) for c in row), key=key)
+                self._shown[key] = [self.cell_of(c) for c in row]
+                table.add_row(*self._shown[key], key=key)
                 continue
-            for column, value, old in zip(table.ordered_columns, row, before, strict=True):
-                if not same_value(value, old):  # re-measure only a cell wider than its column (narrower ones all)
-                    shown = self.cell_of(value)
-                    changes.append((key, column.key, shown, cell_len(str(shown)) > column.content_width))
+            shown = self._shown[key]
+            for i, (column, value, old) in enumerate(zip(table.ordered_columns, row, before, strict=True)):
+                if same_value(value, old):
+                    continue
+                new = self.cell_of(value)  # a number drawn as it was (12.31 and 12.34 are both "12.3") stays
+                if not same_value(new, shown[i]):  # re-measure only a cell wider than its column (narrower: all)
+                    shown[i] = new
+                    changes.append((key, column.key, new, cell_len(new.plain) > column.content_width))
         table.update_cells(changes)
+        for key in self.cells.keys() - values.keys():
+            del self._shown[key]
         if keys != list(self.cells):  # a change of order re-orders the table
             table.order(keys)
             if selected in values:  # the cursor stays on its row across refreshes
