@@ -93,10 +93,13 @@ class StreamedAnalysis:
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
-                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True) -> None:
-        """level: the profiles asked for, host or guest (of `vm`, else of every VM): only their sums are kept.
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True,
+                 shares_only: bool = True) -> None:
+        """level: the profiles asked for, host or guest (of `vm`, else of every VM), or all (both: the fleet's one
+        pass over a window); only their sums are kept.
         keep: the samples to analyse (`report -K/-U`), as prepare's.  kernel: each row's kernel-mode samples are
-        summed too (Row.kernel: what a filtered profile's ratios are made of; else 0)."""
+        summed too (Row.kernel: what a filtered profile's ratios are made of; else 0).  shares_only: each piece's
+        Analysis as Analysis(shares_only) makes it (False: with the holders and co-stop a subclass's _add sums)."""
         self.kernel = kernel
         self.rec = rec = scanned.rec
         self.level, self.vm = level, vm
@@ -131,7 +134,7 @@ class StreamedAnalysis:
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
                                   sched_in_order=True),
-                          shares_only=True)
+                          shares_only=shares_only)
             if any(listed.get(tid) != vcpu for tid, vcpu in an.vcpu_of_tid.items()):
                 raise WholeNeeded("a vCPU thread that the VM list does not name")
             if self.start_ns is None:
@@ -146,7 +149,7 @@ class StreamedAnalysis:
         self.vm_index.update(an.vm_index)
         self.vm_by_pid.update(an.vm_by_pid)
         self.notes.update(dict.fromkeys(an.notes))
-        if self.level == "host":
+        if self.level in ("host", "all"):
             parts, rows, kernel, others = an.host_sums(self.kernel)
             self.host.add(parts)
             self.host_rows.add(rows, kernel)
@@ -154,7 +157,10 @@ class StreamedAnalysis:
                 self._add_other(r)
             self._add_idle(an, lo)
             self.unresolved += int(np.count_nonzero(an.unresolved))
-            return
+        if self.level != "host":
+            self._add_guest(an)
+
+    def _add_guest(self, an: Analysis) -> None:
         flags, counts = an.samples["flags"], an.vcpus
         timelines = [tl for tl in an.timelines.values() if self.vm in (None, tl.vm)]
         guest = [counts.thread_samples(tl) for tl in timelines]
@@ -243,7 +249,7 @@ class StreamedAnalysis:
             kernel.tolist(), strict=True)]
 
     def host_profile(self, cpu: int | None = None) -> Profile:
-        if cpu is not None or self.level != "host":
+        if cpu is not None or self.level not in ("host", "all"):
             raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
         idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
         vms = sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
@@ -254,7 +260,7 @@ class StreamedAnalysis:
     def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
         if vm not in self.vm_names():
             raise KeyError(vm)
-        if self.level != "guest" or self.vm not in (None, vm):
+        if self.level not in ("guest", "all") or self.vm not in (None, vm):
             raise ValueError(f"this streamed analysis has no guest profile of {vm}: analyse it whole")
         parts = GuestParts()
         mine = [v for (v_vm, v_id), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)

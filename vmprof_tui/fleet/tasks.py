@@ -19,9 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vmprof_tui import files
-from vmprof_tui.analyse.analysis import analyse
+from vmprof_tui.analyse.analysis import Analysis, analyse
+from vmprof_tui.analyse.shares import Profile, Row
 from vmprof_tui.analyse.source import ProfileSource, RecordingSource
-from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, load
+from vmprof_tui.analyse.stream import WholeNeeded
+from vmprof_tui.fleet.one_pass import WindowPass
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST
+from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, RecordingError, load
+from vmprof_tui.resolve.prepare import learn_vms
 
 # Every table starts with these columns (a window is named `window_id`, not `window`: WINDOW is a reserved word
 # in SQL, and a column of that name needs quoting in every query a user writes).
@@ -86,11 +91,12 @@ def vcpu_seconds(source: ProfileSource, vm: str) -> list[dict]:
 
 
 def window_vms(path: str) -> tuple[list[str], float]:
-    """The VMs of a window (the tasks to make for it), and the seconds it took to find them (part of t2)."""
+    """The VMs of a window, as its analysis names them (Analysis.vm_names: the VM list's, and those known only
+    from guest samples), without analysing it; and the seconds it took."""
     t = time.monotonic()
     rec = load(Path(path))
-    rec.snapshot.pop(KALLSYMS_KEY, None)
-    return analyse(rec).vm_names(), time.monotonic() - t
+    vms = learn_vms(rec, rec.samples, (rec.samples["flags"] & SAMPLE_GUEST) != 0)
+    return sorted(set(vms.by_pid.values()), key=lambda n: vms.index.get(n, 0)), time.monotonic() - t
 
 
 def _window_base(ref: WindowRef, rec: Recording) -> dict:
@@ -105,36 +111,53 @@ def _function_rows(base: dict, rows: list, sample_s: float) -> list[dict]:
 
 
 def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
-    """The task: analyse one VM of one window (or, for HOST_TASK, the window's host level), write its rows,
-    return what it did (for t2)."""
+    """One VM of one window (or, for HOST_TASK, the window's host level) analysed whole, its rows written: the
+    reference the one-pass task (analyse_window) is tested against."""
     if vm == HOST_TASK:
         return analyse_window_host(ref, store)
     t = time.monotonic()
     rec = load(Path(ref.path))
     rec.snapshot.pop(KALLSYMS_KEY, None)  # the guest level never names host kernel code: skip its parse
-    # only this VM's samples are resolved (one task per VM of the window: the others are other tasks'); the
-    # sched events all stay, they say who held its pCPUs
+    # only this VM's samples are resolved; the sched events all stay, they say who held its pCPUs
     pids = [int(v["pid"]) for v in rec.vms() if v["name"] == vm]
     if not pids and (m := re.fullmatch(r"vm-(\d+)", vm)):  # a VM known only from its guest samples (Analysis)
         pids = [int(m.group(1))]
     an = analyse(rec, keep=lambda s: np.isin(s["pid"], pids))
-    base = {**_window_base(ref, rec), "vm": vm}
+    tables = _whole_vm_tables(an, {**_window_base(ref, rec), "vm": vm}, vm)
+    for table, rows in tables.items():
+        write_rows(ref.output(Path(store), table, vm), rows, TABLES[table])
+    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": len(tables["profile"]),
+            "seconds": time.monotonic() - t, "notes": list(an.notes)}
+
+
+def _whole_vm_tables(an: Analysis, base: dict, vm: str) -> dict[str, list[dict]]:
+    profiles = [(tl.vcpu, an.guest_profile(vm, tl.vcpu).rows, an.vcpus.sample_ns(tl) / 1e9)
+                for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu)]
+    return vm_tables(base, profiles, vcpu_seconds(RecordingSource(an), vm))
+
+
+def vm_tables(base: dict, profiles: list[tuple[int, list[Row], float]], seconds: list[dict]) -> dict[str, list[dict]]:
+    """A VM's rows of each of VM_TABLES: its guest profile per vCPU (vCPU, rows, seconds a sample stands for:
+    real and virtual samples at the vCPU's rate), and its vcpu_seconds."""
     tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES}
-    for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu):
-        # the guest profile's samples, real and virtual, at the vCPU's rate
-        tables["profile"] += _function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
-                                            an.vcpus.sample_ns(tl) / 1e9)
-    for v in vcpu_seconds(RecordingSource(an), vm):
+    for vcpu, rows, sample_s in profiles:
+        tables["profile"] += _function_rows({**base, "vcpu": vcpu}, rows, sample_s)
+    for v in seconds:
         at = {**base, "vcpu": v["vcpu"]}
         tables["vcpu"] += [{**at, "state": state, "seconds": v[state]} for state in STATES]
         tables["steal"] += [{**at, "type": 1, "cause": c, "seconds": s} for c, s in v["type1_by_cause"].items()]
         tables["steal"] += [{**at, "type": 2, "cause": c, "seconds": s} for c, s in v["type2_by_exit"].items()]
         tables["steal_holder"] += [{**at, "holder": h, "seconds": s} for h, s in v["type1_by_holder"].items()]
         tables["vcpu_other"] += [{**at, "what": what, "seconds": v[key]} for what, key in OTHER_FIGURES]
-    for table, rows in tables.items():
-        write_rows(ref.output(Path(store), table, vm), rows, TABLES[table])
-    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": len(tables["profile"]),
-            "seconds": time.monotonic() - t, "notes": list(an.notes)}
+    return tables
+
+
+def host_rows(base: dict, profile: Profile, period_s: float) -> list[dict]:
+    """The host_profile rows of a window's host profile."""
+    rows = _function_rows(base, profile.rows, period_s)
+    for row, r in zip(rows, [r for r in profile.rows if r.samples > 0], strict=True):
+        row["vm"] = r.vm
+    return rows
 
 
 def analyse_window_host(ref: WindowRef, store: str) -> dict:
@@ -143,12 +166,57 @@ def analyse_window_host(ref: WindowRef, store: str) -> dict:
     t = time.monotonic()
     rec = load(Path(ref.path))
     an = analyse(rec)
-    rows = _function_rows(_window_base(ref, rec), an.host_profile().rows, an.period_ns / 1e9)
-    for row, r in zip(rows, [r for r in an.host_profile().rows if r.samples > 0], strict=True):
-        row["vm"] = r.vm
+    rows = host_rows(_window_base(ref, rec), an.host_profile(), an.period_ns / 1e9)
     write_rows(ref.output(Path(store), "host_profile", "host"), rows, HOST_PROFILE_SCHEMA)
     return {"host": ref.host, "window": ref.seq, "vm": HOST_TASK, "rows": len(rows),
             "seconds": time.monotonic() - t, "notes": list(an.notes)}
+
+
+def check_window(path: str) -> str | None:
+    """None when the window is usable, else why not: a corrupt or cut window (the agent renames only complete
+    ones, so any damage came later) is skipped with this note, never analysed as a window with rows missing;
+    lesser problems (static data missing) only leave notes in the analysis."""
+    if not Path(path).exists():  # retention on the agent deleted it since it was found: not corrupt
+        return "gone: deleted from the spool before it was analysed"
+    try:
+        rec = load(Path(path))
+    except RecordingError as e:
+        return f"corrupt: {e}"
+    if (damage := rec.damage()) is not None:
+        return f"{damage} (first: {rec.problems[0].split(': skipped')[0]})"
+    return None if rec.end is not None else "corrupt: " + "; ".join(rec.problems)
+
+
+def analyse_window(ref: WindowRef, store: str) -> dict:
+    """The analysis node's task: one window read once (a piece at a time, one_pass.py; whole when it cannot be),
+    every VM's rows and the host's written as analyse_window_vm writes them; what it did (for t2), with the
+    error of a window skipped as corrupt or gone (analyse.check_window)."""
+    t = time.monotonic()
+    try:
+        one = WindowPass(Path(ref.path))  # its scan checks every chunk: an intact window
+    except WholeNeeded:
+        if (why := check_window(ref.path)) is not None:
+            return {"host": ref.host, "window": ref.seq, "vms": [], "rows": 0, "seconds": time.monotonic() - t,
+                    "notes": [], "error": why}
+        rec = load(Path(ref.path))
+        an = analyse(rec)
+        base = _window_base(ref, rec)
+        vms = an.vm_names()
+        per_vm = {vm: _whole_vm_tables(an, {**base, "vm": vm}, vm) for vm in vms}
+        host, notes = host_rows(base, an.host_profile(), an.period_ns / 1e9), list(an.notes)
+    else:
+        base = _window_base(ref, one.rec)
+        vms = one.vm_names()
+        per_vm = {vm: vm_tables({**base, "vm": vm},
+                                [(v, one.guest_profile(vm, v).rows, one.sample_s(vm, v)) for v in one.vcpus_of(vm)],
+                                one.vcpu_seconds(vm)) for vm in vms}
+        host, notes = host_rows(base, one.host_profile(), one.period_ns / 1e9), list(one.notes)
+    for vm, tables in per_vm.items():
+        for table, rows in tables.items():
+            write_rows(ref.output(Path(store), table, vm), rows, TABLES[table])
+    write_rows(ref.output(Path(store), "host_profile", "host"), host, HOST_PROFILE_SCHEMA)
+    return {"host": ref.host, "window": ref.seq, "vms": vms, "rows": sum(len(t["profile"]) for t in per_vm.values()),
+            "seconds": time.monotonic() - t, "notes": notes}
 
 
 def write_rows(path: Path, rows: list[dict], schema: pa.Schema) -> None:

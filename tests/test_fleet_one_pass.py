@@ -1,0 +1,74 @@
+"""The analysis node's one pass over a window (fleet/one_pass.py, tasks.analyse_window) against the per-VM tasks
+that read the whole window once per VM and once for the host (tasks.analyse_window_vm, the reference): the same
+Parquet tables, row for row, with the same figures up to float rounding.  The window is synthetic (tests/synth.py)
+and read in many pieces: vCPUs run, halt, are preempted by host tasks and each other, and exit to KVM across
+piece boundaries."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from synth import busy_recording
+
+from vmprof_tui.fleet import one_pass
+from vmprof_tui.fleet.analyse import find_windows
+from vmprof_tui.fleet.tasks import HOST_TASK, TABLES, WindowRef, analyse_window, analyse_window_vm, window_vms
+
+
+@pytest.fixture(scope="module")
+def window(tmp_path_factory: pytest.TempPathFactory) -> WindowRef:
+    folder = tmp_path_factory.mktemp("spool") / "h1" / "windows"
+    folder.mkdir(parents=True)
+    busy_recording(folder / "W00000001-1800000000.vmprof", 6.0)
+    return find_windows([folder.parent.parent])[0]
+
+
+def tables(store: Path) -> dict[str, dict[tuple, dict]]:
+    """Each table's rows by their key (every column but the figures), from every file of the store."""
+    out: dict[str, dict[tuple, dict]] = {}
+    for name in TABLES:
+        rows = [r for f in sorted((store / name).rglob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+        keyed = {tuple(v for k, v in r.items() if k not in ("samples", "seconds")): r for r in rows}
+        assert len(keyed) == len(rows), f"two rows of {name} with one key"
+        out[name] = keyed
+    return out
+
+
+def test_window_vms_names_the_vms_without_analysing(window: WindowRef) -> None:
+    vms, seconds = window_vms(window.path)
+    assert vms == ["db", "web"] and seconds >= 0
+
+
+@pytest.mark.parametrize("piece_rows", [1000, 1 << 30])
+def test_one_pass_writes_the_tables_the_per_vm_tasks_write(window: WindowRef, piece_rows: int, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    for vm in [*window_vms(window.path)[0], HOST_TASK]:
+        analyse_window_vm(window, vm, str(tmp_path / "reference"))
+    made: list[one_pass.WindowPass] = []
+    init = one_pass.WindowPass.__init__
+
+    def counted(self: one_pass.WindowPass, path: Path, rows: int = piece_rows) -> None:
+        init(self, path, piece_rows)
+        made.append(self)
+
+    monkeypatch.setattr(one_pass.WindowPass, "__init__", counted)
+    out = analyse_window(window, str(tmp_path / "one"))
+    assert out["vms"] == ["db", "web"]
+    assert made[0].pieces == (12 if piece_rows == 1000 else 1)
+    assert_same_tables(tmp_path / "one", tmp_path / "reference")
+
+
+def assert_same_tables(store: Path, reference_store: Path) -> None:
+    """The same rows in every table of the two stores, with the same figures up to float rounding."""
+    reference, mine = tables(reference_store), tables(store)
+    for name in TABLES:
+        assert mine[name].keys() == reference[name].keys(), f"the {name} table has other rows"
+        assert len(reference[name]) >= 4
+        for key, row in reference[name].items():
+            for figure in ("samples", "seconds"):
+                if figure in row:
+                    assert math.isclose(mine[name][key][figure], row[figure], rel_tol=1e-9, abs_tol=1e-12), \
+                        (name, key, figure, mine[name][key][figure], row[figure])
