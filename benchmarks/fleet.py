@@ -16,6 +16,7 @@ import argparse
 import os
 import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -28,19 +29,28 @@ from synth import SynthRecording  # noqa: E402
 
 from vmprof_tui.fleet.analyse import Analyser, find_windows, hosts_per_node  # noqa: E402
 from vmprof_tui.record import recording  # noqa: E402
+from vmprof_tui.record.recording import BUNDLE  # noqa: E402
+from vmprof_tui.record.spool import WINDOW_CODEC  # noqa: E402
 from vmprof_tui.record.writer import Writer  # noqa: E402
 
 
 def store_time(path: Path) -> float:
-    """t0: the time to write this window as the agent's writer does (tables, snapshot, end; fsynced)."""
+    """t0: the time to write this window as the agent's writer does (tables, snapshot, end; fsynced, its codec);
+    the window analysed is the one so written (its guest bundles kept, as the agent's spool has them)."""
     rec = recording.load(path)
     start = time.monotonic()
-    w = Writer(path.with_suffix(".t0"), rec.meta)
+    w = Writer(path.with_suffix(".t0"), rec.meta, codec=WINDOW_CODEC)
     w.add(rec.samples, rec.sched)
     w.add_snapshot(rec.snapshot)
     w.close(rec.end or {})
     t0 = time.monotonic() - start
-    path.with_suffix(".t0").unlink()
+    w = Writer(path.with_suffix(".t0"), rec.meta, codec=WINDOW_CODEC)
+    w.add(rec.samples, rec.sched)
+    w.add_snapshot(rec.snapshot)
+    for vm, data in rec.bundles.items():
+        w.chunk(BUNDLE, struct.pack("<H", len(vm.encode())) + vm.encode() + data)
+    w.close(rec.end or {})
+    os.replace(path.with_suffix(".t0"), path)
     return t0
 
 
