@@ -84,6 +84,18 @@ def _nonzero(rows: RowCounts) -> RowCounts:
     return rows if keep.all() else replace(rows, codes=rows.codes[keep], counts=rows.counts[keep])
 
 
+@dataclass
+class RowColumns:
+    """Function rows as columns: samples, names (process "" and pid -1: none), unknown functions, kernel samples."""
+    samples: np.ndarray
+    function: np.ndarray
+    module: np.ndarray
+    process: np.ndarray
+    pid: np.ndarray
+    unknown: np.ndarray
+    kernel: np.ndarray
+
+
 class WholeNeeded(Exception):
     """The recording has what a piece at a time cannot report as the whole recording does: load it whole."""
 
@@ -228,10 +240,21 @@ class StreamedAnalysis:
 
     def _rows(self, summed: _Rows, vm: str | None) -> list[Row]:
         """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code."""
+        c = self.row_columns(summed)
+        if c is None:
+            return []
+        kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
+        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
+            c.samples.tolist(), c.function.tolist(), c.module.tolist(), c.process.tolist(), c.pid.tolist(),
+            c.unknown.tolist(), c.kernel.tolist(), strict=True)]
+
+    def row_columns(self, summed: _Rows) -> RowColumns | None:
+        """The rows _rows makes, in its order, as columns (the fleet's store writes them so: a window's guest
+        profiles have hundreds of thousands of rows); None when there are none."""
         counts = summed.all
         names = counts.names
         if names is None or not len(counts.codes):
-            return []
+            return None
         counts, in_kernel = (_nonzero(c) for c in (counts, summed.kernel))  # _add_idle takes samples away again
         pids = names.ids(counts.codes, "pid")
         code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
@@ -241,21 +264,20 @@ class StreamedAnalysis:
         codes = counts.codes[order]
         kernel = np.zeros(len(counts.codes))
         kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
-        kernel = kernel[order]
-        kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
-        strings = (names.strings_of(codes, c).tolist() for c in ("func", "module", "process"))
-        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
-            counts.counts[order].tolist(), *strings, pids[order].tolist(), names.unknown(codes).tolist(),
-            kernel.tolist(), strict=True)]
+        return RowColumns(counts.counts[order], *(names.strings_of(codes, c) for c in ("func", "module", "process")),
+                          pids[order], names.unknown(codes), kernel[order])
 
     def host_profile(self, cpu: int | None = None) -> Profile:
         if cpu is not None or self.level not in ("host", "all"):
             raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
-        idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
-        vms = sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
-        rows = self._rows(self.host_rows, None) + idle + vms
+        rows = self._rows(self.host_rows, None) + self.other_rows()
         return Profile("host", None, None, self.host.total, self.duration_s, self.rec.lost_samples, self.host.ratios(),
                        rows, self.unresolved, list(self.notes))
+
+    def other_rows(self) -> list[Row]:
+        """The host profile's rows after its functions: CPU idle, then each VM's."""
+        idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
+        return idle + sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
 
     def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
         if vm not in self.vm_names():

@@ -29,8 +29,9 @@ from vmprof_tui.analyse.blanks import (
     steal_of_type,
 )
 from vmprof_tui.analyse.kinds import BlankKind
+from vmprof_tui.analyse.shares import Row
 from vmprof_tui.analyse.steal import exits_to_vmm
-from vmprof_tui.analyse.stream import PIECE_ROWS, StreamedAnalysis, WholeNeeded, _Vcpu
+from vmprof_tui.analyse.stream import PIECE_ROWS, RowColumns, StreamedAnalysis, WholeNeeded, _Vcpu
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.bpf_records import SAMPLE_VCPU
@@ -87,6 +88,14 @@ class WindowPass(StreamedAnalysis):
     def sample_s(self, vm: str, vcpu: int) -> float:
         """What one sample of the vCPU's thread stands for over the window (VcpuSamples.sample_ns), in seconds."""
         return _unit(self.vcpus[(vm, vcpu)], self.period_ns) / 1e9
+
+    def profile_parts(self, vm: str, vcpu: int) -> tuple[RowColumns | None, list[Row], float]:
+        """What guest_profile(vm, vcpu).rows are, for the store: its function rows as columns, its virtual rows,
+        and the seconds one of its samples stands for."""
+        v = self.vcpus[(vm, vcpu)]
+        virtual = [Row(n, *kind.label(vcpu=c), None, None, vm, kind)
+                   for (kind, c), n in v.parts(self.period_ns).virtual().items()]
+        return self.row_columns(v.rows), virtual, self.sample_s(vm, vcpu)
 
     def vcpu_seconds(self, vm: str) -> list[dict]:
         """tasks.vcpu_seconds of the whole window, from the sums."""

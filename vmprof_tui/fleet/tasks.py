@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 
 from vmprof_tui import files
 from vmprof_tui.analyse.analysis import Analysis, analyse
-from vmprof_tui.analyse.shares import Profile, Row
+from vmprof_tui.analyse.shares import Row
 from vmprof_tui.analyse.source import ProfileSource, RecordingSource
-from vmprof_tui.analyse.stream import WholeNeeded
+from vmprof_tui.analyse.stream import RowColumns, WholeNeeded
 from vmprof_tui.fleet.one_pass import WindowPass
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, RecordingError, load
@@ -105,9 +105,48 @@ def _window_base(ref: WindowRef, rec: Recording) -> dict:
     return {"host": ref.host, "window_id": ref.seq, "window_start": start, "window_s": window_s}
 
 
-def _function_rows(base: dict, rows: list, sample_s: float) -> list[dict]:
-    return [{**base, "process": r.process, "pid": r.pid, "function": r.function, "module": r.module,
-             "samples": float(r.samples), "seconds": float(r.samples) * sample_s} for r in rows if r.samples > 0]
+# rows of a function table: the columns every row shares (host, window, VM, vCPU), and the others, each a
+# column (a window's guest profiles have hundreds of thousands of rows: no dict per row)
+Block = tuple[dict, dict[str, object]]
+
+
+def _function_rows(base: dict, rows: list[Row], sample_s: float) -> Block:
+    kept = [r for r in rows if r.samples > 0]
+    samples = np.array([float(r.samples) for r in kept], float)
+    return base, {"process": [r.process for r in kept], "pid": [r.pid for r in kept],
+                  "function": [r.function for r in kept], "module": [r.module for r in kept], "samples": samples,
+                  "seconds": samples * sample_s, "vm": [r.vm for r in kept]}
+
+
+def function_columns(base: dict, c: RowColumns | None, sample_s: float, vm: str | None) -> Block:
+    """_function_rows of stream.StreamedAnalysis rows given as columns (their Row: process "" and pid -1 are none)."""
+    if c is None:
+        return _function_rows(base, [], sample_s)
+    keep = c.samples > 0
+    process, pid = c.process[keep], c.pid[keep]
+    return base, {"process": np.where(process == "", None, process), "pid": pa.array(pid, pa.int64(), mask=pid < 0),
+                  "function": c.function[keep], "module": c.module[keep], "samples": c.samples[keep].astype(float),
+                  "seconds": c.samples[keep].astype(float) * sample_s, "vm": [vm] * int(np.count_nonzero(keep))}
+
+
+def _profile_blocks(base: dict, columns: RowColumns | None, virtual: list[Row], sample_s: float) -> list[Block]:
+    """One vCPU's profile rows (of the one pass): its functions, then its virtual rows."""
+    return [function_columns(base, columns, sample_s, base["vm"]), _function_rows(base, virtual, sample_s)]
+
+
+def table_of(blocks: list[Block], schema: pa.Schema) -> pa.Table:
+    """The blocks' rows one after the other, as a table of `schema`."""
+    columns = []
+    for f in schema:
+        parts = []
+        for base, cols in blocks:
+            n = len(cols["samples"])  # type: ignore[arg-type]
+            if f.name in cols and not (f.name == "vm" and "vm" in base):
+                parts.append(pa.array(cols[f.name], f.type))
+            else:
+                parts.append(pa.array([base[f.name]] * n, f.type))
+        columns.append(pa.concat_arrays(parts) if parts else pa.array([], f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
@@ -124,24 +163,23 @@ def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
         pids = [int(m.group(1))]
     an = analyse(rec, keep=lambda s: np.isin(s["pid"], pids))
     tables = _whole_vm_tables(an, {**_window_base(ref, rec), "vm": vm}, vm)
-    for table, rows in tables.items():
-        write_rows(ref.output(Path(store), table, vm), rows, TABLES[table])
-    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": len(tables["profile"]),
+    for name, table in tables.items():
+        write_table(ref.output(Path(store), name, vm), table)
+    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": tables["profile"].num_rows,
             "seconds": time.monotonic() - t, "notes": list(an.notes)}
 
 
-def _whole_vm_tables(an: Analysis, base: dict, vm: str) -> dict[str, list[dict]]:
-    profiles = [(tl.vcpu, an.guest_profile(vm, tl.vcpu).rows, an.vcpus.sample_ns(tl) / 1e9)
-                for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu)]
+def _whole_vm_tables(an: Analysis, base: dict, vm: str) -> dict[str, pa.Table]:
+    timelines = sorted(an.vm_timelines(vm), key=lambda x: x.vcpu)
+    profiles = [_function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
+                               an.vcpus.sample_ns(tl) / 1e9) for tl in timelines]
     return vm_tables(base, profiles, vcpu_seconds(RecordingSource(an), vm))
 
 
-def vm_tables(base: dict, profiles: list[tuple[int, list[Row], float]], seconds: list[dict]) -> dict[str, list[dict]]:
-    """A VM's rows of each of VM_TABLES: its guest profile per vCPU (vCPU, rows, seconds a sample stands for:
-    real and virtual samples at the vCPU's rate), and its vcpu_seconds."""
-    tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES}
-    for vcpu, rows, sample_s in profiles:
-        tables["profile"] += _function_rows({**base, "vcpu": vcpu}, rows, sample_s)
+def vm_tables(base: dict, profiles: list[Block], seconds: list[dict]) -> dict[str, pa.Table]:
+    """A VM's table of each of VM_TABLES: its guest profile per vCPU (blocks: real and virtual samples at the
+    vCPU's rate), and its vcpu_seconds."""
+    tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES[1:]}
     for v in seconds:
         at = {**base, "vcpu": v["vcpu"]}
         tables["vcpu"] += [{**at, "state": state, "seconds": v[state]} for state in STATES]
@@ -149,15 +187,15 @@ def vm_tables(base: dict, profiles: list[tuple[int, list[Row], float]], seconds:
         tables["steal"] += [{**at, "type": 2, "cause": c, "seconds": s} for c, s in v["type2_by_exit"].items()]
         tables["steal_holder"] += [{**at, "holder": h, "seconds": s} for h, s in v["type1_by_holder"].items()]
         tables["vcpu_other"] += [{**at, "what": what, "seconds": v[key]} for what, key in OTHER_FIGURES]
-    return tables
+    return {"profile": table_of(profiles, PROFILE_SCHEMA),
+            **{name: pa.Table.from_pylist(rows, schema=TABLES[name]) for name, rows in tables.items()}}
 
 
-def host_rows(base: dict, profile: Profile, period_s: float) -> list[dict]:
-    """The host_profile rows of a window's host profile."""
-    rows = _function_rows(base, profile.rows, period_s)
-    for row, r in zip(rows, [r for r in profile.rows if r.samples > 0], strict=True):
-        row["vm"] = r.vm
-    return rows
+def host_table(base: dict, rows: list[Row], period_s: float, columns: Block | None = None) -> pa.Table:
+    """The host_profile rows of a window's host profile (its function rows as columns, when given so: `rows`
+    are the rest of them)."""
+    return table_of([b for b in (columns, _function_rows(base, rows, period_s)) if b is not None],
+                    HOST_PROFILE_SCHEMA)
 
 
 def analyse_window_host(ref: WindowRef, store: str) -> dict:
@@ -166,9 +204,9 @@ def analyse_window_host(ref: WindowRef, store: str) -> dict:
     t = time.monotonic()
     rec = load(Path(ref.path))
     an = analyse(rec)
-    rows = host_rows(_window_base(ref, rec), an.host_profile(), an.period_ns / 1e9)
-    write_rows(ref.output(Path(store), "host_profile", "host"), rows, HOST_PROFILE_SCHEMA)
-    return {"host": ref.host, "window": ref.seq, "vm": HOST_TASK, "rows": len(rows),
+    table = host_table(_window_base(ref, rec), an.host_profile().rows, an.period_ns / 1e9)
+    write_table(ref.output(Path(store), "host_profile", "host"), table)
+    return {"host": ref.host, "window": ref.seq, "vm": HOST_TASK, "rows": table.num_rows,
             "seconds": time.monotonic() - t, "notes": list(an.notes)}
 
 
@@ -203,25 +241,29 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
         base = _window_base(ref, rec)
         vms = an.vm_names()
         per_vm = {vm: _whole_vm_tables(an, {**base, "vm": vm}, vm) for vm in vms}
-        host, notes = host_rows(base, an.host_profile(), an.period_ns / 1e9), list(an.notes)
+        host, notes = host_table(base, an.host_profile().rows, an.period_ns / 1e9), list(an.notes)
     else:
         base = _window_base(ref, one.rec)
         vms = one.vm_names()
-        per_vm = {vm: vm_tables({**base, "vm": vm},
-                                [(v, one.guest_profile(vm, v).rows, one.sample_s(vm, v)) for v in one.vcpus_of(vm)],
-                                one.vcpu_seconds(vm)) for vm in vms}
-        host, notes = host_rows(base, one.host_profile(), one.period_ns / 1e9), list(one.notes)
+        per_vm = {}
+        for vm in vms:
+            blocks = [b for v in one.vcpus_of(vm)
+                      for b in _profile_blocks({**base, "vm": vm, "vcpu": v}, *one.profile_parts(vm, v))]
+            per_vm[vm] = vm_tables({**base, "vm": vm}, blocks, one.vcpu_seconds(vm))
+        host = host_table(base, one.other_rows(), one.period_ns / 1e9,
+                          function_columns(base, one.row_columns(one.host_rows), one.period_ns / 1e9, None))
+        notes = list(one.notes)
     for vm, tables in per_vm.items():
-        for table, rows in tables.items():
-            write_rows(ref.output(Path(store), table, vm), rows, TABLES[table])
-    write_rows(ref.output(Path(store), "host_profile", "host"), host, HOST_PROFILE_SCHEMA)
-    return {"host": ref.host, "window": ref.seq, "vms": vms, "rows": sum(len(t["profile"]) for t in per_vm.values()),
-            "seconds": time.monotonic() - t, "notes": notes}
+        for name, table in tables.items():
+            write_table(ref.output(Path(store), name, vm), table)
+    write_table(ref.output(Path(store), "host_profile", "host"), host)
+    return {"host": ref.host, "window": ref.seq, "vms": vms, "seconds": time.monotonic() - t, "notes": notes,
+            "rows": sum(t["profile"].num_rows for t in per_vm.values())}
 
 
-def write_rows(path: Path, rows: list[dict], schema: pa.Schema) -> None:
+def write_table(path: Path, table: pa.Table) -> None:
     """Atomically (a private tmp file renamed): a reader sees the whole file or none of it."""
     files.make_dirs(path.parent)  # 0700, files 0600: the store names guest processes and functions
     buf = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), buf)
+    pq.write_table(table, buf)
     files.write_file(path, buf.getvalue().to_pybytes())
