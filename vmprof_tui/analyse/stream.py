@@ -86,14 +86,17 @@ def _nonzero(rows: RowCounts) -> RowCounts:
 
 @dataclass
 class RowColumns:
-    """Function rows as columns: samples, names (process "" and pid -1: none), unknown functions, kernel samples."""
+    """Function rows as columns: samples, names (ids into `strings`, by column: func, module, process; process ""
+    and pid -1: none), unknown functions, kernel samples."""
     samples: np.ndarray
-    function: np.ndarray
-    module: np.ndarray
-    process: np.ndarray
+    ids: dict[str, np.ndarray]
+    strings: np.ndarray  # object: the resolver's strings, index = id
     pid: np.ndarray
     unknown: np.ndarray
     kernel: np.ndarray
+
+    def names(self, column: str) -> np.ndarray:
+        return self.strings[self.ids[column]]
 
 
 class WholeNeeded(Exception):
@@ -245,7 +248,7 @@ class StreamedAnalysis:
             return []
         kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
         return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
-            c.samples.tolist(), c.function.tolist(), c.module.tolist(), c.process.tolist(), c.pid.tolist(),
+            c.samples.tolist(), *(c.names(n).tolist() for n in ("func", "module", "process")), c.pid.tolist(),
             c.unknown.tolist(), c.kernel.tolist(), strict=True)]
 
     def row_columns(self, summed: _Rows) -> RowColumns | None:
@@ -264,8 +267,8 @@ class StreamedAnalysis:
         codes = counts.codes[order]
         kernel = np.zeros(len(counts.codes))
         kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
-        return RowColumns(counts.counts[order], *(names.strings_of(codes, c) for c in ("func", "module", "process")),
-                          pids[order], names.unknown(codes), kernel[order])
+        return RowColumns(counts.counts[order], {c: names.ids(codes, c) for c in ("func", "module", "process")},
+                          names.strings.array(), pids[order], names.unknown(codes), kernel[order])
 
     def host_profile(self, cpu: int | None = None) -> Profile:
         if cpu is not None or self.level not in ("host", "all"):

@@ -13,6 +13,7 @@ one load, one analysis, every table from it.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +25,12 @@ from vmprof_tui.analyse.blanks import (
     BLOCKED_CAUSE,
     IDLE_CAUSE,
     IRQ_CAUSE,
+    PREEMPTED,
     THROTTLED_CAUSE,
     WAKEUP_CAUSE,
+    BlankTable,
     steal_of_type,
 )
-from vmprof_tui.analyse.kinds import BlankKind
 from vmprof_tui.analyse.shares import Row
 from vmprof_tui.analyse.steal import exits_to_vmm
 from vmprof_tui.analyse.stream import PIECE_ROWS, RowColumns, StreamedAnalysis, WholeNeeded, _Vcpu
@@ -57,10 +59,6 @@ class _Steal:
         for reason, n in zip(*np.unique(s["exit_reason"][vmm[in_kvm & ~polling]], return_counts=True), strict=True):
             self.by_reason[int(reason)] += int(n)
         self.vmm_user += int(np.count_nonzero(~in_kvm))
-        for b in tl.blanks:
-            if b.kind == BlankKind.PREEMPTED:
-                for holder, ns in b.holders().items():
-                    self.holders[holder] += ns
         self.costop_ns += tl.costop_ns
         self.irq_running_ns += tl.irq_running_ns
 
@@ -79,8 +77,13 @@ class WindowPass(StreamedAnalysis):
 
     def _add(self, an: Analysis, lo: int) -> None:
         super()._add(an, lo)
-        for tl in an.timelines.values():
+        timelines = list(an.timelines.values())
+        for tl in timelines:
             self.steal.setdefault((tl.vm, tl.vcpu), _Steal()).add(an, tl)
+        if timelines and timelines[0].table is not None:
+            for i, holder, ns in _holders(timelines[0].table, timelines):
+                who = self.steal[(timelines[i].vm, timelines[i].vcpu)].holders
+                who[holder] += ns
 
     def vcpus_of(self, vm: str) -> list[int]:
         return sorted(v for (v_vm, v) in self.vcpus if v_vm == vm)
@@ -133,6 +136,27 @@ class WindowPass(StreamedAnalysis):
                         "skew": st.costop_ns / 1e9, "halt_poll": poll_ns / 1e9,
                         "irq_while_running": st.irq_running_ns / 1e9})
         return out
+
+
+def _holders(table: BlankTable, timelines: list[VcpuTimeline]) -> Iterator[tuple[int, str, int]]:
+    """(timeline, holder, ns) of every preempted blank of the table, as Blank.holders gives them blank by blank:
+    the vCPUs of its VM, other VMs, host tasks, and the first holder for the rest of the blank."""
+    owner = np.full(len(table), -1, np.int64)
+    for i, tl in enumerate(timelines):
+        owner[tl.rows[0]:tl.rows[1]] = i
+    preempted = (table.kind == PREEMPTED) & (owner >= 0)
+    held = np.zeros(len(table), np.int64)
+    same, vcpu, vm = table.held_same_vm, table.held_vcpu, table.held_vm
+    keys = np.where(same, np.char.add("vcpu", vcpu.astype(str)).astype(object), vm) if len(same) else vm
+    for rows, names, ns in ((table.held_blank, keys, table.held_ns), (table.host_blank, table.host_holder,
+                                                                        table.host_ns)):
+        mine = preempted[rows]
+        rows, names, ns = rows[mine], names[mine], ns[mine]
+        np.add.at(held, rows, ns)
+        yield from zip(owner[rows].tolist(), names.tolist(), ns.tolist(), strict=True)
+    rest = np.where(preempted, table.duration - held, 0)
+    at = np.flatnonzero(rest > 0)
+    yield from zip(owner[at].tolist(), table.first_holder[at].tolist(), rest[at].tolist(), strict=True)
 
 
 def _unit(v: _Vcpu, period_ns: float) -> float:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vmprof_tui import files
@@ -122,11 +123,22 @@ def function_columns(base: dict, c: RowColumns | None, sample_s: float, vm: str 
     """_function_rows of stream.StreamedAnalysis rows given as columns (their Row: process "" and pid -1 are none)."""
     if c is None:
         return _function_rows(base, [], sample_s)
-    keep = c.samples > 0
-    process, pid = c.process[keep], c.pid[keep]
-    return base, {"process": np.where(process == "", None, process), "pid": pa.array(pid, pa.int64(), mask=pid < 0),
-                  "function": c.function[keep], "module": c.module[keep], "samples": c.samples[keep].astype(float),
-                  "seconds": c.samples[keep].astype(float) * sample_s, "vm": [vm] * int(np.count_nonzero(keep))}
+    keep = np.flatnonzero(c.samples > 0)
+    strings = _arrow_strings(c.strings)
+    function, module, process = (strings.take(c.ids[n][keep]) for n in ("func", "module", "process"))
+    pid, samples = c.pid[keep], c.samples[keep].astype(float)
+    return base, {"process": pc.if_else(pc.equal(process, ""), pa.scalar(None, pa.string()), process),
+                  "pid": pa.array(pid, pa.int64(), mask=pid < 0), "function": function, "module": module,
+                  "samples": samples, "seconds": samples * sample_s, "vm": [vm] * len(keep)}
+
+
+_ARROW_STRINGS: list = [None, None]  # the resolver's strings as an Arrow array, made once a window
+
+
+def _arrow_strings(strings: np.ndarray) -> pa.Array:
+    if _ARROW_STRINGS[0] is not strings:
+        _ARROW_STRINGS[:] = [strings, pa.array(strings, pa.string())]
+    return _ARROW_STRINGS[1]
 
 
 def _profile_blocks(base: dict, columns: RowColumns | None, virtual: list[Row], sample_s: float) -> list[Block]:
@@ -144,7 +156,7 @@ def table_of(blocks: list[Block], schema: pa.Schema) -> pa.Table:
             if f.name in cols and not (f.name == "vm" and "vm" in base):
                 parts.append(pa.array(cols[f.name], f.type))
             else:
-                parts.append(pa.array([base[f.name]] * n, f.type))
+                parts.append(pa.repeat(pa.scalar(base[f.name], f.type), n))
         columns.append(pa.concat_arrays(parts) if parts else pa.array([], f.type))
     return pa.Table.from_arrays(columns, schema=schema)
 
