@@ -111,7 +111,8 @@ class Writer:
         if self._pending_host_stacks:  # before the stacks that use them
             self.chunk(HOST_STACKS, encode_host_stacks(self._pending_host_stacks))
             self._pending_host_stacks = {}
-        samples, sched = (np.concatenate(p) if p else None for p in (self._pending_samples, self._pending_sched))
+        samples, sched = (None if not p else p[0] if len(p) == 1 else np.concatenate(p)
+                          for p in (self._pending_samples, self._pending_sched))
         self._pending_samples, self._pending_sched = [], []
         tables = [(kind, part) for pair in time_pieces(samples, sched)
                   for kind, part in zip((SAMPLES, SCHED), pair, strict=True) if part is not None and len(part)]
@@ -131,7 +132,9 @@ class Writer:
         self.sync()
 
     def add_snapshot(self, snapshot: dict) -> None:
-        self.chunk(SNAPSHOT, zlib.compress(json.dumps(snapshot).encode(), 6))
+        # zlib whatever the codec (readers inflate it so); at level 1 for zstd's writers (megabytes of a window's
+        # processes: a third of the time of level 6, a little larger)
+        self.chunk(SNAPSHOT, zlib.compress(json.dumps(snapshot).encode(), 1 if self.codec == "zstd" else 6))
 
     def add_bundle(self, vm: str, folder: Path) -> None:
         """Store a guest bundle folder (as a tar) with the recording."""
@@ -197,11 +200,11 @@ def time_pieces(samples: np.ndarray | None, sched: np.ndarray | None,
         if table is None or not len(table):
             out.append([table] * (len(cuts) + 1))
             continue
-        stretch = np.searchsorted(cuts, table["time_ns"], side="right")
-        if np.all(stretch[1:] >= stretch[:-1]):
-            bounds = np.searchsorted(stretch, np.arange(len(cuts) + 1))
-            out.append(np.split(table, bounds[1:]))
+        times = table["time_ns"]
+        if np.all(times[1:] >= times[:-1]):
+            out.append(np.split(table, np.searchsorted(times, cuts, side="left")))
         else:
+            stretch = np.searchsorted(cuts, times, side="right")
             order = np.argsort(stretch, kind="stable")
             bounds = np.searchsorted(stretch[order], np.arange(len(cuts) + 1))
             out.append(np.split(table[order], bounds[1:]))
