@@ -122,7 +122,7 @@ class StreamedAnalysis:
         self.host = HostParts()
         self.host_rows = _Rows()
         self.others: dict[tuple, Row] = {}  # CPU idle, one row per VM (by pid)
-        self.vcpus: dict[tuple[str, int], _Vcpu] = {}
+        self.vcpus: dict[tuple[str, int, int], _Vcpu] = {}  # by VM, vCPU and thread (a VM's name can be two VMs')
         self.vm_index: dict[str, int] = {}
         self.vm_by_pid: dict[int, str] = {}
         self.unresolved = 0  # samples whose function did not resolve (host level: of every sample)
@@ -184,8 +184,7 @@ class StreamedAnalysis:
         rows = an.row_counts_of(guest + in_kernel) if timelines else []
         kernel_rows = rows[len(guest):] if self.kernel else [None] * len(guest)
         for tl, real, names, kernel_names in zip(timelines, guest, rows[:len(guest)], kernel_rows, strict=True):
-            mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tl.tid, _Rows()))
-            mine.tid = tl.tid
+            mine = self.vcpus.setdefault((tl.vm, tl.vcpu, tl.tid), _Vcpu(tl.tid, _Rows()))
             mine.rows.add(names, kernel_names)
             idx = counts.thread_samples(tl)
             kernel = int(np.count_nonzero(flags[real] & SAMPLE_GUEST_KERNEL))
@@ -239,7 +238,7 @@ class StreamedAnalysis:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
 
     def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
-        return sorted((vcpu, v.tid) for (v_vm, vcpu), v in self.vcpus.items() if v_vm == vm)
+        return sorted((vcpu, tid) for (v_vm, vcpu, tid) in self.vcpus if v_vm == vm)
 
     def _rows(self, summed: _Rows, vm: str | None) -> list[Row]:
         """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code."""
@@ -288,7 +287,7 @@ class StreamedAnalysis:
         if self.level not in ("guest", "all") or self.vm not in (None, vm):
             raise ValueError(f"this streamed analysis has no guest profile of {vm}: analyse it whole")
         parts = GuestParts()
-        mine = [v for (v_vm, v_id), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)
+        mine = [v for (v_vm, v_id, _tid), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)
                 if v_vm == vm and vcpu in (None, v_id)]
         for v in mine:
             parts.add(v.parts(self.period_ns))

@@ -31,9 +31,9 @@ from vmprof_tui.analyse.blanks import (
     BlankTable,
     steal_of_type,
 )
-from vmprof_tui.analyse.shares import Row
+from vmprof_tui.analyse.shares import GuestParts, Row
 from vmprof_tui.analyse.steal import exits_to_vmm
-from vmprof_tui.analyse.stream import PIECE_ROWS, RowColumns, StreamedAnalysis, WholeNeeded, _Vcpu
+from vmprof_tui.analyse.stream import PIECE_ROWS, RowColumns, StreamedAnalysis, WholeNeeded, _Rows, _Vcpu
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.bpf_records import SAMPLE_VCPU
@@ -70,7 +70,7 @@ class WindowPass(StreamedAnalysis):
         scanned = scan(path)
         if scanned is None:
             raise WholeNeeded("the window cannot be read a piece at a time")
-        self.steal: dict[tuple[str, int], _Steal] = {}
+        self.steal: dict[tuple[str, int, int], _Steal] = {}  # as self.vcpus: by VM, vCPU and thread
         self.backend = scanned.rec.meta.get("backend", "")
         super().__init__(scanned, level="all", kernel=False, shares_only=False,
                          piece_rows=piece_rows)
@@ -79,32 +79,43 @@ class WindowPass(StreamedAnalysis):
         super()._add(an, lo)
         timelines = list(an.timelines.values())
         for tl in timelines:
-            self.steal.setdefault((tl.vm, tl.vcpu), _Steal()).add(an, tl)
+            self.steal.setdefault((tl.vm, tl.vcpu, tl.tid), _Steal()).add(an, tl)
         if timelines and timelines[0].table is not None:
             for i, holder, ns in _holders(timelines[0].table, timelines):
-                who = self.steal[(timelines[i].vm, timelines[i].vcpu)].holders
+                tl = timelines[i]
+                who = self.steal[(tl.vm, tl.vcpu, tl.tid)].holders
                 who[holder] += ns
 
-    def vcpus_of(self, vm: str) -> list[int]:
-        return sorted(v for (v_vm, v) in self.vcpus if v_vm == vm)
+    def vcpus_of(self, vm: str) -> list[tuple[int, int]]:
+        """(vCPU, thread) of each of the VM's vCPU threads, as the reference task takes its timelines."""
+        return self.vcpu_threads(vm)
 
-    def sample_s(self, vm: str, vcpu: int) -> float:
+    def sample_s(self, vm: str, vcpu: int, tid: int) -> float:
         """What one sample of the vCPU's thread stands for over the window (VcpuSamples.sample_ns), in seconds."""
-        return _unit(self.vcpus[(vm, vcpu)], self.period_ns) / 1e9
+        return _unit(self.vcpus[(vm, vcpu, tid)], self.period_ns) / 1e9
 
-    def profile_parts(self, vm: str, vcpu: int) -> tuple[RowColumns | None, list[Row], float]:
-        """What guest_profile(vm, vcpu).rows are, for the store: its function rows as columns, its virtual rows,
-        and the seconds one of its samples stands for."""
-        v = self.vcpus[(vm, vcpu)]
-        virtual = [Row(n, *kind.label(vcpu=c), None, None, vm, kind)
-                   for (kind, c), n in v.parts(self.period_ns).virtual().items()]
-        return self.row_columns(v.rows), virtual, self.sample_s(vm, vcpu)
+    def _of_vcpu(self, vm: str, vcpu: int) -> list[_Vcpu]:
+        """The threads that were this vCPU (two when two VMs of one name ran in the window), as Analysis.guest_profile
+        and guest_ratios join them."""
+        return [v for (v_vm, v_id, _tid), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)
+                if (v_vm, v_id) == (vm, vcpu)]
+
+    def profile_parts(self, vm: str, vcpu: int, tid: int) -> tuple[RowColumns | None, list[Row], float]:
+        """What the reference task writes for the vCPU thread: guest_profile(vm, vcpu).rows (its function rows as
+        columns, then its virtual rows), and the seconds one of the thread's samples stands for."""
+        mine = self._of_vcpu(vm, vcpu)
+        parts = GuestParts()
+        for v in mine:
+            parts.add(v.parts(self.period_ns))
+        virtual = [Row(n, *kind.label(vcpu=c), None, None, vm, kind) for (kind, c), n in parts.virtual().items()]
+        rows = mine[0].rows if len(mine) == 1 else _Rows.joined([v.rows for v in mine])
+        return self.row_columns(rows), virtual, self.sample_s(vm, vcpu, tid)
 
     def vcpu_seconds(self, vm: str) -> list[dict]:
         """tasks.vcpu_seconds of the whole window, from the sums."""
         out = []
-        for vcpu in self.vcpus_of(vm):
-            v, st = self.vcpus[(vm, vcpu)], self.steal.get((vm, vcpu), _Steal())
+        for vcpu, tid in self.vcpus_of(vm):
+            v, st = self.vcpus[(vm, vcpu, tid)], self.steal.get((vm, vcpu, tid), _Steal())
             unit = _unit(v, self.period_ns)
             by_exit: dict[str, float] = defaultdict(float)
             for reason in sorted(st.by_reason):
@@ -124,7 +135,10 @@ class WindowPass(StreamedAnalysis):
                       "irq": split.get(IRQ_CAUSE, 0.0)}
             causes["preempted"] = type1 - sum(causes.values())
             poll_ns = float(v.polling) * unit if v.exact_poll_ns is None else float(v.exact_poll_ns)
-            shares = v.parts(self.period_ns).ratios()
+            joined = GuestParts()  # the vCPU's shares (guest_ratios: of all its threads)
+            for other in self._of_vcpu(vm, vcpu):
+                joined.add(other.parts(self.period_ns))
+            shares = joined.ratios()
             guest_s = float(v.kernel + v.user) * unit / 1e9
             in_guest = shares["os"] + shares["user"]
             guest_kernel_s = guest_s * shares["os"] / in_guest if in_guest else 0.0

@@ -259,8 +259,8 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
         vms = one.vm_names()
         per_vm = {}
         for vm in vms:
-            blocks = [b for v in one.vcpus_of(vm)
-                      for b in _profile_blocks({**base, "vm": vm, "vcpu": v}, *one.profile_parts(vm, v))]
+            blocks = [b for v, tid in one.vcpus_of(vm)
+                      for b in _profile_blocks({**base, "vm": vm, "vcpu": v}, *one.profile_parts(vm, v, tid))]
             per_vm[vm] = vm_tables({**base, "vm": vm}, blocks, one.vcpu_seconds(vm))
         host = host_table(base, one.other_rows(), one.period_ns / 1e9,
                           function_columns(base, one.row_columns(one.host_rows), one.period_ns / 1e9, None))
