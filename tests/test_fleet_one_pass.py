@@ -86,3 +86,15 @@ def assert_same_tables(store: Path, reference_store: Path) -> None:
                     if figure in row:
                         assert math.isclose(other[figure], row[figure], rel_tol=1e-9, abs_tol=1e-12), \
                             (name, key, figure, other[figure], row[figure])
+
+
+def test_analyser_workers_keep_glibc_malloc_thresholds(tmp_path: Path) -> None:
+    """Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which fixes glibc's thresholds: every large array is then mapped
+    anew, and a window's analysis takes twice the CPU time.  The embedded cluster's workers run without it."""
+    import os
+
+    from vmprof_tui.fleet.analyse import Analyser
+
+    with Analyser(tmp_path / "store", workers=1) as an:
+        seen = an._client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+    assert list(seen.values()) == [None]

@@ -35,7 +35,8 @@ class WindowResult:
     ref: WindowRef
     t0_s: float  # store time on the agent (from its log)
     t1_s: float  # window length
-    t2_s: float  # analysis cost: the sum of its tasks' run times
+    t2_s: float  # analysis cost: its task's run time
+    t2_cpu_s: float = 0.0  # of it, the worker's CPU time (t2 where nothing else runs on the node)
     vms: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -129,8 +130,13 @@ class Analyser:
             # the workers' scratch space in a private new folder: Dask's default, a fixed $TMPDIR/dask-scratch-space,
             # is a path another user can plant a link at
             self._scratch = tempfile.mkdtemp(prefix="vmprof-dask-")
-            # the cluster's own lock files go there too; the setting is undone in __exit__
-            self._config = dask.config.set({"temporary-directory": self._scratch})
+            # the cluster's own lock files go there too; the setting is undone in __exit__.  The workers keep glibc's
+            # own malloc thresholds: Dask's MALLOC_TRIM_THRESHOLD_ fixes them, and every large array of the analysis
+            # is then mapped and unmapped anew, page by page (twice the CPU time of a window)
+            environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+            environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+            self._config = dask.config.set({"temporary-directory": self._scratch,
+                                            "distributed.nanny.pre-spawn-environ": environ})
             self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                          dashboard_address=None, local_directory=self._scratch)
             self._client = Client(self._cluster)
@@ -171,7 +177,8 @@ class Analyser:
             res = results[ref]
             try:
                 out = f.result()
-                res.vms, res.t2_s, res.error = out["vms"], out["seconds"], out.get("error")
+                res.vms, res.t2_s, res.t2_cpu_s = out["vms"], out["seconds"], out["cpu_seconds"]
+                res.error = out.get("error")
             except OSError as e:  # the store (read-only, full): every other window would fail the same way
                 if e.filename and Path(e.filename).is_relative_to(self.store):
                     for other in futures:

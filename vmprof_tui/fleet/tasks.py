@@ -241,13 +241,13 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
     """The analysis node's task: one window read once (a piece at a time, one_pass.py; whole when it cannot be),
     every VM's rows and the host's written as analyse_window_vm writes them; what it did (for t2), with the
     error of a window skipped as corrupt or gone (analyse.check_window)."""
-    t = time.monotonic()
+    t, cpu = time.monotonic(), time.process_time()
     try:
         one = WindowPass(Path(ref.path))  # its scan checks every chunk: an intact window
     except WholeNeeded:
         if (why := check_window(ref.path)) is not None:
             return {"host": ref.host, "window": ref.seq, "vms": [], "rows": 0, "seconds": time.monotonic() - t,
-                    "notes": [], "error": why}
+                    "cpu_seconds": time.process_time() - cpu, "notes": [], "error": why}
         rec = load(Path(ref.path))
         an = analyse(rec)
         base = _window_base(ref, rec)
@@ -269,8 +269,9 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
         for name, table in tables.items():
             write_table(ref.output(Path(store), name, vm), table)
     write_table(ref.output(Path(store), "host_profile", "host"), host)
+    # cpu_seconds: the worker process's CPU time meanwhile (the reader thread's too): t2 on a node of its own
     return {"host": ref.host, "window": ref.seq, "vms": vms, "seconds": time.monotonic() - t, "notes": notes,
-            "rows": sum(t["profile"].num_rows for t in per_vm.values())}
+            "cpu_seconds": time.process_time() - cpu, "rows": sum(t["profile"].num_rows for t in per_vm.values())}
 
 
 def write_table(path: Path, table: pa.Table) -> None:
