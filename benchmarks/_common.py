@@ -51,10 +51,12 @@ class Background:
         threading.Thread(target=lambda: self.proc.stderr.read(), daemon=True).start()  # type: ignore[union-attr]
         time.sleep(0.5)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30) -> None:
+        """SIGINT, then SIGKILL after timeout_s (perf record writes its build-ids after SIGINT: minutes for a
+        large perf.data on a loaded machine, and a killed perf leaves a file perf report refuses)."""
         self.proc.send_signal(2)
         try:
-            self.proc.wait(30)
+            self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
 

@@ -355,8 +355,12 @@ def time_reports(rec: Path, vm: str, baseline: Path | None, repeat: int, perf_da
     perf = perf_binary()
     perf_s = None
     if perf_data and perf:
-        runs = [run_measured([perf, "kvm", "--host", "--guest", "report", "-i", str(perf_data), "--stdio"])
-                for _ in range(repeat)]
+        cmd = [perf, "kvm", "--host", "--guest", "report", "-i", str(perf_data), "--stdio"]
+        # perf report exits 0 on a perf.data whose recorder was killed, printing only "Error:"
+        check = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if "Error:" in check.stderr:
+            raise RuntimeError(f"perf cannot read {perf_data}: {check.stderr.strip()[-500:]}")
+        runs = [run_measured(cmd) for _ in range(repeat)]
         perf_s = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
     print(f"{'':24}" + "".join(f"{t:>22}" for t in envs) + ("      ratio" if baseline else ""))
     for name in cases:
@@ -557,7 +561,7 @@ def demo(out: Path, seconds: float, rate: int) -> None:
                                   str(pdata)], warmup_s=0))
         time.sleep(seconds + 5)
         for b in bg:
-            b.stop()
+            b.stop(timeout_s=900)
     print(f"{rec} ({rec.stat().st_size >> 20} MB)" + (f", {pdata} ({pdata.stat().st_size >> 20} MB)" if perf else ""))
 
 

@@ -2,7 +2,7 @@
 bounded by the distinct rows, not by the samples (docs/scale.md).
 
 Each piece of the recording (record/stream.py) is prepared and analysed on its own, with the last switch of each
-CPU and vCPU thread before it (window.SwitchContext, as the live screen's chunks) and the first switch of each
+CPU and vCPU thread before it (timeline.SwitchContext, as the live screen's chunks) and the first switch of each
 thread after it; what the level asked for needs of it is summed in samples and nanoseconds, and the piece is let
 go.  The profiles made from the sums are those Analysis.host_profile and guest_profile make of the whole
 recording: the same rows, in the same order, with the same samples and shares (the virtual samples of blank time
@@ -24,6 +24,7 @@ from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
+from vmprof_tui.analyse.timeline import SwitchContext
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
@@ -137,8 +138,6 @@ class StreamedAnalysis:
         # the vCPU threads of the VM list: one that only its samples name is learned in the pieces where it ran
         # guest code, where the whole recording knows it in every piece (its timeline): not streamed
         listed = learn_vms(rec, np.empty(0, rec.samples.dtype), np.empty(0, bool)).vcpu_of_tid
-        from vmprof_tui.analyse.window import SwitchContext
-
         resolver = Resolver()
         context = SwitchContext()
         snapshot = rec.snapshot

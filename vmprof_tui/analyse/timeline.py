@@ -18,11 +18,14 @@ from vmprof_tui import arrays
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import NO_TIME, Blank, BlankTable
 from vmprof_tui.record.bpf_records import (
+    SCHED_DTYPE,
     SCHED_HALT_END,
+    SCHED_NEXT_VCPU,
     SCHED_NOT_SWITCH,
     SCHED_PREV_HALTED,
     SCHED_PREV_RUNNABLE,
     SCHED_PREV_THROTTLED,
+    SCHED_PREV_VCPU,
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
     cpu_order,
@@ -30,6 +33,30 @@ from vmprof_tui.record.bpf_records import (
 )
 
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
+
+
+class SwitchContext:
+    """The last recorded context switch on each CPU and of each vCPU thread, as of the end of the chunks seen so far:
+    what the analysis of the next chunk needs from before its span (who held each CPU as the span began, and
+    whether each vCPU was on a CPU or in a blank then, and why).  At most one record per CPU and per vCPU thread."""
+
+    def __init__(self) -> None:
+        self.events = np.empty(0, SCHED_DTYPE)
+
+    def advance(self, sched: np.ndarray) -> None:
+        """Take in a chunk's sched events (in time order)."""
+        ev = np.concatenate([self.events, sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]])
+        if not len(ev):
+            return
+        n = len(ev)
+        _cpus, from_end = arrays.unique(ev["cpu"][::-1], return_index=True)
+        keep = [n - 1 - from_end]
+        for side, flag in (("prev", SCHED_PREV_VCPU), ("next", SCHED_NEXT_VCPU)):
+            at = np.flatnonzero(ev["flags"] & flag)
+            thread = arrays.thread_keys(ev[f"{side}_pid"][at], ev[f"{side}_tid"][at])
+            _threads, from_end = arrays.unique(thread[::-1], return_index=True)
+            keep.append(at[len(at) - 1 - from_end])
+        self.events = ev[np.unique(np.concatenate(keep))]
 
 
 def overlap(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -121,7 +148,7 @@ class Schedule:
     def switches_on_cpu(self) -> dict[int, np.ndarray]:
         """CPU -> the indices of its context switches in self.sched (in time order): one sort for all CPUs.  Of the
         switches before the span analysed, only the last (what the CPU ran as the span began): a chunk's sched events
-        begin with the last switch of each CPU and of each vCPU thread (window.SwitchContext), and a vCPU thread's
+        begin with the last switch of each CPU and of each vCPU thread (SwitchContext), and a vCPU thread's
         may be older than its CPU's."""
         on_cpu = dict(arrays.group_by(self.sched["cpu"], cpu_order(self.sched)))
         if self.range_ns is not None:

@@ -33,15 +33,13 @@ from vmprof_tui.analyse.shares import (
     WindowSummary,
 )
 from vmprof_tui.analyse.steal import add_vcpu_steal, vcpu_steal
+from vmprof_tui.analyse.timeline import SwitchContext
 from vmprof_tui.collect.session import CollectionSession, read_kallsyms
 from vmprof_tui.record import recording
 from vmprof_tui.record.bpf_records import (
     SAMPLE_DTYPE,
     SAMPLE_HOST_KERNEL,
     SCHED_DTYPE,
-    SCHED_NEXT_VCPU,
-    SCHED_NOT_SWITCH,
-    SCHED_PREV_VCPU,
     STACK_DTYPE,
 )
 from vmprof_tui.resolve.prepare import prepare
@@ -66,30 +64,6 @@ def _time_ordered(samples: np.ndarray) -> np.ndarray:
     return samples if np.all(t[1:] >= t[:-1]) else samples[arrays.stable_argsort(t)]
 
 
-class SwitchContext:
-    """The last recorded context switch on each CPU and of each vCPU thread, as of the end of the chunks seen so far:
-    what the analysis of the next chunk needs from before its span (who held each CPU as the span began, and
-    whether each vCPU was on a CPU or in a blank then, and why).  At most one record per CPU and per vCPU thread."""
-
-    def __init__(self) -> None:
-        self.events = np.empty(0, SCHED_DTYPE)
-
-    def advance(self, sched: np.ndarray) -> None:
-        """Take in a chunk's sched events (in time order)."""
-        ev = np.concatenate([self.events, sched[(sched["flags"] & SCHED_NOT_SWITCH) == 0]])
-        if not len(ev):
-            return
-        n = len(ev)
-        _cpus, from_end = arrays.unique(ev["cpu"][::-1], return_index=True)
-        keep = [n - 1 - from_end]
-        for side, flag in (("prev", SCHED_PREV_VCPU), ("next", SCHED_NEXT_VCPU)):
-            at = np.flatnonzero(ev["flags"] & flag)
-            thread = arrays.thread_keys(ev[f"{side}_pid"][at], ev[f"{side}_tid"][at])
-            _threads, from_end = arrays.unique(thread[::-1], return_index=True)
-            keep.append(at[len(at) - 1 - from_end])
-        self.events = ev[np.unique(np.concatenate(keep))]
-
-
 # (samples, their names, sched events with the switches before the span, the span, shares_only) -> its Analysis
 AnalyseSpan = Callable[[np.ndarray, "Resolved | None", np.ndarray, tuple[int, int], bool], Analysis]
 
@@ -103,7 +77,7 @@ class WindowChunk:
     samples: np.ndarray
     resolved: Resolved | None
     sched: np.ndarray
-    before: np.ndarray  # the switches before the span (SwitchContext)
+    before: np.ndarray  # the switches before the span (timeline.SwitchContext)
     stacks: np.ndarray | None
     summary: SpanSummary
     analyse: AnalyseSpan
