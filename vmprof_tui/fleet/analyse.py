@@ -132,7 +132,7 @@ class Analyser:
             self._scratch = tempfile.mkdtemp(prefix="vmprof-dask-")
             # the cluster's own lock files go there too; the setting is undone in __exit__.  The workers keep glibc's
             # own malloc thresholds: Dask's MALLOC_TRIM_THRESHOLD_ fixes them, and every large array of the analysis
-            # is then mapped and unmapped anew, page by page (twice the CPU time of a window)
+            # is then mapped and unmapped anew, page by page (docs/fleet.md: t2)
             environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
             environ.pop("MALLOC_TRIM_THRESHOLD_", None)
             self._config = dask.config.set({"temporary-directory": self._scratch,

@@ -40,7 +40,7 @@ from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SAMPLE_GUEST, SAMPLE_HOS
 from vmprof_tui.record.recording import OBJECTS_REF_KEY, bundle_tar, object_ref, snapshot
 from vmprof_tui.record.writer import WriteFailed, Writer
 
-WINDOW_CODEC = "zstd"  # a window's tables: ten times faster to store than zlib, as small (docs/fleet.md: t0)
+WINDOW_CODEC = "zstd"  # a window's tables: much faster to store than zlib, as small (docs/fleet.md: t0)
 
 WINDOW_RE = re.compile(r"^W(\d{8})-(\d+)\.vmprof$")
 KALLSYMS_CHECK_S = 60.0  # kallsyms is read again (stored only if it changed) at most this often

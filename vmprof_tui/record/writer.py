@@ -54,8 +54,8 @@ class Writer:
     becomes PATH.old (files.py)."""
 
     def __init__(self, path: Path, meta: dict, keep_old: bool = False, codec: str = "zlib") -> None:
-        """codec: of the sample and sched chunks, zlib or zstd (the agent's windows: 10x faster to write, as
-        small; readers since the user-stack copies' zstd read either, as each chunk's header says)."""
+        """codec: of the sample and sched chunks, zlib or zstd (the agent's windows: much faster to write, as
+        small, docs/fleet.md; readers since the user-stack copies' zstd read either, as each chunk's header says)."""
         self.path = Path(path)
         self.codec = codec
         try:
@@ -133,7 +133,7 @@ class Writer:
 
     def add_snapshot(self, snapshot: dict) -> None:
         # zlib whatever the codec (readers inflate it so); at level 1 for zstd's writers (megabytes of a window's
-        # processes: a third of the time of level 6, a little larger)
+        # processes: faster than level 6, a little larger)
         self.chunk(SNAPSHOT, zlib.compress(json.dumps(snapshot).encode(), 1 if self.codec == "zstd" else 6))
 
     def add_bundle(self, vm: str, folder: Path) -> None:
