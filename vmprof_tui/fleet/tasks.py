@@ -265,6 +265,7 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
         host = host_table(base, one.other_rows(), one.period_ns / 1e9,
                           function_columns(base, one.row_columns(one.host_rows), one.period_ns / 1e9, None))
         notes = list(one.notes)
+    _ARROW_STRINGS[:] = [None, None]  # the window's names, not held by the worker until its next window
     for vm, tables in per_vm.items():
         for name, table in tables.items():
             write_table(ref.output(Path(store), name, vm), table)
