@@ -10,13 +10,18 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from synth import busy_recording
+from synth import MS, VMX_IO, SynthRecording, busy_recording
 
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.fleet import one_pass
 from vmprof_tui.fleet.analyse import find_windows
 from vmprof_tui.fleet.tasks import HOST_TASK, TABLES, WindowRef, analyse_window, analyse_window_vm, window_vms
+from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
+from vmprof_tui.record.recording import load
+from vmprof_tui.resolve.prepare import prepare, recording_span
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +83,7 @@ def assert_same_tables(store: Path, reference_store: Path) -> None:
     reference, mine = tables(reference_store), tables(store)
     for name in TABLES:
         assert mine[name].keys() == reference[name].keys(), f"the {name} table has other rows"
-        assert len(reference[name]) >= 4
+        assert reference[name], f"no rows in {name} to compare"
         for key, rows in reference[name].items():
             assert len(mine[name][key]) == len(rows), (name, key)
             for row, other in zip(rows, mine[name][key], strict=True):
@@ -98,3 +103,44 @@ def test_analyser_workers_keep_glibc_malloc_thresholds(tmp_path: Path) -> None:
     with Analyser(tmp_path / "store", workers=1) as an:
         seen = an._client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
     assert list(seen.values()) == [None]
+
+
+def test_one_pass_of_a_vm_name_two_vms_had_writes_what_the_per_vm_tasks_write(tmp_path: Path) -> None:
+    """A VM stopped and another of its name started within the window: two threads of one vCPU, each priced at
+    its own rate (the streamed sums are kept by thread)."""
+    b = SynthRecording(frequency=1000, cpus=2)
+    first, second = b.vm("web", pid=100, vcpus={0: 101}), b.vm("web", pid=300, vcpus={0: 301})
+    slot = 10 * MS
+    for k in range(200):
+        t0 = k * slot
+        b.host_task(500, "app", cpu=0, start_ns=t0, end_ns=t0 + slot)
+        vm = first if k < 100 else second
+        if k % 3 or k in (99, 199):  # each VM's last slot a run: a preemption ends where it runs again
+            b.run(vm, 0, cpu=1, start_ns=t0, end_ns=t0 + slot - 2 * MS)
+            b.vmm_work(vm, 0, cpu=1, start_ns=t0 + slot - 2 * MS, end_ns=t0 + slot, exit_reason=VMX_IO)
+        else:
+            b.preempt(vm, 0, start_ns=t0, end_ns=t0 + slot)
+            b.host_task(600, "worker", cpu=1, start_ns=t0, end_ns=t0 + slot)
+    folder = tmp_path / "spool" / "h1" / "windows"
+    folder.mkdir(parents=True)
+    b.write(folder / "W00000001-1800000000.vmprof")
+    ref = find_windows([tmp_path / "spool"])[0]
+    for vm in [*window_vms(ref.path)[0], HOST_TASK]:
+        analyse_window_vm(ref, vm, str(tmp_path / "reference"))
+    analyse_window(ref, str(tmp_path / "one"))
+    assert_same_tables(tmp_path / "one", tmp_path / "reference")
+    assert len(tables(tmp_path / "one")["vcpu"]) == 5 and all(
+        len(rows) == 2 for rows in tables(tmp_path / "one")["vcpu"].values())  # two threads of vCPU 0, each state
+
+
+def test_on_cpu_time_of_a_time_range_is_of_its_runs_as_in_the_whole_recording(window: WindowRef) -> None:
+    """A switch-out that went unrecorded (a switch-in after a switch-in): the stretch between is neither a run nor
+    a blank, in a time range (a piece, a live chunk) as in the whole recording."""
+    rec = load(Path(window.path))
+    tid = 101
+    outs = np.flatnonzero((rec.sched["prev_tid"] == tid) & ((rec.sched["flags"] & SCHED_NOT_SWITCH) == 0))
+    rec.sched = np.delete(rec.sched, outs[len(outs) // 2])
+    whole = Analysis(prepare(rec)).timelines
+    ranged = Analysis(prepare(rec, span_ns=recording_span(rec))).timelines
+    assert {t: tl.on_cpu_ns for t, tl in ranged.items()} == {t: tl.on_cpu_ns for t, tl in whole.items()}
+    assert whole[tid].on_cpu_ns + sum(b.duration_ns for b in whole[tid].blanks) < whole[tid].wall_ns
