@@ -120,7 +120,7 @@ class WindowPass(StreamedAnalysis):
             by_exit: dict[str, float] = defaultdict(float)
             for reason in sorted(st.by_reason):
                 by_exit[exits.exit_category(self.backend, reason)] += float(st.by_reason[reason]) * unit
-            to_vmm = exits_to_vmm(self, v.tid)  # type: ignore[arg-type]  # it reads .rec only
+            to_vmm = exits_to_vmm(self.rec, v.tid)
             total_exits = sum(to_vmm.values())
             if st.vmm_user and total_exits:
                 for name, n in to_vmm.items():
