@@ -1,11 +1,18 @@
 """`benchmarks/predict.py --target vm`: the demo's real programs counted natively, predicted onto a demo VM.
 
-Per round, for each program: counted natively on the host (`vmprof predict measure`, the static binary, in a
-scratch directory), then run inside a demo VM alone and beside a busy neighbour VM on the same pCPU (its wall
-time from first instruction to exit, the VMM's truth).  Costs: the host's (`predict costs`, the reference for
-the compute term), the VM's alone and with the neighbour (`predict costs --vm [--neighbour]`).  Then the
-self-prediction on the host while a busy loop runs on the other core: counts, costs and actual runs pinned to
-the target pCPU, in rounds.  Prints per program predicted, range, actual, error and the steal share.
+Per round, for each program: counted natively on the host (`vmprof predict measure --memory-probe`, the static
+binary, in a scratch directory), then run inside a demo VM alone and beside a busy neighbour VM on the same pCPU
+(its wall time from first instruction to exit, the VMM's truth), each run just after a probe in the same VM
+layout (the cost program's compute and memory loops, their CPU time and the steal share over them).  Costs: the
+host's (`predict costs`, the reference for the compute term), the VM's alone and with the neighbour (`predict
+costs --vm [--neighbour]`).  Then the self-prediction on the host while another job (a busy loop, started here)
+runs on CPU 1: counts, costs (`--without-wait`), probes (`costs --probe`) and actual runs pinned to CPU 0, in
+rounds; the condition is predicted with no wait for CPU 0 against each run's wall time less its own wait for CPU
+0 (only work outside the condition, other users of the machine, causes that wait), and with the probed wait share
+against the raw wall time.  Prints per program predicted, range, actual, error and the steal/wait shares.
+
+    python benchmarks/predict.py --target vm --runs 2               # everything (about 10 minutes)
+    python benchmarks/predict.py --target vm --self-only --runs 2   # the loaded self-prediction alone
 """
 
 from __future__ import annotations
@@ -207,7 +214,8 @@ def self_part(runs: int, work: Path, paths: dict[str, Path], t_start: float) -> 
                 d = work / f"{name}-{r}"
                 d.mkdir(exist_ok=True)
                 out = work / f"{name}.{r}.self.counts.json"
-                vmprof("predict", "measure", "-o", str(out), "--", str(paths[name]), *args, cwd=d, pin=SELF_CPU)
+                vmprof("predict", "measure", "--memory-probe", "-o", str(out), "--", str(paths[name]), *args, cwd=d,
+                       pin=SELF_CPU)
                 self_counted[name].append(load_counts(out))
                 vmprof("predict", "costs", "--probe", "-q", "-o", str(work / f"{name}.{r}.probe.json"), pin=SELF_CPU)
                 self_probe[name].append(load_costs(work / f"{name}.{r}.probe.json"))

@@ -6,7 +6,9 @@ also sees what the target does to its caches (a neighbour on the same CPU evicti
 walks).  The model is linear: a share m of the program's CPU time scales like the memory loop (a pointer chase
 over more than a core's L2, predict_costs.MemoryChain), the rest like the compute loop.  m is measured, not
 guessed: the program and the memory loop each run alone and beside a neighbour on their CPU that evicts the
-caches at every switch (a pointer chase over twice the loop's working set); if the loop is slowed by s_m and
+caches at every switch (it writes a byte of every cache line of 64 MiB, twice the L3, over and over: a
+stream, which the prefetchers make fast, so a time slice of it sweeps the whole L3; a pointer chase as the
+neighbour evicted only a megabyte or two per slice); if the loop is slowed by s_m and
 the program by s_p, then s_p - 1 = m (s_m - 1), so m = (s_p - 1) / (s_m - 1), kept within 0..1.  Alone and
 beside alternate, twice, and the medians are used, so that a drift of the machine falls on both.
 """
@@ -14,6 +16,8 @@ beside alternate, twice, and the medians are used, so that a drift of the machin
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import signal
 import statistics
@@ -24,7 +28,8 @@ from vmprof_tui.estimate import predict_costs
 from vmprof_tui.estimate.predict import PredictError
 
 ROUNDS = 2
-MIN_LOOP_SLOWDOWN = 0.05  # below this the neighbour changed nothing measurable: no share can be found
+MIN_LOOP_SLOWDOWN = 0.5  # below this the eviction did not happen (or the loop missed the L3 alone): no share
+NEIGHBOUR_BYTES = 64 << 20  # the evicting neighbour's working set: twice this machine's L3
 
 
 @contextlib.contextmanager
@@ -39,19 +44,30 @@ def _pinned(cpu: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _evicting_neighbour(cpu: int) -> Iterator[None]:
-    """A process on `cpu` chasing pointers through twice the memory loop's working set until killed."""
+    """A process on `cpu` writing a byte of every cache line of NEIGHBOUR_BYTES, over and over, until killed;
+    ready once its first sweep (which also faults its pages in) is done."""
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(ready_r)
             os.sched_setaffinity(0, {cpu})
-            chain = predict_costs.MemoryChain(2 * predict_costs.MEMORY_BYTES, seed=38)
+            mem = mmap.mmap(-1, NEIGHBOUR_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+            touch = predict_costs.snippets().touch_write
+            touch(addr, NEIGHBOUR_BYTES // predict_costs.LINE, predict_costs.LINE)
+            os.write(ready_w, b"1")
             while True:
-                chain.run(1 << 22)
+                touch(addr, NEIGHBOUR_BYTES // predict_costs.LINE, predict_costs.LINE)
         finally:
             os._exit(0)
+    os.close(ready_w)
     try:
+        if os.read(ready_r, 1) != b"1":
+            raise PredictError("predict measure --memory-probe: the cache-evicting neighbour did not start")
         yield
     finally:
+        os.close(ready_r)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 
