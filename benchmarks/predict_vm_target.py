@@ -148,7 +148,8 @@ def vm_part(runs: int, work: Path, paths: dict[str, Path], t_start: float) -> No
                 share = probe["run_delay_ns"] / probe["wall_ns"]
                 vm_probe[t][name].append(share)
                 vm_loops[t][name].append(Costs(target={"name": "probe", "probe": True, "costs_exclude_steal": True,
-                                                       "steal_share": share}, costs=parse_costs(text)[1]))
+                                                       "vm": {"pcpu": CPU}, "steal_share": share},
+                                               costs=parse_costs(text)[1]))
                 proc, _ = run_in_vm(paths[name], [name, *args], d, t == "neighbour", f"{name} in the VM")
                 vm_wall[t][name].append(proc["wall_ns"] / 1e9)
                 vm_steal[t][name].append(proc["run_delay_ns"] / proc["wall_ns"])

@@ -220,6 +220,11 @@ def test_probe_replaces_the_loops_and_the_wait_share(tmp_path: Path) -> None:
     assert "--without-wait" in _one_line_failure(vmprof(
         "predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "wall.json"),
         "--probe", str(tmp_path / "now.json")))
+    k["target"]["vm"] = {"pcpu": 1}  # a demo VM's costs: a host's probe is of another target
+    (tmp_path / "vm.json").write_text(json.dumps(k))
+    assert "different targets" in _one_line_failure(vmprof(
+        "predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "vm.json"),
+        "--probe", str(tmp_path / "now.json")))
     assert "not one from costs --probe" in _one_line_failure(vmprof(
         "predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "k.json"),
         "--probe", str(tmp_path / "k.json")), 2)

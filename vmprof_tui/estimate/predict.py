@@ -276,6 +276,9 @@ def with_probe(costs: Costs, probe: Costs) -> Costs:
         if c.target.get("costs_exclude_steal") is not True:
             raise PredictError(f"--probe: the costs of {c.name} include the wait for the CPU: measure them with "
                                "vmprof predict costs --without-wait")
+    if ("vm" in costs.target) != ("vm" in probe.target):
+        raise PredictError(f"--probe: the probe and the costs of {costs.name} are of different targets (a host's "
+                           "probe comes from costs --probe there, a demo VM's from its cost program)")
     merged = {**costs.costs, **{k: v for k, v in probe.costs.items() if k in PROBE_COSTS}}
     # the reference loops a VM's costs timed on the host then are of another moment: the counts' own are nearer
     target = {k: v for k, v in costs.target.items() if k not in ("reference_compute_loop_s", "reference_memory_loop_s")}
