@@ -231,14 +231,17 @@ def test_probe_replaces_the_loops_and_the_wait_share(tmp_path: Path) -> None:
 
 
 def test_memory_probe_tells_a_pointer_chase_from_arithmetic(tmp_path: Path) -> None:
-    """measure --memory-probe: a program chasing pointers through the memory loop's working set behaves like the
-    loop (share near 1), one doing arithmetic in registers does not (share near 0)."""
+    """measure --memory-probe: a program chasing pointers through the memory loop's working set behaves mostly
+    like the loop (its set-up is arithmetic), one doing arithmetic in registers does not (share near 0)."""
     src = tmp_path / "p.c"
     src.write_text("""#include <stdlib.h>
+#include <sys/mman.h>
 int main(int argc, char **argv) {
     long n = 1L << 22, sum = 0;
     if (argc > 1) { /* a random cycle through 4 MiB of cache lines */
-        long lines = (4L << 20) / 64, *next = malloc((4L << 20)), *order = malloc(lines * sizeof(long));
+        long lines = (4L << 20) / 64, *order = malloc(lines * sizeof(long));
+        long *next = mmap(0, 4L << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        madvise(next, 4L << 20, MADV_NOHUGEPAGE); /* small pages, as the loop's */
         unsigned long x = 12345;
         for (long i = 0; i < lines; i++) order[i] = i;
         for (long i = lines - 1; i > 0; i--) {
@@ -262,8 +265,8 @@ int main(int argc, char **argv) {
     arith = _measure(tmp_path / "arith.json", str(prog), extra=("--memory-probe",))
     m_chase, m_arith = chase["reference"]["memory"], arith["reference"]["memory"]
     assert m_chase["loop_slowdown"] > 1.05  # the neighbour does evict the loop's lines
-    assert m_chase["share"] > 0.5 and m_arith["share"] < 0.2, (m_chase, m_arith)
-    assert chase["reference"]["memory_loop_s"] > 0 and P.load_counts(tmp_path / "chase.json").memory_share > 0.5
+    assert m_chase["share"] > 0.4 and m_arith["share"] < 0.1, (m_chase, m_arith)
+    assert chase["reference"]["memory_loop_s"] > 0 and P.load_counts(tmp_path / "chase.json").memory_share > 0.4
 
 
 def _one_line_failure(r: subprocess.CompletedProcess, code: int = 1) -> str:
