@@ -10,7 +10,8 @@ caches at every switch (it writes a byte of every cache line of 64 MiB, twice th
 stream, which the prefetchers make fast, so a time slice of it sweeps the whole L3; a pointer chase as the
 neighbour evicted only a megabyte or two per slice); if the loop is slowed by s_m and
 the program by s_p, then s_p - 1 = m (s_m - 1), so m = (s_p - 1) / (s_m - 1), kept within 0..1.  Alone and
-beside alternate, twice, so that a drift of the machine falls on both, and the fastest of each is used: the
+beside alternate, twice (up to five times while the loop is not slowed 1.5x: the L3 was busy with the machine's
+other work even for the loop alone), so that a drift of the machine falls on both, and the fastest of each is used: the
 machine's other tenants share the L3 and only ever slow a run (here the loop alone read 13 ns a load at a quiet
 moment and 130 ns, as slow as evicted, at a busy one, within a minute; a median took the busy ones).
 """
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 from vmprof_tui.estimate import predict_costs
 from vmprof_tui.estimate.predict import PredictError
 
-ROUNDS = 2
+ROUNDS, MAX_ROUNDS = 2, 5  # more rounds while the loop alone has not had a moment with its lines in the L3
 MIN_LOOP_SLOWDOWN = 0.5  # below this the eviction did not happen (or the loop missed the L3 alone): no share
 NEIGHBOUR_BYTES = 64 << 20  # the evicting neighbour's working set: twice this machine's L3
 
@@ -90,7 +91,9 @@ def memory_share(argv: list[str], chain: predict_costs.MemoryChain) -> dict[str,
     cpu = min(os.sched_getaffinity(0))
     prog: dict[str, list[float]] = {"alone": [], "beside": []}
     loop: dict[str, list[float]] = {"alone": [], "beside": []}
-    for _ in range(ROUNDS):
+    rounds = 0
+    while rounds < ROUNDS or (rounds < MAX_ROUNDS and min(loop["beside"]) / min(loop["alone"]) < 1 + MIN_LOOP_SLOWDOWN):
+        rounds += 1
         for where in ("alone", "beside"):
             with _evicting_neighbour(cpu) if where == "beside" else contextlib.nullcontext():
                 prog[where].append(_program_cpu_s(argv, cpu))
@@ -99,7 +102,7 @@ def memory_share(argv: list[str], chain: predict_costs.MemoryChain) -> dict[str,
     s_p = min(prog["beside"]) / max(min(prog["alone"]), 1e-9)
     s_m = min(loop["beside"]) / min(loop["alone"])
     share = min(1.0, max(0.0, (s_p - 1) / (s_m - 1))) if s_m - 1 >= MIN_LOOP_SLOWDOWN else 0.0
-    return {"share": share, "program_slowdown": s_p, "loop_slowdown": s_m,
+    return {"share": share, "program_slowdown": s_p, "loop_slowdown": s_m, "rounds": rounds,
             "program_cpu_s": prog, "loop_s": loop,
             "method": "CPU time alone and beside a cache-evicting neighbour on the same CPU: "
                       "(program slowdown - 1) / (memory loop slowdown - 1)"}

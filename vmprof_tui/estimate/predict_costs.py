@@ -2,7 +2,8 @@
 
 Every cost is wall time per operation, measured in loops long enough (``min_time`` per
 repetition, many scheduler periods) that a CPU quota or a neighbour's share of the CPU shows
-up in it as it would in a program's run time.  The loops are a few lines of x86-64 machine
+up in it as it would in a program's run time (or, with without_wait, wall time less the measuring thread's
+wait for its CPU, that share kept apart as the costs' steal share).  The loops are a few lines of x86-64 machine
 code (the assembly source is in cost_code.py; ``tests/test_predict.py`` reassembles it and compares),
 called through ctypes from an executable mapping, so no interpreter overhead sits inside a
 measured loop, no compiler is needed on the target, and the compute loop has a known number
