@@ -16,6 +16,7 @@ import argparse
 import os
 import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -28,19 +29,28 @@ from synth import SynthRecording  # noqa: E402
 
 from vmprof_tui.fleet.analyse import Analyser, find_windows, hosts_per_node  # noqa: E402
 from vmprof_tui.record import recording  # noqa: E402
+from vmprof_tui.record.recording import BUNDLE  # noqa: E402
+from vmprof_tui.record.spool import WINDOW_CODEC  # noqa: E402
 from vmprof_tui.record.writer import Writer  # noqa: E402
 
 
 def store_time(path: Path) -> float:
-    """t0: the time to write this window as the agent's writer does (tables, snapshot, end; fsynced)."""
+    """t0: the time to write this window as the agent's writer does (tables, snapshot, end; fsynced, its codec);
+    the window analysed is the one so written (its guest bundles kept, as the agent's spool has them)."""
     rec = recording.load(path)
     start = time.monotonic()
-    w = Writer(path.with_suffix(".t0"), rec.meta)
+    w = Writer(path.with_suffix(".t0"), rec.meta, codec=WINDOW_CODEC)
     w.add(rec.samples, rec.sched)
     w.add_snapshot(rec.snapshot)
     w.close(rec.end or {})
     t0 = time.monotonic() - start
-    path.with_suffix(".t0").unlink()
+    w = Writer(path.with_suffix(".t0"), rec.meta, codec=WINDOW_CODEC)
+    w.add(rec.samples, rec.sched)
+    w.add_snapshot(rec.snapshot)
+    for vm, data in rec.bundles.items():
+        w.chunk(BUNDLE, struct.pack("<H", len(vm.encode())) + vm.encode() + data)
+    w.close(rec.end or {})
+    os.replace(path.with_suffix(".t0"), path)
     return t0
 
 
@@ -87,6 +97,11 @@ def analyse_spool(tmp: Path, t0s: list[float], label: str, vms: int) -> None:
     print(f"{label}: t0 {t0:.3f} s (median), t2 median {statistics.median(t2s):.3f} s, max {max(t2s):.3f} s over "
           f"{len(t2s)} windows; {threads} worker processes: hosts per analysis node n = {n} (n x VMs = {n * vms})",
           flush=True)
+    cpu = [getattr(r, "t2_cpu_s", 0.0) for r in results if r.error is None]
+    if all(cpu):  # a tree whose tasks report their CPU time: t2 on a node of its own, where load inflates the wall
+        n_cpu = min(hosts_per_node(t0, 60.0, t2, threads) for t2 in cpu)
+        print(f"  t2 in CPU time of the worker: median {statistics.median(cpu):.3f} s, max {max(cpu):.3f} s: "
+              f"n = {n_cpu} on a node of its own", flush=True)
 
 
 def main() -> int:

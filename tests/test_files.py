@@ -99,10 +99,10 @@ def test_agent_spool_is_private_and_nobody_cannot_read_kallsyms(tmp_path: Path) 
 def test_store_written_by_tasks_is_private(tmp_path: Path) -> None:
     import pyarrow as pa
 
-    from vmprof_tui.fleet.tasks import write_rows
+    from vmprof_tui.fleet.tasks import write_table
 
     path = tmp_path / "store" / "profile" / "host=h1" / "day=2026-01-01" / "w1.parquet"
-    write_rows(path, [{"x": 1}], pa.schema([("x", pa.int64())]))
+    write_table(path, pa.Table.from_pylist([{"x": 1}], schema=pa.schema([("x", pa.int64())])))
     assert mode(path) == 0o600
     assert {mode(d) for d in path.parents if d != tmp_path and tmp_path in d.parents} == {0o700}
 

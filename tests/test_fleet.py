@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, cpu_busy_ns, require_quiet_pcpu, require_root, thread_cpu_ns, vmprof
+from test_fleet_one_pass import assert_same_tables
 from textual.widgets import DataTable, Static
 
 from vmprof_tui.collect.session import CollectionSession
@@ -26,7 +27,7 @@ from vmprof_tui.demo.scenarios import SHARED_CPU
 from vmprof_tui.fleet.analyse import corrupt_path, done_path, find_windows
 from vmprof_tui.fleet.history import Store
 from vmprof_tui.fleet.store_app import StoreApp
-from vmprof_tui.fleet.tasks import HOST_TASK, TABLES, analyse_window_vm, window_vms
+from vmprof_tui.fleet.tasks import HOST_TASK, TABLES, analyse_window, analyse_window_vm, window_vms
 from vmprof_tui.record.spool import Agent, Spool
 
 HOSTS = ("h1", "h2", "h3")
@@ -151,8 +152,17 @@ def table(store: Path, name: str) -> list[dict]:
 
 def single_process(spool: Path, store: Path) -> None:
     for ref in find_windows([spool]):
+        analyse_window(ref, str(store))
+
+
+def test_one_pass_of_real_windows_writes_what_the_per_vm_tasks_write(spool: Path, tmp_path: Path) -> None:
+    """Windows of the agent over real demo VMs: the one pass against a whole analysis per VM and for the host."""
+    refs = [r for r in find_windows([spool]) if r.host == "h1"]
+    for ref in refs:
         for vm in [*window_vms(ref.path)[0], HOST_TASK]:
-            analyse_window_vm(ref, vm, str(store))
+            analyse_window_vm(ref, vm, str(tmp_path / "reference"))
+        analyse_window(ref, str(tmp_path / "one"))
+    assert_same_tables(tmp_path / "one", tmp_path / "reference")
 
 
 def test_dask_cluster_equals_single_process_and_runs_once(spool: Path, cluster: Cluster, tmp_path: Path) -> None:

@@ -78,10 +78,17 @@ def test_b_in_the_live_screen_shows_blocks_of_the_simulated_collector(workload: 
         table.move_cursor(row=[r[-1] for r in cells(app)].index("pair"), animate=False)
         await pilot.press("b")
         await block_view(pilot, "pair")
-        # the command has ended and every sample it gave is in the window (120 s) and on the screen
-        await until(pilot, lambda: not sim.running and app.screen.data is not None
-                    and app.screen.data.samples == sim.stats()["samples"] > 30
-                    and sum(int(r[2]) for r in cells(app)) >= 30, timeout=120)
+        # the command has ended and every sample it gave is in the window (120 s) and on the screen: the poll
+        # sets the screen's data before the table is drawn from it, so the table must show that data's rows
+        def table_shows_every_sample() -> bool:
+            data = app.screen.data
+            if sim.running or data is None or not data.samples == sim.stats()["samples"] > 30:
+                return False
+            drawn_rows = {(r[0], int(r[2])) for r in cells(app)}
+            return drawn_rows == {(f"{r.stat.start:x}-{r.stat.end:x}", r.stat.count) for r in data.rows} \
+                and sum(n for _, n in drawn_rows) >= 30
+
+        await until(pilot, table_shows_every_sample, timeout=120)
         shown.update({row[0]: row for row in cells(app)})
         assert "SIMULATED LBR (no PMU): lbr_workload" in drawn(app, "#notes")
     try:

@@ -158,6 +158,117 @@ def test_estimate_is_exact_arithmetic(tmp_path: Path) -> None:
     assert r.returncode == 0 and "predicted" in r.stdout and "fallback" in r.stdout
 
 
+def test_estimate_with_a_memory_share_is_exact_arithmetic(tmp_path: Path) -> None:
+    """A share m of the compute CPU time scales with the memory loop, the rest with the compute loop; fcntl is
+    charged its own cost where the target has one."""
+    c = _counts_json()
+    c["reference"] |= {"memory_loop_s": 20e-9, "memory": {"share": 0.25}}
+    c["syscalls"]["fcntl"] = {"nr": 72, "calls": 11, "bytes": 0}
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    k = _costs_json(memory_loop=50e-9, fcntl=300e-9)
+    (tmp_path / "k.json").write_text(json.dumps(k))
+    counts, costs = P.load_counts(tmp_path / "c.json"), P.load_costs(tmp_path / "k.json")
+    est = P.estimate(counts, costs)
+    assert est.group_s("compute") == pytest.approx(2.0 * (0.75 * 1e-9 / 0.5e-9 + 0.25 * 50e-9 / 20e-9), rel=1e-12)
+    fcntl = [t for t in est.terms if t.name == "fcntl"]
+    assert fcntl[0].seconds == pytest.approx(11 * 300e-9, rel=1e-12) and not fcntl[0].fallback
+    # without a memory loop in the costs (an older file) or a share in the counts: the compute loop alone
+    del k["costs"]["memory_loop"]
+    (tmp_path / "old.json").write_text(json.dumps(k))
+    assert P.estimate(counts, P.load_costs(tmp_path / "old.json")).group_s("compute") == pytest.approx(4.0, rel=1e-12)
+    r = vmprof("predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "k.json"))
+    assert r.returncode == 0 and "memory-bound part" in r.stdout, r.stderr
+    c["reference"]["memory"]["share"] = 1.5
+    (tmp_path / "bad.json").write_text(json.dumps(c))
+    assert "reference.memory.share" in _one_line_failure(vmprof(
+        "predict", "estimate", str(tmp_path / "bad.json"), "--costs", str(tmp_path / "k.json")))
+
+
+def test_probe_replaces_the_loops_and_the_wait_share(tmp_path: Path) -> None:
+    """estimate --probe: the loops and wait share of `costs --probe` (just before a run) replace the costs', exact
+    arithmetic; a real probe runs in under a second; costs with the wait in them are refused in one line."""
+    c = _counts_json()
+    c["reference"] |= {"memory_loop_s": 20e-9, "memory": {"share": 0.25}}
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    k = _costs_json(memory_loop=50e-9)
+    k["target"] |= {"costs_exclude_steal": True, "steal_share": 0.2}
+    (tmp_path / "k.json").write_text(json.dumps(k))
+    probe = {"format": P.COSTS_FORMAT, "version": 1,
+             "target": {"name": "now", "probe": True, "costs_exclude_steal": True, "steal_share": 0.5},
+             "costs": {"compute_loop": {"median_s": 2e-9, "min_s": 2e-9, "max_s": 2e-9, "repeat": 3},
+                       "memory_loop": {"median_s": 40e-9, "min_s": 40e-9, "max_s": 40e-9, "repeat": 3}}}
+    (tmp_path / "p.json").write_text(json.dumps(probe))
+    counts, costs = P.load_counts(tmp_path / "c.json"), P.load_costs(tmp_path / "k.json")
+    base = P.estimate(counts, costs)
+    est = P.estimate(counts, P.with_probe(costs, P.load_costs(tmp_path / "p.json")))
+    assert est.group_s("compute") == pytest.approx(2.0 * (0.75 * 2e-9 / 0.5e-9 + 0.25 * 40e-9 / 20e-9) / 0.5,
+                                                   rel=1e-12)
+    ops = base.total_s - base.group_s("compute")  # at 1 / (1 - 0.2); with the probe's share 1 / (1 - 0.5)
+    assert est.total_s - est.group_s("compute") == pytest.approx(ops * 0.8 / 0.5, rel=1e-12)
+    assert est.steal_share == 0.5
+    r = vmprof("predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "k.json"),
+               "--probe", str(tmp_path / "p.json"), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["targets"][0]["predicted_s"] == pytest.approx(est.total_s, rel=1e-12)
+    # a real probe: both loops and the wait share, on the wait-free clock
+    r = vmprof("predict", "costs", "--probe", "-q", "-o", str(tmp_path / "now.json"))
+    assert r.returncode == 0, r.stderr
+    now = P.load_costs(tmp_path / "now.json")
+    assert set(now.costs) == set(P.PROBE_COSTS) and 0 <= now.target["steal_share"] < 1
+    assert now.costs["memory_loop"].median > now.costs["compute_loop"].median
+    (tmp_path / "wall.json").write_text(json.dumps(_costs_json()))
+    assert "--without-wait" in _one_line_failure(vmprof(
+        "predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "wall.json"),
+        "--probe", str(tmp_path / "now.json")))
+    k["target"]["vm"] = {"pcpu": 1}  # a demo VM's costs: a host's probe is of another target
+    (tmp_path / "vm.json").write_text(json.dumps(k))
+    assert "different targets" in _one_line_failure(vmprof(
+        "predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "vm.json"),
+        "--probe", str(tmp_path / "now.json")))
+    assert "not one from costs --probe" in _one_line_failure(vmprof(
+        "predict", "estimate", str(tmp_path / "c.json"), "--costs", str(tmp_path / "k.json"),
+        "--probe", str(tmp_path / "k.json")), 2)
+
+
+def test_memory_probe_tells_a_pointer_chase_from_arithmetic(tmp_path: Path) -> None:
+    """measure --memory-probe: a program chasing pointers through the memory loop's working set behaves mostly
+    like the loop (its set-up is arithmetic), one doing arithmetic in registers does not (share near 0)."""
+    src = tmp_path / "p.c"
+    src.write_text("""#include <stdlib.h>
+#include <sys/mman.h>
+int main(int argc, char **argv) {
+    long n = 1L << 22, sum = 0;
+    if (argc > 1) { /* a random cycle through 4 MiB of cache lines */
+        long lines = (4L << 20) / 64, *order = malloc(lines * sizeof(long));
+        long *next = mmap(0, 4L << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        madvise(next, 4L << 20, MADV_NOHUGEPAGE); /* small pages, as the loop's */
+        unsigned long x = 12345;
+        for (long i = 0; i < lines; i++) order[i] = i;
+        for (long i = lines - 1; i > 0; i--) {
+            x = x * 6364136223846793005UL + 1;
+            long j = (x >> 33) % i, t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        for (long i = 0; i < lines; i++) next[order[i] * 8] = order[(i + 1) % lines] * 8;
+        long p = 0;
+        for (long i = 0; i < n; i++) p = next[p];
+        return (int)(p & 1);
+    }
+    for (long i = 0; i < n * 60; i++) sum = sum * 3 + i;
+    return (int)(sum & 1) * 0;
+}
+""")
+    prog = tmp_path / "p"
+    subprocess.run(["gcc", "-O1", "-o", str(prog), str(src)], check=True)
+    chase = _measure(tmp_path / "chase.json", str(prog), "chase", extra=("--memory-probe",))
+    arith = _measure(tmp_path / "arith.json", str(prog), extra=("--memory-probe",))
+    m_chase, m_arith = chase["reference"]["memory"], arith["reference"]["memory"]
+    assert m_chase["loop_slowdown"] > 1.05  # the neighbour does evict the loop's lines
+    assert m_chase["share"] > 0.4 and m_arith["share"] < 0.1, (m_chase, m_arith)
+    assert chase["reference"]["memory_loop_s"] > 0 and P.load_counts(tmp_path / "chase.json").memory_share > 0.4
+
+
 def _one_line_failure(r: subprocess.CompletedProcess, code: int = 1) -> str:
     assert r.returncode == code, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
@@ -214,6 +325,36 @@ def test_costs_run_and_parse(tmp_path: Path) -> None:
     assert m["fork_exec_exit"] > m["fork_exit"] > m["null_syscall"]
     assert m["read_64k"] > m["read_4k"] and m["major_fault"] > m["minor_fault"]
     assert not list(tmp_path.glob("vmprof-costs-*"))  # scratch files removed
+    # the memory loop (a load misses the L1) and a durable write (a wait for the disk) are measured too
+    assert m["memory_loop"] > m["compute_loop"] and m["write_sync"] > m["write_4k"]
+    assert "costs_exclude_steal" not in c.target  # wall time: the wait is in the costs
+    assert "--without-wait is for a host" in _one_line_failure(vmprof(
+        "predict", "costs", "--vm", "--without-wait", "-o", str(out)), 2)
+
+
+def test_costs_without_wait_leave_out_a_neighbours_share_of_the_cpu() -> None:
+    """A busy process on the same CPU takes about half of it: the wall-time loop doubles, the wait-free one does not
+    (the neighbour's share is the costs' steal share instead, a term of its own)."""
+    import os
+    import time
+
+    from vmprof_tui.estimate import predict_costs as C
+
+    cpu = min(os.sched_getaffinity(0))
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    busy = subprocess.Popen(["python3", "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        cpu_time = C.time_compute_loop(3, 0.2, cpu_time=True).median
+        wall = C._loop_cost(C.snippets().compute_loop, (), 3, 0.2, check=False, clock=time.perf_counter).median
+        free = C._loop_cost(C.snippets().compute_loop, (), 3, 0.2, check=False, clock=C.wait_free_clock).median
+    finally:
+        busy.kill()
+        busy.wait()
+        os.sched_setaffinity(0, old)
+    assert wall > 1.5 * cpu_time  # the neighbour's share is in the wall time
+    assert 0.8 < free / cpu_time < 1.25  # and not in the wait-free time
 
 
 def test_machine_code_matches_its_source(tmp_path: Path) -> None:

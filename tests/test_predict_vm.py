@@ -32,6 +32,11 @@ def test_vm_cost_run_gives_every_cost_kind_with_its_spread(tmp_path: Path) -> No
     assert 0 <= costs.target["steal_share"] < 1
     lo, hi = costs.target["compute_ratio_spread"]
     assert 0 < lo <= hi and costs.target["reference_compute_loop_s"] > 0
+    # the memory loop, with its host reference timed interleaved like the compute loop's; fcntl a cost of its own
+    assert costs.costs["memory_loop"].median > costs.costs["compute_loop"].median
+    lo, hi = costs.target["reference_memory_loop_spread"]
+    assert 0 < lo <= costs.target["reference_memory_loop_s"] <= hi
+    assert costs.costs["fcntl"].median > 1e-6  # an F_SETLK served by the VMM: a VM exit
     # the file round-trips: the unsupported costs may be absent, and an estimate charges them nothing
     P.write_json(tmp_path / "vm.json", costs.to_json())
     loaded = P.load_costs(tmp_path / "vm.json")

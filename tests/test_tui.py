@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import shutil
 import subprocess
@@ -647,3 +648,143 @@ def test_screens_read_a_declared_interface_of_the_window_and_of_a_recording() ->
     assert len(view.vcpu_steal(vm)) == len(whole.vcpu_steal(vm))
     assert sorted(view.vcpu_segments(vm)) == sorted(whole.vcpu_segments(vm))
     assert view.call_paths(vm) is None and whole.call_paths(vm) is None  # recorded without -g
+
+
+def _strip_one_segment_at_a_time(screen: TimelineScreen, segments: list, w0: int, span: int,
+                                 width: int) -> list[int]:
+    """The timeline's strip painted as it was before it was vectorised: each segment sliced in, in paint order."""
+    import numpy as np
+
+    from vmprof_tui.analyse.kinds import BlankKind
+    from vmprof_tui.analyse.segments import SegmentKind
+
+    strip = np.zeros(width, np.int8)
+    for kind in screen.PAINT_ORDER:
+        for seg in segments:
+            if seg.kind is not kind:
+                continue
+            lo = min(int((seg.start_ns - w0) * width // span), width - 1)
+            hi = max(int((seg.end_ns - w0) * width // span), lo + 1)
+            strip[lo:hi] = (screen.BLANK_STATES[seg.blank.kind] if seg.blank is not None
+                            else 1 if kind is SegmentKind.GUEST else 2)
+            if seg.blank is not None and seg.blank.wakeup_ns is not None:
+                wake = min(int((seg.blank.wakeup_ns - w0) * width // span), hi - 1)
+                strip[wake:hi] = screen.WAKEUP_STATE
+            thr = seg.blank.throttled_after_wakeup() if seg.blank is not None else None
+            if thr and thr[0] < seg.end_ns and thr[1] > seg.start_ns:
+                a = min(max(int((thr[0] - w0) * width // span), lo), hi - 1)
+                strip[a:min(max(int((thr[1] - w0) * width // span), a + 1), hi)] = screen.BLANK_STATES[
+                    BlankKind.THROTTLED]
+    return strip.tolist()
+
+
+def test_timeline_strip_paints_as_one_segment_at_a_time() -> None:
+    """The timeline paints its strips vectorised (a 64-CPU window has thousands of segments a vCPU): every column
+    as painting each segment in turn gives, on a real window's segments seen through narrower and shifted spans (some
+    before or after it), and on blanks woken, woken into a throttled group, and throttled."""
+    import random
+
+    from vmprof_tui.analyse.blanks import Blank
+    from vmprof_tui.analyse.kinds import BlankKind
+    from vmprof_tui.analyse.segments import Segment, SegmentKind
+
+    window = ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=3.0)
+    window.start()
+    for _ in range(4):
+        view = window.poll(detail=True)
+    w0, w1 = view.span()
+    screen = TimelineScreen("steal1")
+    real = [segs for vm in view.vm_names() for segs in view.vcpu_segments(vm).values()]
+    assert real and sum(len(s) for s in real) > 100
+    rng = random.Random(7)
+    made = []
+    for _ in range(200):
+        start = rng.randrange(w0 - 10**8, w1)
+        end = start + rng.randrange(1, 5 * 10**8)
+        kind = rng.choice(list(BlankKind))
+        wakeup = rng.choice([None, rng.randrange(start, end)])
+        blank = Blank(start, end, kind, 0, 0, "x", wakeup_ns=wakeup,
+                      throttled_ns=rng.choice([None, rng.randrange(1, 10**8)]),
+                      throttled_wakeup_ns=rng.choice([None, rng.randrange(start - 10**7, end)]))
+        made.append(Segment(start, end, SegmentKind.BLANK, blank=blank))
+        made.append(Segment(start, end, rng.choice([SegmentKind.GUEST, SegmentKind.VMM, SegmentKind.UNSAMPLED])))
+    rng.shuffle(made)
+    for segments in [*real, made, []]:
+        for width in (20, 97, 148):
+            for lo, span in ((w0, w1 - w0), (w0 + (w1 - w0) // 3, (w1 - w0) // 2), (w0 - 10**9, 10**9)):
+                want = _strip_one_segment_at_a_time(screen, segments, lo, span, width)
+                assert screen.strip(segments, lo, span, width).tolist() == want, (width, lo, span)
+
+
+def test_tables_changed_refresh_by_refresh_show_what_tables_built_at_once_show() -> None:
+    """A table is changed, not rebuilt, at each refresh (cells made only for the values that changed, one refresh
+    of the table for all of them, its rows put in order by their keys): after each refresh of a sliding window the
+    overview and the host view show, row for row and cell for cell, what the same screen opened afresh shows."""
+    from vmprof_tui.show.overview_screen import OverviewScreen
+
+    app = VmprofTop(ReplayWindow(ROOT / "tests" / "data" / "golden" / "steal3.vmprof", window_s=1.0), refresh_s=3600)
+
+    async def go() -> None:
+        async with app.run_test(size=(160, 40)) as pilot:
+            await until(pilot, lambda: app.analysis is not None and not app._polling, timeout=15)
+            for screen in (OverviewScreen, HostScreen):
+                if screen is HostScreen:
+                    await select(pilot, app, "(host)")
+                    await pilot.press("enter")
+                    await until(pilot, lambda: isinstance(app.screen, HostScreen) and len(cells(app)) > 5)
+                for _ in range(6):
+                    app._show(*app.poll_window())
+                    await pilot.pause()
+                    slid = cells(app)
+                    # the title and status lines are drawn anew without laying the screen out (one line each)
+                    shown = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+                    for line in ("#title", "#status"):
+                        assert str(app.screen._texts[line])[:60] in shown, (line, app.screen._texts[line])
+                    fresh = screen()
+                    app.push_screen(fresh)
+                    await until(pilot, lambda fresh=fresh: app.screen is fresh and fresh.ready and cells(app))
+                    assert cells(app) == slid
+                    app.pop_screen()
+                    await pilot.pause()
+            await pilot.press("q")
+
+    asyncio.run(go())
+
+
+def test_live_table_updates_and_orders_as_data_table_does() -> None:
+    """LiveTable.update_cells and order (the refresh's one pass over the changed cells, and its rows put in the
+    order of their keys) leave the table as update_cell for each cell and sort leave a DataTable."""
+    from rich.text import Text
+    from textual.app import App
+
+    from vmprof_tui.show.live_table import LiveTable
+
+    class Two(App):
+        def compose(self):  # noqa: ANN202
+            yield LiveTable(id="live", cursor_type="row")
+            yield DataTable(id="plain", cursor_type="row")
+
+    def lines(table: DataTable) -> list[str]:
+        return [table.render_line(y).text for y in range(table.row_count + 1)]
+
+    async def main() -> None:
+        app = Two()
+        async with app.run_test(size=(80, 20)) as pilot:
+            live, plain = app.query_one("#live", LiveTable), app.query_one("#plain", DataTable)
+            for t in (live, plain):
+                t.add_columns("name", "samples")
+                for i in range(5):
+                    t.add_row(Text(f"f{i}"), Text(str(i * 10), justify="right"), key=f"f{i}")
+            await pilot.pause()
+            changes = [("f1", Text("123456789", justify="right"), True), ("f3", Text("7", justify="right"), False)]
+            live.update_cells([(k, live.ordered_columns[1].key, v, wider) for k, v, wider in changes])
+            for k, v, wider in changes:
+                plain.update_cell(k, plain.ordered_columns[1].key, v, update_width=wider)
+            order = ["f3", "f0", "f4", "f1", "f2"]
+            live.order(order)
+            plain.sort(key=lambda values: order.index(str(values[0])))
+            await pilot.pause()
+            assert lines(live) == lines(plain)
+            assert "123456789" in lines(live)[4] and [live.get_row_index(k) for k in order] == [0, 1, 2, 3, 4]
+
+    asyncio.run(main())

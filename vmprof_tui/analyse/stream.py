@@ -85,6 +85,21 @@ def _nonzero(rows: RowCounts) -> RowCounts:
     return rows if keep.all() else replace(rows, codes=rows.codes[keep], counts=rows.counts[keep])
 
 
+@dataclass
+class RowColumns:
+    """Function rows as columns: samples, names (ids into `strings`, by column: func, module, process; process ""
+    and pid -1: none), unknown functions, kernel samples."""
+    samples: np.ndarray
+    ids: dict[str, np.ndarray]
+    strings: np.ndarray  # object: the resolver's strings, index = id
+    pid: np.ndarray
+    unknown: np.ndarray
+    kernel: np.ndarray
+
+    def names(self, column: str) -> np.ndarray:
+        return self.strings[self.ids[column]]
+
+
 class WholeNeeded(Exception):
     """The recording has what a piece at a time cannot report as the whole recording does: load it whole."""
 
@@ -94,10 +109,13 @@ class StreamedAnalysis:
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
-                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True) -> None:
-        """level: the profiles asked for, host or guest (of `vm`, else of every VM): only their sums are kept.
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True,
+                 shares_only: bool = True) -> None:
+        """level: the profiles asked for, host or guest (of `vm`, else of every VM), or all (both: the fleet's one
+        pass over a window); only their sums are kept.
         keep: the samples to analyse (`report -K/-U`), as prepare's.  kernel: each row's kernel-mode samples are
-        summed too (Row.kernel: what a filtered profile's ratios are made of; else 0)."""
+        summed too (Row.kernel: what a filtered profile's ratios are made of; else 0).  shares_only: each piece's
+        Analysis as Analysis(shares_only) makes it (False: with the holders and co-stop a subclass's _add sums)."""
         self.kernel = kernel
         self.rec = rec = scanned.rec
         self.level, self.vm = level, vm
@@ -105,7 +123,7 @@ class StreamedAnalysis:
         self.host = HostParts()
         self.host_rows = _Rows()
         self.others: dict[tuple, Row] = {}  # CPU idle, one row per VM (by pid)
-        self.vcpus: dict[tuple[str, int], _Vcpu] = {}
+        self.vcpus: dict[tuple[str, int, int], _Vcpu] = {}  # by VM, vCPU and thread (a VM's name can be two VMs')
         self.vm_index: dict[str, int] = {}
         self.vm_by_pid: dict[int, str] = {}
         self.unresolved = 0  # samples whose function did not resolve (host level: of every sample)
@@ -132,7 +150,7 @@ class StreamedAnalysis:
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
                                   sched_in_order=True),
-                          shares_only=True)
+                          shares_only=shares_only)
             if any(listed.get(tid) != vcpu for tid, vcpu in an.vcpu_of_tid.items()):
                 raise WholeNeeded("a vCPU thread that the VM list does not name")
             if self.start_ns is None:
@@ -147,7 +165,7 @@ class StreamedAnalysis:
         self.vm_index.update(an.vm_index)
         self.vm_by_pid.update(an.vm_by_pid)
         self.notes.update(dict.fromkeys(an.notes))
-        if self.level == "host":
+        if self.level in ("host", "all"):
             parts, rows, kernel, others = an.host_sums(self.kernel)
             self.host.add(parts)
             self.host_rows.add(rows, kernel)
@@ -155,7 +173,10 @@ class StreamedAnalysis:
                 self._add_other(r)
             self._add_idle(an, lo)
             self.unresolved += int(np.count_nonzero(an.unresolved))
-            return
+        if self.level != "host":
+            self._add_guest(an)
+
+    def _add_guest(self, an: Analysis) -> None:
         flags, counts = an.samples["flags"], an.vcpus
         timelines = [tl for tl in an.timelines.values() if self.vm in (None, tl.vm)]
         guest = [counts.thread_samples(tl) for tl in timelines]
@@ -164,8 +185,7 @@ class StreamedAnalysis:
         rows = an.row_counts_of(guest + in_kernel) if timelines else []
         kernel_rows = rows[len(guest):] if self.kernel else [None] * len(guest)
         for tl, real, names, kernel_names in zip(timelines, guest, rows[:len(guest)], kernel_rows, strict=True):
-            mine = self.vcpus.setdefault((tl.vm, tl.vcpu), _Vcpu(tl.tid, _Rows()))
-            mine.tid = tl.tid
+            mine = self.vcpus.setdefault((tl.vm, tl.vcpu, tl.tid), _Vcpu(tl.tid, _Rows()))
             mine.rows.add(names, kernel_names)
             idx = counts.thread_samples(tl)
             kernel = int(np.count_nonzero(flags[real] & SAMPLE_GUEST_KERNEL))
@@ -219,15 +239,26 @@ class StreamedAnalysis:
         return sorted(set(self.vm_by_pid.values()), key=lambda n: self.vm_index.get(n, 0))
 
     def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
-        return sorted((vcpu, v.tid) for (v_vm, vcpu), v in self.vcpus.items() if v_vm == vm)
+        return sorted((vcpu, tid) for (v_vm, vcpu, tid) in self.vcpus if v_vm == vm)
 
     def _rows(self, summed: _Rows, vm: str | None, by_vm: bool = True) -> list[Row]:
         """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code
         (by_vm=False: by name code, as aggregate orders samples of one VM's processes, analyse/stream_stacks.py)."""
+        c = self.row_columns(summed, by_vm)
+        if c is None:
+            return []
+        kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
+        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
+            c.samples.tolist(), *(c.names(n).tolist() for n in ("func", "module", "process")), c.pid.tolist(),
+            c.unknown.tolist(), c.kernel.tolist(), strict=True)]
+
+    def row_columns(self, summed: _Rows, by_vm: bool = True) -> RowColumns | None:
+        """The rows _rows makes, in its order, as columns (the fleet's store writes them so: a window's guest
+        profiles have hundreds of thousands of rows); None when there are none."""
         counts = summed.all
         names = counts.names
         if names is None or not len(counts.codes):
-            return []
+            return None
         counts, in_kernel = (_nonzero(c) for c in (counts, summed.kernel))  # _add_idle takes samples away again
         pids = names.ids(counts.codes, "pid")
         code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
@@ -237,29 +268,28 @@ class StreamedAnalysis:
         codes = counts.codes[order]
         kernel = np.zeros(len(counts.codes))
         kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
-        kernel = kernel[order]
-        kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
-        strings = (names.strings_of(codes, c).tolist() for c in ("func", "module", "process"))
-        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
-            counts.counts[order].tolist(), *strings, pids[order].tolist(), names.unknown(codes).tolist(),
-            kernel.tolist(), strict=True)]
+        return RowColumns(counts.counts[order], {c: names.ids(codes, c) for c in ("func", "module", "process")},
+                          names.strings.array(), pids[order], names.unknown(codes), kernel[order])
 
     def host_profile(self, cpu: int | None = None) -> Profile:
-        if cpu is not None or self.level != "host":
+        if cpu is not None or self.level not in ("host", "all"):
             raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
-        idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
-        vms = sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
-        rows = self._rows(self.host_rows, None) + idle + vms
+        rows = self._rows(self.host_rows, None) + self.other_rows()
         return Profile("host", None, None, self.host.total, self.duration_s, self.rec.lost_samples, self.host.ratios(),
                        rows, self.unresolved, list(self.notes))
+
+    def other_rows(self) -> list[Row]:
+        """The host profile's rows after its functions: CPU idle, then each VM's."""
+        idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
+        return idle + sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
 
     def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
         if vm not in self.vm_names():
             raise KeyError(vm)
-        if self.level != "guest" or self.vm not in (None, vm):
+        if self.level not in ("guest", "all") or self.vm not in (None, vm):
             raise ValueError(f"this streamed analysis has no guest profile of {vm}: analyse it whole")
         parts = GuestParts()
-        mine = [v for (v_vm, v_id), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)
+        mine = [v for (v_vm, v_id, _tid), v in sorted(self.vcpus.items(), key=lambda kv: kv[1].tid)
                 if v_vm == vm and vcpu in (None, v_id)]
         for v in mine:
             parts.add(v.parts(self.period_ns))

@@ -255,7 +255,7 @@ class Schedule:
         self._set_rows(timelines, alive, table)
         self._wakeups(timelines, keys[alive], table)
         if self.range_ns is not None:  # before the holders: those of a cut blank are what held it in the range
-            timelines, alive, table = self._clip(timelines, alive, table)
+            timelines, alive, table = self._clip(timelines, alive, table, intervals)
         # from here the table's timeline column is the index among the timelines kept (-1: none)
         index = np.full(count, -1, np.int64)
         index[alive] = np.arange(len(alive))
@@ -451,10 +451,12 @@ class Schedule:
                     start = np.where(kinds == bt.IDLE, wake, table.start[a:z])[waiting]
                     tl.costop_ns = int(overlap(run_lo, run_hi, start, table.end[a:z][waiting]).sum())
 
-    def _clip(self, timelines: list[VcpuTimeline], alive: np.ndarray,
-              table: BlankTable) -> tuple[list[VcpuTimeline], np.ndarray, BlankTable]:
+    def _clip(self, timelines: list[VcpuTimeline], alive: np.ndarray, table: BlankTable,
+              intervals: list[np.ndarray]) -> tuple[list[VcpuTimeline], np.ndarray, BlankTable]:
         """Restrict the timelines and their blanks (table rows by `alive`, each timeline's index among all threads)
-        to the analysed time range: what is left of them."""
+        and their on-CPU time (of `intervals`: thread, from, to) to the analysed time range: what is left of them.
+        On-CPU time is of the runs, as for a whole recording: where events went unrecorded (a switch-in after a
+        switch-in) a stretch is neither a run nor a blank, and the wall time less the blanks would count it."""
         lo, hi = self.range_ns
         kept = []
         for tl in timelines:
@@ -474,12 +476,14 @@ class Schedule:
         keep[cut] = end > start
         keep &= np.isin(table.timeline, alive[np.array(kept, bool)])
         table = table.take(np.flatnonzero(keep))
-        blank_ns = np.zeros(int(alive.max(initial=-1)) + 1, np.int64)
-        np.add.at(blank_ns, table.timeline, table.duration)
+        run_ns = np.zeros(int(alive.max(initial=-1)) + 1, np.int64)
+        thread, since, until = intervals[:3]
+        inside = thread <= len(run_ns) - 1
+        np.add.at(run_ns, thread[inside], (until[inside].clip(None, hi) - since[inside].clip(lo)).clip(0))
         timelines = [tl for tl, k in zip(timelines, kept, strict=True) if k]
         alive = alive[np.array(kept, bool)]
         for tl, i in zip(timelines, alive.tolist(), strict=True):
-            tl.on_cpu_ns = tl.wall_ns - int(blank_ns[i])
+            tl.on_cpu_ns = int(run_ns[i])
         return timelines, alive, table
 
     def holder(self, pid: int, comm: bytes) -> str:

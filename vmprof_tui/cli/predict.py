@@ -77,8 +77,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
         return _usage("predict measure: --repeat must be between 1 and 100")
     if (why := files.check_writable(Path(args.output))) is not None:  # before the run, not after it
         return _usage(f"predict measure: -o {args.output}: {why}")
-    if args.vm and (args.instructions not in ("auto", "user-cpu") or args.repeat != 1 or args.no_syscalls):
-        return _usage("predict measure --vm: --instructions, --repeat and --no-syscalls are for host runs (inside "
+    if args.vm and (args.instructions not in ("auto", "user-cpu") or args.repeat != 1 or args.no_syscalls
+                    or args.memory_probe):
+        return _usage("predict measure --vm: --instructions, --repeat, --no-syscalls and --memory-probe are for host "
+                      "runs (inside "
                       "the VM the compute term is the vCPU's CPU time, the syscalls the VMM's served calls)")
     if args.dir and not args.vm:
         return _usage("predict measure: --dir goes with --vm (the directory the program's files are confined to)")
@@ -92,7 +94,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
             counts = measure_in_vm(command, program, Path(args.dir) if args.dir else None)
         else:
             counts = measure(command, instructions=args.instructions, max_steps=args.max_steps,
-                             syscalls=not args.no_syscalls, repeat=args.repeat)
+                             syscalls=not args.no_syscalls, repeat=args.repeat, memory_probe=args.memory_probe)
         write_json(Path(args.output), counts.to_json())
     except PredictError as e:
         return _fail(str(e))
@@ -153,21 +155,32 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     if args.vm and args.repeat > 64:
         return _usage("predict costs --vm: --repeat must be between 1 and 64 inside a VM")
+    if args.without_wait and args.vm:
+        return _usage("predict costs: --without-wait is for a host (a VM's costs are always without its steal)")
     if args.neighbour and not args.vm:
         return _usage("predict costs: --neighbour goes with --vm (a neighbour VM on the target VM's pCPU)")
+    if args.probe and (args.vm or args.without_wait):
+        return _usage("predict costs: --probe measures this host's loops and wait share alone (no --vm; it is "
+                      "always without the wait)")
     try:
-        if args.vm:
+        if args.probe:
+            from vmprof_tui.estimate.predict_costs import measure_probe
+
+            costs = measure_probe(min(args.repeat, 3), min(args.min_time, 0.1))
+        elif args.vm:
             from vmprof_tui.estimate.predict_vm import measure_costs_vm
 
             costs = measure_costs_vm(args.name, args.repeat, args.min_time, args.neighbour, progress)
         else:
-            costs = measure_costs(args.name, directory, args.repeat, args.min_time, progress)
+            costs = measure_costs(args.name, directory, args.repeat, args.min_time, progress, args.without_wait)
         write_json(Path(args.output), costs.to_json())
     except PredictError as e:
         return _fail(str(e))
     quota, steal = costs.target.get("cpu_quota"), costs.target.get("steal_share")
     print(f"{args.output}: costs of {costs.name}" + (f" (cgroup CPU quota {quota:.2f})" if quota else "")
           + ("" if steal is None else f" (steal {100 * steal:.1f}% of its time)" if args.vm else
+             f" (other work took {100 * steal:.1f}% of its CPU: a term of its own)"
+             if args.without_wait or args.probe else
              f" (other work took {100 * steal:.1f}% of its CPU during the compute loop)"))
     for name, why in (costs.target.get("unsupported") or {}).items():
         print(f"vmprof: predict costs: note: no {name} on this target: {why}", file=sys.stderr)
@@ -177,7 +190,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from vmprof_tui.estimate.predict import PredictError, estimate, load_costs, load_counts, render
+    from vmprof_tui.estimate.predict import PredictError, estimate, load_costs, load_counts, with_probe
+    from vmprof_tui.estimate.predict_render import render
 
     if not args.costs:
         return _usage("predict estimate: give at least one --costs FILE (measured with vmprof predict costs)")
@@ -186,7 +200,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     try:
         counts = load_counts(Path(args.counts))
         reference = load_costs(Path(args.reference)) if args.reference else None
-        estimates = [estimate(counts, load_costs(Path(p)), args.compute, reference, args.steal) for p in args.costs]
+        probe = load_costs(Path(args.probe)) if args.probe else None
+        if probe is not None and probe.target.get("probe") is not True:
+            return _usage(f"predict estimate: --probe {args.probe} is a full COSTS file, not one from costs --probe")
+        targets = [load_costs(Path(p)) for p in args.costs]
+        estimates = [estimate(counts, with_probe(t, probe) if probe else t, args.compute, reference, args.steal)
+                     for t in targets]
     except PredictError as e:
         return _fail(str(e))
     if args.format == "json":
@@ -217,6 +236,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run N times and keep the run with the median user CPU time; the command must do the "
                         "same work each time (default: %(default)s)")
+    m.add_argument("--memory-probe", action="store_true",
+                   help="also run the command alone and beside a cache-evicting neighbour on its CPU, to find the "
+                        "share of its CPU time that behaves like the memory loop (docs/predict.md)")
     m.add_argument("--no-syscalls", action="store_true",
                    help="do not count system calls (no BPF, no root needed; the estimate loses those terms)")
     m.add_argument("--vm", action="store_true",
@@ -245,6 +267,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--neighbour", action="store_true",
                    help="with --vm: a busy neighbour VM shares the target VM's pCPU (its steal is in the costs and "
                         "recorded as the target's steal share)")
+    c.add_argument("--without-wait", action="store_true",
+                   help="time each cost without this thread's wait for its CPU (other work's share), which becomes "
+                        "the costs' steal share, a term of its own in an estimate")
+    c.add_argument("--probe", action="store_true",
+                   help="only the compute and memory loops and the wait share, now (under a second): for "
+                        "predict estimate --probe just before a run")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_costs)
 
@@ -262,6 +290,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="costs measured on the machine the counts come from: the CPU-time compute term is then "
                         "the run's whole CPU time minus its counted operations at these costs (without it: the "
                         "user CPU time, which the kernel splits from system time by tick samples)")
+    e.add_argument("--probe", default=None, metavar="PROBE.json",
+                   help="from predict costs --probe just before the run: its loops and wait share replace the "
+                        "costs' (which must be from costs --without-wait)")
     e.add_argument("--steal", type=float, default=None, metavar="SHARE",
                    help="the target's steal share now (0-1, e.g. from vmprof top), if it differs from the one "
                         "measured with its costs (a VM target's costs record theirs)")

@@ -176,6 +176,13 @@ pingpong:			/* (n, rfd, wfd, buf, starter): starter writes then reads 1 byte, th
 	pop r12
 	pop rbx
 	ret
+	.globl memory_loop
+memory_loop:			/* (n, start): n dependent loads, each loading the address of the next */
+	mov rax, rsi
+1:	mov rax, [rax]
+	sub rdi, 1
+	jnz 1b
+	ret
 """
 
 SNIPPETS_CODE = bytes.fromhex(
@@ -187,9 +194,9 @@ SNIPPETS_CODE = bytes.fromhex(
     "c3c607014801d74883ee0175f431c0c331c00fb60f4801c84801d74883ee0175f1c35341544155415641574889fb4989"
     "f44989d54989ce4d89c74d85ff7418b8010000004c89ef4c89f6ba010000000f054883f801753c31c04c89e74c89f6ba"
     "010000000f054883f80175274d85ff7518b8010000004c89ef4c89f6ba010000000f054883f801750a4883eb0175ab31"
-    "c0eb0748c7c0ffffffff415f415e415d415c5bc3")
+    "c0eb0748c7c0ffffffff415f415e415d415c5bc34889f0488b004883ef0175f7c3")
 SNIPPETS = {"compute_loop": 0x00, "null_loop": 0x14, "open_close_loop": 0x22, "rw_loop": 0x56, "mmap_loop": 0xA6,
-            "touch_write": 0xF1, "touch_read": 0x100, "pingpong": 0x112}
+            "touch_write": 0xF1, "touch_read": 0x100, "pingpong": 0x112, "memory_loop": 0x194}
 
 FORKER_ASM = r"""
 	.intel_syntax noprefix
@@ -281,6 +288,7 @@ class Snippets:
         self.touch_write = fn("touch_write", 3)
         self.touch_read = fn("touch_read", 3)
         self.pingpong = fn("pingpong", 5)
+        self.memory_loop = fn("memory_loop", 2)
 
 
 _SNIPPETS: Snippets | None = None

@@ -39,9 +39,15 @@ LOOP_INSTRUCTIONS = 4
 COST_NAMES = ("compute_loop", "null_syscall", "open_close", "read_4k", "read_64k", "write_4k", "write_64k",
               "mmap_munmap", "fork_exit", "fork_exec_exit", "minor_fault", "major_fault", "context_switch")
 
-# Measured where a target has them (the demo VM's cost program): a stat of a path, and a 4 KiB overwrite made
-# durable (pwrite64 + fdatasync); without them those calls are charged a null syscall, as a fallback.
-OPTIONAL_COSTS = ("stat", "write_sync")
+# Measured where a target has them (the demo VM's cost program): a stat of a path, an fcntl lock, and a 4 KiB
+# overwrite made durable (pwrite64 + fdatasync); without them those calls are charged a null syscall, as a
+# fallback.  memory_loop (a pointer chase, seconds per load) is measured everywhere by this version; a file
+# without it has no memory term.
+OPTIONAL_COSTS = ("memory_loop", "stat", "fcntl", "write_sync")
+
+
+# What `costs --probe` measures: the target's speed and wait share just before a run (see with_probe).
+PROBE_COSTS = ("compute_loop", "memory_loop")
 
 
 class PredictError(RuntimeError):
@@ -83,6 +89,11 @@ class Counts:
     @property
     def reference_loop_s(self) -> float:
         return float(self.reference["compute_loop_s"])
+
+    @property
+    def memory_share(self) -> float:
+        """The share of the compute CPU time that behaves like the memory loop (measure --memory-probe), or 0."""
+        return float((self.reference.get("memory") or {}).get("share") or 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -221,6 +232,9 @@ def load_counts(path: Path) -> Counts:
         syscalls[str(name)] = SyscallCount(nr=e.count("s.nr") or 0, calls=e.count("s.calls") or 0,
                                            bytes=e.count("s.bytes", optional=True) or 0)
     r.number("reference.compute_loop_s", positive=True)
+    r.number("reference.memory_loop_s", optional=True, positive=True)
+    if (r.number("reference.memory.share", optional=True) or 0) > 1:
+        raise PredictError(f"{path}: reference.memory.share is above 1 (a share of the CPU time)")
     notes = r.get("notes", list, optional=True) or []
     return Counts(
         command=command, exit_status=r.get("exit_status", int),
@@ -238,11 +252,12 @@ def load_costs(path: Path) -> Costs:
     target = r.get("target", dict)
     entries = r.get("costs", dict)
     unsupported = r.get("target.unsupported", dict, optional=True) or {}
-    missing = [n for n in COST_NAMES if n not in entries and n not in unsupported]
+    probe = target.get("probe") is True  # `costs --probe`: the loops only
+    missing = [n for n in (PROBE_COSTS if probe else COST_NAMES) if n not in entries and n not in unsupported]
     if missing:
         raise PredictError(f"{path}: costs lack {', '.join(missing)} (measure them with vmprof predict costs)")
     costs = {}
-    for name in (*COST_NAMES, *(n for n in OPTIONAL_COSTS if n in entries)):
+    for name in (PROBE_COSTS if probe else (*COST_NAMES, *(n for n in OPTIONAL_COSTS if n in entries))):
         if name not in entries:  # the target has no such operation (target.unsupported says why)
             costs[name] = CostStat(0.0, 0.0, 0.0, 0)
             continue
@@ -251,6 +266,25 @@ def load_costs(path: Path) -> Costs:
                                repeat=r.count(f"costs.{name}.repeat") or 0)
     notes = r.get("notes", list, optional=True) or []
     return Costs(target=target, costs=costs, notes=[str(n) for n in notes])
+
+
+def with_probe(costs: Costs, probe: Costs) -> Costs:
+    """The costs with the probe's loops and wait share: the speed of the target's CPU and other work's share of it
+    move within minutes on a shared machine, so they are taken just before the run the estimate is for, the
+    operations' costs from the full measurement.  Both must be without the wait (costs --without-wait)."""
+    for c in (costs, probe):
+        if c.target.get("costs_exclude_steal") is not True:
+            raise PredictError(f"--probe: the costs of {c.name} include the wait for the CPU: measure them with "
+                               "vmprof predict costs --without-wait")
+    if ("vm" in costs.target) != ("vm" in probe.target):
+        raise PredictError(f"--probe: the probe and the costs of {costs.name} are of different targets (a host's "
+                           "probe comes from costs --probe there, a demo VM's from its cost program)")
+    merged = {**costs.costs, **{k: v for k, v in probe.costs.items() if k in PROBE_COSTS}}
+    # the reference loops a VM's costs timed on the host then are of another moment: the counts' own are nearer
+    target = {k: v for k, v in costs.target.items() if k not in ("reference_compute_loop_s", "reference_memory_loop_s")}
+    target |= {"steal_share": probe.target.get("steal_share", 0.0), "probed_at": probe.target.get("measured_at")}
+    return Costs(target=target, costs=merged, notes=[*costs.notes, f"compute and memory loops and the wait share "
+                                                                   f"from a probe at {target['probed_at']}"])
 
 
 # ---------------------------------------------------------------------------
@@ -292,6 +326,7 @@ class UnitCosts:
     major_fault: float
     context_switch: float
     stat: float | None = None  # OPTIONAL_COSTS, where measured
+    fcntl: float | None = None
     sync: float | None = None  # fsync/fdatasync: write_sync minus the 4 KiB write
 
 
@@ -310,7 +345,8 @@ def unit_costs(c: Costs, which: str = "median") -> UnitCosts:
                      read_call=read_call, read_byte=read_byte, write_call=write_call, write_byte=write_byte,
                      mmap=max(0.0, m["mmap_munmap"] - null), fork_exit=m["fork_exit"],
                      exec=max(0.0, m["fork_exec_exit"] - m["fork_exit"]), minor_fault=m["minor_fault"],
-                     major_fault=m["major_fault"], context_switch=m["context_switch"], stat=m.get("stat"),
+                     major_fault=m["major_fault"], context_switch=m["context_switch"],
+                     stat=m.get("stat"), fcntl=m.get("fcntl"),
                      sync=max(0.0, m["write_sync"] - m["write_4k"]) if "write_sync" in m else None)
 
 
@@ -376,6 +412,8 @@ def _syscall_term(name: str, c: SyscallCount, u: UnitCosts) -> Term:
         return Term("syscall", name, n, "calls", u.mmap, n * u.mmap, "mmap (mmap+munmap minus a null call)")
     if name in STAT_CALLS and u.stat is not None:
         return Term("syscall", name, n, "calls", u.stat, n * u.stat, "stat of a path")
+    if name == "fcntl" and u.fcntl is not None:
+        return Term("syscall", name, n, "calls", u.fcntl, n * u.fcntl, "fcntl lock or unlock")
     if name in SYNC_CALLS and u.sync is not None:
         return Term("syscall", name, n, "calls", u.sync, n * u.sync, "fdatasync of a 4 KiB write")
     if name in NULL_LIKE:
@@ -425,16 +463,24 @@ def compute_cpu_s(counts: Counts, reference: Costs | None) -> tuple[float, str]:
     return cpu - explained, f"CPU time {cpu:.3f} s minus its operations at {reference.name}'s costs {explained:.3f} s"
 
 
-def compute_ratio(counts: Counts, costs: Costs, which: str = "median") -> tuple[float, str]:
-    """Target seconds per reference CPU second, from the compute loop.  A COSTS file that timed the reference's
-    loop itself, interleaved with the target's (`predict costs --vm`: the host before and after the VM), on the
-    host the counts come from (natively), gives the ratio of the same moment; otherwise the counts' own loop."""
-    loop = getattr(costs.costs["compute_loop"], which)
-    own = costs.target.get("reference_compute_loop_s")
+def compute_ratio(counts: Counts, costs: Costs, which: str = "median", loop: str = "compute") -> tuple[float, str]:
+    """Target seconds per reference CPU second, from the compute loop (or the memory loop).  A COSTS file that
+    timed the reference's loop itself, interleaved with the target's (`predict costs --vm`: the host before and
+    after the VM), on the host the counts come from (natively), gives the ratio of the same moment; otherwise
+    the counts' own loop."""
+    there = getattr(costs.costs[f"{loop}_loop"], which)
+    own = costs.target.get(f"reference_{loop}_loop_s")
     same_host = costs.target.get("host") == counts.reference.get("host") and "vm" not in counts.reference
     if isinstance(own, (int, float)) and own > 0 and same_host:
-        return loop / own, f"reference loop {own * 1e9:.3f} ns timed interleaved with the target's"
-    return loop / counts.reference_loop_s, f"reference {counts.reference_loop_s * 1e9:.3f} ns (from the counts)"
+        return there / own, f"reference {loop} loop {own * 1e9:.3f} ns timed interleaved with the target's"
+    ref = float(counts.reference[f"{loop}_loop_s"])
+    return there / ref, f"reference {loop} loop {ref * 1e9:.3f} ns (from the counts)"
+
+
+def memory_share(counts: Counts, costs: Costs) -> float:
+    """The counts' memory share where the target and the reference both have a memory loop, else 0."""
+    has_ref = counts.reference.get("memory_loop_s") or costs.target.get("reference_memory_loop_s")
+    return counts.memory_share if "memory_loop" in costs.costs and has_ref else 0.0
 
 
 def _terms(counts: Counts, costs: Costs, compute: str, reference: Costs | None, which: str) -> tuple[list[Term], str]:
@@ -452,9 +498,16 @@ def _terms(counts: Counts, costs: Costs, compute: str, reference: Costs | None, 
         ratio, ref_what = compute_ratio(counts, costs, which)
         cpu_s, what = compute_cpu_s(counts, reference)
         name = "user CPU time" if reference is None else "CPU time minus operations"
-        terms = [Term("compute", name, cpu_s, "reference CPU s", ratio, cpu_s * ratio,
+        # the share that behaves like the memory loop scales with it, the rest with the compute loop
+        share = memory_share(counts, costs)
+        terms = [Term("compute", name, cpu_s * (1 - share), "reference CPU s", ratio, cpu_s * (1 - share) * ratio,
                       "compute loop: target s per reference CPU s")]
         basis = f"{what} × {ratio:.3f} (target compute loop {u.loop_s * 1e9:.3f} ns/iteration vs {ref_what})"
+        if share:
+            mratio, mref = compute_ratio(counts, costs, which, "memory")
+            terms.append(Term("compute", "memory-bound part", cpu_s * share, "reference CPU s", mratio,
+                              cpu_s * share * mratio, "memory loop: target s per reference CPU s"))
+            basis += f"; {100 * share:.0f}% of it × {mratio:.3f} (memory loop, vs {mref})"
     else:
         raise PredictError(f"unknown compute method {compute!r}: use auto, cpu-time or instructions")
     return terms + operation_terms(counts, u), basis
@@ -509,70 +562,3 @@ def estimate(counts: Counts, costs: Costs, compute: str = "auto", reference: Cos
                      "(the sum of its work), not for the same parallelism")
     return Estimate(costs.name, terms, basis, notes, low_s=min(low, high), high_s=max(low, high), steal_share=steal)
 
-
-def _fmt_s(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    if s >= 1e-6:
-        return f"{s * 1e6:.3f} us"
-    return f"{s * 1e9:.2f} ns"
-
-
-def _fmt_n(n: float) -> str:
-    return f"{n:,.3f}" if isinstance(n, float) and not float(n).is_integer() else f"{int(n):,}"
-
-
-def render(counts: Counts, estimates: list[Estimate], top: int = 12) -> str:
-    """The per-target breakdown and, with several targets, a comparison table."""
-    lines = [f"command: {' '.join(counts.command)} (exit status {counts.exit_status})",
-             f"reference: {counts.reference.get('host', '?')}: wall {counts.wall_s:.3f} s, user {counts.user_s:.3f} s,"
-             f" system {counts.system_s:.3f} s; {counts.syscall_total:,} syscalls, {counts.minor_faults:,} minor + "
-             f"{counts.major_faults:,} major faults, {counts.processes_created} processes"]
-    for est in estimates:
-        total = est.total_s or 1e-30
-        spread = f" (range {est.low_s:.3f}-{est.high_s:.3f} s from the spread of the costs)"
-        lines += ["", f"target {est.target}: predicted {est.total_s:.3f} s{spread}"
-                  + (f", {est.total_s / counts.wall_s:.2f}× the reference wall time" if counts.wall_s else "")]
-        if est.steal_share:
-            lines.append(f"  of which steal: {est.total_s * est.steal_share:.3f} s ({100 * est.steal_share:.1f}% "
-                         "of the target's runnable time went to other work on its CPU: neighbours, the host)")
-        lines += [
-                  f"  compute: {est.compute_basis}",
-                  f"  {'term':34} {'count':>16} {'cost each':>12} {'time':>12} {'share':>6}"]
-        shown = [t for t in est.terms if t.group != "syscall"]
-        sys_terms = sorted((t for t in est.terms if t.group == "syscall"), key=lambda t: -t.seconds)
-        for t in shown[:1]:
-            lines.append(_row(t, total))
-        for g, label in (("syscall", "system calls"), ("fault", "page faults"), ("process", "processes"),
-                         ("switch", "context switches")):
-            lines.append(f"  {label + ' (total)':34} {'':>16} {'':>12} {_fmt_s(est.group_s(g)):>12} "
-                         f"{100 * est.group_s(g) / total:5.1f}%")
-            members = sys_terms[:top] if g == "syscall" else [t for t in shown if t.group == g]
-            for t in members:
-                lines.append(_row(t, total, indent=4))
-            if g == "syscall" and len(sys_terms) > top:
-                rest = sys_terms[top:]
-                lines.append(f"    {f'{len(rest)} other syscalls':32} {_fmt_n(sum(t.count for t in rest)):>16} "
-                             f"{'':>12} {_fmt_s(sum(t.seconds for t in rest)):>12} "
-                             f"{100 * sum(t.seconds for t in rest) / total:5.1f}%")
-        lines.append(f"  * fallback costs (kinds not measured, charged a null syscall): {_fmt_s(est.fallback_s)} "
-                     f"({100 * est.fallback_s / total:.1f}% of the prediction)")
-        lines += [f"  note: {n}" for n in est.notes]
-    if len(estimates) > 1:
-        lines += ["", f"{'target':24} {'predicted':>11} {'compute':>11} {'syscalls':>11} {'faults':>11} "
-                  f"{'processes':>11} {'switches':>11}"]
-        for est in estimates:
-            lines.append(f"{est.target[:24]:24} {est.total_s:10.3f}s" + "".join(
-                f" {est.group_s(g):10.3f}s" for g in GROUPS))
-    return "\n".join(lines) + "\n"
-
-
-def _row(t: Term, total: float, indent: int = 2) -> str:
-    name = t.name + (" *" if t.fallback else "")
-    count, cost = _fmt_n(t.count), _fmt_s(t.cost_s)
-    if t.unit == "reference CPU s":  # seconds of the reference × a ratio
-        count, cost = f"{t.count:.6f} s", f"× {t.cost_s:.4f}"
-    return (f"{'':{indent}}{name:{36 - indent}} {count:>16} {cost:>12} "
-            f"{_fmt_s(t.seconds):>12} {100 * t.seconds / total:5.1f}%")

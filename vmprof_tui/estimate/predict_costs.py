@@ -2,7 +2,8 @@
 
 Every cost is wall time per operation, measured in loops long enough (``min_time`` per
 repetition, many scheduler periods) that a CPU quota or a neighbour's share of the CPU shows
-up in it as it would in a program's run time.  The loops are a few lines of x86-64 machine
+up in it as it would in a program's run time (or, with without_wait, wall time less the measuring thread's
+wait for its CPU, that share kept apart as the costs' steal share).  The loops are a few lines of x86-64 machine
 code (the assembly source is in cost_code.py; ``tests/test_predict.py`` reassembles it and compares),
 called through ctypes from an executable mapping, so no interpreter overhead sits inside a
 measured loop, no compiler is needed on the target, and the compute loop has a known number
@@ -68,8 +69,20 @@ def _repeat(chunk: Callable[[], tuple[float, int]], repeat: int, min_time: float
     return _stat(values)
 
 
-def _timed(fn: Callable[..., int], *args: int, check: bool = True,
-           clock: Callable[[], float] = time.perf_counter) -> float:
+def wait_free_clock() -> float:
+    """Wall time less this thread's run-queue wait so far: what a loop takes with its CPU to itself (the wait,
+    other work's share of the CPU, is then a term of its own, as a VM's steal is)."""
+    return time.perf_counter() - my_schedstat()[1] / 1e9
+
+
+_clock: Callable[[], float] = time.perf_counter  # the clock of the operation costs (measure_costs sets it)
+
+
+def _now() -> float:
+    return _clock()
+
+
+def _timed(fn: Callable[..., int], *args: int, check: bool = True, clock: Callable[[], float] = _now) -> float:
     t0 = clock()
     rc = fn(*args)
     dt = clock() - t0
@@ -79,7 +92,7 @@ def _timed(fn: Callable[..., int], *args: int, check: bool = True,
 
 
 def _loop_cost(fn: Callable[..., int], args: tuple[int, ...], repeat: int, min_time: float,
-               check: bool = True, clock: Callable[[], float] = time.perf_counter) -> CostStat:
+               check: bool = True, clock: Callable[[], float] = _now) -> CostStat:
     n = _calibrate(lambda k: _timed(fn, k, *args, check=check, clock=clock), min_time)
     return _repeat(lambda: (_timed(fn, n, *args, check=check, clock=clock), n), repeat, min_time)
 
@@ -92,18 +105,39 @@ def time_compute_loop(repeat: int = 5, min_time: float = 0.2, cpu_time: bool = F
     """Seconds per iteration of the compute loop (4 instructions: add, xor, sub, jnz): wall time on a target
     (a quota, steal or a neighbour's share belongs in it), or this thread's CPU time for a reference, whose
     counted CPU seconds it is the yardstick of (other work on its CPU must not stretch it)."""
-    clock = time.thread_time if cpu_time else time.perf_counter
+    clock = time.thread_time if cpu_time else _now
     return _loop_cost(snippets().compute_loop, (), repeat, min_time, check=False, clock=clock)  # returns its sum
 
 
-def cpu_wait_probe(seconds: float = 0.3) -> float:
-    """wait_share while running the compute loop for `seconds`: how much of a CPU other work takes now."""
-    s = snippets()
-    n = _calibrate(lambda k: _timed(s.compute_loop, k, check=False), seconds)
-    before, end = my_schedstat(), time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        s.compute_loop(n)
-    return wait_share(before, my_schedstat())
+MEMORY_BYTES, LINE = 4 << 20, 64  # the memory loop's working set: above a core's L2, within the L3
+
+
+class MemoryChain:
+    """A random cycle through the cache lines of MEMORY_BYTES (each line holds the address of the next), in a
+    mapping of small pages (huge pages refused: a target's TLB misses are part of what the loop measures)."""
+
+    def __init__(self, size: int = MEMORY_BYTES, seed: int = 37) -> None:
+        import numpy as np
+
+        self._mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._mem.madvise(MADV_NOHUGEPAGE)
+        lines = size // LINE
+        order = np.random.default_rng(seed).permutation(lines)
+        words = np.frombuffer(self._mem, dtype=np.uint64)
+        self.start = ctypes.addressof(ctypes.c_char.from_buffer(self._mem))
+        words[order * (LINE // 8)] = self.start + np.roll(order, -1).astype(np.uint64) * LINE
+        del words
+
+    def run(self, n: int) -> int:
+        return snippets().memory_loop(n, self.start)
+
+
+def time_memory_loop(repeat: int = 5, min_time: float = 0.2, cpu_time: bool = False,
+                     chain: MemoryChain | None = None) -> CostStat:
+    """Seconds per load of the memory loop (a pointer chase over MEMORY_BYTES): the clock as time_compute_loop's."""
+    clock = time.thread_time if cpu_time else _now
+    c = chain or MemoryChain()
+    return _loop_cost(lambda n: c.run(n), (), repeat, min_time, check=False, clock=clock)
 
 
 def _faults() -> tuple[int, int]:
@@ -114,7 +148,7 @@ def _faults() -> tuple[int, int]:
 def _minor_fault_chunk(pages: int) -> tuple[float, int]:
     """A page's life in a program: the first write faults it in (zeroed), and it is freed at munmap
     or exit.  Both are timed (mmap/munmap calls amortised over `pages`)."""
-    t0 = time.perf_counter()
+    t0 = _now()
     m = mmap.mmap(-1, pages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         m.madvise(MADV_NOHUGEPAGE)
@@ -124,7 +158,7 @@ def _minor_fault_chunk(pages: int) -> tuple[float, int]:
         faults = _faults()[0] - f0
     finally:
         m.close()
-    dt = time.perf_counter() - t0
+    dt = _now() - t0
     if faults < pages:
         raise PredictError(f"predict costs: touching {pages} fresh pages made only {faults} minor faults "
                            "(transparent huge pages?)")
@@ -136,10 +170,10 @@ def _write_pass(fd: int, buf: ctypes.Array, size: int, length: int) -> tuple[flo
     an output, object or temporary file gets) and freed when the file is truncated; both timed.
     Overwriting pages already cached would be cheaper than what programs mostly do."""
     n = length // size
-    t0 = time.perf_counter()
+    t0 = _now()
     rc = snippets().rw_loop(n, fd, ctypes.addressof(buf), size, NR_PWRITE64, length)
     os.ftruncate(fd, 0)
-    dt = time.perf_counter() - t0
+    dt = _now() - t0
     _check(rc, "the write loop")
     return dt, n
 
@@ -162,9 +196,9 @@ class _MajorFaults:
             m.madvise(mmap.MADV_RANDOM)
             addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
             f0 = _faults()[1]
-            t0 = time.perf_counter()
+            t0 = _now()
             snippets().touch_read(addr, self.pages, PAGE)
-            dt = time.perf_counter() - t0
+            dt = _now() - t0
             majors = _faults()[1] - f0
         finally:
             m.close()
@@ -180,9 +214,9 @@ def _process_cost(exe: Path, argc: int, iterations: int, repeat: int, min_time: 
     argv = [str(exe), *(["x"] * (argc - 1))]
 
     def run(args: list[str]) -> float:
-        t0 = time.perf_counter()
+        t0 = _now()
         rc = subprocess.run(args, stdin=subprocess.DEVNULL).returncode
-        dt = time.perf_counter() - t0
+        dt = _now() - t0
         if rc != 0:
             raise PredictError(f"predict costs: the fork/exec measurement program exited with status {rc}")
         return dt
@@ -200,7 +234,8 @@ def _context_switch(repeat: int, min_time: float) -> CostStat:
     buf = ctypes.create_string_buffer(8)
     addr = ctypes.addressof(buf)
     r, w = os.pipe()
-    base = _loop_cost(s.pingpong, (r, w, addr, 1), repeat, min_time)  # write + read, no switch
+    # wall time even without wait: the partner's turn on the shared CPU is a run-queue wait of this thread
+    base = _loop_cost(s.pingpong, (r, w, addr, 1), repeat, min_time, clock=time.perf_counter)  # no switch
     os.close(r)
     os.close(w)
     cpus = os.sched_getaffinity(0)
@@ -228,7 +263,7 @@ def _context_switch(repeat: int, min_time: float) -> CostStat:
         try:
             def rounds(n: int) -> float:
                 os.write(c_w, n.to_bytes(8, "little"))
-                return _timed(s.pingpong, n, b_r, a_w, addr, 1)
+                return _timed(s.pingpong, n, b_r, a_w, addr, 1, clock=time.perf_counter)
 
             n = _calibrate(rounds, min_time)
             trips = _repeat(lambda: (rounds(n), n), repeat, min_time)
@@ -243,10 +278,23 @@ def _context_switch(repeat: int, min_time: float) -> CostStat:
     return CostStat(median=max(half[0], 1e-9), min=max(half[1], 1e-9), max=max(half[2], 1e-9), repeat=trips.repeat)
 
 
+def _write_sync_chunk(fd: int, buf: ctypes.Array) -> tuple[float, int]:
+    """A 4 KiB overwrite made durable (pwrite64 + fdatasync), as a database's journal and pages are: a wait for
+    the disk, long beside the interpreter's microsecond around it."""
+    t0 = _now()
+    for _ in range(8):
+        os.pwrite(fd, bytes(buf[:4096]), 0)
+        os.fdatasync(fd)
+    return _now() - t0, 8
+
+
 def measure_costs(name: str | None = None, directory: Path | None = None, repeat: int = 5, min_time: float = 0.2,
-                  progress: Callable[[str, CostStat], None] | None = None) -> Costs:
+                  progress: Callable[[str, CostStat], None] | None = None, without_wait: bool = False) -> Costs:
     """Time one of each operation here.  `directory` holds the files read, written and faulted in
-    (a disk file system: on tmpfs there are no major faults)."""
+    (a disk file system: on tmpfs there are no major faults).  without_wait: each cost is timed on
+    wait_free_clock (context_switch excepted) and the wait share of the whole run is the costs' steal share, a
+    term of its own in an estimate (as a VM's costs are without its steal)."""
+    global _clock
     if repeat < 1 or min_time <= 0:
         raise PredictError("predict costs: --repeat must be at least 1 and --min-time positive")
     s = snippets()
@@ -264,9 +312,11 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
             progress(key, stat)
 
     files: list[int] = []
+    _clock = wait_free_clock if without_wait else time.perf_counter
     try:
         sched0 = my_schedstat()  # the wait around the compute loop: the part of the costs that scales CPU time
         done("compute_loop", time_compute_loop(repeat, min_time))
+        done("memory_loop", time_memory_loop(repeat, min_time))
         steal = wait_share(sched0, my_schedstat())
         done("null_syscall", _loop_cost(s.null_loop, (), repeat, min_time))
         small = work / "open-me"
@@ -306,18 +356,37 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
                 done("major_fault", _repeat(major.chunk, repeat, min_time))
         finally:
             major.close()
+        done("write_sync", _repeat(lambda: _write_sync_chunk(wfd, rbuf), repeat, min_time))
         done("context_switch", _context_switch(repeat, min_time))
+        if without_wait:
+            steal = wait_share(sched0, my_schedstat())
     finally:
+        _clock = time.perf_counter
         for fd in files:
             os.close(fd)
         for p in work.iterdir():
             p.unlink()
         work.rmdir()
-    assert set(out) == set(COST_NAMES)
+    assert set(out) == {*COST_NAMES, "memory_loop", "write_sync"}
     target = {"name": name or os.uname().nodename, **machine_description(), **cgroup_cpu_limit(),
-              "steal_share": steal,
+              "steal_share": steal, **({"costs_exclude_steal": True} if without_wait else {}),
               "affinity": sorted(os.sched_getaffinity(0)), "repeat": repeat, "min_time_s": min_time}
     return Costs(target=target, costs=out, notes=notes)
+
+
+def measure_probe(repeat: int = 3, min_time: float = 0.1) -> Costs:
+    """The target's state now (`predict costs --probe`): the compute and memory loops on the wait-free clock and
+    the wait share over them, for with_probe just before a run."""
+    global _clock
+    sched0, _clock = my_schedstat(), wait_free_clock
+    try:
+        out = {"compute_loop": time_compute_loop(repeat, min_time), "memory_loop": time_memory_loop(repeat, min_time)}
+    finally:
+        _clock = time.perf_counter
+    target = {"name": os.uname().nodename, **machine_description(), "probe": True, "costs_exclude_steal": True,
+              "steal_share": wait_share(sched0, my_schedstat()), "affinity": sorted(os.sched_getaffinity(0)),
+              "repeat": repeat, "min_time_s": min_time}
+    return Costs(target=target, costs=out)
 
 
 def _ratio_chunk(chunk: Callable[[], tuple[float, int]], pages: int) -> tuple[float, int]:

@@ -302,7 +302,7 @@ def choose_method(requested: str) -> str:
 
 
 def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_000,
-            syscalls: bool = True, repeat: int = 1, loop_repeat: int = 5) -> Counts:
+            syscalls: bool = True, repeat: int = 1, loop_repeat: int = 5, memory_probe: bool = False) -> Counts:
     """Count `repeat` runs of argv (and its children) on this machine; keep the median run.
 
     The run kept is the one with the median user CPU time (the compute term, and the figure
@@ -312,11 +312,15 @@ def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_
     method = choose_method(instructions)
     counter = SyscallCounter() if syscalls else None
     runs: list[tuple[Run, tuple[dict[str, SyscallCount], int, int, int]]] = []
-    loops: list[float] = []  # the reference's loop in CPU time, before and after every run (interleaved)
+    loops: list[float] = []  # the reference's loops in CPU time, before and after every run (interleaved)
+    mems: list[float] = []
+    chain = predict_costs.MemoryChain()
 
     def time_loop() -> None:
         stat = predict_costs.time_compute_loop(repeat=loop_repeat, min_time=0.05, cpu_time=True)
         loops.extend((stat.median, stat.min, stat.max))
+        stat = predict_costs.time_memory_loop(repeat=loop_repeat, min_time=0.05, cpu_time=True, chain=chain)
+        mems.extend((stat.median, stat.min, stat.max))
 
     try:
         time_loop()
@@ -330,6 +334,11 @@ def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_
         if counter is not None:
             counter.close()
     medians = loops[0::3]
+    memory = {}
+    if memory_probe:
+        from vmprof_tui.estimate.memory_probe import memory_share
+
+        memory = {"memory": memory_share(argv, chain)}
     ordered = sorted(runs, key=lambda r: r[0].rusage.ru_utime if r[0].rusage else 0.0)
     run, (by_name, procs, threads, dropped) = ordered[(len(ordered) - 1) // 2]
     notes = []
@@ -355,5 +364,7 @@ def measure(argv: list[str], instructions: str = "auto", max_steps: int = 5_000_
         processes_created=procs, threads_created=threads,
         reference={**machine_description(), "compute_loop_s": statistics.median(medians),
                    "compute_loop_min_s": min(loops), "compute_loop_max_s": max(loops),
-                   "compute_loop_clock": "thread CPU time", "compute_loop_samples": medians, "runs": times},
+                   "compute_loop_clock": "thread CPU time", "compute_loop_samples": medians,
+                   "memory_loop_s": statistics.median(mems[0::3]), "memory_loop_min_s": min(mems),
+                   "memory_loop_max_s": max(mems), **memory, "runs": times},
         notes=notes)

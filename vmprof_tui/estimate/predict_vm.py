@@ -89,13 +89,14 @@ def run_in_vm(path: Path, argv: list[str], directory: Path, neighbour: bool, wha
     return proc, out
 
 
-def _host_loop(cpu: int, repeat: int) -> list[float]:
-    """The compute loop timed on the host in CPU time, pinned to the target VM's pCPU (the reference,
+def _host_loop(cpu: int, repeat: int, memory: bool = False) -> list[float]:
+    """The compute (or memory) loop timed on the host in CPU time, pinned to the target VM's pCPU (the reference,
     interleaved with the VM's run)."""
     old = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpu, (os.cpu_count() or 1) - 1)})
     try:
-        stat = predict_costs.time_compute_loop(repeat=repeat, min_time=0.05, cpu_time=True)
+        stat = (predict_costs.time_memory_loop(repeat=repeat, min_time=0.05, cpu_time=True) if memory else
+                predict_costs.time_compute_loop(repeat=repeat, min_time=0.05, cpu_time=True))
     finally:
         os.sched_setaffinity(0, old)
     return [stat.median, stat.min, stat.max]
@@ -133,11 +134,12 @@ def measure_costs_vm(name: str | None, repeat: int, min_time: float, neighbour: 
     from vmprof_tui.estimate.predict_measure import machine_description
 
     program = costs_program()
-    host = _host_loop(scenarios.SHARED_CPU, repeat)
+    host, host_mem = _host_loop(scenarios.SHARED_CPU, repeat), _host_loop(scenarios.SHARED_CPU, repeat, True)
     with tempfile.TemporaryDirectory(prefix="vmprof-vm-costs-", dir="/var/tmp") as d:
         proc, out = run_in_vm(program, ["costs", str(repeat), str(int(min_time * 1000))], Path(d), neighbour,
                               "predict costs --vm")
     host += _host_loop(scenarios.SHARED_CPU, repeat)
+    host_mem += _host_loop(scenarios.SHARED_CPU, repeat, True)
     wall, costs, unsupported = parse_costs(out)
     missing = [n for n in COST_NAMES if n not in costs and n not in unsupported]
     if missing:
@@ -157,6 +159,8 @@ def measure_costs_vm(name: str | None, repeat: int, min_time: float, neighbour: 
               "reference_compute_loop_s": ref,
               "reference_compute_loop_spread": [min(host), max(host)],
               "compute_ratio_spread": [loop.min / ref, loop.max / ref],
+              "reference_memory_loop_s": statistics.median(host_mem[0::3]),
+              "reference_memory_loop_spread": [min(host_mem), max(host_mem)],
               "repeat": repeat, "min_time_s": min_time}
     notes = [f"measured inside a demo VM on the demo guest kernel (pCPU {scenarios.SHARED_CPU}"
              + (", beside a busy neighbour VM" if neighbour else ", alone")

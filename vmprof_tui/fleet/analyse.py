@@ -1,9 +1,9 @@
-"""`vmprof analyze`: complete windows of one or more spools → Dask tasks (window × VM) → the Parquet store.
+"""`vmprof analyze`: complete windows of one or more spools → Dask tasks (one a window) → the Parquet store.
 
 Dask distributed does the scheduling: an embedded LocalCluster by default, a real cluster with
 `--scheduler tcp://HOST:8786`. A worker that dies mid-task has its task re-run by the scheduler;
 tasks write their output idempotently (tasks.py), and a window is marked done in the store only
-after all its VMs are written, so re-running `analyze` skips it and nothing is added twice.
+after all its tables are written, so re-running `analyze` skips it and nothing is added twice.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmprof_tui import files
-from vmprof_tui.fleet.tasks import HOST_TASK, WindowRef, analyse_window_vm, window_vms
-from vmprof_tui.record.recording import RecordingError, load
+from vmprof_tui.fleet.tasks import WindowRef, analyse_window
 from vmprof_tui.record.spool import WINDOW_RE
 
 DONE = "done"  # store/done/HOST/W<seq>.json: the window is fully in the store
@@ -36,7 +35,8 @@ class WindowResult:
     ref: WindowRef
     t0_s: float  # store time on the agent (from its log)
     t1_s: float  # window length
-    t2_s: float  # analysis cost: the sum of its tasks' run times
+    t2_s: float  # analysis cost: its task's run time
+    t2_cpu_s: float = 0.0  # of it, the worker's CPU time (t2 where nothing else runs on the node)
     vms: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -110,21 +110,6 @@ def agent_log(window: Path) -> dict[int, dict]:
     return out
 
 
-def check_window(path: str) -> str | None:
-    """None when the window is usable, else why not: a corrupt or cut window (the agent renames only complete
-    ones, so any damage came later) is skipped with this note, never analysed as a window with rows missing;
-    lesser problems (static data missing) only leave notes in the analysis."""
-    if not Path(path).exists():  # retention on the agent deleted it since it was found: not corrupt
-        return "gone: deleted from the spool before it was analysed"
-    try:
-        rec = load(Path(path))
-    except RecordingError as e:
-        return f"corrupt: {e}"
-    if (damage := rec.damage()) is not None:
-        return f"{damage} (first: {rec.problems[0].split(': skipped')[0]})"
-    return None if rec.end is not None else "corrupt: " + "; ".join(rec.problems)
-
-
 class Analyser:
     def __init__(self, store: Path, scheduler: str | None = None, workers: int | None = None) -> None:
         self.store = store
@@ -145,8 +130,13 @@ class Analyser:
             # the workers' scratch space in a private new folder: Dask's default, a fixed $TMPDIR/dask-scratch-space,
             # is a path another user can plant a link at
             self._scratch = tempfile.mkdtemp(prefix="vmprof-dask-")
-            # the cluster's own lock files go there too; the setting is undone in __exit__
-            self._config = dask.config.set({"temporary-directory": self._scratch})
+            # the cluster's own lock files go there too; the setting is undone in __exit__.  The workers keep glibc's
+            # own malloc thresholds: Dask's MALLOC_TRIM_THRESHOLD_ fixes them, and every large array of the analysis
+            # is then mapped and unmapped anew, page by page (docs/fleet.md: t2)
+            environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+            environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+            self._config = dask.config.set({"temporary-directory": self._scratch,
+                                            "distributed.nanny.pre-spawn-environ": environ})
             self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                          dashboard_address=None, local_directory=self._scratch)
             self._client = Client(self._cluster)
@@ -167,36 +157,28 @@ class Analyser:
 
     def run(self, refs: list[WindowRef], on_window: Callable[[WindowResult], None] | None = None,
             retries: int = 3) -> list[WindowResult]:
-        """Analyse the windows not yet in the store; each (window, VM) is one task."""
+        """Analyse the windows not yet in the store; each window is one task."""
         from distributed import as_completed
 
         check_store(self.store)
         todo = [r for r in refs if not done_path(self.store, r).exists()]
         c = self._client
-        checks = dict(zip(todo, c.gather(c.map(check_window, [r.path for r in todo], pure=False)), strict=True))
         results: dict[WindowRef, WindowResult] = {}
         futures = {}
-        for ref in todo:
+        for ref in todo:  # a window is one task: read once, checked, every VM's tables and the host's (tasks.py)
             log = agent_log(Path(ref.path)).get(ref.seq, {})
-            res = results[ref] = WindowResult(ref, float(log.get("t0_s", 0.0)), float(log.get("t1_s", 0.0)), 0.0)
-            if checks[ref] is not None:
-                res.error = checks[ref]
-        good = [r for r in todo if results[r].error is None]
-        vms_of = dict(zip(good, c.gather(c.map(window_vms, [r.path for r in good], pure=False)), strict=True))
-        for ref in good:
-            results[ref].vms, results[ref].t2_s = vms_of[ref]
-            for vm in [*results[ref].vms, HOST_TASK]:  # each VM, and the window's host level
-                f = c.submit(analyse_window_vm, ref, vm, str(self.store),
-                             key=f"vmprof-{ref.host}-{ref.seq}-{vm or '(host)'}", retries=retries, pure=False)
-                futures[f] = ref
-        pending = {ref: len(results[ref].vms) + 1 for ref in good}
+            results[ref] = WindowResult(ref, float(log.get("t0_s", 0.0)), float(log.get("t1_s", 0.0)), 0.0)
+            f = c.submit(analyse_window, ref, str(self.store), key=f"vmprof-{ref.host}-{ref.seq}", retries=retries,
+                         pure=False)
+            futures[f] = ref
         finished = []
         for f in as_completed(futures):
             ref = futures[f]
             res = results[ref]
             try:
                 out = f.result()
-                res.t2_s += out["seconds"]
+                res.vms, res.t2_s, res.t2_cpu_s = out["vms"], out["seconds"], out["cpu_seconds"]
+                res.error = out.get("error")
             except OSError as e:  # the store (read-only, full): every other window would fail the same way
                 if e.filename and Path(e.filename).is_relative_to(self.store):
                     for other in futures:
@@ -206,12 +188,7 @@ class Analyser:
                 res.error = f"{type(e).__name__}: {e}"
             except Exception as e:  # noqa: BLE001 - one window's failure is noted, the others go on
                 res.error = f"{type(e).__name__}: {e}"
-            pending[ref] -= 1
-            if pending[ref] == 0:
-                finished.append(self._finish(res, on_window))
-        for ref in todo:
-            if results[ref].error is not None and ref not in good:
-                finished.append(self._finish(results[ref], on_window))
+            finished.append(self._finish(res, on_window))
         return finished
 
     def _finish(self, res: WindowResult, on_window: Callable[[WindowResult], None] | None) -> WindowResult:

@@ -16,12 +16,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vmprof_tui import files
-from vmprof_tui.analyse.analysis import analyse
+from vmprof_tui.analyse.analysis import Analysis, analyse
+from vmprof_tui.analyse.shares import Row
 from vmprof_tui.analyse.source import ProfileSource, RecordingSource
-from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, load
+from vmprof_tui.analyse.stream import RowColumns, WholeNeeded
+from vmprof_tui.fleet.one_pass import WindowPass
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST
+from vmprof_tui.record.recording import KALLSYMS_KEY, Recording, RecordingError, load
+from vmprof_tui.resolve.prepare import learn_vms
 
 # Every table starts with these columns (a window is named `window_id`, not `window`: WINDOW is a reserved word
 # in SQL, and a column of that name needs quoting in every query a user writes).
@@ -86,11 +92,12 @@ def vcpu_seconds(source: ProfileSource, vm: str) -> list[dict]:
 
 
 def window_vms(path: str) -> tuple[list[str], float]:
-    """The VMs of a window (the tasks to make for it), and the seconds it took to find them (part of t2)."""
+    """The VMs of a window, as its analysis names them (Analysis.vm_names: the VM list's, and those known only
+    from guest samples), without analysing it; and the seconds it took."""
     t = time.monotonic()
     rec = load(Path(path))
-    rec.snapshot.pop(KALLSYMS_KEY, None)
-    return analyse(rec).vm_names(), time.monotonic() - t
+    vms = learn_vms(rec, rec.samples, (rec.samples["flags"] & SAMPLE_GUEST) != 0)
+    return sorted(set(vms.by_pid.values()), key=lambda n: vms.index.get(n, 0)), time.monotonic() - t
 
 
 def _window_base(ref: WindowRef, rec: Recording) -> dict:
@@ -99,42 +106,108 @@ def _window_base(ref: WindowRef, rec: Recording) -> dict:
     return {"host": ref.host, "window_id": ref.seq, "window_start": start, "window_s": window_s}
 
 
-def _function_rows(base: dict, rows: list, sample_s: float) -> list[dict]:
-    return [{**base, "process": r.process, "pid": r.pid, "function": r.function, "module": r.module,
-             "samples": float(r.samples), "seconds": float(r.samples) * sample_s} for r in rows if r.samples > 0]
+# rows of a function table: the columns every row shares (host, window, VM, vCPU), and the others, each a
+# column (a window's guest profiles have hundreds of thousands of rows: no dict per row)
+Block = tuple[dict, dict[str, object]]
+
+
+def _function_rows(base: dict, rows: list[Row], sample_s: float) -> Block:
+    kept = [r for r in rows if r.samples > 0]
+    samples = np.array([float(r.samples) for r in kept], float)
+    return base, {"process": [r.process for r in kept], "pid": [r.pid for r in kept],
+                  "function": [r.function for r in kept], "module": [r.module for r in kept], "samples": samples,
+                  "seconds": samples * sample_s, "vm": [r.vm for r in kept]}
+
+
+def function_columns(base: dict, c: RowColumns | None, sample_s: float, vm: str | None) -> Block:
+    """_function_rows of stream.StreamedAnalysis rows given as columns (their Row: process "" and pid -1 are none)."""
+    if c is None:
+        return _function_rows(base, [], sample_s)
+    keep = np.flatnonzero(c.samples > 0)
+    strings = _arrow_strings(c.strings)
+    function, module, process = (strings.take(c.ids[n][keep]) for n in ("func", "module", "process"))
+    pid, samples = c.pid[keep], c.samples[keep].astype(float)
+    return base, {"process": pc.if_else(pc.equal(process, ""), pa.scalar(None, pa.string()), process),
+                  "pid": pa.array(pid, pa.int64(), mask=pid < 0), "function": function, "module": module,
+                  "samples": samples, "seconds": samples * sample_s, "vm": [vm] * len(keep)}
+
+
+_ARROW_STRINGS: list = [None, None]  # the resolver's strings as an Arrow array, made once a window
+
+
+def _arrow_strings(strings: np.ndarray) -> pa.Array:
+    if _ARROW_STRINGS[0] is not strings:
+        _ARROW_STRINGS[:] = [strings, pa.array(strings, pa.string())]
+    return _ARROW_STRINGS[1]
+
+
+def _profile_blocks(base: dict, columns: RowColumns | None, virtual: list[Row], sample_s: float) -> list[Block]:
+    """One vCPU's profile rows (of the one pass): its functions, then its virtual rows."""
+    return [function_columns(base, columns, sample_s, base["vm"]), _function_rows(base, virtual, sample_s)]
+
+
+def table_of(blocks: list[Block], schema: pa.Schema) -> pa.Table:
+    """The blocks' rows one after the other, as a table of `schema`."""
+    columns = []
+    for f in schema:
+        parts = []
+        for base, cols in blocks:
+            n = len(cols["samples"])  # type: ignore[arg-type]
+            if f.name in cols and not (f.name == "vm" and "vm" in base):
+                parts.append(pa.array(cols[f.name], f.type))
+            else:
+                parts.append(pa.repeat(pa.scalar(base[f.name], f.type), n))
+        columns.append(pa.concat_arrays(parts) if parts else pa.array([], f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def analyse_window_vm(ref: WindowRef, vm: str, store: str) -> dict:
-    """The task: analyse one VM of one window (or, for HOST_TASK, the window's host level), write its rows,
-    return what it did (for t2)."""
+    """One VM of one window (or, for HOST_TASK, the window's host level) analysed whole, its rows written: the
+    reference the one-pass task (analyse_window) is tested against."""
     if vm == HOST_TASK:
         return analyse_window_host(ref, store)
     t = time.monotonic()
     rec = load(Path(ref.path))
     rec.snapshot.pop(KALLSYMS_KEY, None)  # the guest level never names host kernel code: skip its parse
-    # only this VM's samples are resolved (one task per VM of the window: the others are other tasks'); the
-    # sched events all stay, they say who held its pCPUs
+    # only this VM's samples are resolved; the sched events all stay, they say who held its pCPUs
     pids = [int(v["pid"]) for v in rec.vms() if v["name"] == vm]
     if not pids and (m := re.fullmatch(r"vm-(\d+)", vm)):  # a VM known only from its guest samples (Analysis)
         pids = [int(m.group(1))]
     an = analyse(rec, keep=lambda s: np.isin(s["pid"], pids))
-    base = {**_window_base(ref, rec), "vm": vm}
-    tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES}
-    for tl in sorted(an.vm_timelines(vm), key=lambda x: x.vcpu):
-        # the guest profile's samples, real and virtual, at the vCPU's rate
-        tables["profile"] += _function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
-                                            an.vcpus.sample_ns(tl) / 1e9)
-    for v in vcpu_seconds(RecordingSource(an), vm):
+    tables = _whole_vm_tables(an, {**_window_base(ref, rec), "vm": vm}, vm)
+    for name, table in tables.items():
+        write_table(ref.output(Path(store), name, vm), table)
+    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": tables["profile"].num_rows,
+            "seconds": time.monotonic() - t, "notes": list(an.notes)}
+
+
+def _whole_vm_tables(an: Analysis, base: dict, vm: str) -> dict[str, pa.Table]:
+    timelines = sorted(an.vm_timelines(vm), key=lambda x: x.vcpu)
+    profiles = [_function_rows({**base, "vcpu": tl.vcpu}, an.guest_profile(vm, tl.vcpu).rows,
+                               an.vcpus.sample_ns(tl) / 1e9) for tl in timelines]
+    return vm_tables(base, profiles, vcpu_seconds(RecordingSource(an), vm))
+
+
+def vm_tables(base: dict, profiles: list[Block], seconds: list[dict]) -> dict[str, pa.Table]:
+    """A VM's table of each of VM_TABLES: its guest profile per vCPU (blocks: real and virtual samples at the
+    vCPU's rate), and its vcpu_seconds."""
+    tables: dict[str, list[dict]] = {name: [] for name in VM_TABLES[1:]}
+    for v in seconds:
         at = {**base, "vcpu": v["vcpu"]}
         tables["vcpu"] += [{**at, "state": state, "seconds": v[state]} for state in STATES]
         tables["steal"] += [{**at, "type": 1, "cause": c, "seconds": s} for c, s in v["type1_by_cause"].items()]
         tables["steal"] += [{**at, "type": 2, "cause": c, "seconds": s} for c, s in v["type2_by_exit"].items()]
         tables["steal_holder"] += [{**at, "holder": h, "seconds": s} for h, s in v["type1_by_holder"].items()]
         tables["vcpu_other"] += [{**at, "what": what, "seconds": v[key]} for what, key in OTHER_FIGURES]
-    for table, rows in tables.items():
-        write_rows(ref.output(Path(store), table, vm), rows, TABLES[table])
-    return {"host": ref.host, "window": ref.seq, "vm": vm, "rows": len(tables["profile"]),
-            "seconds": time.monotonic() - t, "notes": list(an.notes)}
+    return {"profile": table_of(profiles, PROFILE_SCHEMA),
+            **{name: pa.Table.from_pylist(rows, schema=TABLES[name]) for name, rows in tables.items()}}
+
+
+def host_table(base: dict, rows: list[Row], period_s: float, columns: Block | None = None) -> pa.Table:
+    """The host_profile rows of a window's host profile (its function rows as columns, when given so: `rows`
+    are the rest of them)."""
+    return table_of([b for b in (columns, _function_rows(base, rows, period_s)) if b is not None],
+                    HOST_PROFILE_SCHEMA)
 
 
 def analyse_window_host(ref: WindowRef, store: str) -> dict:
@@ -143,17 +216,68 @@ def analyse_window_host(ref: WindowRef, store: str) -> dict:
     t = time.monotonic()
     rec = load(Path(ref.path))
     an = analyse(rec)
-    rows = _function_rows(_window_base(ref, rec), an.host_profile().rows, an.period_ns / 1e9)
-    for row, r in zip(rows, [r for r in an.host_profile().rows if r.samples > 0], strict=True):
-        row["vm"] = r.vm
-    write_rows(ref.output(Path(store), "host_profile", "host"), rows, HOST_PROFILE_SCHEMA)
-    return {"host": ref.host, "window": ref.seq, "vm": HOST_TASK, "rows": len(rows),
+    table = host_table(_window_base(ref, rec), an.host_profile().rows, an.period_ns / 1e9)
+    write_table(ref.output(Path(store), "host_profile", "host"), table)
+    return {"host": ref.host, "window": ref.seq, "vm": HOST_TASK, "rows": table.num_rows,
             "seconds": time.monotonic() - t, "notes": list(an.notes)}
 
 
-def write_rows(path: Path, rows: list[dict], schema: pa.Schema) -> None:
+def check_window(path: str) -> str | None:
+    """None when the window is usable, else why not: a corrupt or cut window (the agent renames only complete
+    ones, so any damage came later) is skipped with this note, never analysed as a window with rows missing;
+    lesser problems (static data missing) only leave notes in the analysis."""
+    if not Path(path).exists():  # retention on the agent deleted it since it was found: not corrupt
+        return "gone: deleted from the spool before it was analysed"
+    try:
+        rec = load(Path(path))
+    except RecordingError as e:
+        return f"corrupt: {e}"
+    if (damage := rec.damage()) is not None:
+        return f"{damage} (first: {rec.problems[0].split(': skipped')[0]})"
+    return None if rec.end is not None else "corrupt: " + "; ".join(rec.problems)
+
+
+def analyse_window(ref: WindowRef, store: str) -> dict:
+    """The analysis node's task: one window read once (a piece at a time, one_pass.py; whole when it cannot be),
+    every VM's rows and the host's written as analyse_window_vm writes them; what it did (for t2), with the
+    error of a window skipped as corrupt or gone (analyse.check_window)."""
+    t, cpu = time.monotonic(), time.process_time()
+    try:
+        one = WindowPass(Path(ref.path))  # its scan checks every chunk: an intact window
+    except WholeNeeded:
+        if (why := check_window(ref.path)) is not None:
+            return {"host": ref.host, "window": ref.seq, "vms": [], "rows": 0, "seconds": time.monotonic() - t,
+                    "cpu_seconds": time.process_time() - cpu, "notes": [], "error": why}
+        rec = load(Path(ref.path))
+        an = analyse(rec)
+        base = _window_base(ref, rec)
+        vms = an.vm_names()
+        per_vm = {vm: _whole_vm_tables(an, {**base, "vm": vm}, vm) for vm in vms}
+        host, notes = host_table(base, an.host_profile().rows, an.period_ns / 1e9), list(an.notes)
+    else:
+        base = _window_base(ref, one.rec)
+        vms = one.vm_names()
+        per_vm = {}
+        for vm in vms:
+            blocks = [b for v, tid in one.vcpus_of(vm)
+                      for b in _profile_blocks({**base, "vm": vm, "vcpu": v}, *one.profile_parts(vm, v, tid))]
+            per_vm[vm] = vm_tables({**base, "vm": vm}, blocks, one.vcpu_seconds(vm))
+        host = host_table(base, one.other_rows(), one.period_ns / 1e9,
+                          function_columns(base, one.row_columns(one.host_rows), one.period_ns / 1e9, None))
+        notes = list(one.notes)
+    _ARROW_STRINGS[:] = [None, None]  # the window's names, not held by the worker until its next window
+    for vm, tables in per_vm.items():
+        for name, table in tables.items():
+            write_table(ref.output(Path(store), name, vm), table)
+    write_table(ref.output(Path(store), "host_profile", "host"), host)
+    # cpu_seconds: the worker process's CPU time meanwhile (the reader thread's too): t2 on a node of its own
+    return {"host": ref.host, "window": ref.seq, "vms": vms, "seconds": time.monotonic() - t, "notes": notes,
+            "cpu_seconds": time.process_time() - cpu, "rows": sum(t["profile"].num_rows for t in per_vm.values())}
+
+
+def write_table(path: Path, table: pa.Table) -> None:
     """Atomically (a private tmp file renamed): a reader sees the whole file or none of it."""
     files.make_dirs(path.parent)  # 0700, files 0600: the store names guest processes and functions
     buf = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), buf)
+    pq.write_table(table, buf)
     files.write_file(path, buf.getvalue().to_pybytes())

@@ -37,6 +37,7 @@ CHUNK_MAGIC = b"CHNK"
 CHUNK_HEADER = struct.Struct("<4sHHII")  # magic, kind, reserved, payload length, crc32
 MAX_CHUNK = 256 << 20
 MAX_INFLATED = 1 << 30
+ZSTD_RATIO = 1 << 15  # zstd inflates at most this many times over (a 128 KiB block of one byte in 4)
 MAX_OBJECT_TABLE = 128 << 20  # one host object's symbol table in a spool, inflated (4M symbols fit)
 MAX_OBJECT_TABLES = 4096  # tables one window references
 
@@ -141,13 +142,15 @@ def encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
 
 def _table_rows(payload: bytes, dtype: np.dtype) -> int:
     """The row count a table chunk's header states: at most what its body can inflate to (zlib's ratio is under
-    1032:1), as the arrays are made before the bodies are inflated; the exact count is checked then."""
+    1032:1, zstd's under 32768:1 and at most MAX_INFLATED), as the arrays are made before the bodies are
+    inflated; the exact count is checked then."""
     (hlen,) = struct.unpack_from("<I", payload)
     header = bounded_json.loads(bytes(payload[4:4 + hlen]), "a table chunk's header")
     rows = bounded_json.expect(header, dict, "a table chunk's header").get("rows")
     if not isinstance(rows, int) or rows < 0:
         raise RecordingError("a table chunk's header has no valid row count")
-    if rows * dtype.itemsize > 1032 * len(payload):
+    most = min(ZSTD_RATIO * len(payload), MAX_INFLATED) if header.get("codec") == "zstd" else 1032 * len(payload)
+    if rows * dtype.itemsize > most:
         raise RecordingError(f"a table chunk's header states {rows} rows, more than its body can hold")
     return rows
 

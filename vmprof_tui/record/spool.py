@@ -40,6 +40,8 @@ from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SAMPLE_GUEST, SAMPLE_HOS
 from vmprof_tui.record.recording import OBJECTS_REF_KEY, bundle_tar, object_ref, snapshot
 from vmprof_tui.record.writer import WriteFailed, Writer
 
+WINDOW_CODEC = "zstd"  # a window's tables: much faster to store than zlib, as small (docs/fleet.md: t0)
+
 WINDOW_RE = re.compile(r"^W(\d{8})-(\d+)\.vmprof$")
 KALLSYMS_CHECK_S = 60.0  # kallsyms is read again (stored only if it changed) at most this often
 LATE_NS = 300_000_000  # a window closes this long after its end: records drained late still land in it
@@ -319,7 +321,7 @@ class Agent:
             meta = self.session.meta()
             meta.update(start_monotonic_ns=win.start_ns, start_unix_s=win.start_unix_s,
                         window={"seq": win.seq, "start_ns": win.start_ns, "end_ns": win.end_ns})
-            w = Writer(tmp, meta)
+            w = Writer(tmp, meta, codec=WINDOW_CODEC)
             try:
                 w.add(samples, sched)
                 vms = [vm.to_json() for vm in self.session.vms_seen.values()]

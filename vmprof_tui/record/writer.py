@@ -10,6 +10,7 @@ import os
 import stat
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +53,11 @@ class Writer:
     is created 0600 and never through a planted link; one already at `path` is replaced, or with `keep_old`
     becomes PATH.old (files.py)."""
 
-    def __init__(self, path: Path, meta: dict, keep_old: bool = False) -> None:
+    def __init__(self, path: Path, meta: dict, keep_old: bool = False, codec: str = "zlib") -> None:
+        """codec: of the sample and sched chunks, zlib or zstd (the agent's windows: much faster to write, as
+        small, docs/fleet.md; readers since the user-stack copies' zstd read either, as each chunk's header says)."""
         self.path = Path(path)
+        self.codec = codec
         try:
             self.file, self.old, self.created = files.open_recording(self.path, keep_old)
         except OSError as e:
@@ -107,18 +111,30 @@ class Writer:
         if self._pending_host_stacks:  # before the stacks that use them
             self.chunk(HOST_STACKS, encode_host_stacks(self._pending_host_stacks))
             self._pending_host_stacks = {}
-        for kind, pending in ((SAMPLES, self._pending_samples), (SCHED, self._pending_sched),
-                              (STACKS, self._pending_stacks)):
-            if pending:
-                self.chunk(kind, encode_table(np.concatenate(pending)))
-                pending.clear()
+        samples, sched = (None if not p else p[0] if len(p) == 1 else np.concatenate(p)
+                          for p in (self._pending_samples, self._pending_sched))
+        self._pending_samples, self._pending_sched = [], []
+        tables = [(kind, part) for pair in time_pieces(samples, sched)
+                  for kind, part in zip((SAMPLES, SCHED), pair, strict=True) if part is not None and len(part)]
+        if len(tables) > 2:  # a window's tables in pieces: compressed two at a time (zstd and zlib let threads run)
+            with ThreadPoolExecutor(2) as pool:
+                payloads = list(pool.map(lambda kt: encode_table(kt[1], codec=self.codec), tables))
+        else:
+            payloads = [encode_table(t, codec=self.codec) for _kind, t in tables]
+        for (kind, _table), payload in zip(tables, payloads, strict=True):
+            self.chunk(kind, payload)
+        if self._pending_stacks:
+            self.chunk(STACKS, encode_table(np.concatenate(self._pending_stacks)))
+            self._pending_stacks.clear()
         if self._pending_ustacks:  # 8 KiB a sample: zstd, faster than zlib and smaller
             self.chunk(USTACKS, encode_table(np.concatenate(self._pending_ustacks), codec="zstd"))
             self._pending_ustacks.clear()
         self.sync()
 
     def add_snapshot(self, snapshot: dict) -> None:
-        self.chunk(SNAPSHOT, zlib.compress(json.dumps(snapshot).encode(), 6))
+        # zlib whatever the codec (readers inflate it so); at level 1 for zstd's writers (megabytes of a window's
+        # processes: faster than level 6, a little larger)
+        self.chunk(SNAPSHOT, zlib.compress(json.dumps(snapshot).encode(), 1 if self.codec == "zstd" else 6))
 
     def add_bundle(self, vm: str, folder: Path) -> None:
         """Store a guest bundle folder (as a tar) with the recording."""
@@ -163,3 +179,33 @@ class Writer:
                 self.path.unlink()
                 if self.old is not None:
                     os.replace(self.old, self.path)
+
+
+PIECE_ROWS = 1 << 18  # samples a table chunk holds at most, when a flush has more (an agent's window)
+
+
+def time_pieces(samples: np.ndarray | None, sched: np.ndarray | None,
+                rows: int = PIECE_ROWS) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
+    """The samples and sched events of one flush as (samples, sched) pairs of back-to-back stretches of the host
+    clock, of about `rows` samples each: a reader takes the recording a piece at a time (record/stream.py) and
+    inflates pieces in parallel.  Each record's place within its stretch is kept; fewer samples: one pair."""
+    if samples is None or len(samples) <= rows:
+        return [(samples, sched)]
+    t = samples["time_ns"]
+    # the stretches' ends: where a sort would put them, found without one when the samples are out of order
+    ordered = np.all(t[1:] >= t[:-1])
+    cuts = np.unique(t[rows::rows] if ordered else np.partition(t, np.arange(rows, len(t), rows))[rows::rows])
+    out = []
+    for table in (samples, sched):
+        if table is None or not len(table):
+            out.append([table] * (len(cuts) + 1))
+            continue
+        times = table["time_ns"]
+        if np.all(times[1:] >= times[:-1]):
+            out.append(np.split(table, np.searchsorted(times, cuts, side="left")))
+        else:
+            stretch = np.searchsorted(cuts, times, side="right")
+            order = np.argsort(stretch, kind="stable")
+            bounds = np.searchsorted(stretch[order], np.arange(len(cuts) + 1))
+            out.append(np.split(table[order], bounds[1:]))
+    return list(zip(*out, strict=True))

@@ -18,7 +18,7 @@ from textual._two_way_dict import TwoWayDict
 from textual.cache import LRUCache
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
-from textual.widgets._data_table import CellKey, RowKey
+from textual.widgets._data_table import CellKey, ColumnKey, RowKey
 
 SegmentLines = list[list[Segment]]
 
@@ -66,3 +66,23 @@ class LiveTable(DataTable):
         self.hover_coordinate = self.hover_coordinate
         self._update_count += 1
         self.refresh(layout=True)
+
+    def update_cells(self, changes: list[tuple[str, ColumnKey, Text, bool]]) -> None:
+        """update_cell for several cells (row key, column key, value, whether to re-measure the column), with one
+        refresh: a host view changes hundreds of counts a second.  The rows must be in the table."""
+        for row_key, column_key, value, update_width in changes:
+            row = RowKey(row_key)
+            self._data[row][column_key] = value
+            if update_width:
+                self._updated_cells.add(CellKey(row, column_key))
+                self._require_update_dimensions = True
+        if changes:
+            self._update_count += 1
+            self.refresh()
+
+    def order(self, keys: list[str]) -> None:
+        """Put the rows in the order of `keys` (every row's key, each once): `sort` by rank, without a key
+        function over every row's cells."""
+        self._row_locations = TwoWayDict({RowKey(key): index for index, key in enumerate(keys)})
+        self._update_count += 1
+        self.refresh()

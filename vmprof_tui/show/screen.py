@@ -21,6 +21,7 @@ from vmprof_tui.show.live_table import LiveTable
 
 SCROLLBAR = 2  # the columns a table's vertical scrollbar takes
 HOST_KEY = "(host)"
+ONE_LINE = ("#title", "#status")  # Statics one line high (VmprofTop.CSS)
 NO_STACKS = "no call stacks in this window: start vmprof top with -g (or replay a recording made with -g)"
 NO_BLOCKS = "no LBR block view in this session: start vmprof top with LBR data (docs/lbr.md)"
 
@@ -35,6 +36,16 @@ def cell(value: object) -> Text:
     if isinstance(value, int):
         return Text(str(value), justify="right")
     return Text(str(value))
+
+
+def same_value(a: object, b: object) -> bool:
+    """Whether a cell's value is drawn as it was: of one type and equal (5 and 5.0 are drawn "5" and "5.0"), Text
+    also in its style and justification (Text's == compares the characters and spans only)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Text):
+        return a == b and (a.style, a.justify) == (b.style, b.justify)  # type: ignore[attr-defined]
+    return a == b
 
 
 class View(Screen):
@@ -65,7 +76,8 @@ class TableScreen(View):
         super().__init__()
         self.sort_column = self.columns.index(self.default_sort) if self.default_sort in self.columns else 0
         self.filter = ""
-        self.cells: dict[str, list] = {}  # row key -> cells, in the table's order
+        self.cells: dict[str, tuple] = {}  # row key -> its values (as rows() and fit() gave them), in the table's order
+        self._shown: dict[str, list[Text]] = {}  # row key -> its cells as the table holds them
         self._texts: dict[str, str | Text] = {}
         self.ready = False
 
@@ -141,25 +153,34 @@ class TableScreen(View):
         for key, _cells in rows:
             keys.append(f"{key}\0{seen[key]}" if seen[key] else key)  # row keys must be unique
             seen[key] += 1
-        cells = {k: [self.cell_of(c) for c in r] for k, (_key, r) in zip(keys, rows, strict=True)}
-        # Change the table, do not rebuild it: Textual measures every cell of every row it adds.
+        values = {k: r for k, (_key, r) in zip(keys, rows, strict=True)}
+        # Change the table, do not rebuild it: Textual measures every cell of every row it adds; and make cells only
+        # for the values that changed (of a host view's 500 rows, most keep their names from one second to the next).
         selected = self._cursor_key(table)
-        table.remove_rows([key for key in self.cells if key not in cells])
-        for key, row in cells.items():
+        table.remove_rows([key for key in self.cells if key not in values])
+        changes = []
+        for key, row in values.items():
             before = self.cells.get(key)
             if before is None:
-                table.add_row(*row, key=key)
+                self._shown[key] = [self.cell_of(c) for c in row]
+                table.add_row(*self._shown[key], key=key)
                 continue
-            for (column_key, column), value, old in zip(table.columns.items(), row, before, strict=True):
-                if value != old:  # re-measure only a cell wider than its column (narrower ones re-measure all)
-                    wider = cell_len(str(value)) > column.content_width
-                    table.update_cell(key, column_key, value, update_width=wider)
-        if keys != list(self.cells):  # a change of order re-sorts the table
-            rank = {tuple(map(str, cells[k])): i for i, k in enumerate(keys)}
-            table.sort(key=lambda values: rank.get(tuple(map(str, values)), len(rank)))
-            if selected in cells:  # the cursor stays on its row across refreshes
+            shown = self._shown[key]
+            for i, (column, value, old) in enumerate(zip(table.ordered_columns, row, before, strict=True)):
+                if same_value(value, old):
+                    continue
+                new = self.cell_of(value)  # a number drawn as it was (12.31 and 12.34 are both "12.3") stays
+                if not same_value(new, shown[i]):  # re-measure only a cell wider than its column (narrower: all)
+                    shown[i] = new
+                    changes.append((key, column.key, new, cell_len(new.plain) > column.content_width))
+        table.update_cells(changes)
+        for key in self.cells.keys() - values.keys():
+            del self._shown[key]
+        if keys != list(self.cells):  # a change of order re-orders the table
+            table.order(keys)
+            if selected in values:  # the cursor stays on its row across refreshes
                 table.move_cursor(row=table.get_row_index(selected), animate=False)
-        self.cells = cells
+        self.cells = values
         self.set_text("#title", self.title_text(an))
         status = self.app.status_text(an, self.filter, self.columns[col])
         if matching > len(rows):
@@ -167,10 +188,11 @@ class TableScreen(View):
         self.set_text("#status", status)
 
     def set_text(self, selector: str, text: str | Text) -> None:
-        """Update a Static only when its text changed (an update lays the screen out again)."""
+        """Update a Static only when its text changed.  The title and the status line are one line high whatever they
+        say (the app's CSS): their new text is drawn without laying the screen out again."""
         if self._texts.get(selector) != text:
             self._texts[selector] = text
-            self.query_one(selector, Static).update(cell(text))
+            self.query_one(selector, Static).update(cell(text), layout=selector not in ONE_LINE)
 
     @staticmethod
     def _cursor_key(table: DataTable) -> str | None:

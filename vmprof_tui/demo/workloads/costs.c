@@ -2,7 +2,8 @@
  * the demo guest kernel (`vmprof predict costs --vm`) as on any machine.  Every cost is the wall time of one
  * operation, in chunks long enough that a neighbour's share of the pCPU shows up in it; the clock is
  * clock_gettime, which the guest kernel hands to the VMM, so a chunk is at least a few milliseconds.
- * Arguments: repetitions, milliseconds per repetition, [the one cost to measure].
+ * Arguments: repetitions, milliseconds per repetition, [the one cost to measure, or "probe": the two loops].
+ * memory_loop is seconds per load of a pointer chase, fcntl an F_SETLK (lock or unlock) of a file.
  * Prints per cost "cost NAME s/op ..." (wall time, one value per repetition) and "cpu NAME s/op ..." (the
  * thread's CPU time: without steal), and "unsupported NAME why"
  * for what the guest kernel has no call for; one line on stderr and status 1 when a call fails. */
@@ -120,6 +121,55 @@ static double write_sync(long n)
 	return now() - t0;
 }
 
+/* A lock taken and released on a file, as a database does around its reads and writes (F_SETLK). */
+static double fcntl_lock(long n)
+{
+	struct flock fl = {.l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+	double t0 = now();
+	for (long i = 0; i < n; i++) {
+		fl.l_type = i & 1 ? F_UNLCK : F_WRLCK;
+		if (fcntl(write_fd, F_SETLK, &fl))
+			fail("fcntl F_SETLK");
+	}
+	return now() - t0;
+}
+
+/* The same pointer chase as predict_costs' memory loop: dependent loads through a random cycle of the cache
+ * lines of MEMORY_BYTES, which is larger than a core's L2 and smaller than the L3, so each load misses the
+ * nearer caches and the TLB and whatever evicts caches or walks page tables more slowly shows in it. */
+#define MEMORY_BYTES (4L << 20)
+#define LINE 64L
+static char *chain;
+static double memory(long n)
+{
+	double t0 = now();
+	char *p = chain;
+	for (long i = 0; i < n; i++)
+		p = *(char **)p;
+	__asm__ volatile("" : : "r"(p));
+	return now() - t0;
+}
+
+static void make_chain(void)
+{
+	long lines = MEMORY_BYTES / LINE;
+	long *order = malloc(lines * sizeof *order);
+	chain = mmap(NULL, MEMORY_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!order || chain == MAP_FAILED)
+		fail("memory for the memory loop");
+	unsigned long x = 88172645463325252UL;
+	for (long i = 0; i < lines; i++)
+		order[i] = i;
+	for (long i = lines - 1; i > 0; i--) { /* Sattolo: one cycle through every line */
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		long j = (long)(x % (unsigned long)i), t = order[i];
+		order[i] = order[j], order[j] = t;
+	}
+	for (long i = 0; i < lines; i++)
+		*(char **)(chain + order[i] * LINE) = chain + order[(i + 1) % lines] * LINE;
+	free(order);
+}
+
 static double mmap_munmap(long n)
 {
 	double t0 = now();
@@ -234,6 +284,7 @@ int main(int argc, char **argv)
 	int repeat = argc > 1 ? atoi(argv[1]) : 5;
 	min_time = (argc > 2 ? atof(argv[2]) : 300) / 1000;
 	const char *only = argc > 3 ? argv[3] : NULL;
+	int probe = only && strcmp(only, "probe") == 0; /* the two loops alone: the target's state just before a run */
 	if (repeat < 1 || repeat > 64 || min_time <= 0) {
 		fprintf(stderr, "costs: repetitions (1-64) and milliseconds must be positive\n");
 		return 2;
@@ -242,12 +293,15 @@ int main(int argc, char **argv)
 		const char *name;
 		double (*run)(long);
 		long start;
-	} loops[] = {{"compute_loop", compute, 1024}, {"null_syscall", null_call, 4}, {"open_close", open_close, 4},
+	} loops[] = {{"compute_loop", compute, 1024}, {"memory_loop", memory, 1024}, {"null_syscall", null_call, 4},
+		     {"open_close", open_close, 4},
 		     {"read_4k", read_4k, 4}, {"read_64k", read_64k, 4}, {"write_4k", write_4k, 4},
 		     {"write_64k", write_64k, 4}, {"mmap_munmap", mmap_munmap, 4},
 		     {"minor_fault", minor_fault, FAULT_PAGES}, {"major_fault", major_fault, FAULT_PAGES},
-		     {"stat", stat_path, 4}, {"write_sync", write_sync, 1}};
-	if (!only || strcmp(only, "compute_loop") != 0) {
+		     {"stat", stat_path, 4}, {"fcntl", fcntl_lock, 4}, {"write_sync", write_sync, 1}};
+	if (!only || probe || strcmp(only, "memory_loop") == 0)
+		make_chain();
+	if (!only || (!probe && strcmp(only, "compute_loop") != 0 && strcmp(only, "memory_loop") != 0)) {
 		close(make_file("open-me", 1));
 		read_fd = make_file("read-me", FILE_BYTES);
 		write_fd = open("write-me", O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -256,7 +310,7 @@ int main(int argc, char **argv)
 			fail("write-me");
 	}
 	for (size_t i = 0; i < sizeof loops / sizeof *loops; i++)
-		if (!only || strcmp(only, loops[i].name) == 0)
+		if (!only || strcmp(only, loops[i].name) == 0 || (probe && i < 2))
 			measure(loops[i].name, loops[i].run, repeat, loops[i].start);
 	if (!only) {
 		printf("unsupported fork_exit the guest kernel has no fork: one program per vCPU\n");
