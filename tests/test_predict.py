@@ -391,3 +391,12 @@ def test_deeply_nested_json_in_counts_costs_and_model_files_gives_one_line(tmp_p
                      ("model", "predict", str(deep), "--load", "cpu=0.5")):
             line = _one_line_failure(vmprof(*args))
             assert f"{deep} nests deeper than 32 levels" in line, (args, line)
+
+
+def test_memory_probe_of_a_failing_command_gives_one_line(tmp_path: Path) -> None:
+    """The probe times whole runs: a command that fails is refused, not timed as if it had done its work."""
+    require_root()
+    line = _one_line_failure(vmprof("predict", "measure", "--memory-probe", "-o", str(tmp_path / "c.json"), "--",
+                                    "sh", "-c", "exit 3"))
+    assert line == ("vmprof: predict measure --memory-probe: sh exited with status 3 "
+                    "(the probe times whole runs: run a command that succeeds)")

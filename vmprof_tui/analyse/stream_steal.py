@@ -71,7 +71,7 @@ class _Keyed:
     def add_names(self, keys: np.ndarray, an: Analysis, sel: np.ndarray, functions: bool) -> None:
         """The names of the keys not seen before, from their first samples (sel: the samples of `keys`)."""
         u, first = np.unique(keys, return_index=True)
-        new = np.flatnonzero(~np.isin(u, np.fromiter(self.names, np.int64, len(self.names))))
+        new = np.array([j for j, k in enumerate(u.tolist()) if k not in self.names], np.int64)
         i = sel[first[new]]
         blank = [""] * len(new)
         func, module = (an.func[i].tolist(), an.module[i].tolist()) if functions else (blank, blank)
@@ -125,13 +125,14 @@ class StreamedSteal:
         self.pieces = 0
         times = [int(sched["time_ns"][0]), int(sched["time_ns"][-1])] if len(sched) else []
         resolver = Resolver()
-        snapshot = rec.snapshot
+        snapshot, processes = rec.snapshot, rec.processes()
+        later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
         for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end))):
             if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
                 # a sample that came a whole piece late: the carried keys would be out of the whole's order
                 raise WholeNeeded("samples out of order across pieces")
             part = Recording(rec.path, rec.meta, piece.samples, sched[:0], snapshot, rec.bundles, rec.object_tables,
-                             rec.end, problems=list(rec.problems))
+                             rec.end, problems=list(rec.problems), fixed_processes=processes)
             prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True)
             if prepared.vms.by_pid != self.vms.by_pid or prepared.vms.vcpu_of_tid != self.vms.vcpu_of_tid:
                 raise WholeNeeded("a VM or vCPU thread that the VM list does not name")
@@ -139,7 +140,7 @@ class StreamedSteal:
             if len(piece.samples):
                 t = piece.samples["time_ns"]
                 times += [int(t.min()), int(t.max())]
-            snapshot = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # parsed once, by the first
+            snapshot = later
             self.pieces += 1
         del early  # its blanks: the final timelines hold their own
         spans = {key: (t.first_ns, t.last_ns) for key, t in

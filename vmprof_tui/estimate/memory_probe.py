@@ -6,14 +6,13 @@ also sees what the target does to its caches (a neighbour on the same CPU evicti
 walks).  The model is linear: a share m of the program's CPU time scales like the memory loop (a pointer chase
 over more than a core's L2, predict_costs.MemoryChain), the rest like the compute loop.  m is measured, not
 guessed: the program and the memory loop each run alone and beside a neighbour on their CPU that evicts the
-caches at every switch (it writes a byte of every cache line of 64 MiB, twice the L3, over and over: a
-stream, which the prefetchers make fast, so a time slice of it sweeps the whole L3; a pointer chase as the
-neighbour evicted only a megabyte or two per slice); if the loop is slowed by s_m and
+caches at every switch (it writes a byte of every cache line of twice the L3, over and over: a stream, which
+the prefetchers make fast, so a time slice of it sweeps the whole L3, where a pointer chase as the neighbour
+evicts only a small part of it per slice); if the loop is slowed by s_m and
 the program by s_p, then s_p - 1 = m (s_m - 1), so m = (s_p - 1) / (s_m - 1), kept within 0..1.  Alone and
 beside alternate, twice (up to five times while the loop is not slowed 1.5x: the L3 was busy with the machine's
 other work even for the loop alone), so that a drift of the machine falls on both, and the fastest of each is used: the
-machine's other tenants share the L3 and only ever slow a run (here the loop alone read 13 ns a load at a quiet
-moment and 130 ns, as slow as evicted, at a busy one, within a minute; a median took the busy ones).
+machine's other tenants share the L3 and only ever slow a run (docs/predict.md: how far, measured here).
 """
 
 from __future__ import annotations
@@ -25,13 +24,24 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 from vmprof_tui.estimate import predict_costs
 from vmprof_tui.estimate.predict import PredictError
 
 ROUNDS, MAX_ROUNDS = 2, 5  # more rounds while the loop alone has not had a moment with its lines in the L3
 MIN_LOOP_SLOWDOWN = 0.5  # below this the eviction did not happen (or the loop missed the L3 alone): no share
-NEIGHBOUR_BYTES = 64 << 20  # the evicting neighbour's working set: twice this machine's L3
+NEIGHBOUR_BYTES = 64 << 20  # the evicting neighbour's working set where the L3's size cannot be read
+
+
+def neighbour_bytes(cpu: int) -> int:
+    """Twice the L3 of `cpu` (sysfs), so that a time slice of the neighbour's stream evicts all of it."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache/index3/size").read_text().strip()
+        size = int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]] if text[-1] in "KMG" else int(text)
+    except (OSError, ValueError, IndexError, KeyError):
+        return NEIGHBOUR_BYTES
+    return max(2 * size, 1 << 20)
 
 
 @contextlib.contextmanager
@@ -46,21 +56,22 @@ def _pinned(cpu: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _evicting_neighbour(cpu: int) -> Iterator[None]:
-    """A process on `cpu` writing a byte of every cache line of NEIGHBOUR_BYTES, over and over, until killed;
+    """A process on `cpu` writing a byte of every cache line of twice its L3, over and over, until killed;
     ready once its first sweep (which also faults its pages in) is done."""
+    size = neighbour_bytes(cpu)
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(ready_r)
             os.sched_setaffinity(0, {cpu})
-            mem = mmap.mmap(-1, NEIGHBOUR_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
             touch = predict_costs.snippets().touch_write
-            touch(addr, NEIGHBOUR_BYTES // predict_costs.LINE, predict_costs.LINE)
+            touch(addr, size // predict_costs.LINE, predict_costs.LINE)
             os.write(ready_w, b"1")
             while True:
-                touch(addr, NEIGHBOUR_BYTES // predict_costs.LINE, predict_costs.LINE)
+                touch(addr, size // predict_costs.LINE, predict_costs.LINE)
         finally:
             os._exit(0)
     os.close(ready_w)
@@ -77,12 +88,15 @@ def _evicting_neighbour(cpu: int) -> Iterator[None]:
 def _program_cpu_s(argv: list[str], cpu: int) -> float:
     """The CPU seconds (user + system) of one uncounted run of argv pinned to `cpu`."""
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        with _pinned(cpu):  # the child inherits the affinity (no preexec_fn in a process with threads)
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError as e:
         raise PredictError(f"predict measure --memory-probe: cannot run {argv[0]}: {e.strerror}") from None
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise PredictError(f"predict measure --memory-probe: {argv[0]} exited with status {p.returncode} "
+                           "(the probe times whole runs: run a command that succeeds)")
     return ru.ru_utime + ru.ru_stime
 
 
