@@ -1,1 +1,2 @@
-"""The fleet stage (thesis ch. 4–5): agent windows → Dask tasks (window × VM) → Parquet store → DuckDB."""
+"""The fleet stage (thesis ch. 4–5): agent windows → one Dask task per window (every VM read in one pass) →
+Parquet store → DuckDB."""
