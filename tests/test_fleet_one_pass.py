@@ -106,6 +106,17 @@ def test_analyser_workers_keep_glibc_malloc_thresholds(tmp_path: Path) -> None:
     assert list(seen.values()) == [None]
 
 
+def test_analyser_workers_run_without_dasks_statistical_profiler(tmp_path: Path) -> None:
+    """Dask's workers sample the running task's stack every 10 ms: CPU time a window's analysis pays for."""
+    import dask
+
+    from vmprof_tui.fleet.analyse import Analyser
+
+    with Analyser(tmp_path / "store", workers=1) as an:
+        seen = an._client.run(lambda: dask.config.get("distributed.worker.profile.enabled"))
+    assert list(seen.values()) == [False]
+
+
 def test_one_pass_of_a_vm_name_two_vms_had_writes_what_the_per_vm_tasks_write(tmp_path: Path) -> None:
     """A VM stopped and another of its name started within the window: two threads of one vCPU, each priced at
     its own rate (the streamed sums are kept by thread)."""
