@@ -18,7 +18,10 @@ from vmprof_tui.resolve.resolver import Resolver
 from vmprof_tui.resolve.spaces import GuestSymbols, guest_symbols
 from vmprof_tui.resolve.symtab import KernelSymbols, kallsyms_table
 
-MAX_GUESTS = 256  # bundles kept per worker (each holds its extracted folder): a node's hosts' VMs
+# bundles kept per worker: each holds its parsed symbols and its extracted folder (7 MB for the synthetic 64-CPU
+# host's guests), so a few hosts' VMs, not a whole node's: a worker whose windows cycle over more bundles than this
+# parses each again, as without the cache
+MAX_GUESTS = 64
 MAX_KALLSYMS = 16  # host kernels kept per worker
 
 
