@@ -7,6 +7,7 @@ piece boundaries."""
 from __future__ import annotations
 
 import math
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -105,6 +106,17 @@ def test_analyser_workers_keep_glibc_malloc_thresholds(tmp_path: Path) -> None:
     assert list(seen.values()) == [None]
 
 
+def test_analyser_workers_run_without_dasks_statistical_profiler(tmp_path: Path) -> None:
+    """Dask's workers sample the running task's stack every 10 ms: CPU time a window's analysis pays for."""
+    import dask
+
+    from vmprof_tui.fleet.analyse import Analyser
+
+    with Analyser(tmp_path / "store", workers=1) as an:
+        seen = an._client.run(lambda: dask.config.get("distributed.worker.profile.enabled"))
+    assert list(seen.values()) == [False]
+
+
 def test_one_pass_of_a_vm_name_two_vms_had_writes_what_the_per_vm_tasks_write(tmp_path: Path) -> None:
     """A VM stopped and another of its name started within the window: two threads of one vCPU, each priced at
     its own rate (the streamed sums are kept by thread)."""
@@ -144,3 +156,47 @@ def test_on_cpu_time_of_a_time_range_is_of_its_runs_as_in_the_whole_recording(wi
     ranged = Analysis(prepare(rec, span_ns=recording_span(rec))).timelines
     assert {t: tl.on_cpu_ns for t, tl in ranged.items()} == {t: tl.on_cpu_ns for t, tl in whole.items()}
     assert whole[tid].on_cpu_ns + sum(b.duration_ns for b in whole[tid].blanks) < whole[tid].wall_ns
+
+
+def _window_with_bundles(path: Path, kernel_fn: str) -> None:
+    """Two VMs running guest kernel code named by their bundles (db's function named `kernel_fn`)."""
+    b = SynthRecording(frequency=1000, cpus=2)
+    web, db = b.vm("web", pid=100, vcpus={0: 101}), b.vm("db", pid=200, vcpus={0: 201})
+    b.guest_kernel_symbols(web, {"web_fn": 0xFFFFFFFF81000000})
+    b.guest_kernel_symbols(db, {kernel_fn: 0xFFFFFFFF81000000})
+    for k in range(100):
+        t0 = k * 10 * MS
+        b.run(web, 0, cpu=0, start_ns=t0, end_ns=t0 + 10 * MS, guest_ip=0xFFFFFFFF81000100, kernel=True)
+        b.run(db, 0, cpu=1, start_ns=t0, end_ns=t0 + 8 * MS, guest_ip=0xFFFFFFFF81000100, kernel=True)
+        b.host_task(500, "app", cpu=1, start_ns=t0 + 8 * MS, end_ns=t0 + 10 * MS)
+    b.write(path)
+
+
+def test_a_worker_parses_each_guest_bundle_and_kallsyms_once_by_content(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows after the first reuse the bundles and kallsyms a worker parsed (fleet/warm.py), a bundle whose
+    content changed is parsed anew, and every window's tables are those of the per-VM tasks."""
+    from vmprof_tui.fleet import warm
+
+    monkeypatch.setattr(one_pass, "WARM", warm.WarmSymbols())
+    parsed: list[str] = []
+    guest_symbols, kallsyms_table = warm.guest_symbols, warm.kallsyms_table
+    monkeypatch.setattr(warm, "guest_symbols", lambda vm, data: parsed.append(vm) or guest_symbols(vm, data))
+    monkeypatch.setattr(warm, "kallsyms_table", lambda *a: parsed.append("kallsyms") or kallsyms_table(*a))
+    folder = tmp_path / "spool" / "h1" / "windows"
+    folder.mkdir(parents=True)
+    _window_with_bundles(folder / "W00000001-1800000060.vmprof", "db_fn")
+    shutil.copy(folder / "W00000001-1800000060.vmprof", folder / "W00000002-1800000120.vmprof")  # the same bundles
+    _window_with_bundles(folder / "W00000003-1800000180.vmprof", "db_fn_v2")
+    seen = []
+    for ref in find_windows([tmp_path / "spool"]):
+        for vm in [*window_vms(ref.path)[0], HOST_TASK]:
+            analyse_window_vm(ref, vm, str(tmp_path / f"reference{ref.seq}"))
+        analyse_window(ref, str(tmp_path / f"one{ref.seq}"))
+        assert_same_tables(tmp_path / f"one{ref.seq}", tmp_path / f"reference{ref.seq}")
+        seen.append(sorted(parsed))
+        parsed.clear()
+    # window 3's bundles are written anew (their tar headers' times differ too): new content, parsed again
+    assert seen == [["db", "kallsyms", "web"], [], ["db", "web"]]
+    functions = {r["function"] for rows in tables(tmp_path / "one3")["profile"].values() for r in rows}
+    assert {"web_fn", "db_fn_v2"} <= functions and "db_fn" not in functions

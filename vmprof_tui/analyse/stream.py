@@ -110,12 +110,14 @@ class StreamedAnalysis:
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
                  keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True,
-                 shares_only: bool = True) -> None:
+                 shares_only: bool = True, resolver: Resolver | None = None) -> None:
         """level: the profiles asked for, host or guest (of `vm`, else of every VM), or all (both: the fleet's one
         pass over a window); only their sums are kept.
         keep: the samples to analyse (`report -K/-U`), as prepare's.  kernel: each row's kernel-mode samples are
         summed too (Row.kernel: what a filtered profile's ratios are made of; else 0).  shares_only: each piece's
-        Analysis as Analysis(shares_only) makes it (False: with the holders and co-stop a subclass's _add sums)."""
+        Analysis as Analysis(shares_only) makes it (False: with the holders and co-stop a subclass's _add sums).
+        resolver: a new one for this recording, with symbols loaded already (the fleet's workers keep guest bundles
+        and kallsyms across windows); its kallsyms, when set, are the recording's, which are then not parsed."""
         self.kernel = kernel
         self.rec = rec = scanned.rec
         self.level, self.vm = level, vm
@@ -138,10 +140,10 @@ class StreamedAnalysis:
         # the vCPU threads of the VM list: one that only its samples name is learned in the pieces where it ran
         # guest code, where the whole recording knows it in every piece (its timeline): not streamed
         listed = learn_vms(rec, np.empty(0, rec.samples.dtype), np.empty(0, bool)).vcpu_of_tid
-        resolver = Resolver()
+        resolver = resolver or Resolver()
         context = SwitchContext()
-        snapshot = rec.snapshot
-        later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
+        without_kallsyms = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}
+        snapshot = rec.snapshot if resolver.kallsyms is None else without_kallsyms
         processes = rec.processes()  # the same in every piece
         for piece in pieces(scanned, piece_rows, lambda first, last: recording_end(first, last, rec.end)):
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
@@ -158,7 +160,7 @@ class StreamedAnalysis:
             self._add(an, piece.lo)
             context.advance(piece.sched)
             self.has_sched |= bool(len(piece.sched))
-            snapshot = later
+            snapshot = without_kallsyms  # parsed once, by the first piece
             self.pieces += 1
 
     def _add(self, an: Analysis, lo: int) -> None:

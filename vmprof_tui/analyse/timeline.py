@@ -285,11 +285,9 @@ class Schedule:
         kind[(flags & SCHED_PREV_RUNNABLE) != 0] = bt.PREEMPTED
         kind[(flags & SCHED_PREV_THROTTLED) != 0] = bt.THROTTLED
         kind[(flags & SCHED_PREV_HALTED) != 0] = bt.IDLE
-        known = self._holders  # looked up here first: a call per blank costs more than the lookup
         holders = np.full(len(e), "", object)
         if not self.shares_only:
-            holders[:] = [known.get(k) or self.holder(*k)
-                          for k in zip(e["next_pid"].tolist(), e["next_comm"].tolist(), strict=True)]
+            holders[:] = self.holders_of(e["next_pid"], e["next_comm"])
         none = np.full(len(e), NO_TIME, np.int64)
         held = np.empty(0, np.int64)
         return BlankTable(timeline, e["time_ns"].astype(np.int64), ends, kind, e["prev_exit_reason"].astype(np.int64),
@@ -362,11 +360,10 @@ class Schedule:
         if self.shares_only:  # the shares need the vCPUs that held a pCPU, not the names of the other tasks
             return
         ok = (holder < 0) & (ns > 0)
-        used, name_of = np.unique(switch[k[ok]], return_inverse=True)
-        names = np.array([self.holder(pid, comm) for pid, comm in zip(
-            ev["next_pid"][used].tolist(), ev["next_comm"][used].tolist(), strict=True)] + [""], object)
+        used = switch[k[ok]]
         # by blank, then in time order
-        table.host_blank, table.host_holder, table.host_ns = row[ok], names[name_of.reshape(-1)], ns[ok]
+        table.host_blank, table.host_holder, table.host_ns = row[ok], self.holders_of(ev["next_pid"][used],
+                                                                                      ev["next_comm"][used]), ns[ok]
 
     def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
@@ -485,6 +482,16 @@ class Schedule:
         for tl, i in zip(timelines, alive.tolist(), strict=True):
             tl.on_cpu_ns = int(run_ns[i])
         return timelines, alive, table
+
+    def holders_of(self, pid: np.ndarray, comm: np.ndarray) -> np.ndarray:
+        """holder() of each (pid, comm), as an object array: a call per distinct pair, not per switch (a 64-CPU
+        window has hundreds of thousands of switches and a few hundred tasks)."""
+        if not len(pid):
+            return np.empty(0, object)
+        comms, comm_rank = np.unique(comm, return_inverse=True)
+        pairs, inverse = arrays.unique(pid.astype(np.int64) << 32 | comm_rank.reshape(-1), return_inverse=True)
+        names = [self.holder(p >> 32, comms[p & 0xFFFFFFFF].item()) for p in pairs.tolist()]
+        return np.array(names, object)[inverse]
 
     def holder(self, pid: int, comm: bytes) -> str:
         """Who took the pCPU in a switch (the next task's pid and comm)."""

@@ -135,8 +135,11 @@ class Analyser:
             # is then mapped and unmapped anew, page by page (docs/fleet.md: t2)
             environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
             environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+            # No statistical profiler in the workers: it walks the task's stack every 10 ms, a twentieth of a
+            # 64-CPU window's CPU time (docs/fleet.md)
             self._config = dask.config.set({"temporary-directory": self._scratch,
-                                            "distributed.nanny.pre-spawn-environ": environ})
+                                            "distributed.nanny.pre-spawn-environ": environ,
+                                            "distributed.worker.profile.enabled": False})
             self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                          dashboard_address=None, local_directory=self._scratch)
             self._client = Client(self._cluster)

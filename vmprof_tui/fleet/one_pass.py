@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse import exits
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.blanks import (
@@ -36,8 +37,14 @@ from vmprof_tui.analyse.steal import exits_to_vmm
 from vmprof_tui.analyse.stream import PIECE_ROWS, RowColumns, StreamedAnalysis, WholeNeeded, _Rows, _Vcpu
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
+from vmprof_tui.fleet.warm import WARM
 from vmprof_tui.record.bpf_records import SAMPLE_VCPU
 from vmprof_tui.record.stream import scan
+
+# samples a piece of the one pass holds: two of the window's stored stretches (its chunks are compressed two at a
+# time); against stream.PIECE_ROWS, a tenth less CPU a window (each piece's setup: VM list, processes, resolver
+# groups) for about 150 MB more of a worker's peak (docs/fleet.md)
+WINDOW_PIECE_ROWS = 2 * PIECE_ROWS
 
 
 @dataclass
@@ -66,14 +73,14 @@ class _Steal:
 class WindowPass(StreamedAnalysis):
     """The host profile, every VM's guest profiles and each vCPU's steal sums of one window, in one pass."""
 
-    def __init__(self, path: Path, piece_rows: int = PIECE_ROWS) -> None:
+    def __init__(self, path: Path, piece_rows: int = WINDOW_PIECE_ROWS) -> None:
         scanned = scan(path)
         if scanned is None:
             raise WholeNeeded("the window cannot be read a piece at a time")
         self.steal: dict[tuple[str, int, int], _Steal] = {}  # as self.vcpus: by VM, vCPU and thread
         self.backend = scanned.rec.meta.get("backend", "")
         super().__init__(scanned, level="all", kernel=False, shares_only=False,
-                         piece_rows=piece_rows)
+                         piece_rows=piece_rows, resolver=WARM.resolver(scanned.rec))
 
     def _add(self, an: Analysis, lo: int) -> None:
         super()._add(an, lo)
@@ -83,8 +90,7 @@ class WindowPass(StreamedAnalysis):
         if timelines and timelines[0].table is not None:
             for i, holder, ns in _holders(timelines[0].table, timelines):
                 tl = timelines[i]
-                who = self.steal[(tl.vm, tl.vcpu, tl.tid)].holders
-                who[holder] += ns
+                self.steal[(tl.vm, tl.vcpu, tl.tid)].holders[holder] += ns
 
     def vcpus_of(self, vm: str) -> list[tuple[int, int]]:
         """(vCPU, thread) of each of the VM's vCPU threads, as the reference task takes its timelines."""
@@ -152,9 +158,10 @@ class WindowPass(StreamedAnalysis):
         return out
 
 
-def _holders(table: BlankTable, timelines: list[VcpuTimeline]) -> Iterator[tuple[int, str, int]]:
-    """(timeline, holder, ns) of every preempted blank of the table, as Blank.holders gives them blank by blank:
-    the vCPUs of its VM, other VMs, host tasks, and the first holder for the rest of the blank."""
+def _holders(table: BlankTable, timelines: list[VcpuTimeline]) -> Iterator[tuple[int, str, float]]:
+    """(timeline, holder, ns) of the preempted blanks of the table, as Blank.holders gives them blank by blank (the
+    vCPUs of its VM, other VMs, host tasks, and the first holder for the rest of the blank), summed by timeline and
+    holder in the order each pair first comes (the order the steal tables list holders of equal time in)."""
     owner = np.full(len(table), -1, np.int64)
     for i, tl in enumerate(timelines):
         owner[tl.rows[0]:tl.rows[1]] = i
@@ -162,15 +169,26 @@ def _holders(table: BlankTable, timelines: list[VcpuTimeline]) -> Iterator[tuple
     held = np.zeros(len(table), np.int64)
     same, vcpu, vm = table.held_same_vm, table.held_vcpu, table.held_vm
     keys = np.where(same, np.char.add("vcpu", vcpu.astype(str)).astype(object), vm) if len(same) else vm
+    parts = []
     for rows, names, ns in ((table.held_blank, keys, table.held_ns), (table.host_blank, table.host_holder,
                                                                         table.host_ns)):
         mine = preempted[rows]
         rows, names, ns = rows[mine], names[mine], ns[mine]
         np.add.at(held, rows, ns)
-        yield from zip(owner[rows].tolist(), names.tolist(), ns.tolist(), strict=True)
+        parts.append((owner[rows], names, ns))
     rest = np.where(preempted, table.duration - held, 0)
     at = np.flatnonzero(rest > 0)
-    yield from zip(owner[at].tolist(), table.first_holder[at].tolist(), rest[at].tolist(), strict=True)
+    parts.append((owner[at], table.first_holder[at], rest[at]))
+    who, names, ns = (np.concatenate([p[k] for p in parts]) for k in range(3))
+    if not len(who):
+        return
+    distinct, name_code = np.unique(names.astype(str), return_inverse=True)
+    pairs, first, inverse = arrays.unique(who << 32 | name_code.reshape(-1), return_index=True, return_inverse=True)
+    # int nanoseconds summed in float64: exact (below 2**53), as the sums blank by blank were
+    total = np.bincount(inverse, weights=ns.astype(np.float64), minlength=len(pairs))
+    order = np.argsort(first, kind="stable")
+    yield from zip((pairs[order] >> 32).tolist(), distinct[pairs[order] & 0xFFFFFFFF].tolist(), total[order].tolist(),
+                   strict=True)
 
 
 def _unit(v: _Vcpu, period_ns: float) -> float:
