@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, cpu_busy_ns, require_quiet_pcpu, require_root, thread_cpu_ns, vmprof
 from test_fleet_one_pass import assert_same_tables
+from test_tui import until
 from textual.widgets import DataTable, Static
 
 from vmprof_tui.collect.session import CollectionSession
@@ -243,12 +244,12 @@ async def browse_store(store: Path) -> None:
         title = app.query_one("#title", Static)
         last = str(title.render())
         assert f"window {len(app.starts)} of {len(app.starts)}" in last and "3 VMs on 1 hosts" in last
-        await pilot.press("left")
-        assert f"window {len(app.starts) - 1} of" in str(title.render())
+        await pilot.press("left")  # the window is loaded from the store, then the title and table change
+        await until(pilot, lambda: f"window {len(app.starts) - 1} of" in str(title.render()), timeout=30)
         table = app.query_one("#vms", DataTable)
         assert table.row_count == 3 and "steal1" in str(table.get_row_at(0)[1])
         await pilot.press("enter")
-        await pilot.pause()
+        await until(pilot, lambda: bool(app.screen.query("#functions")), timeout=30)
         functions = app.screen.query_one("#functions", DataTable)
         names = {str(functions.get_row_at(i)[1]) for i in range(functions.row_count)}
         assert {"[steal]", "compute_a", "compute_b"} <= names, names
