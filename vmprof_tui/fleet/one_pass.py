@@ -37,6 +37,7 @@ from vmprof_tui.analyse.steal import exits_to_vmm
 from vmprof_tui.analyse.stream import PIECE_ROWS, RowColumns, StreamedAnalysis, WholeNeeded, _Rows, _Vcpu
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
+from vmprof_tui.collect import backends
 from vmprof_tui.fleet.warm import WARM
 from vmprof_tui.record.bpf_records import SAMPLE_VCPU
 from vmprof_tui.record.stream import scan
@@ -78,7 +79,7 @@ class WindowPass(StreamedAnalysis):
         if scanned is None:
             raise WholeNeeded("the window cannot be read a piece at a time")
         self.steal: dict[tuple[str, int, int], _Steal] = {}  # as self.vcpus: by VM, vCPU and thread
-        self.backend = scanned.rec.meta.get("backend", "")
+        self.backend = scanned.rec.meta.get("backend", backends.NONE)
         super().__init__(scanned, level="all", kernel=False, shares_only=False,
                          piece_rows=piece_rows, resolver=WARM.resolver(scanned.rec))
 

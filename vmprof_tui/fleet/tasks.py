@@ -1,9 +1,11 @@
-"""One analysis task of the fleet: one VM of one agent window → rows of the Parquet store.
+"""The fleet's analysis task and its reference: one agent window → rows of the Parquet store.
 
-Runs on a Dask worker (or in-process). Everything it needs is in the window file and the spool's
-static data, so any node that reads the spool can run it. Its output is written by the task
-itself, atomically and under a name fixed by (host, window, VM): a task that runs twice (a worker
-died, `analyze` ran again) writes the same file again, never a second one.
+`analyse_window` is the task: it reads the window once (fleet/one_pass.py) and writes every VM's tables and the
+host's.  `analyse_window_vm` and `analyse_window_host`, one VM or the host level of a window read whole, are the
+reference the tests compare it with.  A task runs on a Dask worker (or in-process); everything it needs is in the
+window file and the spool's static data, so any node that reads the spool can run it.  Its output is written by the
+task itself, atomically and under a name fixed by (host, window, VM): a task that runs twice (a worker died,
+`analyze` ran again) writes the same file again, never a second one.
 """
 
 from __future__ import annotations
@@ -120,12 +122,15 @@ def _function_rows(base: dict, rows: list[Row], sample_s: float) -> Block:
                   "seconds": samples * sample_s, "vm": [r.vm for r in kept]}
 
 
-def function_columns(base: dict, c: RowColumns | None, sample_s: float, vm: str | None) -> Block:
-    """_function_rows of stream.StreamedAnalysis rows given as columns (their Row: process "" and pid -1 are none)."""
+def function_columns(base: dict, c: RowColumns | None, sample_s: float, vm: str | None, arrow: dict) -> Block:
+    """_function_rows of stream.StreamedAnalysis rows given as columns (their Row: process "" and pid -1 are none).
+    arrow: the window's string tables as Arrow arrays, made once (by id; the table is kept so the id stays its own)."""
     if c is None:
         return _function_rows(base, [], sample_s)
     keep = np.flatnonzero(c.samples > 0)
-    strings = _arrow_strings(c.strings)
+    if id(c.strings) not in arrow:
+        arrow[id(c.strings)] = (c.strings, pa.array(c.strings, pa.string()))
+    strings = arrow[id(c.strings)][1]
     function, module, process = (strings.take(c.ids[n][keep]) for n in ("func", "module", "process"))
     pid, samples = c.pid[keep], c.samples[keep].astype(float)
     return base, {"process": pc.if_else(pc.equal(process, ""), pa.scalar(None, pa.string()), process),
@@ -133,18 +138,10 @@ def function_columns(base: dict, c: RowColumns | None, sample_s: float, vm: str 
                   "samples": samples, "seconds": samples * sample_s, "vm": [vm] * len(keep)}
 
 
-_ARROW_STRINGS: list = [None, None]  # the resolver's strings as an Arrow array, made once a window
-
-
-def _arrow_strings(strings: np.ndarray) -> pa.Array:
-    if _ARROW_STRINGS[0] is not strings:
-        _ARROW_STRINGS[:] = [strings, pa.array(strings, pa.string())]
-    return _ARROW_STRINGS[1]
-
-
-def _profile_blocks(base: dict, columns: RowColumns | None, virtual: list[Row], sample_s: float) -> list[Block]:
+def _profile_blocks(arrow: dict, base: dict, columns: RowColumns | None, virtual: list[Row], sample_s: float
+                    ) -> list[Block]:
     """One vCPU's profile rows (of the one pass): its functions, then its virtual rows."""
-    return [function_columns(base, columns, sample_s, base["vm"]), _function_rows(base, virtual, sample_s)]
+    return [function_columns(base, columns, sample_s, base["vm"], arrow), _function_rows(base, virtual, sample_s)]
 
 
 def table_of(blocks: list[Block], schema: pa.Schema) -> pa.Table:
@@ -241,7 +238,7 @@ def check_window(path: str) -> str | None:
 def analyse_window(ref: WindowRef, store: str) -> dict:
     """The analysis node's task: one window read once (a piece at a time, one_pass.py; whole when it cannot be),
     every VM's rows and the host's written as analyse_window_vm writes them; what it did (for t2), with the
-    error of a window skipped as corrupt or gone (analyse.check_window)."""
+    error of a window skipped as corrupt or gone (check_window)."""
     t, cpu = time.monotonic(), time.process_time()
     try:
         one = WindowPass(Path(ref.path))  # its scan checks every chunk: an intact window
@@ -259,14 +256,14 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
         base = _window_base(ref, one.rec)
         vms = one.vm_names()
         per_vm = {}
+        arrow: dict = {}  # of this window only (a worker may run two windows at once)
         for vm in vms:
             blocks = [b for v, tid in one.vcpus_of(vm)
-                      for b in _profile_blocks({**base, "vm": vm, "vcpu": v}, *one.profile_parts(vm, v, tid))]
+                      for b in _profile_blocks(arrow, {**base, "vm": vm, "vcpu": v}, *one.profile_parts(vm, v, tid))]
             per_vm[vm] = vm_tables({**base, "vm": vm}, blocks, one.vcpu_seconds(vm))
         host = host_table(base, one.other_rows(), one.period_ns / 1e9,
-                          function_columns(base, one.row_columns(one.host_rows), one.period_ns / 1e9, None))
+                          function_columns(base, one.row_columns(one.host_rows), one.period_ns / 1e9, None, arrow))
         notes = list(one.notes)
-    _ARROW_STRINGS[:] = [None, None]  # the window's names, not held by the worker until its next window
     for vm, tables in per_vm.items():
         for name, table in tables.items():
             write_table(ref.output(Path(store), name, vm), table)
