@@ -93,10 +93,6 @@ class WindowPass(StreamedAnalysis):
                 tl = timelines[i]
                 self.steal[(tl.vm, tl.vcpu, tl.tid)].holders[holder] += ns
 
-    def vcpus_of(self, vm: str) -> list[tuple[int, int]]:
-        """(vCPU, thread) of each of the VM's vCPU threads, as the reference task takes its timelines."""
-        return self.vcpu_threads(vm)
-
     def sample_s(self, vm: str, vcpu: int, tid: int) -> float:
         """What one sample of the vCPU's thread stands for over the window (VcpuSamples.sample_ns), in seconds."""
         return _unit(self.vcpus[(vm, vcpu, tid)], self.period_ns) / 1e9
@@ -121,7 +117,7 @@ class WindowPass(StreamedAnalysis):
     def vcpu_seconds(self, vm: str) -> list[dict]:
         """tasks.vcpu_seconds of the whole window, from the sums."""
         out = []
-        for vcpu, tid in self.vcpus_of(vm):
+        for vcpu, tid in self.vcpu_threads(vm):
             v, st = self.vcpus[(vm, vcpu, tid)], self.steal.get((vm, vcpu, tid), _Steal())
             unit = _unit(v, self.period_ns)
             by_exit: dict[str, float] = defaultdict(float)

@@ -258,7 +258,7 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
         per_vm = {}
         arrow: dict = {}  # of this window only (a worker may run two windows at once)
         for vm in vms:
-            blocks = [b for v, tid in one.vcpus_of(vm)
+            blocks = [b for v, tid in one.vcpu_threads(vm)
                       for b in _profile_blocks(arrow, {**base, "vm": vm, "vcpu": v}, *one.profile_parts(vm, v, tid))]
             per_vm[vm] = vm_tables({**base, "vm": vm}, blocks, one.vcpu_seconds(vm))
         host = host_table(base, one.other_rows(), one.period_ns / 1e9,
