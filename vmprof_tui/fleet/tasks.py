@@ -220,19 +220,19 @@ def analyse_window_host(ref: WindowRef, store: str) -> dict:
             "seconds": time.monotonic() - t, "notes": list(an.notes)}
 
 
-def check_window(path: str) -> str | None:
-    """None when the window is usable, else why not: a corrupt or cut window (the agent renames only complete
-    ones, so any damage came later) is skipped with this note, never analysed as a window with rows missing;
-    lesser problems (static data missing) only leave notes in the analysis."""
+def check_window(path: str) -> tuple[str | None, Recording | None]:
+    """(None, the window loaded) when it is usable, else (why not, None): a corrupt or cut window (the agent renames
+    only complete ones, so any damage came later) is skipped with this note, never analysed as a window with rows
+    missing; lesser problems (static data missing) only leave notes in the analysis."""
     if not Path(path).exists():  # retention on the agent deleted it since it was found: not corrupt
-        return "gone: deleted from the spool before it was analysed"
+        return "gone: deleted from the spool before it was analysed", None
     try:
         rec = load(Path(path))
     except RecordingError as e:
-        return f"corrupt: {e}"
+        return f"corrupt: {e}", None
     if (damage := rec.damage()) is not None:
-        return f"{damage} (first: {rec.problems[0].split(': skipped')[0]})"
-    return None if rec.end is not None else "corrupt: " + "; ".join(rec.problems)
+        return f"{damage} (first: {rec.problems[0].split(': skipped')[0]})", None
+    return (None, rec) if rec.end is not None else ("corrupt: " + "; ".join(rec.problems), None)
 
 
 def analyse_window(ref: WindowRef, store: str) -> dict:
@@ -243,10 +243,10 @@ def analyse_window(ref: WindowRef, store: str) -> dict:
     try:
         one = WindowPass(Path(ref.path))  # its scan checks every chunk: an intact window
     except WholeNeeded:
-        if (why := check_window(ref.path)) is not None:
+        why, rec = check_window(ref.path)  # loaded once: checked, then analysed whole
+        if rec is None:
             return {"host": ref.host, "window": ref.seq, "vms": [], "rows": 0, "seconds": time.monotonic() - t,
                     "cpu_seconds": time.process_time() - cpu, "notes": [], "error": why}
-        rec = load(Path(ref.path))
         an = analyse(rec)
         base = _window_base(ref, rec)
         vms = an.vm_names()

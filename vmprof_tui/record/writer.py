@@ -181,11 +181,11 @@ class Writer:
                     os.replace(self.old, self.path)
 
 
-PIECE_ROWS = 1 << 18  # samples a table chunk holds at most, when a flush has more (an agent's window)
+CHUNK_ROWS = 1 << 18  # samples a table chunk holds at most, when a flush has more (an agent's window)
 
 
 def time_pieces(samples: np.ndarray | None, sched: np.ndarray | None,
-                rows: int = PIECE_ROWS) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
+                rows: int = CHUNK_ROWS) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
     """The samples and sched events of one flush as (samples, sched) pairs of back-to-back stretches of the host
     clock, of about `rows` samples each: a reader takes the recording a piece at a time (record/stream.py) and
     inflates pieces in parallel.  Each record's place within its stretch is kept; fewer samples: one pair."""
