@@ -14,6 +14,7 @@ as make or a shell would, not this Python interpreter.
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import mmap
 import os
@@ -75,11 +76,13 @@ def wait_free_clock() -> float:
     return time.perf_counter() - my_schedstat()[1] / 1e9
 
 
-_clock: Callable[[], float] = time.perf_counter  # the clock of the operation costs (measure_costs sets it)
+# the clock of the operation costs, set by measure_costs/measure_probe for their own run (a context variable:
+# a measurement in another thread keeps its own)
+_clock: contextvars.ContextVar[Callable[[], float]] = contextvars.ContextVar("clock", default=time.perf_counter)
 
 
 def _now() -> float:
-    return _clock()
+    return _clock.get()()
 
 
 def _timed(fn: Callable[..., int], *args: int, check: bool = True, clock: Callable[[], float] = _now) -> float:
@@ -294,7 +297,6 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
     (a disk file system: on tmpfs there are no major faults).  without_wait: each cost is timed on
     wait_free_clock (context_switch excepted) and the wait share of the whole run is the costs' steal share, a
     term of its own in an estimate (as a VM's costs are without its steal)."""
-    global _clock
     if repeat < 1 or min_time <= 0:
         raise PredictError("predict costs: --repeat must be at least 1 and --min-time positive")
     s = snippets()
@@ -312,7 +314,7 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
             progress(key, stat)
 
     files: list[int] = []
-    _clock = wait_free_clock if without_wait else time.perf_counter
+    clock_set = _clock.set(wait_free_clock if without_wait else time.perf_counter)
     try:
         sched0 = my_schedstat()  # the wait around the compute loop: the part of the costs that scales CPU time
         done("compute_loop", time_compute_loop(repeat, min_time))
@@ -361,7 +363,7 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
         if without_wait:
             steal = wait_share(sched0, my_schedstat())
     finally:
-        _clock = time.perf_counter
+        _clock.reset(clock_set)
         for fd in files:
             os.close(fd)
         for p in work.iterdir():
@@ -377,12 +379,11 @@ def measure_costs(name: str | None = None, directory: Path | None = None, repeat
 def measure_probe(repeat: int = 3, min_time: float = 0.1) -> Costs:
     """The target's state now (`predict costs --probe`): the compute and memory loops on the wait-free clock and
     the wait share over them, for with_probe just before a run."""
-    global _clock
-    sched0, _clock = my_schedstat(), wait_free_clock
+    sched0, clock_set = my_schedstat(), _clock.set(wait_free_clock)
     try:
         out = {"compute_loop": time_compute_loop(repeat, min_time), "memory_loop": time_memory_loop(repeat, min_time)}
     finally:
-        _clock = time.perf_counter
+        _clock.reset(clock_set)
     target = {"name": os.uname().nodename, **machine_description(), "probe": True, "costs_exclude_steal": True,
               "steal_share": wait_share(sched0, my_schedstat()), "affinity": sorted(os.sched_getaffinity(0)),
               "repeat": repeat, "min_time_s": min_time}
