@@ -193,3 +193,31 @@ def test_steal_json_written_a_vm_at_a_time_is_json_dumps(reports: list[dict]) ->
 
     many = len(reports) > 1
     assert "".join(_json(iter(reports), many)) == json.dumps(reports if many else reports[0], indent=1) + "\n"
+
+
+def test_streamed_steal_builds_the_timelines_once_and_inflates_the_sched_events_once(
+        varied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timelines are built once, before the samples (of the samples they need only each thread's first and
+    last), and each sched chunk is inflated once: the pieces carry samples only."""
+    from vmprof_tui.analyse.timeline import Schedule
+    from vmprof_tui.record import recording as fmt
+    from vmprof_tui.record import stream as record_stream
+
+    built, read = [], []
+    timelines, read_group = Schedule.timelines, record_stream._read_group
+    monkeypatch.setattr(Schedule, "timelines", lambda self, *a: built.append(1) or timelines(self, *a))
+    monkeypatch.setattr(record_stream, "_read_group", lambda fd, group: read.extend(group) or read_group(fd, group))
+    scanned = scan(varied)
+    an = StreamedSteal(scanned, piece_rows=1000)
+    assert an.pieces >= 10 and len(built) == 1
+    sched = [c.offset for c in scanned.chunks if c.kind == fmt.SCHED]
+    assert sched and sorted(c.offset for c in read if c.kind == fmt.SCHED) == sorted(sched)
+    assert all(not len(p.sched) for p in pieces(scanned, 1000, lambda a, z: z, sched=False))
+
+
+def test_streamed_steal_report_lets_each_vcpus_blanks_go(varied: Path) -> None:
+    """A VM's report makes its vCPUs' blanks as objects (holders, the host's span) and lets them go."""
+    an = StreamedSteal(scan(varied), piece_rows=1000)
+    for vm in an.vm_names():
+        assert an.steal_report(vm)["vcpus"]
+    assert all(tl._blanks is None for tl in an.timelines.values())

@@ -18,7 +18,6 @@ them: the timelines are built a second time then, as the whole read builds them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +31,11 @@ from vmprof_tui.analyse.steal import VcpuCounts, report_of, vcpu_counts, vcpu_en
 from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
 from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import exact_poll_ns, polled, thread_sample_ns
+from vmprof_tui.arrays import rank_among
 from vmprof_tui.collect import backends
-from vmprof_tui.record import recording as fmt
-from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
+from vmprof_tui.record.bpf_records import SCHED_DTYPE, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
-from vmprof_tui.record.stream import Piece, Scanned, _ordered_sched, _read_group, pieces
+from vmprof_tui.record.stream import Piece, Scanned, pieces, read_sched, sample_tables
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
@@ -83,8 +82,6 @@ class _Keyed:
 class _Thread:
     """A vCPU thread over the pieces so far."""
     counts: VcpuCounts = field(default_factory=VcpuCounts)
-    first_ns: int | None = None  # its first and last sample
-    last_ns: int = 0
     by_function: _Keyed = field(default_factory=_Keyed)
     by_process: _Keyed = field(default_factory=_Keyed)
     # its blanks that are steal (not a halt), in time order: start, end, of type 1 (not the VMM blocked)
@@ -103,18 +100,15 @@ class StreamedSteal:
         self.rec = rec = scanned.rec
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.backend = rec.meta.get("backend", backends.NONE)
-        sched = _read_sched(scanned)
-        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
-        self.switches, self.wake_events = sched[~not_switch], sched[not_switch]
         # the VM list's VMs and vCPU threads: one that only samples name is left to the whole read
         self.vms = learn_vms(rec, rec.samples, np.zeros(0, bool))
-        # the blanks and polling stretches of every listed vCPU thread (each given a sample, so that every one has
-        # a timeline); their ends at the recording's end are not known yet, nor needed (no sample comes after)
-        first = int(sched["time_ns"][0]) if len(sched) else 0
-        keys = [pid << 32 | tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items()]
-        early = self._timelines((first, np.iinfo(np.int64).max // 2), dict.fromkeys(keys, (first, first)), True)
+        self.timelines = self._timelines(scanned, piece_rows)
+        table = next(iter(self.timelines.values())).table if self.timelines else None
+        splits = steal_split(table, np.ones(len(self.timelines))) if table is not None else []
+        self.splits = dict(zip(self.timelines, splits, strict=True))
+        # the blanks that are steal, of each vCPU thread with a timeline (one without has no sample)
         self.threads: dict[int, _Thread] = {}
-        for tl in early.values():
+        for tl in self.timelines.values():
             t = self.threads[tl.tid] = _Thread()
             table, (lo, hi) = tl.table, tl.rows
             steal = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
@@ -123,46 +117,54 @@ class StreamedSteal:
             t.by_process.before = np.full(len(steal), NONE, np.int64)
         self.notes: dict[str, None] = {}
         self.pieces = 0
-        times = [int(sched["time_ns"][0]), int(sched["time_ns"][-1])] if len(sched) else []
         resolver = Resolver()
         snapshot, processes = rec.snapshot, rec.processes()
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
-        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end))):
+        no_sched = np.empty(0, SCHED_DTYPE)
+        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end), False)):
             if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
                 # a sample that came a whole piece late: the carried keys would be out of the whole's order
                 raise WholeNeeded("samples out of order across pieces")
-            part = Recording(rec.path, rec.meta, piece.samples, sched[:0], snapshot, rec.bundles, rec.object_tables,
+            part = Recording(rec.path, rec.meta, piece.samples, no_sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
             prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True)
             if prepared.vms.by_pid != self.vms.by_pid or prepared.vms.vcpu_of_tid != self.vms.vcpu_of_tid:
                 raise WholeNeeded("a VM or vCPU thread that the VM list does not name")
-            self._add(Analysis(prepared, shares_only=True), prepared.names, early, piece.hi, last)
-            if len(piece.samples):
-                t = piece.samples["time_ns"]
-                times += [int(t.min()), int(t.max())]
+            self._add(Analysis(prepared, shares_only=True), prepared.names, piece.hi, last)
             snapshot = later
             self.pieces += 1
-        del early  # its blanks: the final timelines hold their own
-        spans = {key: (t.first_ns, t.last_ns) for key, t in
-                 ((pid << 32 | tid, self.threads.get(tid)) for tid, (pid, _v) in self.vms.vcpu_of_tid.items())
-                 if t is not None and t.first_ns is not None}
-        span = (min(times), recording_end(min(times), max(times), rec.end)) if times else (0, 0)
-        self.timelines = self._timelines(span, spans, False)
-        table = next(iter(self.timelines.values())).table if self.timelines else None
-        splits = steal_split(table, np.ones(len(self.timelines))) if table is not None else []
-        self.splits = dict(zip(self.timelines, splits, strict=True))
 
-    def _timelines(self, span: tuple[int, int], spans: dict[int, tuple[int, int]],
-                   shares_only: bool) -> dict[int, VcpuTimeline]:
-        """The timelines of the whole recording (Schedule.timelines), each thread's samples given by its first and
-        last (all that the timelines read of them)."""
-        schedule = Schedule(self.switches, self.wake_events, self.vms.vcpu_of_tid, self.vms.by_pid, span, None,
-                            shares_only)
-        times = np.array([t for pair in spans.values() for t in pair], np.int64)
-        positions = {key: np.array([2 * i, 2 * i + 1]) for i, key in enumerate(spans)}
-        return schedule.timelines(positions, times)
+    def _timelines(self, scanned: Scanned, rows: int) -> dict[int, VcpuTimeline]:
+        """The timelines of the whole recording, as the whole read builds them (Schedule.timelines), once, before
+        the samples are analysed: of the samples they read only each vCPU thread's first and last and the
+        recording's first and last, found by a look at the samples first.  The sched events are let go after."""
+        keys = np.array(sorted({pid << 32 | tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items()}), np.int64)
+        first = np.full(len(keys), np.iinfo(np.int64).max)
+        last = np.full(len(keys), np.iinfo(np.int64).min)
+        times = []
+        for samples in sample_tables(scanned, rows):
+            if not len(samples):
+                continue
+            t = samples["time_ns"].astype(np.int64)
+            times += [int(t.min()), int(t.max())]
+            if len(keys):
+                _keys, rank, found = rank_among(samples["pid"].astype(np.int64) << 32 | samples["tid"], keys)
+                np.minimum.at(first, rank[found], t[found])
+                np.maximum.at(last, rank[found], t[found])
+        sched = read_sched(scanned)
+        if len(sched):
+            times += [int(sched["time_ns"][0]), int(sched["time_ns"][-1])]
+        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
+        switches, wake_events = sched[~not_switch], sched[not_switch]
+        del sched, not_switch
+        span = (min(times), recording_end(min(times), max(times), self.rec.end)) if times else (0, 0)
+        seen = np.flatnonzero(first <= last).tolist()
+        positions = {int(keys[i]): np.array([2 * j, 2 * j + 1]) for j, i in enumerate(seen)}
+        sample_times = np.stack([first[seen], last[seen]], axis=1).reshape(-1)
+        schedule = Schedule(switches, wake_events, self.vms.vcpu_of_tid, self.vms.by_pid, span, None)
+        return schedule.timelines(positions, sample_times)
 
-    def _add(self, an: Analysis, names: Resolved, early: dict[int, VcpuTimeline], hi: int, last: bool) -> None:
+    def _add(self, an: Analysis, names: Resolved, hi: int, last: bool) -> None:
         """A piece's samples, of [.., hi) (the last piece: to the end)."""
         self.notes.update(dict.fromkeys(an.notes))
         s = an.samples
@@ -170,14 +172,12 @@ class StreamedSteal:
         function_key, process_key = vm_code | names.name_code, vm_code | names.proc_code
         positions = an.vcpus.positions
         none = np.empty(0, np.int64)
-        for tl in early.values():
+        for tl in self.timelines.values():
             t = self.threads[tl.tid]
             idx = positions.get(tl.pid << 32 | tl.tid, none)
             times = s["time_ns"][idx].astype(np.int64)
             guest = an.is_guest[idx]
             if len(idx):
-                t.first_ns = int(times[0]) if t.first_ns is None else t.first_ns
-                t.last_ns = int(times[-1])
                 t.counts.add(vcpu_counts(an, idx, idx[polled(times, s["flags"][idx], guest, tl)]))
             sel = idx[guest]
             vmm_before = np.searchsorted(sel, idx[~guest]) - 1
@@ -205,6 +205,7 @@ class StreamedSteal:
             period = thread_sample_ns(c.samples, tl.on_cpu_ns, c.polling, exact, self.period_ns)
             poll_ns = float(c.polling) * period if exact is None else float(exact)
             vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[tl.tid], poll_ns))
+            tl.forget_blanks()  # as objects, the blanks of every VM's vCPUs took more than the timelines
             functions += _attributions(t.by_function, tl.vcpu, period)
             processes += _attributions(t.by_process, tl.vcpu, period)
         return report_of(vm, vcpus, sorted(processes, key=lambda a: -a.apparent_ns),
@@ -269,12 +270,3 @@ def _with_last(items: Iterator[Piece]) -> Iterator[tuple[Piece, bool]]:
     if held is not None:
         yield held, True
 
-
-def _read_sched(scanned: Scanned) -> np.ndarray:
-    """Every sched event of the recording, in prepare's order."""
-    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _samples, sched = _read_group(fd, [c for c in scanned.chunks if c.kind == fmt.SCHED])
-    finally:
-        os.close(fd)
-    return _ordered_sched(sched)

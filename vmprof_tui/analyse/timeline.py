@@ -129,6 +129,10 @@ class VcpuTimeline:
             self._blanks = self.table.blanks(*self.rows) if self.table is not None else []
         return self._blanks
 
+    def forget_blanks(self) -> None:
+        """Let its Blank objects go (made again if asked for): a report of many vCPUs made one at a time."""
+        self._blanks = None
+
 
 class Schedule:
     """The sched events of a span: context switches and, apart, the wake-up records of vCPU threads."""
