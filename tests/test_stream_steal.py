@@ -176,11 +176,16 @@ def test_steal_of_a_vcpu_thread_the_vm_list_misses_is_read_whole(tmp_path: Path,
 
 
 def test_streamed_steal_holds_no_samples(varied: Path) -> None:
-    """What is kept across pieces is per vCPU thread and per key, not per sample."""
+    """What is kept across pieces is per vCPU thread and per key, not per sample: per key, arrays of integers (its
+    sums and the string ids of its names), no Python objects."""
     an = StreamedSteal(scan(varied), piece_rows=1000)
     samples = scan(varied).samples
     for t in an.threads.values():
-        assert len(t.by_function.samples) <= 10 and len(t.by_process.samples) <= 4
+        assert len(t.by_function.keys) <= 10 and len(t.by_process.keys) <= 4
+        for keyed in (t.by_function, t.by_process):
+            assert keyed.sums.shape == (4, len(keyed.keys)) and keyed.names.shape == (3, len(keyed.keys))
+            assert keyed.sums.dtype.kind == keyed.names.dtype.kind == "i"
+            assert int(keyed.sums[0].sum()) == t.counts.guest
         assert t.counts.samples < samples
     assert not hasattr(an, "samples")
 

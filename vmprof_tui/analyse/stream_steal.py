@@ -42,40 +42,44 @@ from vmprof_tui.resolve.resolver import Resolved, Resolver
 NONE = -1  # no key (no guest sample yet)
 
 
-def _add(table: dict[int, int], keys: np.ndarray, values: np.ndarray | None = None) -> None:
-    """Counts (or the sums of integer `values`) by key into `table`."""
-    if not len(keys):
-        return
-    u, inverse = np.unique(keys, return_inverse=True)
-    weights = None if values is None else values.astype(np.int64)
-    n = np.bincount(inverse.reshape(-1), weights, len(u))
-    for k, c in zip(u.tolist(), n.astype(np.int64).tolist(), strict=True):
-        table[k] = table.get(k, 0) + c
+SAMPLES, STEAL, STEAL_TYPE1, VMM = range(4)  # the sums kept per key
+NAMES = ("process", "func", "module")
 
 
 @dataclass
 class _Keyed:
     """One vCPU thread's guest samples grouped by a key (VM and function, or VM and process: the resolver's codes)
-    over the pieces so far: samples, the steal between two consecutive samples of one key (integer ns, all of it
-    and of type 1), the VMM samples between two of them, and the names of each key's first sample."""
-    samples: dict[int, int] = field(default_factory=dict)
-    steal: dict[int, int] = field(default_factory=dict)
-    steal_type1: dict[int, int] = field(default_factory=dict)
-    vmm: dict[int, int] = field(default_factory=dict)
-    names: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    over the pieces so far, as arrays by key (ascending): samples, the steal between two consecutive samples of one
+    key (integer ns, all of it and of type 1), the VMM samples between two of them; and a name code of each key's
+    samples (the resolver's RowNames: its names; once the pieces are done, the string ids of its process, function
+    and module)."""
+    keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    sums: np.ndarray = field(default_factory=lambda: np.zeros((4, 0), np.int64))  # SAMPLES, STEAL, ...
+    names: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     last: int = NONE  # the key of the thread's last guest sample
     pending_vmm: int = 0  # its VMM samples since then
     before: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # per steal blank: the key before it
+    _added: list[tuple[int, np.ndarray, np.ndarray | None]] = field(default_factory=list)
 
-    def add_names(self, keys: np.ndarray, an: Analysis, sel: np.ndarray, functions: bool) -> None:
-        """The names of the keys not seen before, from their first samples (sel: the samples of `keys`)."""
+    def add(self, column: int, keys: np.ndarray, values: np.ndarray | None = None) -> None:
+        """Counts (or the sums of integer `values`) by key to one of the sums (added by settle)."""
+        if len(keys):
+            self._added.append((column, keys, values))
+
+    def settle(self, keys: np.ndarray, codes: np.ndarray) -> None:
+        """The piece's sums added: `keys` and `codes` are its guest samples' keys and name codes (a key new in the
+        piece is among them)."""
         u, first = np.unique(keys, return_index=True)
-        new = np.array([j for j, k in enumerate(u.tolist()) if k not in self.names], np.int64)
-        i = sel[first[new]]
-        blank = [""] * len(new)
-        func, module = (an.func[i].tolist(), an.module[i].tolist()) if functions else (blank, blank)
-        for k, p, f, m in zip(u[new].tolist(), an.process[i].tolist(), func, module, strict=True):
-            self.names[k] = (str(p), str(f), str(m))
+        at = np.searchsorted(self.keys, u)
+        new = at >= len(self.keys)
+        new[~new] = self.keys[at[~new]] != u[~new]
+        if new.any():
+            self.keys = np.insert(self.keys, at[new], u[new])
+            self.names = np.insert(self.names, at[new], codes[first[new]])
+            self.sums = np.insert(self.sums, at[new], 0, axis=1)
+        for column, k, v in self._added:
+            np.add.at(self.sums[column], np.searchsorted(self.keys, k), 1 if v is None else v.astype(np.int64))
+        self._added.clear()
 
 
 @dataclass
@@ -133,6 +137,11 @@ class StreamedSteal:
             self._add(Analysis(prepared, shares_only=True), prepared.names, piece.hi, last)
             snapshot = later
             self.pieces += 1
+        # the names of each key as string ids: the resolver (its symbol tables) goes
+        self.strings = resolver.strings.array()
+        for t in self.threads.values():
+            for keyed in (t.by_function, t.by_process):
+                keyed.names = np.stack([resolver.row_names.ids(keyed.names, c) for c in NAMES])
 
     def _timelines(self, scanned: Scanned, rows: int) -> dict[int, VcpuTimeline]:
         """The timelines of the whole recording, as the whole read builds them (Schedule.timelines), once, before
@@ -184,9 +193,9 @@ class StreamedSteal:
             # its blanks that began in this piece: the key of the guest sample before each is known now
             began = len(t.starts) if last else int(np.searchsorted(t.starts, hi))
             for keyed, keys in ((t.by_function, function_key), (t.by_process, process_key)):
-                if len(sel):
-                    keyed.add_names(keys[sel], an, sel, keyed is t.by_function)
                 _attribute(t, keyed, keys[sel], times[guest], vmm_before, began)
+                if len(sel):
+                    keyed.settle(keys[sel], names.name_code[sel])
             t.started = began
             if len(sel):
                 t.ended = int(np.searchsorted(t.ends, times[guest][-1], side="right"))
@@ -206,8 +215,8 @@ class StreamedSteal:
             poll_ns = float(c.polling) * period if exact is None else float(exact)
             vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[tl.tid], poll_ns))
             tl.forget_blanks()  # as objects, the blanks of every VM's vCPUs took more than the timelines
-            functions += _attributions(t.by_function, tl.vcpu, period)
-            processes += _attributions(t.by_process, tl.vcpu, period)
+            functions += _attributions(t.by_function, tl.vcpu, period, self.strings, True)
+            processes += _attributions(t.by_process, tl.vcpu, period, self.strings, False)
         return report_of(vm, vcpus, sorted(processes, key=lambda a: -a.apparent_ns),
                          sorted(functions, key=lambda a: -a.apparent_ns), list(self.notes))
 
@@ -232,32 +241,34 @@ def _attribute(t: _Thread, keyed: _Keyed, keys: np.ndarray, times: np.ndarray, v
         before = keyed.before[t.ended:done]
         same = (before == after) & (before != NONE)
         dur = (t.ends - t.starts)[t.ended:done]
-        _add(keyed.steal, after[same], dur[same])
+        keyed.add(STEAL, after[same], dur[same])
         type1 = same & t.type1[t.ended:done]
-        _add(keyed.steal_type1, after[type1], dur[type1])
+        keyed.add(STEAL_TYPE1, after[type1], dur[type1])
     # VMM samples: after the carried last guest sample (up to this piece's first), between two of this piece's,
     # and after its last (carried on)
     if keyed.pending_vmm and keyed.last == keys[0]:
-        keyed.vmm[int(keys[0])] = keyed.vmm.get(int(keys[0]), 0) + keyed.pending_vmm
+        keyed.add(VMM, keys[:1], np.array([keyed.pending_vmm]))
     prev = np.where(vmm_before >= 0, keys[vmm_before.clip(0)], keyed.last)
     has_next = vmm_before + 1 < len(keys)
     nxt = keys[(vmm_before + 1).clip(0, len(keys) - 1)]
-    _add(keyed.vmm, prev[has_next & (prev == nxt) & (prev != NONE)])
+    keyed.add(VMM, prev[has_next & (prev == nxt) & (prev != NONE)])
     keyed.pending_vmm = int(np.count_nonzero(~has_next))
-    _add(keyed.samples, keys)
+    keyed.add(SAMPLES, keys)
     keyed.last = int(keys[-1])
 
 
-def _attributions(keyed: _Keyed, vcpu: int, ns_per_sample: float) -> list[Attribution]:
+def _attributions(keyed: _Keyed, vcpu: int, ns_per_sample: float, strings: np.ndarray,
+                  functions: bool) -> list[Attribution]:
     """steal.attributions of one vCPU from its sums, by key (VM, then the resolver's code: the whole read's order),
     the steal added up as the whole read adds it (the blanks' integer ns, then each VMM sample's time in turn)."""
+    process, func, module = (strings[ids].tolist() for ids in keyed.names) if len(keyed.keys) else ([], [], [])
+    if not functions:
+        func = module = [""] * len(keyed.keys)
     out = []
-    for k in sorted(keyed.samples):
-        steal = np.array([float(keyed.steal.get(k, 0))])
-        np.add.at(steal, np.zeros(keyed.vmm.get(k, 0), np.int64), ns_per_sample)
-        c = keyed.samples[k]
-        out.append(Attribution(*keyed.names[k], vcpu, c, c * ns_per_sample,
-                               float(steal[0]), float(keyed.steal_type1.get(k, 0))))
+    for p, f, m, (c, steal_ns, type1_ns, vmm) in zip(process, func, module, keyed.sums.T.tolist(), strict=True):
+        steal = np.array([float(steal_ns)])
+        np.add.at(steal, np.zeros(vmm, np.int64), ns_per_sample)
+        out.append(Attribution(p, f, m, vcpu, c, c * ns_per_sample, float(steal[0]), float(type1_ns)))
     return out
 
 
