@@ -226,3 +226,18 @@ def test_streamed_steal_report_lets_each_vcpus_blanks_go(varied: Path) -> None:
     for vm in an.vm_names():
         assert an.steal_report(vm)["vcpus"]
     assert all(tl._blanks is None for tl in an.timelines.values())
+
+
+@pytest.mark.parametrize("recording", ["varied", "golden"])
+def test_holders_found_a_few_cpus_at_a_time_are_those_of_every_cpu_at_once(
+        recording: str, varied: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schedule._pcpu_holders sets a few CPUs' switches against their waits at a time (timeline.HOLDER_CPUS): one
+    CPU at a time, the report (holders, co-stop, steal by cause) is that of every CPU at once."""
+    from vmprof_tui.analyse import timeline
+
+    args = [str(varied if recording == "varied" else GOLDEN), "--format", "json"]
+    monkeypatch.setattr(timeline, "HOLDER_CPUS", 1 << 10)
+    at_once = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    monkeypatch.setattr(timeline, "HOLDER_CPUS", 1)
+    assert steal(args, 1 << 30, capsys, monkeypatch, streamed=False) == at_once
+    assert '"vcpu1"' in at_once or recording == "golden"

@@ -32,6 +32,7 @@ from vmprof_tui.record.bpf_records import (
     next_on_cpu,
 )
 
+HOLDER_CPUS = 8  # CPUs whose switches _pcpu_holders sorts at once (a 64-CPU host: an eighth of its switches)
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
 
 
@@ -311,42 +312,32 @@ class Schedule:
         discovery interval after it starts), and an interval closed by its next recorded switch can then span
         what other tasks held the CPU: counted beside them, a wait's holders added up to more than the wait.
 
-        For every CPU at once: the switches and the waits' ends in one order by (CPU, time), where counting the
-        switches before each end finds the switches in each wait."""
+        A few CPUs at a time (HOLDER_CPUS: their switches and waits sorted at once, not every CPU's), the waits
+        found in their CPU's switches (_switches_in_waits)."""
         waits = np.flatnonzero(table.kind == bt.PREEMPTED)
         ev = self.sched
         if not len(waits) or not len(ev):
             return
-        cpu = np.concatenate([ev["cpu"].astype(np.int64), table.cpu[waits], table.cpu[waits]])
-        time = np.concatenate([ev["time_ns"].astype(np.int64), table.start[waits], table.end[waits]])
-        # at one time: a wait's end before a switch (switches before its end: side="left"), a switch before a
-        # wait's start (the switch that began it, or the last before: side="right")
-        what = np.repeat(np.array([1, 2, 0], np.int8), [len(ev), len(waits), len(waits)])
-        order = np.lexsort((what, time, cpu))
-        is_switch = what[order] == 1
-        switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
-        at = np.empty(len(order), np.int64)
-        at[order] = switches_upto
-        switch = order[is_switch]  # the switches (indices into ev) by CPU and time: cpu_order(ev)
-        s_cpu, s_time = cpu[switch], time[switch]
-        cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
-        first = np.maximum(at[len(ev):len(ev) + len(waits)] - 1, cpu_first)
-        last = at[len(ev) + len(waits):]
-        held_until = next_on_cpu(s_cpu, s_time, np.iinfo(np.int64).max)  # the last switch of a CPU: until the end
-        many = (last - first).clip(0)
-        w = np.repeat(np.arange(len(waits)), many)
-        k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
-        a, b = table.start[waits][w], table.end[waits][w]
-        ns = np.minimum(held_until[k], b) - np.maximum(s_time[k], a)
+        ev_cpu, wait_cpu = ev["cpu"], table.cpu[waits]
+        cpus = np.unique(ev_cpu).astype(np.int64)
+        parts = []
+        for lo in range(0, len(cpus), HOLDER_CPUS):
+            first, last = int(cpus[lo]), int(cpus[min(lo + HOLDER_CPUS, len(cpus)) - 1])
+            mine = (wait_cpu >= first) & (wait_cpu <= last)
+            if mine.any():
+                on = np.flatnonzero((ev_cpu >= first) & (ev_cpu <= last))
+                parts.append(self._switches_in_waits(on, waits[mine], table))
+        row, switch, ns = (np.concatenate(c) for c in zip(*parts, strict=True))  # a wait's CPU has its switch
+        by_blank = np.argsort(row, kind="stable")  # by blank, then in time order: as for every CPU at once
+        row, switch, ns = row[by_blank], switch[by_blank], ns[by_blank]
         # the timeline each switch gives the CPU to (-1: a task that is no vCPU thread of the analysis)
         keys = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
         by_key = np.argsort(keys)
-        nxt = ev["next_pid"][switch[k]].astype(np.int64) << 32 | ev["next_tid"][switch[k]]
-        holder = np.full(len(k), -1, np.int64)
+        nxt = ev["next_pid"][switch].astype(np.int64) << 32 | ev["next_tid"][switch]
+        holder = np.full(len(switch), -1, np.int64)
         if len(keys):
             rank = np.searchsorted(keys[by_key], nxt).clip(0, len(keys) - 1)
             holder = np.where(keys[by_key][rank] == nxt, by_key[rank], -1)
-        row = waits[w]
         # a switch to the waiting vCPU itself ends its wait: inside one, the records contradict each other
         vcpu = (holder >= 0) & (ns > 0) & (holder != table.timeline[row])
         if vcpu.any():
@@ -364,10 +355,40 @@ class Schedule:
         if self.shares_only:  # the shares need the vCPUs that held a pCPU, not the names of the other tasks
             return
         ok = (holder < 0) & (ns > 0)
-        used = switch[k[ok]]
+        used = switch[ok]
         # by blank, then in time order
         table.host_blank, table.host_holder, table.host_ns = row[ok], self.holders_of(ev["next_pid"][used],
                                                                                       ev["next_comm"][used]), ns[ok]
+
+    def _switches_in_waits(self, on: np.ndarray, waits: np.ndarray,
+                           table: BlankTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The recorded switches `on` some CPUs (indices into self.sched) in the waits on them (rows of `table`): per
+        switch in a wait, the wait's row, the switch and how long it held the CPU in the wait, by wait and then in
+        time order.  The switches and the waits' ends in one order by (CPU, time), where counting the switches
+        before each end finds the switches in each wait."""
+        ev = self.sched
+        cpu = np.concatenate([ev["cpu"][on].astype(np.int64), table.cpu[waits], table.cpu[waits]])
+        time = np.concatenate([ev["time_ns"][on].astype(np.int64), table.start[waits], table.end[waits]])
+        # at one time: a wait's end before a switch (switches before its end: side="left"), a switch before a
+        # wait's start (the switch that began it, or the last before: side="right")
+        what = np.repeat(np.array([1, 2, 0], np.int8), [len(on), len(waits), len(waits)])
+        order = np.lexsort((what, time, cpu))
+        is_switch = what[order] == 1
+        switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
+        at = np.empty(len(order), np.int64)
+        at[order] = switches_upto
+        switch = order[is_switch]  # the switches (indices into `on`) by CPU and time: cpu_order
+        s_cpu, s_time = cpu[switch], time[switch]
+        cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
+        first = np.maximum(at[len(on):len(on) + len(waits)] - 1, cpu_first)
+        last = at[len(on) + len(waits):]
+        held_until = next_on_cpu(s_cpu, s_time, np.iinfo(np.int64).max)  # the last switch of a CPU: until the end
+        many = (last - first).clip(0)
+        w = np.repeat(np.arange(len(waits)), many)
+        k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
+        a, b = table.start[waits][w], table.end[waits][w]
+        ns = np.minimum(held_until[k], b) - np.maximum(s_time[k], a)
+        return waits[w], on[switch[k]], ns
 
     def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long
