@@ -241,3 +241,16 @@ def test_holders_found_a_few_cpus_at_a_time_are_those_of_every_cpu_at_once(
     monkeypatch.setattr(timeline, "HOLDER_CPUS", 1)
     assert steal(args, 1 << 30, capsys, monkeypatch, streamed=False) == at_once
     assert '"vcpu1"' in at_once or recording == "golden"
+
+
+@pytest.mark.parametrize("recording", ["varied", "golden"])
+def test_streamed_steal_of_timelines_built_a_vm_at_a_time_is_the_whole_steal(
+        recording: str, varied: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timelines built a VM at a time (each VM's own holders, co-stop, and the other VMs' vCPUs holding its
+    pCPUs found among all): the whole read's report."""
+    from vmprof_tui.analyse import stream_steal
+
+    args = [str(varied if recording == "varied" else GOLDEN), "--format", "json"]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    monkeypatch.setattr(stream_steal, "VMS_AT_ONCE", 1)
+    assert steal(args, 500, capsys, monkeypatch, streamed=True) == whole

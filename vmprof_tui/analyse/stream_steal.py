@@ -26,7 +26,7 @@ import numpy as np
 
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.analysis import Analysis, Attribution
-from vmprof_tui.analyse.blanks import steal_split
+from vmprof_tui.analyse.blanks import Cause, steal_split
 from vmprof_tui.analyse.steal import VcpuCounts, report_of, vcpu_counts, vcpu_entry
 from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
 from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
@@ -40,6 +40,7 @@ from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 NONE = -1  # no key (no guest sample yet)
+VMS_AT_ONCE = 4  # VMs whose timelines are built at once
 
 
 SAMPLES, STEAL, STEAL_TYPE1, VMM = range(4)  # the sums kept per key
@@ -106,10 +107,8 @@ class StreamedSteal:
         self.backend = rec.meta.get("backend", backends.NONE)
         # the VM list's VMs and vCPU threads: one that only samples name is left to the whole read
         self.vms = learn_vms(rec, rec.samples, np.zeros(0, bool))
+        self.splits: dict[int, dict[Cause, float]] = {}  # vCPU thread id -> its blank time by cause, in ns
         self.timelines = self._timelines(scanned, piece_rows)
-        table = next(iter(self.timelines.values())).table if self.timelines else None
-        splits = steal_split(table, np.ones(len(self.timelines))) if table is not None else []
-        self.splits = dict(zip(self.timelines, splits, strict=True))
         # the blanks that are steal, of each vCPU thread with a timeline (one without has no sample)
         self.threads: dict[int, _Thread] = {}
         for tl in self.timelines.values():
@@ -170,8 +169,19 @@ class StreamedSteal:
         seen = np.flatnonzero(first <= last).tolist()
         positions = {int(keys[i]): np.array([2 * j, 2 * j + 1]) for j, i in enumerate(seen)}
         sample_times = np.stack([first[seen], last[seen]], axis=1).reshape(-1)
-        schedule = Schedule(switches, wake_events, self.vms.vcpu_of_tid, self.vms.by_pid, span, None)
-        return schedule.timelines(positions, sample_times)
+        # a few VMs at a time: the memory of building them is of their vCPUs' switches, not all
+        out: dict[int, VcpuTimeline] = {}
+        pids = sorted({pid for pid, _v in self.vms.vcpu_of_tid.values()})
+        for at in range(0, len(pids), VMS_AT_ONCE):
+            mine = set(pids[at:at + VMS_AT_ONCE])
+            only = frozenset(tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items() if pid in mine)
+            timelines = Schedule(switches, wake_events, self.vms.vcpu_of_tid, self.vms.by_pid, span, None,
+                                 only=only).timelines(positions, sample_times)
+            if timelines:
+                table = next(iter(timelines.values())).table
+                self.splits.update(zip(timelines, steal_split(table, np.ones(len(timelines))), strict=True))
+            out.update(timelines)
+        return dict(sorted(out.items()))
 
     def _add(self, an: Analysis, names: Resolved, hi: int, last: bool) -> None:
         """A piece's samples, of [.., hi) (the last piece: to the end)."""

@@ -140,13 +140,15 @@ class Schedule:
 
     def __init__(self, sched: np.ndarray, wake_events: np.ndarray, vcpu_of_tid: dict[int, tuple[int, int]],
                  vm_by_pid: dict[int, str], span: tuple[int, int], range_ns: tuple[int, int] | None,
-                 shares_only: bool = False) -> None:
+                 shares_only: bool = False, only: frozenset[int] | None = None) -> None:
         """sched: the switches in time order; vcpu_of_tid: vCPU thread id -> (VMM pid, vCPU id); span: the
         recording's span; range_ns: the span the timelines are cut to (None: all of it); shares_only: no holder
-        of each blank, no co-stop (what the shares do not need)."""
+        of each blank, no co-stop (what the shares do not need); only: the vCPU threads (ids) to build timelines
+        of, whole VMs (None: all), the vCPUs holding a pCPU found among all (without a range: every one has a
+        timeline)."""
         self.sched, self.wake_events = sched, wake_events
         self.vcpu_of_tid, self.vm_by_pid = vcpu_of_tid, vm_by_pid
-        self.span, self.range_ns, self.shares_only = span, range_ns, shares_only
+        self.span, self.range_ns, self.shares_only, self.only = span, range_ns, shares_only, only
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
 
     @functools.cached_property
@@ -170,7 +172,7 @@ class Schedule:
         switches, in one table by thread and time)."""
         _w0, w1 = self.span
         ev = self.sched
-        threads = sorted(self.vcpu_of_tid.items())
+        threads = sorted((tid, v) for tid, v in self.vcpu_of_tid.items() if self.only is None or tid in self.only)
         count = len(threads)
         keys = np.array([pid << 32 | tid for tid, (pid, _v) in threads], np.int64)
         ev_time = ev["time_ns"].astype(np.int64)
@@ -330,8 +332,9 @@ class Schedule:
         row, switch, ns = (np.concatenate(c) for c in zip(*parts, strict=True))  # a wait's CPU has its switch
         by_blank = np.argsort(row, kind="stable")  # by blank, then in time order: as for every CPU at once
         row, switch, ns = row[by_blank], switch[by_blank], ns[by_blank]
-        # the timeline each switch gives the CPU to (-1: a task that is no vCPU thread of the analysis)
-        keys = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
+        # the vCPU thread each switch gives the CPU to (-1: a task that is no vCPU thread of the analysis)
+        own = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
+        keys, pid, vcpus, vms = self._holder_threads(timelines)
         by_key = np.argsort(keys)
         nxt = ev["next_pid"][switch].astype(np.int64) << 32 | ev["next_tid"][switch]
         holder = np.full(len(switch), -1, np.int64)
@@ -339,7 +342,7 @@ class Schedule:
             rank = np.searchsorted(keys[by_key], nxt).clip(0, len(keys) - 1)
             holder = np.where(keys[by_key][rank] == nxt, by_key[rank], -1)
         # a switch to the waiting vCPU itself ends its wait: inside one, the records contradict each other
-        vcpu = (holder >= 0) & (ns > 0) & (holder != table.timeline[row])
+        vcpu = (holder >= 0) & (ns > 0) & (keys[holder] != own[table.timeline[row]])
         if vcpu.any():
             r, h, n = row[vcpu], holder[vcpu], ns[vcpu]
             by_blank = np.lexsort((h, r))  # by blank, then in the order of the timelines
@@ -348,10 +351,8 @@ class Schedule:
             new[1:] = (r[1:] != r[:-1]) | (h[1:] != h[:-1])
             runs = np.flatnonzero(new)
             r, h, n = r[runs], h[runs], np.add.reduceat(n, runs)
-            pid = np.array([tl.pid for tl in timelines], np.int64)
-            table.held_blank, table.held_same_vm, table.held_ns = r, pid[h] == pid[table.timeline[r]], n
-            table.held_vcpu = np.array([tl.vcpu for tl in timelines], np.int64)[h]
-            table.held_vm = np.array([tl.vm for tl in timelines], object)[h]
+            table.held_blank, table.held_same_vm, table.held_ns = r, pid[h] == own[table.timeline[r]] >> 32, n
+            table.held_vcpu, table.held_vm = vcpus[h], vms[h]
         if self.shares_only:  # the shares need the vCPUs that held a pCPU, not the names of the other tasks
             return
         ok = (holder < 0) & (ns > 0)
@@ -359,6 +360,17 @@ class Schedule:
         # by blank, then in time order
         table.host_blank, table.host_holder, table.host_ns = row[ok], self.holders_of(ev["next_pid"][used],
                                                                                       ev["next_comm"][used]), ns[ok]
+
+    def _holder_threads(self, timelines: list[VcpuTimeline]) -> tuple[np.ndarray, ...]:
+        """The vCPU threads that may hold a pCPU, in the order of their timelines (by thread id): those of the
+        timelines, or with `only`, every one (pid << 32 | tid, pid, vCPU id, VM name)."""
+        if self.only is None:
+            of = [(tl.pid, tl.tid, tl.vcpu, tl.vm) for tl in timelines]
+        else:
+            of = [(pid, tid, v, self.vm_by_pid.get(pid, f"vm-{pid}"))
+                  for tid, (pid, v) in sorted(self.vcpu_of_tid.items())]
+        pid, tid, vcpu = (np.array([t[i] for t in of], np.int64) for i in range(3))
+        return pid << 32 | tid, pid, vcpu, np.array([t[3] for t in of], object)
 
     def _switches_in_waits(self, on: np.ndarray, waits: np.ndarray,
                            table: BlankTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
