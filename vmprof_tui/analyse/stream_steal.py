@@ -27,7 +27,7 @@ import numpy as np
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.analysis import Analysis, Attribution
 from vmprof_tui.analyse.blanks import Cause, steal_split
-from vmprof_tui.analyse.steal import VcpuCounts, report_of, vcpu_counts, vcpu_entry
+from vmprof_tui.analyse.steal import VcpuCounts, blank_parts, report_of, vcpu_counts, vcpu_entry
 from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
 from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import exact_poll_ns, polled, thread_sample_ns
@@ -107,17 +107,12 @@ class StreamedSteal:
         self.backend = rec.meta.get("backend", backends.NONE)
         # the VM list's VMs and vCPU threads: one that only samples name is left to the whole read
         self.vms = learn_vms(rec, rec.samples, np.zeros(0, bool))
-        self.splits: dict[int, dict[Cause, float]] = {}  # vCPU thread id -> its blank time by cause, in ns
-        self.timelines = self._timelines(scanned, piece_rows)
-        # the blanks that are steal, of each vCPU thread with a timeline (one without has no sample)
+        # per vCPU thread id with a timeline (one without has no sample): its blank time by cause in ns, what its
+        # report entry reads of its blanks one by one, and its samples' sums
+        self.splits: dict[int, dict[Cause, float]] = {}
+        self.parts: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
         self.threads: dict[int, _Thread] = {}
-        for tl in self.timelines.values():
-            t = self.threads[tl.tid] = _Thread()
-            table, (lo, hi) = tl.table, tl.rows
-            steal = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
-            t.starts, t.ends, t.type1 = table.start[steal], table.end[steal], table.kind[steal] != bt.BLOCKED
-            t.by_function.before = np.full(len(steal), NONE, np.int64)
-            t.by_process.before = np.full(len(steal), NONE, np.int64)
+        self.timelines = self._timelines(scanned, piece_rows)
         self.notes: dict[str, None] = {}
         self.pieces = 0
         resolver = Resolver()
@@ -180,8 +175,23 @@ class StreamedSteal:
             if timelines:
                 table = next(iter(timelines.values())).table
                 self.splits.update(zip(timelines, steal_split(table, np.ones(len(timelines))), strict=True))
+            for tl in timelines.values():
+                self._keep(tl)
             out.update(timelines)
         return dict(sorted(out.items()))
+
+    def _keep(self, tl: VcpuTimeline) -> None:
+        """What is read of a timeline's blanks: its blanks that are steal (start, end, of type 1: the samples are
+        set against them) and what its report entry reads of them one by one; then its blanks go."""
+        t = self.threads[tl.tid] = _Thread()
+        table, (lo, hi) = tl.table, tl.rows
+        steal = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
+        t.starts, t.ends, t.type1 = table.start[steal], table.end[steal], table.kind[steal] != bt.BLOCKED
+        t.by_function.before = np.full(len(steal), NONE, np.int64)
+        t.by_process.before = np.full(len(steal), NONE, np.int64)
+        self.parts[tl.tid] = blank_parts(self.rec, tl)
+        tl.forget_blanks()
+        tl.table = None  # the table of its VMs' blanks goes with the last of them
 
     def _add(self, an: Analysis, names: Resolved, hi: int, last: bool) -> None:
         """A piece's samples, of [.., hi) (the last piece: to the end)."""
@@ -223,8 +233,8 @@ class StreamedSteal:
             exact = exact_poll_ns(tl)
             period = thread_sample_ns(c.samples, tl.on_cpu_ns, c.polling, exact, self.period_ns)
             poll_ns = float(c.polling) * period if exact is None else float(exact)
-            vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[tl.tid], poll_ns))
-            tl.forget_blanks()  # as objects, the blanks of every VM's vCPUs took more than the timelines
+            vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[tl.tid], poll_ns,
+                                    self.parts[tl.tid]))
             functions += _attributions(t.by_function, tl.vcpu, period, self.strings, True)
             processes += _attributions(t.by_process, tl.vcpu, period, self.strings, False)
         return report_of(vm, vcpus, sorted(processes, key=lambda a: -a.apparent_ns),

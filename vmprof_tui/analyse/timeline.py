@@ -131,7 +131,7 @@ class VcpuTimeline:
         return self._blanks
 
     def forget_blanks(self) -> None:
-        """Let its Blank objects go (made again if asked for): a report of many vCPUs made one at a time."""
+        """Let its Blank objects go (made again if asked for)."""
         self._blanks = None
 
 
