@@ -14,10 +14,12 @@ import pytest
 from synth import GUEST_CR3, MS, VMX_EPT_VIOLATION, VMX_IO, VMX_MSR_WRITE, SynthRecording, busy_recording
 
 from vmprof_tui.analyse import stream
+from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.stream_steal import StreamedSteal
 from vmprof_tui.cli import main
+from vmprof_tui.record.recording import load
 from vmprof_tui.record.stream import pieces, scan
-from vmprof_tui.resolve.prepare import recording_end
+from vmprof_tui.resolve.prepare import prepare, recording_end
 
 SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between samples
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -131,9 +133,9 @@ def test_varied_recording_has_blanks_open_across_pieces(varied: Path) -> None:
     assert len(edges) >= 10
     an = StreamedSteal(scanned, piece_rows=1000)
     assert an.pieces == len(edges) + 1
-    crossing = {tl.vm: [b for b in tl.blanks if any(b.start_ns < e < b.end_ns for e in edges)]
-                for tl in an.timelines.values()}
-    long = {(tl.vm, tl.vcpu): max((b.duration_ns for b in tl.blanks), default=0) for tl in an.timelines.values()}
+    whole = Analysis(prepare(load(varied))).timelines.values()  # the streamed let their blanks go once read
+    crossing = {tl.vm: [b for b in tl.blanks if any(b.start_ns < e < b.end_ns for e in edges)] for tl in whole}
+    long = {(tl.vm, tl.vcpu): max((b.duration_ns for b in tl.blanks), default=0) for tl in whole}
     assert long[("web", 0)] > 1_000 * MS and long[("db", 0)] > 1_000 * MS and long[("db", 1)] > 500 * MS
     kinds = {b.kind.name for blanks in crossing.values() for b in blanks}
     assert {"IDLE", "PREEMPTED", "THROTTLED"} <= kinds
@@ -176,20 +178,91 @@ def test_steal_of_a_vcpu_thread_the_vm_list_misses_is_read_whole(tmp_path: Path,
 
 
 def test_streamed_steal_holds_no_samples(varied: Path) -> None:
-    """What is kept across pieces is per vCPU thread and per key, not per sample."""
+    """What is kept across pieces is per vCPU thread and per key, not per sample: per key, arrays of integers (its
+    sums and the string ids of its names), no Python objects."""
     an = StreamedSteal(scan(varied), piece_rows=1000)
     samples = scan(varied).samples
     for t in an.threads.values():
-        assert len(t.by_function.samples) <= 10 and len(t.by_process.samples) <= 4
+        assert len(t.by_function.keys) <= 10 and len(t.by_process.keys) <= 4
+        for keyed in (t.by_function, t.by_process):
+            assert keyed.sums.shape == (4, len(keyed.keys)) and keyed.names.shape == (3, len(keyed.keys))
+            assert keyed.sums.dtype.kind == keyed.names.dtype.kind == "i"
+            assert int(keyed.sums[0].sum()) == t.counts.guest
         assert t.counts.samples < samples
     assert not hasattr(an, "samples")
 
 
+MANY_ROWS = [{"vm": "a", "functions": [{"function": f"f{i}", "s": i / 3, "n": None} for i in range(5000)]},
+             {"vm": "b", "functions": [], "notes": ["a\nb"]}]
+
+
 @pytest.mark.parametrize("reports", [[{"vm": "a", "x": [1, {"y": "two\nlines"}]}, {"vm": "b", "z": {}}],
-                                     [{"vm": "a", "x": []}]], ids=["two VMs", "one VM"])
+                                     [{"vm": "a", "x": []}], MANY_ROWS, MANY_ROWS[:1]],
+                         ids=["two VMs", "one VM", "rows in many blocks", "one VM in many blocks"])
 def test_steal_json_written_a_vm_at_a_time_is_json_dumps(reports: list[dict]) -> None:
-    """cli/steal.py writes each VM's report as it is made: the same text as json.dumps of them all."""
+    """cli/steal.py writes each VM's report as it is made, a block of its text at a time: the same text as
+    json.dumps of them all."""
     from vmprof_tui.cli.steal import _json
 
     many = len(reports) > 1
-    assert "".join(_json(iter(reports), many)) == json.dumps(reports if many else reports[0], indent=1) + "\n"
+    parts = list(_json(iter(reports), many))
+    assert "".join(parts) == json.dumps(reports if many else reports[0], indent=1) + "\n"
+    assert max(map(len, parts)) < 1 << 17
+
+
+def test_streamed_steal_builds_the_timelines_once_and_inflates_the_sched_events_once(
+        varied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timelines are built once, before the samples (of the samples they need only each thread's first and
+    last), and each sched chunk is inflated once: the pieces carry samples only."""
+    from vmprof_tui.analyse.timeline import Schedule
+    from vmprof_tui.record import recording as fmt
+    from vmprof_tui.record import stream as record_stream
+
+    built, read = [], []
+    timelines, read_group = Schedule.timelines, record_stream._read_group
+    monkeypatch.setattr(Schedule, "timelines", lambda self, *a: built.append(1) or timelines(self, *a))
+    monkeypatch.setattr(record_stream, "_read_group", lambda fd, group: read.extend(group) or read_group(fd, group))
+    scanned = scan(varied)
+    an = StreamedSteal(scanned, piece_rows=1000)
+    assert an.pieces >= 10 and len(built) == 1
+    sched = [c.offset for c in scanned.chunks if c.kind == fmt.SCHED]
+    assert sched and sorted(c.offset for c in read if c.kind == fmt.SCHED) == sorted(sched)
+    assert all(not len(p.sched) for p in pieces(scanned, 1000, lambda a, z: z, sched=False))
+
+
+def test_streamed_steal_keeps_what_it_reads_of_the_blanks_not_the_blanks(varied: Path) -> None:
+    """Each timeline's blanks are read once, as they are built (the steal blanks for the samples, the holders and
+    the host's span for the report), and let go: neither the table nor the Blank objects are held."""
+    an = StreamedSteal(scan(varied), piece_rows=1000)
+    assert an.timelines and all(tl.table is None and tl._blanks is None for tl in an.timelines.values())
+    assert all(len(t.starts) for t in an.threads.values())
+    for vm in an.vm_names():
+        assert an.steal_report(vm)["vcpus"]
+
+
+@pytest.mark.parametrize("recording", ["varied", "golden"])
+def test_holders_found_a_few_cpus_at_a_time_are_those_of_every_cpu_at_once(
+        recording: str, varied: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schedule._pcpu_holders sets a few CPUs' switches against their waits at a time (timeline.HOLDER_CPUS): one
+    CPU at a time, the report (holders, co-stop, steal by cause) is that of every CPU at once."""
+    from vmprof_tui.analyse import timeline
+
+    args = [str(varied if recording == "varied" else GOLDEN), "--format", "json"]
+    monkeypatch.setattr(timeline, "HOLDER_CPUS", 1 << 10)
+    at_once = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    monkeypatch.setattr(timeline, "HOLDER_CPUS", 1)
+    assert steal(args, 1 << 30, capsys, monkeypatch, streamed=False) == at_once
+    assert '"vcpu1"' in at_once or recording == "golden"
+
+
+@pytest.mark.parametrize("recording", ["varied", "golden"])
+def test_streamed_steal_of_timelines_built_a_vm_at_a_time_is_the_whole_steal(
+        recording: str, varied: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timelines built a VM at a time (each VM's own holders, co-stop, and the other VMs' vCPUs holding its
+    pCPUs found among all): the whole read's report."""
+    from vmprof_tui.analyse import stream_steal
+
+    args = [str(varied if recording == "varied" else GOLDEN), "--format", "json"]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    monkeypatch.setattr(stream_steal, "VMS_AT_ONCE", 1)
+    assert steal(args, 500, capsys, monkeypatch, streamed=True) == whole

@@ -165,11 +165,24 @@ def vcpu_steal(an: Analysis, vm: str) -> list[dict]:
     return out
 
 
+def blank_parts(rec: Recording, tl: VcpuTimeline) -> tuple[dict[str, float], dict[str, float]]:
+    """What vcpu_entry reads of a vCPU's blanks one by one: who held its pCPU while it was preempted (ns by holder,
+    in the order found), and its steal of type 1 by cause over the host's run-queue readings (None: none)."""
+    who: dict[str, float] = defaultdict(float)
+    for b in tl.blanks:
+        if b.kind == BlankKind.PREEMPTED:
+            for holder, ns in b.holders().items():
+                who[holder] += ns
+    host = host_run_delay(rec, tl)
+    return who, type1_by_cause_between(tl, host[0], host[1]) if host else {}
+
+
 def vcpu_entry(rec: Recording, backend: str, tl: VcpuTimeline, counts: VcpuCounts, period: float,
-               split: dict[Cause, float], poll_ns: float) -> dict:
+               split: dict[Cause, float], poll_ns: float,
+               parts: tuple[dict[str, float], dict[str, float]] | None = None) -> dict:
     """One vCPU's entry of vcpu_steal from its timeline, its samples' counts, the on-CPU time one of its samples
     stands for (`period`: so that guest time, type 2 and polling add up to the exact on-CPU time), its blank time
-    by cause in ns, and its halt polling in ns."""
+    by cause in ns, its halt polling in ns, and blank_parts of its timeline (None: found here)."""
     guest_ns = float(counts.guest) * period
     by_exit: dict[str, float] = defaultdict(float)
     by_name: dict[str, float] = defaultdict(float)
@@ -189,11 +202,7 @@ def vcpu_entry(rec: Recording, backend: str, tl: VcpuTimeline, counts: VcpuCount
     blocked = split.get(BLOCKED_CAUSE, 0.0)
     if blocked:
         by_exit["vmm blocked"] += blocked
-    who: dict[str, float] = defaultdict(float)
-    for b in tl.blanks:
-        if b.kind == BlankKind.PREEMPTED:
-            for holder, ns in b.holders().items():
-                who[holder] += ns
+    who, mine_then = parts or blank_parts(rec, tl)
     type1 = steal_of_type(split, 1)
     type2 = float(sum(by_exit.values()))
     wall = float(tl.wall_ns) or 1.0
@@ -201,7 +210,6 @@ def vcpu_entry(rec: Recording, backend: str, tl: VcpuTimeline, counts: VcpuCount
               "irq": split.get(IRQ_CAUSE, 0.0)}
     causes["preempted"] = type1 - sum(causes.values())  # by a sibling vCPU or anything outside the VM
     host = host_run_delay(rec, tl)
-    mine_then = type1_by_cause_between(tl, host[0], host[1]) if host else {}
     return {
         "vcpu": tl.vcpu, "tid": tl.tid, "wall_s": wall / 1e9, "on_cpu_s": tl.on_cpu_ns / 1e9,
         "guest_s": guest_ns / 1e9, "idle_s": idle / 1e9, "steal_type1_s": type1 / 1e9,

@@ -18,7 +18,6 @@ them: the timelines are built a second time then, as the whole read builds them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,64 +26,67 @@ import numpy as np
 
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.analysis import Analysis, Attribution
-from vmprof_tui.analyse.blanks import steal_split
-from vmprof_tui.analyse.steal import VcpuCounts, report_of, vcpu_counts, vcpu_entry
+from vmprof_tui.analyse.blanks import Cause, steal_split
+from vmprof_tui.analyse.steal import VcpuCounts, blank_parts, report_of, vcpu_counts, vcpu_entry
 from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
 from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import exact_poll_ns, polled, thread_sample_ns
+from vmprof_tui.arrays import rank_among
 from vmprof_tui.collect import backends
-from vmprof_tui.record import recording as fmt
-from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
+from vmprof_tui.record.bpf_records import SCHED_DTYPE, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
-from vmprof_tui.record.stream import Piece, Scanned, _ordered_sched, _read_group, pieces
+from vmprof_tui.record.stream import Piece, Scanned, pieces, read_sched, sample_tables
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 NONE = -1  # no key (no guest sample yet)
+VMS_AT_ONCE = 4  # VMs whose timelines are built at once
 
 
-def _add(table: dict[int, int], keys: np.ndarray, values: np.ndarray | None = None) -> None:
-    """Counts (or the sums of integer `values`) by key into `table`."""
-    if not len(keys):
-        return
-    u, inverse = np.unique(keys, return_inverse=True)
-    weights = None if values is None else values.astype(np.int64)
-    n = np.bincount(inverse.reshape(-1), weights, len(u))
-    for k, c in zip(u.tolist(), n.astype(np.int64).tolist(), strict=True):
-        table[k] = table.get(k, 0) + c
+SAMPLES, STEAL, STEAL_TYPE1, VMM = range(4)  # the sums kept per key
+NAMES = ("process", "func", "module")
 
 
 @dataclass
 class _Keyed:
     """One vCPU thread's guest samples grouped by a key (VM and function, or VM and process: the resolver's codes)
-    over the pieces so far: samples, the steal between two consecutive samples of one key (integer ns, all of it
-    and of type 1), the VMM samples between two of them, and the names of each key's first sample."""
-    samples: dict[int, int] = field(default_factory=dict)
-    steal: dict[int, int] = field(default_factory=dict)
-    steal_type1: dict[int, int] = field(default_factory=dict)
-    vmm: dict[int, int] = field(default_factory=dict)
-    names: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    over the pieces so far, as arrays by key (ascending): samples, the steal between two consecutive samples of one
+    key (integer ns, all of it and of type 1), the VMM samples between two of them; and a name code of each key's
+    samples (the resolver's RowNames: its names; once the pieces are done, the string ids of its process, function
+    and module)."""
+    keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    sums: np.ndarray = field(default_factory=lambda: np.zeros((4, 0), np.int64))  # SAMPLES, STEAL, ...
+    names: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     last: int = NONE  # the key of the thread's last guest sample
     pending_vmm: int = 0  # its VMM samples since then
     before: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # per steal blank: the key before it
+    _added: list[tuple[int, np.ndarray, np.ndarray | None]] = field(default_factory=list)
 
-    def add_names(self, keys: np.ndarray, an: Analysis, sel: np.ndarray, functions: bool) -> None:
-        """The names of the keys not seen before, from their first samples (sel: the samples of `keys`)."""
+    def add(self, column: int, keys: np.ndarray, values: np.ndarray | None = None) -> None:
+        """Counts (or the sums of integer `values`) by key to one of the sums (added by settle)."""
+        if len(keys):
+            self._added.append((column, keys, values))
+
+    def settle(self, keys: np.ndarray, codes: np.ndarray) -> None:
+        """The piece's sums added: `keys` and `codes` are its guest samples' keys and name codes (a key new in the
+        piece is among them)."""
         u, first = np.unique(keys, return_index=True)
-        new = np.array([j for j, k in enumerate(u.tolist()) if k not in self.names], np.int64)
-        i = sel[first[new]]
-        blank = [""] * len(new)
-        func, module = (an.func[i].tolist(), an.module[i].tolist()) if functions else (blank, blank)
-        for k, p, f, m in zip(u[new].tolist(), an.process[i].tolist(), func, module, strict=True):
-            self.names[k] = (str(p), str(f), str(m))
+        at = np.searchsorted(self.keys, u)
+        new = at >= len(self.keys)
+        new[~new] = self.keys[at[~new]] != u[~new]
+        if new.any():
+            self.keys = np.insert(self.keys, at[new], u[new])
+            self.names = np.insert(self.names, at[new], codes[first[new]])
+            self.sums = np.insert(self.sums, at[new], 0, axis=1)
+        for column, k, v in self._added:
+            np.add.at(self.sums[column], np.searchsorted(self.keys, k), 1 if v is None else v.astype(np.int64))
+        self._added.clear()
 
 
 @dataclass
 class _Thread:
     """A vCPU thread over the pieces so far."""
     counts: VcpuCounts = field(default_factory=VcpuCounts)
-    first_ns: int | None = None  # its first and last sample
-    last_ns: int = 0
     by_function: _Keyed = field(default_factory=_Keyed)
     by_process: _Keyed = field(default_factory=_Keyed)
     # its blanks that are steal (not a halt), in time order: start, end, of type 1 (not the VMM blocked)
@@ -103,66 +105,95 @@ class StreamedSteal:
         self.rec = rec = scanned.rec
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.backend = rec.meta.get("backend", backends.NONE)
-        sched = _read_sched(scanned)
-        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
-        self.switches, self.wake_events = sched[~not_switch], sched[not_switch]
         # the VM list's VMs and vCPU threads: one that only samples name is left to the whole read
         self.vms = learn_vms(rec, rec.samples, np.zeros(0, bool))
-        # the blanks and polling stretches of every listed vCPU thread (each given a sample, so that every one has
-        # a timeline); their ends at the recording's end are not known yet, nor needed (no sample comes after)
-        first = int(sched["time_ns"][0]) if len(sched) else 0
-        keys = [pid << 32 | tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items()]
-        early = self._timelines((first, np.iinfo(np.int64).max // 2), dict.fromkeys(keys, (first, first)), True)
+        # per vCPU thread id with a timeline (one without has no sample): its blank time by cause in ns, what its
+        # report entry reads of its blanks one by one, and its samples' sums
+        self.splits: dict[int, dict[Cause, float]] = {}
+        self.parts: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
         self.threads: dict[int, _Thread] = {}
-        for tl in early.values():
-            t = self.threads[tl.tid] = _Thread()
-            table, (lo, hi) = tl.table, tl.rows
-            steal = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
-            t.starts, t.ends, t.type1 = table.start[steal], table.end[steal], table.kind[steal] != bt.BLOCKED
-            t.by_function.before = np.full(len(steal), NONE, np.int64)
-            t.by_process.before = np.full(len(steal), NONE, np.int64)
+        self.timelines = self._timelines(scanned, piece_rows)
         self.notes: dict[str, None] = {}
         self.pieces = 0
-        times = [int(sched["time_ns"][0]), int(sched["time_ns"][-1])] if len(sched) else []
         resolver = Resolver()
         snapshot, processes = rec.snapshot, rec.processes()
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
-        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end))):
+        no_sched = np.empty(0, SCHED_DTYPE)
+        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end), False)):
             if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
                 # a sample that came a whole piece late: the carried keys would be out of the whole's order
                 raise WholeNeeded("samples out of order across pieces")
-            part = Recording(rec.path, rec.meta, piece.samples, sched[:0], snapshot, rec.bundles, rec.object_tables,
+            part = Recording(rec.path, rec.meta, piece.samples, no_sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
             prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True)
             if prepared.vms.by_pid != self.vms.by_pid or prepared.vms.vcpu_of_tid != self.vms.vcpu_of_tid:
                 raise WholeNeeded("a VM or vCPU thread that the VM list does not name")
-            self._add(Analysis(prepared, shares_only=True), prepared.names, early, piece.hi, last)
-            if len(piece.samples):
-                t = piece.samples["time_ns"]
-                times += [int(t.min()), int(t.max())]
+            self._add(Analysis(prepared, shares_only=True), prepared.names, piece.hi, last)
             snapshot = later
             self.pieces += 1
-        del early  # its blanks: the final timelines hold their own
-        spans = {key: (t.first_ns, t.last_ns) for key, t in
-                 ((pid << 32 | tid, self.threads.get(tid)) for tid, (pid, _v) in self.vms.vcpu_of_tid.items())
-                 if t is not None and t.first_ns is not None}
-        span = (min(times), recording_end(min(times), max(times), rec.end)) if times else (0, 0)
-        self.timelines = self._timelines(span, spans, False)
-        table = next(iter(self.timelines.values())).table if self.timelines else None
-        splits = steal_split(table, np.ones(len(self.timelines))) if table is not None else []
-        self.splits = dict(zip(self.timelines, splits, strict=True))
+        # the names of each key as string ids: the resolver (its symbol tables) goes
+        self.strings = resolver.strings.array()
+        for t in self.threads.values():
+            for keyed in (t.by_function, t.by_process):
+                keyed.names = np.stack([resolver.row_names.ids(keyed.names, c) for c in NAMES])
 
-    def _timelines(self, span: tuple[int, int], spans: dict[int, tuple[int, int]],
-                   shares_only: bool) -> dict[int, VcpuTimeline]:
-        """The timelines of the whole recording (Schedule.timelines), each thread's samples given by its first and
-        last (all that the timelines read of them)."""
-        schedule = Schedule(self.switches, self.wake_events, self.vms.vcpu_of_tid, self.vms.by_pid, span, None,
-                            shares_only)
-        times = np.array([t for pair in spans.values() for t in pair], np.int64)
-        positions = {key: np.array([2 * i, 2 * i + 1]) for i, key in enumerate(spans)}
-        return schedule.timelines(positions, times)
+    def _timelines(self, scanned: Scanned, rows: int) -> dict[int, VcpuTimeline]:
+        """The timelines of the whole recording, as the whole read builds them (Schedule.timelines), once, before
+        the samples are analysed: of the samples they read only each vCPU thread's first and last and the
+        recording's first and last, found by a look at the samples first.  The sched events are let go after."""
+        keys = np.array(sorted({pid << 32 | tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items()}), np.int64)
+        first = np.full(len(keys), np.iinfo(np.int64).max)
+        last = np.full(len(keys), np.iinfo(np.int64).min)
+        times = []
+        for samples in sample_tables(scanned, rows):
+            if not len(samples):
+                continue
+            t = samples["time_ns"].astype(np.int64)
+            times += [int(t.min()), int(t.max())]
+            if len(keys):
+                _keys, rank, found = rank_among(samples["pid"].astype(np.int64) << 32 | samples["tid"], keys)
+                np.minimum.at(first, rank[found], t[found])
+                np.maximum.at(last, rank[found], t[found])
+        sched = read_sched(scanned)
+        if len(sched):
+            times += [int(sched["time_ns"][0]), int(sched["time_ns"][-1])]
+        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
+        switches, wake_events = sched[~not_switch], sched[not_switch]
+        del sched, not_switch
+        span = (min(times), recording_end(min(times), max(times), self.rec.end)) if times else (0, 0)
+        seen = np.flatnonzero(first <= last).tolist()
+        positions = {int(keys[i]): np.array([2 * j, 2 * j + 1]) for j, i in enumerate(seen)}
+        sample_times = np.stack([first[seen], last[seen]], axis=1).reshape(-1)
+        # a few VMs at a time: the memory of building them is of their vCPUs' switches, not all
+        out: dict[int, VcpuTimeline] = {}
+        pids = sorted({pid for pid, _v in self.vms.vcpu_of_tid.values()})
+        for at in range(0, len(pids), VMS_AT_ONCE):
+            mine = set(pids[at:at + VMS_AT_ONCE])
+            only = frozenset(tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items() if pid in mine)
+            timelines = Schedule(switches, wake_events, self.vms.vcpu_of_tid, self.vms.by_pid, span, None,
+                                 only=only).timelines(positions, sample_times)
+            if timelines:
+                table = next(iter(timelines.values())).table
+                self.splits.update(zip(timelines, steal_split(table, np.ones(len(timelines))), strict=True))
+            for tl in timelines.values():
+                self._keep(tl)
+            out.update(timelines)
+        return dict(sorted(out.items()))
 
-    def _add(self, an: Analysis, names: Resolved, early: dict[int, VcpuTimeline], hi: int, last: bool) -> None:
+    def _keep(self, tl: VcpuTimeline) -> None:
+        """What is read of a timeline's blanks: its blanks that are steal (start, end, of type 1: the samples are
+        set against them) and what its report entry reads of them one by one; then its blanks go."""
+        t = self.threads[tl.tid] = _Thread()
+        table, (lo, hi) = tl.table, tl.rows
+        steal = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
+        t.starts, t.ends, t.type1 = table.start[steal], table.end[steal], table.kind[steal] != bt.BLOCKED
+        t.by_function.before = np.full(len(steal), NONE, np.int64)
+        t.by_process.before = np.full(len(steal), NONE, np.int64)
+        self.parts[tl.tid] = blank_parts(self.rec, tl)
+        tl.forget_blanks()
+        tl.table = None  # the table of its VMs' blanks goes with the last of them
+
+    def _add(self, an: Analysis, names: Resolved, hi: int, last: bool) -> None:
         """A piece's samples, of [.., hi) (the last piece: to the end)."""
         self.notes.update(dict.fromkeys(an.notes))
         s = an.samples
@@ -170,23 +201,21 @@ class StreamedSteal:
         function_key, process_key = vm_code | names.name_code, vm_code | names.proc_code
         positions = an.vcpus.positions
         none = np.empty(0, np.int64)
-        for tl in early.values():
+        for tl in self.timelines.values():
             t = self.threads[tl.tid]
             idx = positions.get(tl.pid << 32 | tl.tid, none)
             times = s["time_ns"][idx].astype(np.int64)
             guest = an.is_guest[idx]
             if len(idx):
-                t.first_ns = int(times[0]) if t.first_ns is None else t.first_ns
-                t.last_ns = int(times[-1])
                 t.counts.add(vcpu_counts(an, idx, idx[polled(times, s["flags"][idx], guest, tl)]))
             sel = idx[guest]
             vmm_before = np.searchsorted(sel, idx[~guest]) - 1
             # its blanks that began in this piece: the key of the guest sample before each is known now
             began = len(t.starts) if last else int(np.searchsorted(t.starts, hi))
             for keyed, keys in ((t.by_function, function_key), (t.by_process, process_key)):
-                if len(sel):
-                    keyed.add_names(keys[sel], an, sel, keyed is t.by_function)
                 _attribute(t, keyed, keys[sel], times[guest], vmm_before, began)
+                if len(sel):
+                    keyed.settle(keys[sel], names.name_code[sel])
             t.started = began
             if len(sel):
                 t.ended = int(np.searchsorted(t.ends, times[guest][-1], side="right"))
@@ -204,9 +233,10 @@ class StreamedSteal:
             exact = exact_poll_ns(tl)
             period = thread_sample_ns(c.samples, tl.on_cpu_ns, c.polling, exact, self.period_ns)
             poll_ns = float(c.polling) * period if exact is None else float(exact)
-            vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[tl.tid], poll_ns))
-            functions += _attributions(t.by_function, tl.vcpu, period)
-            processes += _attributions(t.by_process, tl.vcpu, period)
+            vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[tl.tid], poll_ns,
+                                    self.parts[tl.tid]))
+            functions += _attributions(t.by_function, tl.vcpu, period, self.strings, True)
+            processes += _attributions(t.by_process, tl.vcpu, period, self.strings, False)
         return report_of(vm, vcpus, sorted(processes, key=lambda a: -a.apparent_ns),
                          sorted(functions, key=lambda a: -a.apparent_ns), list(self.notes))
 
@@ -231,32 +261,34 @@ def _attribute(t: _Thread, keyed: _Keyed, keys: np.ndarray, times: np.ndarray, v
         before = keyed.before[t.ended:done]
         same = (before == after) & (before != NONE)
         dur = (t.ends - t.starts)[t.ended:done]
-        _add(keyed.steal, after[same], dur[same])
+        keyed.add(STEAL, after[same], dur[same])
         type1 = same & t.type1[t.ended:done]
-        _add(keyed.steal_type1, after[type1], dur[type1])
+        keyed.add(STEAL_TYPE1, after[type1], dur[type1])
     # VMM samples: after the carried last guest sample (up to this piece's first), between two of this piece's,
     # and after its last (carried on)
     if keyed.pending_vmm and keyed.last == keys[0]:
-        keyed.vmm[int(keys[0])] = keyed.vmm.get(int(keys[0]), 0) + keyed.pending_vmm
+        keyed.add(VMM, keys[:1], np.array([keyed.pending_vmm]))
     prev = np.where(vmm_before >= 0, keys[vmm_before.clip(0)], keyed.last)
     has_next = vmm_before + 1 < len(keys)
     nxt = keys[(vmm_before + 1).clip(0, len(keys) - 1)]
-    _add(keyed.vmm, prev[has_next & (prev == nxt) & (prev != NONE)])
+    keyed.add(VMM, prev[has_next & (prev == nxt) & (prev != NONE)])
     keyed.pending_vmm = int(np.count_nonzero(~has_next))
-    _add(keyed.samples, keys)
+    keyed.add(SAMPLES, keys)
     keyed.last = int(keys[-1])
 
 
-def _attributions(keyed: _Keyed, vcpu: int, ns_per_sample: float) -> list[Attribution]:
+def _attributions(keyed: _Keyed, vcpu: int, ns_per_sample: float, strings: np.ndarray,
+                  functions: bool) -> list[Attribution]:
     """steal.attributions of one vCPU from its sums, by key (VM, then the resolver's code: the whole read's order),
     the steal added up as the whole read adds it (the blanks' integer ns, then each VMM sample's time in turn)."""
+    process, func, module = (strings[ids].tolist() for ids in keyed.names) if len(keyed.keys) else ([], [], [])
+    if not functions:
+        func = module = [""] * len(keyed.keys)
     out = []
-    for k in sorted(keyed.samples):
-        steal = np.array([float(keyed.steal.get(k, 0))])
-        np.add.at(steal, np.zeros(keyed.vmm.get(k, 0), np.int64), ns_per_sample)
-        c = keyed.samples[k]
-        out.append(Attribution(*keyed.names[k], vcpu, c, c * ns_per_sample,
-                               float(steal[0]), float(keyed.steal_type1.get(k, 0))))
+    for p, f, m, (c, steal_ns, type1_ns, vmm) in zip(process, func, module, keyed.sums.T.tolist(), strict=True):
+        steal = np.array([float(steal_ns)])
+        np.add.at(steal, np.zeros(vmm, np.int64), ns_per_sample)
+        out.append(Attribution(p, f, m, vcpu, c, c * ns_per_sample, float(steal[0]), float(type1_ns)))
     return out
 
 
@@ -269,12 +301,3 @@ def _with_last(items: Iterator[Piece]) -> Iterator[tuple[Piece, bool]]:
     if held is not None:
         yield held, True
 
-
-def _read_sched(scanned: Scanned) -> np.ndarray:
-    """Every sched event of the recording, in prepare's order."""
-    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _samples, sched = _read_group(fd, [c for c in scanned.chunks if c.kind == fmt.SCHED])
-    finally:
-        os.close(fd)
-    return _ordered_sched(sched)

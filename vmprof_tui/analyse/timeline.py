@@ -32,6 +32,7 @@ from vmprof_tui.record.bpf_records import (
     next_on_cpu,
 )
 
+HOLDER_CPUS = 8  # CPUs whose switches _pcpu_holders sorts at once (a 64-CPU host: an eighth of its switches)
 HALT_NS_UNKNOWN = 0xFFFFFFFF  # SCHED_HALT_END, SCHED_THROTTLE_END: a time too long for the record's 32 bits
 
 
@@ -129,19 +130,25 @@ class VcpuTimeline:
             self._blanks = self.table.blanks(*self.rows) if self.table is not None else []
         return self._blanks
 
+    def forget_blanks(self) -> None:
+        """Let its Blank objects go (made again if asked for)."""
+        self._blanks = None
+
 
 class Schedule:
     """The sched events of a span: context switches and, apart, the wake-up records of vCPU threads."""
 
     def __init__(self, sched: np.ndarray, wake_events: np.ndarray, vcpu_of_tid: dict[int, tuple[int, int]],
                  vm_by_pid: dict[int, str], span: tuple[int, int], range_ns: tuple[int, int] | None,
-                 shares_only: bool = False) -> None:
+                 shares_only: bool = False, only: frozenset[int] | None = None) -> None:
         """sched: the switches in time order; vcpu_of_tid: vCPU thread id -> (VMM pid, vCPU id); span: the
         recording's span; range_ns: the span the timelines are cut to (None: all of it); shares_only: no holder
-        of each blank, no co-stop (what the shares do not need)."""
+        of each blank, no co-stop (what the shares do not need); only: the vCPU threads (ids) to build timelines
+        of, whole VMs (None: all), the vCPUs holding a pCPU found among all (without a range: every one has a
+        timeline)."""
         self.sched, self.wake_events = sched, wake_events
         self.vcpu_of_tid, self.vm_by_pid = vcpu_of_tid, vm_by_pid
-        self.span, self.range_ns, self.shares_only = span, range_ns, shares_only
+        self.span, self.range_ns, self.shares_only, self.only = span, range_ns, shares_only, only
         self._holders: dict[tuple[int, bytes], str] = {}  # (next pid, next comm) of a switch -> holder name
 
     @functools.cached_property
@@ -165,7 +172,7 @@ class Schedule:
         switches, in one table by thread and time)."""
         _w0, w1 = self.span
         ev = self.sched
-        threads = sorted(self.vcpu_of_tid.items())
+        threads = sorted((tid, v) for tid, v in self.vcpu_of_tid.items() if self.only is None or tid in self.only)
         count = len(threads)
         keys = np.array([pid << 32 | tid for tid, (pid, _v) in threads], np.int64)
         ev_time = ev["time_ns"].astype(np.int64)
@@ -307,44 +314,35 @@ class Schedule:
         discovery interval after it starts), and an interval closed by its next recorded switch can then span
         what other tasks held the CPU: counted beside them, a wait's holders added up to more than the wait.
 
-        For every CPU at once: the switches and the waits' ends in one order by (CPU, time), where counting the
-        switches before each end finds the switches in each wait."""
+        A few CPUs at a time (HOLDER_CPUS: their switches and waits sorted at once, not every CPU's), the waits
+        found in their CPU's switches (_switches_in_waits)."""
         waits = np.flatnonzero(table.kind == bt.PREEMPTED)
         ev = self.sched
         if not len(waits) or not len(ev):
             return
-        cpu = np.concatenate([ev["cpu"].astype(np.int64), table.cpu[waits], table.cpu[waits]])
-        time = np.concatenate([ev["time_ns"].astype(np.int64), table.start[waits], table.end[waits]])
-        # at one time: a wait's end before a switch (switches before its end: side="left"), a switch before a
-        # wait's start (the switch that began it, or the last before: side="right")
-        what = np.repeat(np.array([1, 2, 0], np.int8), [len(ev), len(waits), len(waits)])
-        order = np.lexsort((what, time, cpu))
-        is_switch = what[order] == 1
-        switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
-        at = np.empty(len(order), np.int64)
-        at[order] = switches_upto
-        switch = order[is_switch]  # the switches (indices into ev) by CPU and time: cpu_order(ev)
-        s_cpu, s_time = cpu[switch], time[switch]
-        cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
-        first = np.maximum(at[len(ev):len(ev) + len(waits)] - 1, cpu_first)
-        last = at[len(ev) + len(waits):]
-        held_until = next_on_cpu(s_cpu, s_time, np.iinfo(np.int64).max)  # the last switch of a CPU: until the end
-        many = (last - first).clip(0)
-        w = np.repeat(np.arange(len(waits)), many)
-        k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
-        a, b = table.start[waits][w], table.end[waits][w]
-        ns = np.minimum(held_until[k], b) - np.maximum(s_time[k], a)
-        # the timeline each switch gives the CPU to (-1: a task that is no vCPU thread of the analysis)
-        keys = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
+        ev_cpu, wait_cpu = ev["cpu"], table.cpu[waits]
+        cpus = np.unique(ev_cpu).astype(np.int64)
+        parts = []
+        for lo in range(0, len(cpus), HOLDER_CPUS):
+            first, last = int(cpus[lo]), int(cpus[min(lo + HOLDER_CPUS, len(cpus)) - 1])
+            mine = (wait_cpu >= first) & (wait_cpu <= last)
+            if mine.any():
+                on = np.flatnonzero((ev_cpu >= first) & (ev_cpu <= last))
+                parts.append(self._switches_in_waits(on, waits[mine], table))
+        row, switch, ns = (np.concatenate(c) for c in zip(*parts, strict=True))  # a wait's CPU has its switch
+        by_blank = np.argsort(row, kind="stable")  # by blank, then in time order: as for every CPU at once
+        row, switch, ns = row[by_blank], switch[by_blank], ns[by_blank]
+        # the vCPU thread each switch gives the CPU to (-1: a task that is no vCPU thread of the analysis)
+        own = np.array([tl.pid << 32 | tl.tid for tl in timelines], np.int64)
+        keys, pid, vcpus, vms = self._holder_threads(timelines)
         by_key = np.argsort(keys)
-        nxt = ev["next_pid"][switch[k]].astype(np.int64) << 32 | ev["next_tid"][switch[k]]
-        holder = np.full(len(k), -1, np.int64)
+        nxt = ev["next_pid"][switch].astype(np.int64) << 32 | ev["next_tid"][switch]
+        holder = np.full(len(switch), -1, np.int64)
         if len(keys):
             rank = np.searchsorted(keys[by_key], nxt).clip(0, len(keys) - 1)
             holder = np.where(keys[by_key][rank] == nxt, by_key[rank], -1)
-        row = waits[w]
         # a switch to the waiting vCPU itself ends its wait: inside one, the records contradict each other
-        vcpu = (holder >= 0) & (ns > 0) & (holder != table.timeline[row])
+        vcpu = (holder >= 0) & (ns > 0) & (keys[holder] != own[table.timeline[row]])
         if vcpu.any():
             r, h, n = row[vcpu], holder[vcpu], ns[vcpu]
             by_blank = np.lexsort((h, r))  # by blank, then in the order of the timelines
@@ -353,17 +351,56 @@ class Schedule:
             new[1:] = (r[1:] != r[:-1]) | (h[1:] != h[:-1])
             runs = np.flatnonzero(new)
             r, h, n = r[runs], h[runs], np.add.reduceat(n, runs)
-            pid = np.array([tl.pid for tl in timelines], np.int64)
-            table.held_blank, table.held_same_vm, table.held_ns = r, pid[h] == pid[table.timeline[r]], n
-            table.held_vcpu = np.array([tl.vcpu for tl in timelines], np.int64)[h]
-            table.held_vm = np.array([tl.vm for tl in timelines], object)[h]
+            table.held_blank, table.held_same_vm, table.held_ns = r, pid[h] == own[table.timeline[r]] >> 32, n
+            table.held_vcpu, table.held_vm = vcpus[h], vms[h]
         if self.shares_only:  # the shares need the vCPUs that held a pCPU, not the names of the other tasks
             return
         ok = (holder < 0) & (ns > 0)
-        used = switch[k[ok]]
+        used = switch[ok]
         # by blank, then in time order
         table.host_blank, table.host_holder, table.host_ns = row[ok], self.holders_of(ev["next_pid"][used],
                                                                                       ev["next_comm"][used]), ns[ok]
+
+    def _holder_threads(self, timelines: list[VcpuTimeline]) -> tuple[np.ndarray, ...]:
+        """The vCPU threads that may hold a pCPU, in the order of their timelines (by thread id): those of the
+        timelines, or with `only`, every one (pid << 32 | tid, pid, vCPU id, VM name)."""
+        if self.only is None:
+            of = [(tl.pid, tl.tid, tl.vcpu, tl.vm) for tl in timelines]
+        else:
+            of = [(pid, tid, v, self.vm_by_pid.get(pid, f"vm-{pid}"))
+                  for tid, (pid, v) in sorted(self.vcpu_of_tid.items())]
+        pid, tid, vcpu = (np.array([t[i] for t in of], np.int64) for i in range(3))
+        return pid << 32 | tid, pid, vcpu, np.array([t[3] for t in of], object)
+
+    def _switches_in_waits(self, on: np.ndarray, waits: np.ndarray,
+                           table: BlankTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The recorded switches `on` some CPUs (indices into self.sched) in the waits on them (rows of `table`): per
+        switch in a wait, the wait's row, the switch and how long it held the CPU in the wait, by wait and then in
+        time order.  The switches and the waits' ends in one order by (CPU, time), where counting the switches
+        before each end finds the switches in each wait."""
+        ev = self.sched
+        cpu = np.concatenate([ev["cpu"][on].astype(np.int64), table.cpu[waits], table.cpu[waits]])
+        time = np.concatenate([ev["time_ns"][on].astype(np.int64), table.start[waits], table.end[waits]])
+        # at one time: a wait's end before a switch (switches before its end: side="left"), a switch before a
+        # wait's start (the switch that began it, or the last before: side="right")
+        what = np.repeat(np.array([1, 2, 0], np.int8), [len(on), len(waits), len(waits)])
+        order = np.lexsort((what, time, cpu))
+        is_switch = what[order] == 1
+        switches_upto = np.cumsum(is_switch)  # switches in the order up to each place
+        at = np.empty(len(order), np.int64)
+        at[order] = switches_upto
+        switch = order[is_switch]  # the switches (indices into `on`) by CPU and time: cpu_order
+        s_cpu, s_time = cpu[switch], time[switch]
+        cpu_first = np.searchsorted(s_cpu, table.cpu[waits])  # where each wait's CPU's switches begin
+        first = np.maximum(at[len(on):len(on) + len(waits)] - 1, cpu_first)
+        last = at[len(on) + len(waits):]
+        held_until = next_on_cpu(s_cpu, s_time, np.iinfo(np.int64).max)  # the last switch of a CPU: until the end
+        many = (last - first).clip(0)
+        w = np.repeat(np.arange(len(waits)), many)
+        k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
+        a, b = table.start[waits][w], table.end[waits][w]
+        ns = np.minimum(held_until[k], b) - np.maximum(s_time[k], a)
+        return waits[w], on[switch[k]], ns
 
     def _wakeups(self, timelines: list[VcpuTimeline], keys: np.ndarray, table: BlankTable) -> None:
         """Where each halt's idle time ended (the first wake-up of the thread inside the blank), how long

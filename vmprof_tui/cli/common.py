@@ -253,25 +253,38 @@ def _scanned_large(args: argparse.Namespace, rows: int) -> Scanned | None:
     return scanned if scanned is not None and scanned.samples > rows else None
 
 
-def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
-    """REC for `vmprof steal`, its samples read a piece at a time (analyse/stream_steal.py) when it is larger than
-    a piece and can be read so (and no --time-range); None: load it whole (load_analysis)."""
-    from vmprof_tui.analyse import stream, stream_steal
+def _streamed(args: argparse.Namespace, rows: int, make: Callable[[Scanned, dict[str, Path]], A],
+              free_memory: bool = False) -> A | None:
+    """make(REC scanned, the guest bundles) when REC is larger than a piece of `rows` samples and can be read a
+    piece at a time (record/stream.scan); None: load it whole (load_analysis), as when make gives up (WholeNeeded).
+    free_memory: large arrays given back when freed (return_freed_memory)."""
+    from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
 
-    if args.time_range or (scanned := _scanned_large(args, stream.PIECE_ROWS)) is None:
+    if (scanned := _scanned_large(args, rows)) is None:
         return None
     bundles = _parse_bundles(args.guest_bundle)
     with contextlib.suppress(OSError):
-        if os.path.getsize(args.recording) > LARGE_RECORDING:
+        if free_memory and os.path.getsize(args.recording) > LARGE_RECORDING:
             return_freed_memory()
     try:
-        an = stream_steal.StreamedSteal(scanned, bundles, stream.PIECE_ROWS)
+        an = make(scanned, bundles)
     except RecordingError as e:
         raise Failure(str(e)) from None
     except stream.WholeNeeded:
         return None
     return _checked(args, an, bundles)
+
+
+def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
+    """REC for `vmprof steal`, its samples read a piece at a time (analyse/stream_steal.py) when it is larger than
+    a piece and can be read so (and no --time-range); None: load it whole (load_analysis)."""
+    from vmprof_tui.analyse import stream, stream_steal
+
+    if args.time_range:
+        return None
+    return _streamed(args, stream.PIECE_ROWS,
+                     lambda scanned, bundles: stream_steal.StreamedSteal(scanned, bundles, stream.PIECE_ROWS), True)
 
 
 def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
@@ -281,21 +294,14 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
     None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks:
     for the stack formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows)."""
     from vmprof_tui.analyse import stream
-    from vmprof_tui.record.recording import RecordingError
 
     rows = piece_rows or stream.PIECE_ROWS
-    if (scanned := _scanned_large(args, rows)) is None:
-        return None
-    bundles = _parse_bundles(args.guest_bundle)
-    try:
+
+    def make(scanned: Scanned, bundles: dict[str, Path]) -> StreamedAnalysis:
         if stacks:
             from vmprof_tui.analyse.stream_stacks import StreamedStacks
 
-            an = StreamedStacks(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
-        else:
-            an = stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
-    except RecordingError as e:
-        raise Failure(str(e)) from None
-    except stream.WholeNeeded:
-        return None
-    return _checked(args, an, bundles)
+            return StreamedStacks(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
+        return stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
+
+    return _streamed(args, rows, make)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from vmprof_tui.cli.common import (
     Failure,
@@ -46,10 +46,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _json(reports: Iterator[dict], many: bool) -> Iterator[str]:
-    """json.dumps(reports if many else the one, indent=1) and a newline, a report at a time."""
+    """json.dumps(reports if many else the one, indent=1) and a newline, a report at a time, each encoded a part at
+    a time (a VM of the 64-CPU host has 60,000 function rows: its text and the encoder's pieces of it at once were
+    most of the command's peak memory)."""
     if not many:
-        yield json.dumps(next(reports), indent=1) + "\n"
+        yield from _blocks(_encode(next(reports)))
+        yield "\n"
         return
     for i, r in enumerate(reports):  # an element of a list: its lines one level in
-        yield ("," if i else "[") + "\n " + json.dumps(r, indent=1).replace("\n", "\n ")
+        yield ("," if i else "[") + "\n "
+        yield from _blocks(part.replace("\n", "\n ") for part in _encode(r))
     yield "\n]\n"
+
+
+def _encode(report: dict) -> Iterator[str]:
+    """json.dumps(report, indent=1) in the encoder's parts (a newline is never inside a string's text)."""
+    return json.JSONEncoder(indent=1).iterencode(report)
+
+
+def _blocks(parts: Iterable[str], size: int = 1 << 16) -> Iterator[str]:
+    """The parts joined into blocks of about `size` characters."""
+    held: list[str] = []
+    n = 0
+    for part in parts:
+        held.append(part)
+        n += len(part)
+        if n >= size:
+            yield "".join(held)
+            held, n = [], 0
+    if held:
+        yield "".join(held)

@@ -211,18 +211,46 @@ def _first(*tables: np.ndarray) -> int | None:
     return min(times) if times else None
 
 
-def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int]) -> Iterator[Piece]:
-    """The recording's records in pieces of about `rows` samples, in time order: a piece ends where the next one's
-    first record is (records of a piece that are later go on to the next).  end_of(first, last): where the last
-    piece ends, given the times of the first and the last record (prepare.recording_end)."""
+def _groups(chunks: list[TableChunk], rows: int) -> list[list[TableChunk]]:
+    """The chunks in groups of about `rows` samples, in file order."""
     groups: list[list[TableChunk]] = [[]]
     count = 0
-    for c in scanned.chunks:
+    for c in chunks:
         if count >= rows and c.kind == fmt.SAMPLES:
             groups.append([])
             count = 0
         groups[-1].append(c)
         count += c.rows if c.kind == fmt.SAMPLES else 0
+    return groups
+
+
+def sample_tables(scanned: Scanned, rows: int) -> Iterator[np.ndarray]:
+    """The recording's samples a group of about `rows` at a time, in file order (not cut into pieces)."""
+    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for group in _groups([c for c in scanned.chunks if c.kind == fmt.SAMPLES], rows):
+            yield _read_group(fd, group)[0]
+    finally:
+        os.close(fd)
+
+
+def read_sched(scanned: Scanned) -> np.ndarray:
+    """Every sched event of the recording, in prepare's order."""
+    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _samples, sched = _read_group(fd, [c for c in scanned.chunks if c.kind == fmt.SCHED])
+    finally:
+        os.close(fd)
+    return _ordered_sched(sched)
+
+
+def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
+           sched: bool = True) -> Iterator[Piece]:
+    """The recording's records in pieces of about `rows` samples, in time order: a piece ends where the next one's
+    first record is (records of a piece that are later go on to the next).  end_of(first, last): where the last
+    piece ends, given the times of the first and the last record (prepare.recording_end).  sched: False for pieces
+    of samples only (their sched events are neither inflated nor carried; the pieces end at samples)."""
+    groups = _groups([c for c in scanned.chunks if sched or c.kind == fmt.SAMPLES], rows)
     fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
     # the next group is read and inflated (zlib lets other threads run) while the piece before it is analysed
     with ThreadPoolExecutor(1) as reader:
