@@ -12,12 +12,14 @@ renderable, which is far slower on large profiles (docs/performance.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from operator import attrgetter
+from collections.abc import Callable, Iterator
 
+import numpy as np
 from rich.cells import cell_len, set_cell_size
 
-from vmprof_tui.analyse.shares import Profile, Row, process_name
+from vmprof_tui import arrays
+from vmprof_tui.analyse.row_table import RowTable, as_table, object_array
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
 from vmprof_tui.show.text import fill, wrap
@@ -46,18 +48,45 @@ def header(profile: Profile, cols: int | None = 80) -> list[str]:
 SORT_KEYS = ("samples", "process", "pid", "module", "function", "name")  # perf's sort keys; name = function
 
 
-def sort_rows(rows: list[Row], sort: str) -> list[Row]:
-    """Rows by samples (largest first), or grouped by process, pid, module or function (then by samples)."""
-    if sort in ("function", "name"):
-        return sorted(rows, key=lambda r: (demangle(r.function), r.module, r.process or "", -r.samples))
-    if sort == "process":
-        return sorted(rows, key=lambda r: (r.process or "", r.pid or 0, -r.samples, r.function))
-    if sort == "pid":
-        return sorted(rows, key=lambda r: (r.pid if r.pid is not None else -1, -r.samples, r.function))
-    if sort == "module":
-        return sorted(rows, key=lambda r: (r.module, -r.samples, r.function))
-    # two stable passes with plain keys: half the time of one pass with a tuple per row (260,000 rows)
-    return sorted(sorted(rows, key=attrgetter("function")), key=attrgetter("samples"), reverse=True)
+def ordered(profile: Profile, sort: str, limit: int | None) -> RowTable:
+    """The rows shown, by samples (largest first, then by function), or grouped by process, pid, module or
+    function (then by samples); the first `limit`."""
+    shown = as_table(profile.rows).shown()
+    return shown.take(shown.order(sort)[:limit])
+
+
+class Names:
+    """The distinct texts of a column and each row's index among them: rows are many, their names fewer."""
+
+    def __init__(self, texts: list[str], inverse: np.ndarray) -> None:
+        self.texts, self.inverse = texts, inverse
+        self._array = object_array(texts)
+
+    def map(self, how: Callable[[str], str]) -> Names:
+        return Names([how(t) for t in self.texts], self.inverse)
+
+    def of(self, rows: slice) -> list[str]:
+        """The texts of these rows."""
+        return self._array[self.inverse[rows]].tolist()
+
+
+def names(ids: np.ndarray, strings: np.ndarray) -> Names:
+    """The Names of a string column."""
+    distinct, inverse = arrays.unique(ids, return_inverse=True)
+    return Names(strings[distinct].tolist(), inverse)
+
+
+def process_names(rows: RowTable) -> Names:
+    """`name [pid]` of each row's process (shares.process_name; "" when it has none)."""
+    _key, first, inverse = arrays.unique((rows.process.astype(np.int64) << 32) | (rows.pid.astype(np.int64) + 1),
+                                         return_index=True, return_inverse=True)
+    return Names([(f"{n} [{pid}]" if pid >= 0 else n) if n else "" for n, pid in zip(
+        rows.strings[rows.process[first]].tolist(), rows.pid[first].tolist(), strict=True)], inverse)
+
+
+def whole_samples(samples: np.ndarray) -> list[int]:
+    """int(round(s)) of each."""
+    return np.round(samples).astype(np.int64).tolist()
 
 
 CAPS = (9, 8, 24, 28)  # Samples, %Ratio, Process, Module: the widest each gets at a width
@@ -76,40 +105,36 @@ BLOCK = 16384  # rows laid out at once: a report can have a million rows, whose 
 
 def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = None,
                   cols: int | None = None) -> Iterator[str]:
-    """render_profile's text in parts, BLOCK rows each: the names are read twice (once to measure the columns, once
-    to lay them out) rather than all cells held at once."""
-    rows = sort_rows(profile.shown_rows, sort)[:limit]
+    """render_profile's text in parts, BLOCK rows each.  The rows are columns (row_table.RowTable); each
+    distinct name is measured and fitted to its column once."""
+    rows = ordered(profile, sort, limit)
     total = profile.total_samples or 1.0
-    processes: dict[tuple, str] = {}  # rows are many, their processes few
 
-    def columns(block: list[Row], names_only: bool = False) -> list[list[str]]:
-        names = [[processes.get((r.process, r.pid)) or processes.setdefault((r.process, r.pid), process_name(r) or "")
-                  for r in block], [r.module for r in block], [demangle(r.function) for r in block]]
-        if names_only:
-            return names
-        numbers = [[str(int(round(r.samples))) for r in block], [f"{100.0 * r.samples / total:.3f}" for r in block]]
-        return numbers + names
+    def numbers(at: slice) -> list[list[str]]:
+        return [list(map(str, whole_samples(rows.samples[at]))),
+                [f"{x:.3f}" for x in (100.0 * rows.samples[at] / total).tolist()]]
 
+    columns = [process_names(rows), names(rows.module, rows.strings), names(rows.func, rows.strings).map(demangle)]
     plain = [True] * len(TITLES)  # then a cell's width is its length (the usual case)
     longest = [len(t) for t in TITLES]
-    if rows:  # the numbers' longest cells are those of the row with the most samples
-        most = max(rows, key=attrgetter("samples"))
-        longest[:2] = (max(a, len(b)) for a, b in zip(longest, columns([most])[:2], strict=False))
-    for at in range(0, len(rows), BLOCK):
-        for i, texts in enumerate(columns(rows[at:at + BLOCK], names_only=True), 2):
-            plain[i] = plain[i] and "".join(texts).isascii()  # ASCII texts measured before: their length is their width
-            longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, texts)))
+    if len(rows):  # (Samples and %Ratio are as wide as their titles: a longer number is cut, docs/scale.md)
+        for i, c in enumerate(columns, 2):
+            plain[i] = "".join(c.texts).isascii()  # ASCII texts: their length is their width
+            longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, c.texts)))
     widths = longest if cols is None else column_widths(longest, cols)
+    fitted = [Names(_fit_column(c.texts, w, p, right=False), c.inverse)
+              for c, w, p in zip(columns, widths[2:], plain[2:], strict=True)]
 
     def lines(block: list[list[str]]) -> str:
-        fitted = [_fit_column(texts, w, p, right=i < 2)
-                  for i, (texts, w, p) in enumerate(zip(block, widths, plain, strict=True))]
-        return "".join("  ".join(row).rstrip() + "\n" for row in zip(*fitted, strict=True))
+        return "".join("  ".join(row).rstrip() + "\n" for row in zip(*block, strict=True))
 
     yield "\n".join(header(profile, cols)) + "\n"
-    yield lines([[t] for t in TITLES])
+    yield lines([_fit_column([t], w, p, right=i < 2) for i, (t, w, p) in enumerate(zip(TITLES, widths, plain,
+                                                                                         strict=True))])
     for at in range(0, len(rows), BLOCK):
-        yield lines(columns(rows[at:at + BLOCK]))
+        block = slice(at, at + BLOCK)
+        cells = [_fit_column(texts, w, True, right=True) for texts, w in zip(numbers(block), widths, strict=False)]
+        yield lines(cells + [f.of(block) for f in fitted])
 
 
 def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
