@@ -41,6 +41,10 @@ CASES = [[fmt, *level] for fmt in ("table", "json", "csv") for level in LEVELS] 
 # perf's row filters: their totals and ratios are of the rows kept (each row's kernel-mode samples), or of the level
 CASES += [["table", "-K"], ["table", "--vm", "web", "-U"], ["json", "--comm", "app", "--dso", "[kernel.kallsyms]"],
           ["csv", "--pid", "601,500", "--percentage", "absolute"], ["table", "--comm", "worker", "-U"]]
+# the --sort orders, --limit and --width, made from the rows as columns (analyse/row_table.py)
+CASES += [["table", "--sort", "process", "--width", "90"], ["json", "--sort", "function", "--limit", "7"],
+          ["csv", "--sort", "pid"], ["table", "--vm", "web", "--sort", "module", "--limit", "5"],
+          ["json", "--level", "guest", "--vm", "db", "--sort", "name"]]
 
 
 @pytest.mark.parametrize("case", CASES, ids=" ".join)
