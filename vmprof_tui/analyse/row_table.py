@@ -55,12 +55,12 @@ class RowTable:
         rows = list(rows)
 
         def column(values: Iterable[str | None]) -> np.ndarray:
-            return np.array([ids.setdefault(v or "", len(ids)) for v in values], np.int64)
+            return np.array([ids.setdefault(v or "", len(ids)) for v in values], np.int32)
 
         table = RowTable(np.array([r.samples for r in rows], float), np.array([r.kernel for r in rows], float),
                          column(r.function for r in rows), column(r.module for r in rows),
                          column(r.process for r in rows),
-                         np.array([-1 if r.pid is None else r.pid for r in rows], np.int64),
+                         np.array([-1 if r.pid is None else r.pid for r in rows], np.int32),
                          column(r.vm for r in rows), np.array([_INDEX[r.kind] for r in rows], np.int8),
                          np.array([isinstance(r.samples, np.floating) for r in rows], bool), np.empty(0, object))
         table.strings = object_array(list(ids))
@@ -158,31 +158,33 @@ class RowTable:
             ["halt_poll"] if "halt_poll" in summed else [])
         return percent([(k, summed.get(k, 0.0)) for k in keys], sum(summed.values()))
 
-    def order(self, sort: str) -> np.ndarray:
-        """The order of a report's --sort, as an index: samples (largest first, then by function name), or by
-        (demangled function, module, process, -samples), (process, pid, -samples, function), (pid, -samples,
-        function), (module, -samples, function); ties keep the rows' order."""
-        minus = -self.samples
+    def order(self, sort: str, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """The order of a report's --sort of `rows` (an index), as an index into them: samples (largest first,
+        then by function name), or by (demangled function, module, process, -samples), (process, pid, -samples,
+        function), (pid, -samples, function), (module, -samples, function); ties keep the rows' order."""
+        minus = -self.samples[rows]
+        func = self._rank(self.func[rows])
         if sort in ("function", "name"):
-            keys = [minus, self._rank(self.process), self._rank(self.module), self._rank(self.func, demangle)]
+            keys = [minus, self._rank(self.process[rows]), self._rank(self.module[rows]),
+                    self._rank(self.func[rows], demangle)]
         elif sort == "process":
-            keys = [self._rank(self.func), minus, np.maximum(self.pid, 0), self._rank(self.process)]
+            keys = [func, minus, np.maximum(self.pid[rows], 0), self._rank(self.process[rows])]
         elif sort == "pid":
-            keys = [self._rank(self.func), minus, self.pid]
+            keys = [func, minus, self.pid[rows]]
         elif sort == "module":
-            keys = [self._rank(self.func), minus, self._rank(self.module)]
+            keys = [func, minus, self._rank(self.module[rows])]
         else:
-            keys = [self._rank(self.func), minus]
+            keys = [func, minus]
         return np.lexsort(keys)  # stable: ties keep the rows' order, as Python's sorted
 
     def _rank(self, ids: np.ndarray, key: Callable[[str], str] | None = None) -> np.ndarray:
-        """Each row's rank by the string of its id (through `key`), as Python orders strings."""
+        """Each id's rank by its string (through `key`), as Python orders strings."""
         distinct, inverse = arrays.unique(ids, return_inverse=True)
         texts = self.strings[distinct].tolist()
         if key is not None:
             texts = [key(t) for t in texts]
         rank = {t: i for i, t in enumerate(sorted(set(texts)))}
-        return np.array([rank[t] for t in texts], np.int64)[inverse]
+        return np.array([rank[t] for t in texts], np.int32)[inverse]
 
 
 def as_table(rows: list[Row] | RowTable) -> RowTable:

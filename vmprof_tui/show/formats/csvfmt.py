@@ -22,19 +22,19 @@ def render_parts(inp: ReportInput) -> Iterator[str]:
     w = csv.writer(out, lineterminator="\n")
     w.writerow(COLUMNS)
     for profile in inp.profiles:
-        rows = ordered(profile, inp.sort, inp.limit)
+        rows, index = ordered(profile, inp.sort, inp.limit)
         total = profile.total_samples or 1.0
         vcpu = "" if profile.vcpu is None else profile.vcpu
-        function = names(rows.func, rows.strings).map(demangle)
-        vm = names(rows.vm, rows.strings).map(lambda v, of=profile.vm: v or of or "")
-        module, process = names(rows.module, rows.strings), names(rows.process, rows.strings)
-        for at in range(0, len(rows), BLOCK):
-            block = slice(at, at + BLOCK)
-            samples = rows.samples[block]
-            w.writerows(zip([profile.level] * len(samples), vm.of(block), [vcpu] * len(samples),
+        function = names(rows.func[index], rows.strings).map(demangle)
+        vm = names(rows.vm[index], rows.strings).map(lambda v, of=profile.vm: v or of or "")
+        module, process = names(rows.module[index], rows.strings), names(rows.process[index], rows.strings)
+        for start in range(0, len(index), BLOCK):
+            at = index[start:start + BLOCK]
+            samples = rows.samples[at]
+            w.writerows(zip([profile.level] * len(at), vm.of(rows.vm[at]), [vcpu] * len(at),
                             whole_samples(samples), [f"{x:.3f}" for x in (100.0 * samples / total).tolist()],
-                            function.of(block), module.of(block), process.of(block),
-                            ["" if pid < 0 else pid for pid in rows.pid[block].tolist()], strict=True))
+                            function.of(rows.func[at]), module.of(rows.module[at]), process.of(rows.process[at]),
+                            ["" if pid < 0 else pid for pid in rows.pid[at].tolist()], strict=True))
             yield out.getvalue()
             out.seek(0)
             out.truncate()

@@ -29,33 +29,33 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
     """json.dumps of Profile.to_json with its rows by `sort`, the first `limit`, indented by 1, in parts."""
     text = json.dumps(dataclasses.replace(profile, rows=[]).to_json(), indent=1) + "\n"
     head, tail = text.split(ROWS_KEY, 1)
-    rows = ordered(profile, sort, limit)
-    if not len(rows):
+    rows, index = ordered(profile, sort, limit)
+    if not len(index):
         yield text
         return
     total = profile.total_samples
 
     def texts(ids: np.ndarray, none: str | None = None) -> Names:
         """The JSON texts of a string column (none: the text of "")."""
-        return names(ids, rows.strings).map(lambda t: none if none is not None and not t else quoted(t))
+        return names(ids[index], rows.strings).map(lambda t: none if none is not None and not t else quoted(t))
 
-    function = names(rows.func, rows.strings).map(lambda t: quoted(demangle(t)))
+    function = names(rows.func[index], rows.strings).map(lambda t: quoted(demangle(t)))
     symbol, module = texts(rows.func), texts(rows.module)
     process, vm = texts(rows.process, none="null"), texts(rows.vm, none="null")
     yield head + '\n "rows": [\n'
-    for at in range(0, len(rows), BLOCK):
-        block = slice(at, at + BLOCK)
-        samples = rows.samples[block]
-        ratios = _ratios(rows, block, total) if total else [0.0] * len(samples)
-        pids = ["null" if pid < 0 else pid for pid in rows.pid[block].tolist()]
-        yield ",\n" if at else ""
+    for start in range(0, len(index), BLOCK):
+        at = index[start:start + BLOCK]
+        ratios = _ratios(rows, at, total) if total else [0.0] * len(at)
+        pids = ["null" if pid < 0 else pid for pid in rows.pid[at].tolist()]
+        func = rows.func[at]
+        yield ",\n" if start else ""
         yield ",\n".join(ROW.format(*row) for row in zip(
-            whole_samples(samples), ratios, function.of(block), symbol.of(block), module.of(block), process.of(block),
-            pids, vm.of(block), strict=True))
+            whole_samples(rows.samples[at]), ratios, function.of(func), symbol.of(func), module.of(rows.module[at]),
+            process.of(rows.process[at]), pids, vm.of(rows.vm[at]), strict=True))
     yield "\n ]," + tail
 
 
-def _ratios(rows: RowTable, at: slice, total: float) -> list[float]:
+def _ratios(rows: RowTable, at: np.ndarray, total: float) -> list[float]:
     """Row.to_json's round(100 * samples / total, 3): numpy's rounding where the samples or the total are numpy
     floats (a streamed profile's total: 0.0075 gives 0.008), Python's elsewhere (0.007)."""
     ratio = 100.0 * rows.samples[at] / total

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from rich.cells import cell_len, set_cell_size
 
-from vmprof_tui import arrays
 from vmprof_tui.analyse.row_table import RowTable, as_table, object_array
 from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.resolve.demangle import demangle
@@ -48,40 +47,46 @@ def header(profile: Profile, cols: int | None = 80) -> list[str]:
 SORT_KEYS = ("samples", "process", "pid", "module", "function", "name")  # perf's sort keys; name = function
 
 
-def ordered(profile: Profile, sort: str, limit: int | None) -> RowTable:
-    """The rows shown, by samples (largest first, then by function), or grouped by process, pid, module or
-    function (then by samples); the first `limit`."""
-    shown = as_table(profile.rows).shown()
-    return shown.take(shown.order(sort)[:limit])
+def ordered(profile: Profile, sort: str, limit: int | None) -> tuple[RowTable, np.ndarray]:
+    """The profile's rows as columns, and the index of the rows shown by samples (largest first, then by
+    function), or grouped by process, pid, module or function (then by samples); the first `limit`."""
+    rows = as_table(profile.rows)
+    shown = np.flatnonzero(rows.samples >= 0.5)
+    return rows, shown[rows.order(sort, shown)[:limit]]
 
 
 class Names:
-    """The distinct texts of a column and each row's index among them: rows are many, their names fewer."""
+    """The texts of a column's keys (string ids, or process_key's), of the rows shown: rows are many, their
+    names fewer, so each is made once and the rows look theirs up a block at a time."""
 
-    def __init__(self, texts: list[str], inverse: np.ndarray) -> None:
-        self.texts, self.inverse = texts, inverse
+    def __init__(self, keys: np.ndarray, texts: list[str]) -> None:
+        self.keys, self.texts = keys, texts  # keys sorted, each once
         self._array = object_array(texts)
 
     def map(self, how: Callable[[str], str]) -> Names:
-        return Names([how(t) for t in self.texts], self.inverse)
+        return Names(self.keys, [how(t) for t in self.texts])
 
-    def of(self, rows: slice) -> list[str]:
-        """The texts of these rows."""
-        return self._array[self.inverse[rows]].tolist()
+    def of(self, keys: np.ndarray) -> list[str]:
+        """The texts of these keys."""
+        return self._array[np.searchsorted(self.keys, keys)].tolist()
 
 
 def names(ids: np.ndarray, strings: np.ndarray) -> Names:
-    """The Names of a string column."""
-    distinct, inverse = arrays.unique(ids, return_inverse=True)
-    return Names(strings[distinct].tolist(), inverse)
+    """The Names of a string column's ids."""
+    distinct = np.unique(ids)
+    return Names(distinct, strings[distinct].tolist())
 
 
-def process_names(rows: RowTable) -> Names:
-    """`name [pid]` of each row's process (shares.process_name; "" when it has none)."""
-    _key, first, inverse = arrays.unique((rows.process.astype(np.int64) << 32) | (rows.pid.astype(np.int64) + 1),
-                                         return_index=True, return_inverse=True)
-    return Names([(f"{n} [{pid}]" if pid >= 0 else n) if n else "" for n, pid in zip(
-        rows.strings[rows.process[first]].tolist(), rows.pid[first].tolist(), strict=True)], inverse)
+def process_key(rows: RowTable, at: np.ndarray) -> np.ndarray:
+    """A row's process and pid as one key."""
+    return (rows.process[at].astype(np.int64) << 32) | (rows.pid[at].astype(np.int64) + 1)
+
+
+def process_names(rows: RowTable, at: np.ndarray) -> Names:
+    """`name [pid]` of each process_key of these rows (shares.process_name; "" when it has none)."""
+    keys = np.unique(process_key(rows, at))
+    return Names(keys, [(f"{n} [{pid}]" if pid >= 0 else n) if n else "" for n, pid in zip(
+        rows.strings[keys >> 32].tolist(), ((keys & 0xFFFFFFFF) - 1).tolist(), strict=True)])
 
 
 def whole_samples(samples: np.ndarray) -> list[int]:
@@ -107,23 +112,24 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
                   cols: int | None = None) -> Iterator[str]:
     """render_profile's text in parts, BLOCK rows each.  The rows are columns (row_table.RowTable); each
     distinct name is measured and fitted to its column once."""
-    rows = ordered(profile, sort, limit)
+    rows, index = ordered(profile, sort, limit)
     total = profile.total_samples or 1.0
 
-    def numbers(at: slice) -> list[list[str]]:
+    def numbers(at: np.ndarray) -> list[list[str]]:
         return [list(map(str, whole_samples(rows.samples[at]))),
                 [f"{x:.3f}" for x in (100.0 * rows.samples[at] / total).tolist()]]
 
-    columns = [process_names(rows), names(rows.module, rows.strings), names(rows.func, rows.strings).map(demangle)]
+    columns = [process_names(rows, index), names(rows.module[index], rows.strings),
+               names(rows.func[index], rows.strings).map(demangle)]
     plain = [True] * len(TITLES)  # then a cell's width is its length (the usual case)
     longest = [len(t) for t in TITLES]
-    if len(rows):  # (Samples and %Ratio are as wide as their titles: a longer number is cut, docs/scale.md)
+    if len(index):  # (Samples and %Ratio are as wide as their titles: a longer number is cut, docs/scale.md)
         for i, c in enumerate(columns, 2):
             plain[i] = "".join(c.texts).isascii()  # ASCII texts: their length is their width
             longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, c.texts)))
     widths = longest if cols is None else column_widths(longest, cols)
-    fitted = [Names(_fit_column(c.texts, w, p, right=False), c.inverse)
-              for c, w, p in zip(columns, widths[2:], plain[2:], strict=True)]
+    process, module, function = (Names(c.keys, _fit_column(c.texts, w, p, right=False))
+                                  for c, w, p in zip(columns, widths[2:], plain[2:], strict=True))
 
     def lines(block: list[list[str]]) -> str:
         return "".join("  ".join(row).rstrip() + "\n" for row in zip(*block, strict=True))
@@ -131,10 +137,11 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
     yield "\n".join(header(profile, cols)) + "\n"
     yield lines([_fit_column([t], w, p, right=i < 2) for i, (t, w, p) in enumerate(zip(TITLES, widths, plain,
                                                                                          strict=True))])
-    for at in range(0, len(rows), BLOCK):
-        block = slice(at, at + BLOCK)
-        cells = [_fit_column(texts, w, True, right=True) for texts, w in zip(numbers(block), widths, strict=False)]
-        yield lines(cells + [f.of(block) for f in fitted])
+    for start in range(0, len(index), BLOCK):
+        at = index[start:start + BLOCK]
+        cells = [_fit_column(texts, w, True, right=True) for texts, w in zip(numbers(at), widths, strict=False)]
+        yield lines([*cells, process.of(process_key(rows, at)), module.of(rows.module[at]),
+                     function.of(rows.func[at])])
 
 
 def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
