@@ -189,9 +189,7 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
     from vmprof_tui.resolve.prepare import prepare, recording_span
 
     recording_path(args)
-    with contextlib.suppress(OSError):  # an unreadable one fails with its line just below
-        if os.path.getsize(args.recording) > LARGE_RECORDING:
-            return_freed_memory()
+    _large_returns_freed_memory(args)  # an unreadable one fails with its line just below
     try:
         rec = load(Path(args.recording))
     except RecordingError as e:
@@ -253,6 +251,13 @@ def _scanned_large(args: argparse.Namespace, rows: int) -> Scanned | None:
     return scanned if scanned is not None and scanned.samples > rows else None
 
 
+def _large_returns_freed_memory(args: argparse.Namespace) -> None:
+    """return_freed_memory for a large recording (a piece's arrays are freed every piece)."""
+    with contextlib.suppress(OSError):
+        if os.path.getsize(args.recording) > LARGE_RECORDING:
+            return_freed_memory()
+
+
 def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
     """REC for `vmprof steal`, its samples read a piece at a time (analyse/stream_steal.py) when it is larger than
     a piece and can be read so (and no --time-range); None: load it whole (load_analysis)."""
@@ -262,9 +267,7 @@ def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
     if args.time_range or (scanned := _scanned_large(args, stream.PIECE_ROWS)) is None:
         return None
     bundles = _parse_bundles(args.guest_bundle)
-    with contextlib.suppress(OSError):
-        if os.path.getsize(args.recording) > LARGE_RECORDING:
-            return_freed_memory()
+    _large_returns_freed_memory(args)
     try:
         an = stream_steal.StreamedSteal(scanned, bundles, stream.PIECE_ROWS)
     except RecordingError as e:
@@ -287,6 +290,7 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
     if (scanned := _scanned_large(args, rows)) is None:
         return None
     bundles = _parse_bundles(args.guest_bundle)
+    _large_returns_freed_memory(args)
     try:
         if stacks:
             from vmprof_tui.analyse.stream_stacks import StreamedStacks
