@@ -142,3 +142,20 @@ def test_sort_sched_is_numpys_order_of_records(case: str) -> None:
     ev["cpu"] = rng.integers(0, 64, n)
     ev["flags"] = rng.integers(0, 256, n)
     assert np.sort(ev, order="time_ns", kind="stable").tobytes() == sort_sched(ev).tobytes()
+
+
+def test_streamed_report_writes_its_rows_from_columns(recording: Path, capsys: pytest.CaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed table's rows reach the text as columns (a RowTable), not as a Row object each (docs/scale.md,
+    "Third round"); a large recording read a piece at a time returns freed memory, as one read whole does."""
+    from vmprof_tui.analyse.row_table import RowTable
+    from vmprof_tui.cli import common
+    from vmprof_tui.show.formats import table
+
+    seen, freed = [], []
+    parts = table.profile_parts
+    monkeypatch.setattr(table, "profile_parts", lambda p, *a: seen.append(type(p.rows)) or parts(p, *a))
+    monkeypatch.setattr(common, "LARGE_RECORDING", 0)
+    monkeypatch.setattr(common, "return_freed_memory", lambda: freed.append(1))
+    report([str(recording)], 1000, capsys, monkeypatch, streamed=True)
+    assert seen == [RowTable] and freed
