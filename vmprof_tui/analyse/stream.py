@@ -163,6 +163,7 @@ class StreamedAnalysis:
             self.has_sched |= bool(len(piece.sched))
             snapshot = without_kallsyms  # parsed once, by the first piece
             self.pieces += 1
+            del an, part, sched, piece  # before the next piece is read and prepared, not once it is
 
     def _add(self, an: Analysis, lo: int) -> None:
         self.vm_index.update(an.vm_index)
