@@ -36,19 +36,38 @@ from vmprof_tui.resolve.resolver import Resolver
 PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory of a piece against its time)
 
 
-@dataclass
 class _Rows:
     """A profile's function rows summed so far: samples, and of them those in kernel mode (Row.kernel: the ratios
     of a filtered profile are made of it), by the resolver's name codes."""
-    all: RowCounts = field(default_factory=lambda: _empty_rows())
-    kernel: RowCounts = field(default_factory=lambda: _empty_rows())
+
+    def __init__(self, rows: RowCounts | None = None, kernel: RowCounts | None = None) -> None:
+        self._all = rows if rows is not None else _empty_rows()
+        self._kernel = kernel if kernel is not None else _empty_rows()
+        self._pending: list[tuple[RowCounts, RowCounts | None]] = []
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
-        # merged into the sums (no sort of them again: 150 pieces of a host of 900,000 rows); rows that cancel
-        # out (_add_idle) are dropped at the end (StreamedAnalysis._rows)
-        self.all = self.all.plus(rows)
-        if kernel is not None:
-            self.kernel = self.kernel.plus(kernel)
+        # kept aside until read or settled: merging copies the sums, which the loop does once the piece the rows
+        # came from is let go (its peak is then not the piece's plus the copy)
+        self._pending.append((rows, kernel))
+
+    def settle(self) -> None:
+        """The rows added so far merged into the sums (no sort of them again: 150 pieces of a host of 900,000
+        rows); rows that cancel out (_add_idle) are dropped at the end (StreamedAnalysis.row_columns)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._all = self._all.plus(RowCounts.combine([rows for rows, _kernel in pending]))
+            if kernels := [kernel for _rows, kernel in pending if kernel is not None]:
+                self._kernel = self._kernel.plus(RowCounts.combine(kernels))
+
+    @property
+    def all(self) -> RowCounts:
+        self.settle()
+        return self._all
+
+    @property
+    def kernel(self) -> RowCounts:
+        self.settle()
+        return self._kernel
 
     @staticmethod
     def joined(parts: list[_Rows]) -> _Rows:
@@ -164,6 +183,8 @@ class StreamedAnalysis:
             snapshot = without_kallsyms  # parsed once, by the first piece
             self.pieces += 1
             del an, part, sched, piece  # before the next piece is read and prepared, not once it is
+            for rows in [self.host_rows, *(v.rows for v in self.vcpus.values())]:
+                rows.settle()
 
     def _add(self, an: Analysis, lo: int) -> None:
         self.vm_index.update(an.vm_index)
