@@ -1,8 +1,8 @@
 """A profile's rows as columns: what `vmprof report` filters, rounds, sorts and writes out (table, JSON, CSV).
 
-A report of a large recording has hundreds of thousands of rows (the synthetic 64-CPU host: 262,000 at 60 s,
-925,000 at 600 s); as one `Row` object each, with their sort and their text, they cost hundreds of bytes a row
-(docs/scale.md).  Here they are numpy columns (samples, string ids, pids, kinds) and one array of the strings the
+A report of a large recording has hundreds of thousands of rows; as one `Row` object each, with their sort and
+their text, they cost several times what they cost as columns (docs/scale.md, "Third round").  Here they are
+numpy columns (samples, string ids, pids, kinds) and one array of the strings the
 ids point into; names are looked up per distinct id, not per row.  Every operation gives what the same operation
 on the rows as a list gives (report.py's list path, shares.whole_rows, shares.row_ratios, the --sort orders),
 sums included: they add in row order, as Python's do.
