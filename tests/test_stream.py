@@ -159,3 +159,40 @@ def test_streamed_report_writes_its_rows_from_columns(recording: Path, capsys: p
     monkeypatch.setattr(common, "return_freed_memory", lambda: freed.append(1))
     report([str(recording)], 1000, capsys, monkeypatch, streamed=True)
     assert seen == [RowTable] and freed
+
+
+def test_streamed_pieces_are_let_go_before_the_next_is_prepared(recording: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each piece's Analysis is freed before the next piece is prepared (two alive at once set the peak), and the
+    piece's rows are merged into the sums then, not beside it (docs/scale.md, "Third round")."""
+    import weakref
+
+    made: list[weakref.ref] = []
+    alive, pending = [], []
+
+    class Tracked(stream.Analysis):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    prepare = stream.prepare
+
+    def tracked_prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
+        alive.append(sum(r() is not None for r in made))
+        if made:
+            pending.append(len(an_rows[0]._pending))
+        return prepare(*args, **kwargs)
+
+    an_rows: list = []
+    init_rows = stream._Rows.__init__
+
+    def first_rows(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        init_rows(self, *args, **kwargs)
+        an_rows.append(self)  # the host rows are the first made
+
+    monkeypatch.setattr(stream, "Analysis", Tracked)
+    monkeypatch.setattr(stream, "prepare", tracked_prepare)
+    monkeypatch.setattr(stream._Rows, "__init__", first_rows)
+    an = StreamedAnalysis(scan(recording), piece_rows=1000)
+    assert an.pieces == len(alive) > 1 and set(alive) == {0} and set(pending) == {0}
+    assert an.host_rows is an_rows[0] and len(an.host_rows.all.codes)
