@@ -54,6 +54,7 @@ def test_row_table_rounds_sums_and_orders_as_the_rows() -> None:
     rows = some_rows()
     table = RowTable.of_rows(rows)
     assert table.rows() == rows
+    assert [type(r.samples) for r in table.rows()] == [type(r.samples) for r in rows]  # numpy floats stay so
     assert table.whole().rows() == whole_rows(rows)
     assert table.total() == sum(r.samples for r in rows)
     assert table.unresolved() == sum(r.samples for r in rows if r.kind is U)

@@ -40,7 +40,7 @@ class RowTable:
     pid: np.ndarray
     vm: np.ndarray
     kind: np.ndarray  # index in KINDS
-    numpy_samples: np.ndarray  # bool: Row.samples was a numpy float (JSON's ratio rounds as numpy does then)
+    numpy_samples: np.ndarray  # bool: Row.samples was a numpy number (JSON's ratio rounds as numpy does then)
     strings: np.ndarray  # object: str
 
     def __len__(self) -> int:
@@ -62,7 +62,7 @@ class RowTable:
                          column(r.process for r in rows),
                          np.array([-1 if r.pid is None else r.pid for r in rows], np.int32),
                          column(r.vm for r in rows), np.array([_INDEX[r.kind] for r in rows], np.int8),
-                         np.array([isinstance(r.samples, np.floating) for r in rows], bool), np.empty(0, object))
+                         np.array([isinstance(r.samples, np.generic) for r in rows], bool), np.empty(0, object))
         table.strings = object_array(list(ids))
         return table
 
@@ -89,11 +89,14 @@ class RowTable:
         return RowTable(*(getattr(self, f.name)[index] for f in fields(self)[:-1]), strings=self.strings)
 
     def rows(self) -> list[Row]:
-        """As Row objects (few rows: the filters' tests)."""
+        """As Row objects (the filters' tests, and the formats that take Rows)."""
         s = self.strings
+        samples = self.samples.tolist()
+        for i in np.flatnonzero(self.numpy_samples).tolist():
+            samples[i] = np.float64(samples[i])  # as the Row was: numpy rounds it (Row.to_json)
         return [Row(n, f, m, p or None, None if pid < 0 else pid, vm or None, KINDS[k], kern)
                 for n, f, m, p, pid, vm, k, kern in zip(
-                    self.samples.tolist(), s[self.func].tolist(), s[self.module].tolist(), s[self.process].tolist(),
+                    samples, s[self.func].tolist(), s[self.module].tolist(), s[self.process].tolist(),
                     self.pid.tolist(), s[self.vm].tolist(), self.kind.tolist(), self.kernel.tolist(), strict=True)]
 
     # -- what report.py does to a profile's rows ------------------------------------------------------------
