@@ -41,6 +41,10 @@ CASES = [[fmt, *level] for fmt in ("table", "json", "csv") for level in LEVELS] 
 # perf's row filters: their totals and ratios are of the rows kept (each row's kernel-mode samples), or of the level
 CASES += [["table", "-K"], ["table", "--vm", "web", "-U"], ["json", "--comm", "app", "--dso", "[kernel.kallsyms]"],
           ["csv", "--pid", "601,500", "--percentage", "absolute"], ["table", "--comm", "worker", "-U"]]
+# the --sort orders, --limit and --width, made from the rows as columns (analyse/row_table.py)
+CASES += [["table", "--sort", "process", "--width", "90"], ["json", "--sort", "function", "--limit", "7"],
+          ["csv", "--sort", "pid"], ["table", "--vm", "web", "--sort", "module", "--limit", "5"],
+          ["json", "--level", "guest", "--vm", "db", "--sort", "name"]]
 
 
 @pytest.mark.parametrize("case", CASES, ids=" ".join)
@@ -138,3 +142,54 @@ def test_sort_sched_is_numpys_order_of_records(case: str) -> None:
     ev["cpu"] = rng.integers(0, 64, n)
     ev["flags"] = rng.integers(0, 256, n)
     assert np.sort(ev, order="time_ns", kind="stable").tobytes() == sort_sched(ev).tobytes()
+
+
+def test_streamed_report_writes_its_rows_from_columns(recording: Path, capsys: pytest.CaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed table's rows reach the text as columns (a RowTable), not as a Row object each (docs/scale.md,
+    "Third round")."""
+    from vmprof_tui.analyse.row_table import RowTable
+    from vmprof_tui.show.formats import table
+
+    seen = []
+    parts = table.profile_parts
+    monkeypatch.setattr(table, "profile_parts", lambda p, *a: seen.append(type(p.rows)) or parts(p, *a))
+    report([str(recording)], 1000, capsys, monkeypatch, streamed=True)
+    assert seen == [RowTable]
+
+
+def test_streamed_pieces_are_let_go_before_the_next_is_prepared(recording: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each piece's Analysis is freed before the next piece is prepared (two alive at once set the peak), and the
+    piece's rows are merged into the sums then, not beside it (docs/scale.md, "Third round")."""
+    import weakref
+
+    made: list[weakref.ref] = []
+    alive, pending = [], []
+
+    class Tracked(stream.Analysis):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    prepare = stream.prepare
+
+    def tracked_prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
+        alive.append(sum(r() is not None for r in made))
+        if made:
+            pending.append(len(an_rows[0]._pending))
+        return prepare(*args, **kwargs)
+
+    an_rows: list = []
+    init_rows = stream._Rows.__init__
+
+    def first_rows(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        init_rows(self, *args, **kwargs)
+        an_rows.append(self)  # the host rows are the first made
+
+    monkeypatch.setattr(stream, "Analysis", Tracked)
+    monkeypatch.setattr(stream, "prepare", tracked_prepare)
+    monkeypatch.setattr(stream._Rows, "__init__", first_rows)
+    an = StreamedAnalysis(scan(recording), piece_rows=1000)
+    assert an.pieces == len(alive) > 1 and set(alive) == {0} and set(pending) == {0}
+    assert an.host_rows is an_rows[0] and len(an.host_rows.all.codes)

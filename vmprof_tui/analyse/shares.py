@@ -55,16 +55,17 @@ class Profile:
     duration_s: float
     lost_samples: int
     ratios: dict[str, float]
-    rows: list[Row]
+    rows: list[Row]  # or, in a report of a large recording, a row_table.RowTable (the same rows as columns)
     unresolved_samples: int = 0
     notes: list[str] = field(default_factory=list)
     virtual_samples: float | None = None  # of total_samples, made from the scheduler events (idle, steal)
 
     def __post_init__(self) -> None:
         if self.virtual_samples is None:
+            summed = getattr(self.rows, "virtual_samples", None)  # rows as columns (analyse/row_table.py)
             # most rows are functions: an identity test first (is_virtual hashes an Enum, a Python call)
-            self.virtual_samples = sum(r.samples for r in self.rows
-                                       if r.kind is not RowKind.FUNCTION and r.kind.is_virtual)
+            self.virtual_samples = summed() if summed is not None else sum(
+                r.samples for r in self.rows if r.kind is not RowKind.FUNCTION and r.kind.is_virtual)
 
     @property
     def shown_rows(self) -> list[Row]:
@@ -101,7 +102,7 @@ def row_ratios(level: str, rows: list[Row]) -> dict[str, float]:
             parts[kind] += r.samples
     keys = ["os", "user", "idle", "vm"] if level == "host" else ["os", "user", "idle", "steal"] + (
         ["halt_poll"] if "halt_poll" in parts else [])
-    return _percent([(k, parts[k]) for k in keys], sum(parts.values()))
+    return percent([(k, parts[k]) for k in keys], sum(parts.values()))
 
 
 def whole_rows(rows: list[Row]) -> list[Row]:
@@ -120,7 +121,7 @@ def whole_rows(rows: list[Row]) -> list[Row]:
             for r, n in zip(rows, whole.tolist(), strict=True)]
 
 
-def _percent(parts: list[tuple[str, float]], total: float) -> dict[str, float]:
+def percent(parts: list[tuple[str, float]], total: float) -> dict[str, float]:
     return {k: 100.0 * v / total if total else 0.0 for k, v in parts}
 
 
@@ -162,7 +163,7 @@ class GuestParts:
         parts = [("os", self.kernel), ("user", self.user), ("idle", virtual.get(IDLE_CAUSE, 0.0)), ("steal", steal)]
         if (RowKind.HALT_POLL, None) in virtual:
             parts.append(("halt_poll", virtual[(RowKind.HALT_POLL, None)]))
-        return _percent(parts, self.total)
+        return percent(parts, self.total)
 
     def steal_of_type(self, steal_type: int) -> float:
         return steal_of_type(self.virtual(), steal_type)
@@ -188,7 +189,7 @@ class HostParts:
         return self.kernel + self.user + self.idle + self.vm
 
     def ratios(self) -> dict[str, float]:
-        return _percent([("os", self.kernel), ("user", self.user), ("idle", self.idle), ("vm", self.vm)], self.total)
+        return percent([("os", self.kernel), ("user", self.user), ("idle", self.idle), ("vm", self.vm)], self.total)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import numpy as np
 from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.row_table import RowTable
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
 from vmprof_tui.analyse.timeline import SwitchContext
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
@@ -35,19 +36,38 @@ from vmprof_tui.resolve.resolver import Resolver
 PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory of a piece against its time)
 
 
-@dataclass
 class _Rows:
     """A profile's function rows summed so far: samples, and of them those in kernel mode (Row.kernel: the ratios
     of a filtered profile are made of it), by the resolver's name codes."""
-    all: RowCounts = field(default_factory=lambda: _empty_rows())
-    kernel: RowCounts = field(default_factory=lambda: _empty_rows())
+
+    def __init__(self, rows: RowCounts | None = None, kernel: RowCounts | None = None) -> None:
+        self._all = rows if rows is not None else _empty_rows()
+        self._kernel = kernel if kernel is not None else _empty_rows()
+        self._pending: list[tuple[RowCounts, RowCounts | None]] = []
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
-        # merged into the sums (no sort of them again: 150 pieces of a host of 900,000 rows); rows that cancel
-        # out (_add_idle) are dropped at the end (StreamedAnalysis._rows)
-        self.all = self.all.plus(rows)
-        if kernel is not None:
-            self.kernel = self.kernel.plus(kernel)
+        # kept aside until read or settled: merging copies the sums, which the loop does once the piece the rows
+        # came from is let go (its peak is then not the piece's plus the copy)
+        self._pending.append((rows, kernel))
+
+    def settle(self) -> None:
+        """The rows added so far merged into the sums (no sort of them again: 150 pieces of a host of 900,000
+        rows); rows that cancel out (_add_idle) are dropped at the end (StreamedAnalysis.row_columns)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._all = self._all.plus(RowCounts.combine([rows for rows, _kernel in pending]))
+            if kernels := [kernel for _rows, kernel in pending if kernel is not None]:
+                self._kernel = self._kernel.plus(RowCounts.combine(kernels))
+
+    @property
+    def all(self) -> RowCounts:
+        self.settle()
+        return self._all
+
+    @property
+    def kernel(self) -> RowCounts:
+        self.settle()
+        return self._kernel
 
     @staticmethod
     def joined(parts: list[_Rows]) -> _Rows:
@@ -162,6 +182,9 @@ class StreamedAnalysis:
             self.has_sched |= bool(len(piece.sched))
             snapshot = without_kallsyms  # parsed once, by the first piece
             self.pieces += 1
+            del an, part, sched, piece  # before the next piece is read and prepared, not once it is
+            for rows in [self.host_rows, *(v.rows for v in self.vcpus.values())]:
+                rows.settle()
 
     def _add(self, an: Analysis, lo: int) -> None:
         self.vm_index.update(an.vm_index)
@@ -246,13 +269,14 @@ class StreamedAnalysis:
     def _rows(self, summed: _Rows, vm: str | None, by_vm: bool = True) -> list[Row]:
         """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code
         (by_vm=False: by name code, as aggregate orders samples of one VM's processes, analyse/stream_stacks.py)."""
+        return self._table(summed, vm, by_vm).rows()
+
+    def _table(self, summed: _Rows, vm: str | None, by_vm: bool = True) -> RowTable:
+        """_rows as columns."""
         c = self.row_columns(summed, by_vm)
         if c is None:
-            return []
-        kinds = (RowKind.FUNCTION, RowKind.UNKNOWN)
-        return [Row(n, f, m, p or None, pid if pid >= 0 else None, vm, kinds[u], k) for n, f, m, p, pid, u, k in zip(
-            c.samples.tolist(), *(c.names(n).tolist() for n in ("func", "module", "process")), c.pid.tolist(),
-            c.unknown.tolist(), c.kernel.tolist(), strict=True)]
+            return RowTable.of_rows([])
+        return RowTable.of_functions(c.samples, c.kernel, c.ids, c.pid, c.unknown, vm, c.strings)
 
     def row_columns(self, summed: _Rows, by_vm: bool = True) -> RowColumns | None:
         """The rows _rows makes, in its order, as columns (the fleet's store writes them so: a window's guest
@@ -273,10 +297,13 @@ class StreamedAnalysis:
         return RowColumns(counts.counts[order], {c: names.ids(codes, c) for c in ("func", "module", "process")},
                           names.strings.array(), pids[order], names.unknown(codes), kernel[order])
 
-    def host_profile(self, cpu: int | None = None) -> Profile:
+    def host_profile(self, cpu: int | None = None, table: bool = False) -> Profile:
+        """table: its rows as a RowTable (a report's table, JSON and CSV), else as Rows."""
         if cpu is not None or self.level not in ("host", "all"):
             raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
-        rows = self._rows(self.host_rows, None) + self.other_rows()
+        rows: list[Row] | RowTable = self._table(self.host_rows, None).joined(RowTable.of_rows(self.other_rows()))
+        if not table:
+            rows = rows.rows()
         return Profile("host", None, None, self.host.total, self.duration_s, self.rec.lost_samples, self.host.ratios(),
                        rows, self.unresolved, list(self.notes))
 
@@ -285,7 +312,8 @@ class StreamedAnalysis:
         idle = [r for r in self.others.values() if r.kind is RowKind.CPU_IDLE and r.samples]
         return idle + sorted((r for r in self.others.values() if r.kind is RowKind.VM), key=lambda r: r.pid)
 
-    def guest_profile(self, vm: str, vcpu: int | None = None) -> Profile:
+    def guest_profile(self, vm: str, vcpu: int | None = None, table: bool = False) -> Profile:
+        """table: as host_profile's."""
         if vm not in self.vm_names():
             raise KeyError(vm)
         if self.level not in ("guest", "all") or self.vm not in (None, vm):
@@ -297,8 +325,10 @@ class StreamedAnalysis:
             parts.add(v.parts(self.period_ns))
         summed = _Rows.joined([v.rows for v in mine])
         counts = summed.all
-        rows = self._rows(summed, vm)
-        rows += [Row(n, *kind.label(vcpu=v), None, None, vm, kind) for (kind, v), n in parts.virtual().items()]
+        virtual = [Row(n, *kind.label(vcpu=v), None, None, vm, kind) for (kind, v), n in parts.virtual().items()]
+        rows: list[Row] | RowTable = self._table(summed, vm).joined(RowTable.of_rows(virtual))
+        if not table:
+            rows = rows.rows()
         unresolved = int(counts.counts[counts.names.unknown(counts.codes)].sum()) if counts.names is not None else 0
         notes = list(self.notes)
         if not self.has_sched:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.row_table import RowTable
 from vmprof_tui.analyse.shares import row_ratios, whole_rows
 from vmprof_tui.analyse.stream import StreamedAnalysis
 from vmprof_tui.cli.common import (
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             raise Failure(no_vm(an, args.recording, ": use --level host"))
         if len(vms) > 1 and fmt.ONE_PROFILE:
             raise Failure(f"the guest level of {args.format} output covers one VM: add --vm (one of {', '.join(vms)})")
-    profiles = [with_stack_notes(an, p, args.cpu) for p in _profiles(args, an, level)]
+    profiles = [with_stack_notes(an, p, args.cpu) for p in _profiles(args, an, level, args.format in ORDERED)]
     if filters:
         wholes: list[Profile | None] = [None] * len(profiles)
         if args.percentage == "absolute":  # of the level before the filters: -K/-U left samples out of `an`
@@ -142,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
                 argparse.Namespace(**{**vars(args), "hide_kernel": False, "hide_user": False}))
             wholes = list(_profiles(args, whole, level))
         profiles = [filtered(p, filters, w) for p, w in zip(profiles, wholes, strict=True)]
-    profiles = [dataclasses.replace(p, rows=whole_rows(p.rows)) for p in profiles]
+    profiles = [dataclasses.replace(p, rows=p.rows.whole() if isinstance(p.rows, RowTable) else whole_rows(p.rows))
+                for p in profiles]
     if note := simulated_note(an.rec.meta):  # vmprof record --lbr=simulate: its times are not measured ones
         profiles = [dataclasses.replace(p, notes=[note, *p.notes]) for p in profiles]
     inp = formats.ReportInput(an, profiles, vm=args.vm, vcpu=args.vcpu, cpu=args.cpu, sort=args.sort,
@@ -251,27 +253,36 @@ def row_filters(args: argparse.Namespace) -> Filters:
     return out
 
 
-def _profiles(args: argparse.Namespace, an: Analysis | StreamedAnalysis, level: str) -> list[Profile]:
-    """The profiles a report shows: the host's (or one CPU's), or each VM's asked for (or one vCPU's)."""
+def _profiles(args: argparse.Namespace, an: Analysis | StreamedAnalysis, level: str,
+              table: bool = False) -> list[Profile]:
+    """The profiles a report shows: the host's (or one CPU's), or each VM's asked for (or one vCPU's).  table:
+    a streamed analysis gives the rows as columns (row_table.RowTable: the formats that write rows)."""
+    kw = {"table": True} if table and isinstance(an, StreamedAnalysis) else {}
     if level == "host":
-        return [an.host_profile(args.cpu)]
-    return [an.guest_profile(vm, args.vcpu) for vm in ([args.vm] if args.vm else an.vm_names())]
+        return [an.host_profile(args.cpu, **kw)]
+    return [an.guest_profile(vm, args.vcpu, **kw) for vm in ([args.vm] if args.vm else an.vm_names())]
 
 
 def filtered(profile: Profile, filters: Filters, whole: Profile | None = None) -> Profile:
     """The profile with only the rows that pass.  Its totals, ratios and percentages are of the rows kept (perf's
     default, --percentage relative), or, given `whole` (the level without the filters), of the whole level
-    (--percentage absolute); the header says which."""
-    rows = [r for r in profile.rows if all(test(r) for _what, test in filters)]
+    (--percentage absolute); the header says which.  Rows as columns (RowTable) are filtered as columns."""
+    table = isinstance(profile.rows, RowTable)
+    tests = [test for _what, test in filters]
+    rows = profile.rows.passing(tests) if table else [r for r in profile.rows if all(t(r) for t in tests)]
     what = "rows only of " + "; ".join(what for what, _test in filters)
     if whole is not None:
         return dataclasses.replace(profile, rows=rows, total_samples=whole.total_samples, ratios=whole.ratios,
                                    unresolved_samples=whole.unresolved_samples, virtual_samples=whole.virtual_samples,
                                    notes=[*profile.notes, f"{what}: totals, ratios and percentages are of the whole "
                                                           "level (--percentage absolute)"])
-    unresolved = sum(r.samples for r in rows if r.kind is RowKind.UNKNOWN)
-    return dataclasses.replace(profile, rows=rows, total_samples=sum(r.samples for r in rows),
-                               ratios=row_ratios(profile.level, rows), unresolved_samples=int(round(unresolved)),
+    if isinstance(rows, RowTable):
+        unresolved, total, ratios = rows.unresolved(), rows.total(), rows.ratios(profile.level)
+    else:
+        unresolved = sum(r.samples for r in rows if r.kind is RowKind.UNKNOWN)
+        total, ratios = sum(r.samples for r in rows), row_ratios(profile.level, rows)
+    return dataclasses.replace(profile, rows=rows, total_samples=total, ratios=ratios,
+                               unresolved_samples=int(round(unresolved)),
                                virtual_samples=None,
                                notes=[*profile.notes, f"{what}: totals, ratios and percentages are of these rows "
                                                       "(--percentage absolute: of the whole level)"])

@@ -12,12 +12,13 @@ renderable, which is far slower on large profiles (docs/performance.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from operator import attrgetter
+from collections.abc import Callable, Iterator
 
+import numpy as np
 from rich.cells import cell_len, set_cell_size
 
-from vmprof_tui.analyse.shares import Profile, Row, process_name
+from vmprof_tui.analyse.row_table import RowTable, as_table, object_array
+from vmprof_tui.analyse.shares import Profile
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.show.formats import ReportInput
 from vmprof_tui.show.text import fill, wrap
@@ -46,18 +47,51 @@ def header(profile: Profile, cols: int | None = 80) -> list[str]:
 SORT_KEYS = ("samples", "process", "pid", "module", "function", "name")  # perf's sort keys; name = function
 
 
-def sort_rows(rows: list[Row], sort: str) -> list[Row]:
-    """Rows by samples (largest first), or grouped by process, pid, module or function (then by samples)."""
-    if sort in ("function", "name"):
-        return sorted(rows, key=lambda r: (demangle(r.function), r.module, r.process or "", -r.samples))
-    if sort == "process":
-        return sorted(rows, key=lambda r: (r.process or "", r.pid or 0, -r.samples, r.function))
-    if sort == "pid":
-        return sorted(rows, key=lambda r: (r.pid if r.pid is not None else -1, -r.samples, r.function))
-    if sort == "module":
-        return sorted(rows, key=lambda r: (r.module, -r.samples, r.function))
-    # two stable passes with plain keys: half the time of one pass with a tuple per row (260,000 rows)
-    return sorted(sorted(rows, key=attrgetter("function")), key=attrgetter("samples"), reverse=True)
+def ordered(profile: Profile, sort: str, limit: int | None) -> tuple[RowTable, np.ndarray]:
+    """The profile's rows as columns, and the index of the rows shown by samples (largest first, then by
+    function), or grouped by process, pid, module or function (then by samples); the first `limit`."""
+    rows = as_table(profile.rows)
+    shown = np.flatnonzero(rows.samples >= 0.5)
+    return rows, shown[rows.order(sort, shown)[:limit]]
+
+
+class Names:
+    """The texts of a column's keys (string ids, or process_key's), of the rows shown: rows are many, their
+    names fewer, so each is made once and the rows look theirs up a block at a time."""
+
+    def __init__(self, keys: np.ndarray, texts: list[str]) -> None:
+        self.keys, self.texts = keys, texts  # keys sorted, each once
+        self._array = object_array(texts)
+
+    def map(self, how: Callable[[str], str]) -> Names:
+        return Names(self.keys, [how(t) for t in self.texts])
+
+    def of(self, keys: np.ndarray) -> list[str]:
+        """The texts of these keys."""
+        return self._array[np.searchsorted(self.keys, keys)].tolist()
+
+
+def names(ids: np.ndarray, strings: np.ndarray) -> Names:
+    """The Names of a string column's ids."""
+    distinct = np.unique(ids)
+    return Names(distinct, strings[distinct].tolist())
+
+
+def process_key(rows: RowTable, at: np.ndarray) -> np.ndarray:
+    """A row's process and pid as one key."""
+    return (rows.process[at].astype(np.int64) << 32) | (rows.pid[at].astype(np.int64) + 1)
+
+
+def process_names(rows: RowTable, at: np.ndarray) -> Names:
+    """`name [pid]` of each process_key of these rows (shares.process_name; "" when it has none)."""
+    keys = np.unique(process_key(rows, at))
+    return Names(keys, [(f"{n} [{pid}]" if pid >= 0 else n) if n else "" for n, pid in zip(
+        rows.strings[keys >> 32].tolist(), ((keys & 0xFFFFFFFF) - 1).tolist(), strict=True)])
+
+
+def whole_samples(samples: np.ndarray) -> list[int]:
+    """int(round(s)) of each."""
+    return np.round(samples).astype(np.int64).tolist()
 
 
 CAPS = (9, 8, 24, 28)  # Samples, %Ratio, Process, Module: the widest each gets at a width
@@ -76,40 +110,38 @@ BLOCK = 16384  # rows laid out at once: a report can have a million rows, whose 
 
 def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = None,
                   cols: int | None = None) -> Iterator[str]:
-    """render_profile's text in parts, BLOCK rows each: the names are read twice (once to measure the columns, once
-    to lay them out) rather than all cells held at once."""
-    rows = sort_rows(profile.shown_rows, sort)[:limit]
+    """render_profile's text in parts, BLOCK rows each.  The rows are columns (row_table.RowTable); each
+    distinct name is measured and fitted to its column once."""
+    rows, index = ordered(profile, sort, limit)
     total = profile.total_samples or 1.0
-    processes: dict[tuple, str] = {}  # rows are many, their processes few
 
-    def columns(block: list[Row], names_only: bool = False) -> list[list[str]]:
-        names = [[processes.get((r.process, r.pid)) or processes.setdefault((r.process, r.pid), process_name(r) or "")
-                  for r in block], [r.module for r in block], [demangle(r.function) for r in block]]
-        if names_only:
-            return names
-        numbers = [[str(int(round(r.samples))) for r in block], [f"{100.0 * r.samples / total:.3f}" for r in block]]
-        return numbers + names
+    def numbers(at: np.ndarray) -> list[list[str]]:
+        return [list(map(str, whole_samples(rows.samples[at]))),
+                [f"{x:.3f}" for x in (100.0 * rows.samples[at] / total).tolist()]]
 
+    columns = [process_names(rows, index), names(rows.module[index], rows.strings),
+               names(rows.func[index], rows.strings).map(demangle)]
     plain = [True] * len(TITLES)  # then a cell's width is its length (the usual case)
     longest = [len(t) for t in TITLES]
-    if rows:  # the numbers' longest cells are those of the row with the most samples
-        most = max(rows, key=attrgetter("samples"))
-        longest[:2] = (max(a, len(b)) for a, b in zip(longest, columns([most])[:2], strict=False))
-    for at in range(0, len(rows), BLOCK):
-        for i, texts in enumerate(columns(rows[at:at + BLOCK], names_only=True), 2):
-            plain[i] = plain[i] and "".join(texts).isascii()  # ASCII texts measured before: their length is their width
-            longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, texts)))
+    if len(index):  # (Samples and %Ratio are as wide as their titles: a longer number is cut, docs/scale.md)
+        for i, c in enumerate(columns, 2):
+            plain[i] = "".join(c.texts).isascii()  # ASCII texts: their length is their width
+            longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, c.texts)))
     widths = longest if cols is None else column_widths(longest, cols)
+    process, module, function = (Names(c.keys, _fit_column(c.texts, w, p, right=False))
+                                  for c, w, p in zip(columns, widths[2:], plain[2:], strict=True))
 
     def lines(block: list[list[str]]) -> str:
-        fitted = [_fit_column(texts, w, p, right=i < 2)
-                  for i, (texts, w, p) in enumerate(zip(block, widths, plain, strict=True))]
-        return "".join("  ".join(row).rstrip() + "\n" for row in zip(*fitted, strict=True))
+        return "".join("  ".join(row).rstrip() + "\n" for row in zip(*block, strict=True))
 
     yield "\n".join(header(profile, cols)) + "\n"
-    yield lines([[t] for t in TITLES])
-    for at in range(0, len(rows), BLOCK):
-        yield lines(columns(rows[at:at + BLOCK]))
+    yield lines([_fit_column([t], w, p, right=i < 2) for i, (t, w, p) in enumerate(zip(TITLES, widths, plain,
+                                                                                         strict=True))])
+    for start in range(0, len(index), BLOCK):
+        at = index[start:start + BLOCK]
+        cells = [_fit_column(texts, w, True, right=True) for texts, w in zip(numbers(at), widths, strict=False)]
+        yield lines([*cells, process.of(process_key(rows, at)), module.of(rows.module[at]),
+                     function.of(rows.func[at])])
 
 
 def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:

@@ -1,0 +1,106 @@
+"""A profile's rows as columns (analyse/row_table.py) give what the rows as a list give: rounding to whole
+samples, filters, sums, ratios, the --sort orders, and the JSON and CSV text (a report of a large recording is
+made from the columns; the list is the reference)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from vmprof_tui.analyse.kinds import RowKind
+from vmprof_tui.analyse.row_table import RowTable
+from vmprof_tui.analyse.shares import Profile, Row, row_ratios, whole_rows
+from vmprof_tui.resolve.demangle import demangle
+from vmprof_tui.show.formats import ReportInput, csvfmt, jsonfmt
+from vmprof_tui.show.formats.table import SORT_KEYS
+
+F, U = RowKind.FUNCTION, RowKind.UNKNOWN
+
+
+def some_rows() -> list[Row]:
+    """Ties of samples and names, names out of ASCII and mangled, rows without a process or pid, the host's idle
+    task, unresolved rows, VM rows and fractional virtual rows (one a numpy float)."""
+    rows = [Row(5.0, "b", "libc.so.6", "app", 10, kernel=2.0), Row(5.0, "a", "libc.so.6", "app", 11),
+            Row(5.0, "a", "[kernel.kallsyms]", "app", 10, kernel=5.0), Row(3.0, "_ZN3foo3barEv", "x", "db", 7),
+            Row(3.0, "é_func", "mod\"ule", "wörker", 3, kernel=1.0), Row(2.0, "idle", "[kernel.kallsyms]", "swapper",
+                                                                          0, kernel=2.0),
+            Row(1.0, "[unknown]", "(guest RIP unknown)", None, None, "web", U), Row(0.4, "tiny", "m", "app", 10),
+            Row(7.0, "[web]", "(VM1)", "qemu", 500, "web", RowKind.VM),
+            Row(np.float64(2.5), "[idle]", "(cpu idle)", kind=RowKind.CPU_IDLE),
+            Row(0.6, "[steal]", "(outside)", None, None, "web", RowKind.STEAL_OUTSIDE),
+            Row(0.7, "[halt poll]", "(kvm)", None, None, "web", RowKind.HALT_POLL)]
+    rows += [Row(float(n % 4 + 1), f"f{n % 5}", "m", "app", 10 + n % 3, kernel=float(n % 2)) for n in range(20)]
+    return rows
+
+
+def reference_order(rows: list[Row], sort: str) -> list[Row]:
+    """The --sort orders as the report sorted Row objects."""
+    if sort in ("function", "name"):
+        return sorted(rows, key=lambda r: (demangle(r.function), r.module, r.process or "", -r.samples))
+    if sort == "process":
+        return sorted(rows, key=lambda r: (r.process or "", r.pid or 0, -r.samples, r.function))
+    if sort == "pid":
+        return sorted(rows, key=lambda r: (r.pid if r.pid is not None else -1, -r.samples, r.function))
+    if sort == "module":
+        return sorted(rows, key=lambda r: (r.module, -r.samples, r.function))
+    return sorted(sorted(rows, key=lambda r: r.function), key=lambda r: r.samples, reverse=True)
+
+
+def test_row_table_rounds_sums_and_orders_as_the_rows() -> None:
+    rows = some_rows()
+    table = RowTable.of_rows(rows)
+    assert table.rows() == rows
+    assert [type(r.samples) for r in table.rows()] == [type(r.samples) for r in rows]  # numpy floats stay so
+    assert table.whole().rows() == whole_rows(rows)
+    assert table.total() == sum(r.samples for r in rows)
+    assert table.unresolved() == sum(r.samples for r in rows if r.kind is U)
+    assert table.virtual_samples() == Profile("host", None, None, 1.0, 1.0, 0, {}, rows).virtual_samples
+    for level in ("host", "guest"):
+        assert table.ratios(level) == row_ratios(level, rows)
+        assert list(table.ratios(level)) == list(row_ratios(level, rows))
+    for sort in SORT_KEYS:
+        assert table.take(table.order(sort)).rows() == reference_order(rows, sort), sort
+
+
+def test_row_table_filters_as_the_rows() -> None:
+    rows = some_rows()
+    table = RowTable.of_rows(rows)
+    tests = [lambda r: r.process in ("app", None), lambda r: str(r.pid) in ("10", "None"),
+             lambda r: r.kind is RowKind.VM or (r.kind in (F, U) and not (r.vm is None and r.pid == 0))]
+    for some in ([tests[0]], tests[:2], tests[2:], tests):
+        want = [r for r in rows if all(t(r) for t in some)]
+        got = table.passing(some)
+        assert got.rows() == want
+        assert got.ratios("host") == row_ratios("host", want) and got.total() == sum(r.samples for r in want)
+
+
+def profile(rows: list[Row], total: float) -> Profile:
+    return Profile("guest", "web", 1, total, 2.0, 3, {"os": 50.0, "user": 50.0}, rows, 1, ["a \"rows\": [], note"])
+
+
+@pytest.mark.parametrize("total", [40.0, np.float64(40.0), 0.0])
+def test_json_rows_are_json_dumps_of_the_rows(total: float) -> None:
+    """Written a block at a time by hand, the JSON is json.dumps of the profile (rows in --sort order, numpy's
+    rounding of ratios where the total or a row's samples are numpy floats)."""
+    for rows in (some_rows(), []):
+        p = profile(rows, total)
+        for sort, limit in (("samples", None), ("module", 5)):
+            doc = p.to_json()
+            doc["rows"] = [r.to_json(total) for r in reference_order(p.shown_rows, sort)[:limit]]
+            assert jsonfmt.render_profile(p, sort, limit) == json.dumps(doc, indent=1) + "\n"
+
+
+def test_csv_rows_are_the_rows() -> None:
+    rows = some_rows()
+    p = profile(rows, 40.0)
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(csvfmt.COLUMNS)
+    for r in reference_order(p.shown_rows, "pid"):
+        w.writerow((p.level, r.vm or p.vm or "", p.vcpu, int(round(r.samples)), f"{100.0 * r.samples / 40.0:.3f}",
+                    demangle(r.function), r.module, r.process or "", "" if r.pid is None else r.pid))
+    assert csvfmt.render(ReportInput(None, [p], sort="pid")) == out.getvalue()  # type: ignore[arg-type]
