@@ -104,3 +104,17 @@ def test_csv_rows_are_the_rows() -> None:
         w.writerow((p.level, r.vm or p.vm or "", p.vcpu, int(round(r.samples)), f"{100.0 * r.samples / 40.0:.3f}",
                     demangle(r.function), r.module, r.process or "", "" if r.pid is None else r.pid))
     assert csvfmt.render(ReportInput(None, [p], sort="pid")) == out.getvalue()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cols", [None, 120])
+def test_table_numbers_wider_than_their_titles_are_whole(cols: int | None) -> None:
+    """A count of more samples than 'Samples' has letters and a ratio of 100.000 get columns wide enough for
+    them (they were cut with an ellipsis)."""
+    from vmprof_tui.show.formats.table import render_profile
+
+    rows = [Row(12_345_678.0, "main", "prog", "prog", 7, None, RowKind.FUNCTION, 0.0),
+            Row(3.0, "other", "prog", "prog", 7, None, RowKind.FUNCTION, 0.0)]
+    text = render_profile(profile(rows, 12_345_681.0), cols=cols)
+    top = next(line for line in text.splitlines() if "main" in line)
+    assert top.split()[:2] == ["12345678", "100.000"], top
+    assert "…" not in text

@@ -123,7 +123,9 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
                names(rows.func[index], rows.strings).map(demangle)]
     plain = [True] * len(TITLES)  # then a cell's width is its length (the usual case)
     longest = [len(t) for t in TITLES]
-    if len(index):  # (Samples and %Ratio are as wide as their titles: a longer number is cut, docs/scale.md)
+    if len(index):  # the numbers' longest cells are those of the row with the most samples
+        most = index[np.argmax(rows.samples[index])]
+        longest[:2] = (max(a, len(b[0])) for a, b in zip(longest[:2], numbers(np.array([most])), strict=True))
         for i, c in enumerate(columns, 2):
             plain[i] = "".join(c.texts).isascii()  # ASCII texts: their length is their width
             longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, c.texts)))
