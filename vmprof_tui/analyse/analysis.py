@@ -51,7 +51,7 @@ from vmprof_tui.record.bpf_records import (
 )
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.resolve.prepare import Prepared, prepare
-from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
+from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 
 def in_kernel(samples: np.ndarray) -> np.ndarray:
@@ -99,8 +99,22 @@ class Attribution:
 
 
 
+class _PerSample:
+    """A per-sample name column of an Analysis (func, module, process, proc_pid), made from its Resolved when first
+    read and kept (a streamed piece reads none of them)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, an: Analysis, owner: type | None = None) -> np.ndarray:
+        column = an.__dict__[self.name] = getattr(an._resolved, self.name)
+        return column
+
+
 class Analysis:
     """Everything derived from one recording (and the guest bundles that name its guests)."""
+
+    func, module, process, proc_pid = _PerSample(), _PerSample(), _PerSample(), _PerSample()
 
     def __init__(self, prepared: Prepared, shares_only: bool = False) -> None:
         """prepared: the recording's samples made ready by the resolve stage (resolve/prepare.py).
@@ -153,8 +167,8 @@ class Analysis:
         for name, code in self.vm_index.items():
             self.vm_name_of_code[code] = name
         guest = self.is_guest
-        self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
-        self.unresolved = self.func == UNKNOWN
+        self._resolved = g  # its per-sample names are made when first read (func, module, process, proc_pid)
+        self.unresolved = g.unresolved()
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
         self.in_vm = guest | arrays.member(s["pid"].astype(np.int64) << 32 | s["tid"], self.vcpus.keys())
