@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmprof_tui.record.bpf_records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
+from vmprof_tui.record.bpf_records import (
+    SAMPLE_DTYPE,
+    SAMPLE_GUEST,
+    SAMPLE_GUEST_KERNEL,
+    SAMPLE_GUEST_UNKNOWN,
+    SAMPLE_HOST_KERNEL,
+)
 from vmprof_tui.record.recording import load
 from vmprof_tui.resolve import _keytable, memo
 from vmprof_tui.resolve.prepare import learn_vms
@@ -71,6 +77,19 @@ def test_memo_resolves_every_kind_of_sample_as_the_numpy_path() -> None:
     assert np.array_equal(table.codes(samples[::-1], resolve), whole.name_code[::-1])
 
 
+def test_keys_made_from_the_records_are_sample_keys() -> None:
+    """lookup_samples makes each record's key in C: the same words as sample_keys (numpy) makes."""
+    _rec, samples = every_kind_of_sample(np.random.default_rng(9))
+    keys = memo.sample_keys(samples)
+    table = _keytable.KeyTable()
+    half = np.arange(0, len(samples), 2)
+    table.insert(*(k[half] for k in keys), ((keys[0] ^ keys[1] ^ keys[2])[half] >> np.uint64(1)).astype(np.int64))
+    by_records, by_keys = np.empty(len(samples), np.int64), np.empty(len(samples), np.int64)
+    missed = table.lookup_samples(samples.view(np.uint8), memo.record_layout(samples.dtype), by_records)
+    assert missed == table.lookup(*keys, by_keys) > 0
+    assert np.array_equal(by_records, by_keys)
+
+
 def test_memo_is_used_when_the_table_is_built() -> None:
     assert memo.new_memo() is not None  # tools/bootstrap.sh builds it (CI too): else streamed reports run slower
 
@@ -124,6 +143,18 @@ def test_key_table_never_crashes_on_hostile_arguments(seed: int) -> None:
         for call in (table.lookup, table.insert, _keytable.first):
             with contextlib.suppress(TypeError, ValueError, BufferError):
                 call(*args)
+    records = np.zeros(n, SAMPLE_DTYPE)
+    layout = memo.record_layout(records.dtype)
+    raw = records.view(np.uint8)
+    for bad_layout in [(0, *layout[1:]), (-8, *layout[1:]), (7, *layout[1:]), (*layout[:2], 10**6, *layout[3:]),
+                       (layout[0], -1, *layout[2:]), (*layout[:5], layout[0] - 7, *layout[6:]), layout[:3],
+                       (*layout[:6], -1, *layout[7:]), ("x", *layout[1:])]:
+        for out in (np.empty(n, np.int64), np.empty(n - 1, np.int64), readonly):
+            with contextlib.suppress(TypeError, ValueError, BufferError, OverflowError):
+                table.lookup_samples(raw, bad_layout, out)
+    for junk in (raw[:-3], raw[::2], b"", "abc", None, np.empty(n, np.int64)):
+        with contextlib.suppress(TypeError, ValueError, BufferError):
+            table.lookup_samples(junk, layout, np.empty(n, np.int64))
     with pytest.raises(ValueError, match="negative"):
         table.insert(*ok, np.full(n, -5, np.int64))
     with pytest.raises(ValueError, match="two values"):

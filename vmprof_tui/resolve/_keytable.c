@@ -189,6 +189,63 @@ static PyObject *keytable_insert(KeyTable *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* lookup_samples(records, layout, out): lookup of the keys of sample records (memo.sample_keys' three words, made
+   here from each record's fields: no key arrays).  records: the samples' bytes; layout: (record size, and the
+   offsets of flags (u16), pid (u32), host_ip, guest_ip and guest_cr3 (u64)), the CR3 mask, and the flag bits of a
+   guest sample, a host kernel one, a guest kernel one and a guest RIP unknown one. */
+static PyObject *keytable_lookup_samples(KeyTable *self, PyObject *args) {
+    Py_buffer rec, out;
+    Py_ssize_t size, off_flags, off_pid, off_host, off_guest, off_cr3;
+    unsigned long long cr3_mask;
+    unsigned int f_guest, f_host_kernel, f_guest_kernel, f_unknown;
+    if (!PyArg_ParseTuple(args, "y*(nnnnnnKIIII)w*", &rec, &size, &off_flags, &off_pid, &off_host, &off_guest,
+                          &off_cr3, &cr3_mask, &f_guest, &f_host_kernel, &f_guest_kernel, &f_unknown, &out))
+        return NULL;
+    const char *problem = NULL;
+    Py_ssize_t offsets[5] = {off_flags, off_pid, off_host, off_guest, off_cr3}, widths[5] = {2, 4, 8, 8, 8};
+    if (size <= 0 || rec.len % size != 0)
+        problem = "the records are not a whole number of records of that size";
+    for (int i = 0; i < 5 && problem == NULL; i++)
+        if (offsets[i] < 0 || offsets[i] > size - widths[i])
+            problem = "a field lies outside the record";
+    if (problem == NULL && out.len != 8 * (rec.len / size))
+        problem = "out must hold one 64-bit integer per record";
+    if (problem != NULL) {
+        PyBuffer_Release(&rec);
+        PyBuffer_Release(&out);
+        PyErr_Format(PyExc_ValueError, "KeyTable.lookup_samples: %s", problem);
+        return NULL;
+    }
+    Py_ssize_t n = rec.len / size, missing = 0;
+    const char *r = rec.buf;
+    for (Py_ssize_t i = 0; i < n; i++, r += size) {
+        uint16_t flags;
+        uint32_t pid;
+        uint64_t ip, cr3 = 0, kind;
+        memcpy(&flags, r + off_flags, 2);
+        memcpy(&pid, r + off_pid, 4);
+        if (flags & f_guest) {
+            if (flags & f_unknown) {
+                kind = 4, ip = 0;
+            } else {
+                kind = flags & f_guest_kernel ? 3 : 2;
+                memcpy(&ip, r + off_guest, 8);
+                memcpy(&cr3, r + off_cr3, 8);
+                cr3 &= cr3_mask;
+            }
+        } else {
+            kind = flags & f_host_kernel ? 1 : 0;
+            memcpy(&ip, r + off_host, 8);
+        }
+        int64_t value = find(self->slots, self->capacity, kind << 32 | pid, ip, cr3)->value;
+        memcpy((char *)out.buf + 8 * i, &value, 8);
+        missing += value == EMPTY;
+    }
+    PyBuffer_Release(&rec);
+    PyBuffer_Release(&out);
+    return PyLong_FromSsize_t(missing);
+}
+
 static Py_ssize_t keytable_len(KeyTable *self) { return self->used; }
 
 /* first(a, b, c, out): out[i] = the first position of key i's key in these arrays (a table of positions, freed
@@ -238,6 +295,8 @@ static PyMethodDef keytable_methods[] = {
     {"lookup", (PyCFunction)keytable_lookup, METH_VARARGS,
      "lookup(a, b, c, out): the value of each key (a[i], b[i], c[i]) into out[i], -1 where none; returns how many "
      "missed."},
+    {"lookup_samples", (PyCFunction)keytable_lookup_samples, METH_VARARGS,
+     "lookup_samples(records, layout, out): lookup of the keys of sample records (see the source)."},
     {"insert", (PyCFunction)keytable_insert, METH_VARARGS,
      "insert(a, b, c, values): store each key's value (not negative; a key stored before must have the same)."},
     {NULL, NULL, 0, NULL},

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAMPLE_GUEST_UNKNOWN, SAMPLE_HOST_KERNEL
-from vmprof_tui.resolve.bundle_format import normalise_cr3_array
+from vmprof_tui.resolve.bundle_format import CR3_ADDR_MASK, normalise_cr3_array
 
 try:
     from vmprof_tui.resolve import _keytable
@@ -46,6 +46,14 @@ def sample_keys(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return a, b, c
 
 
+def record_layout(dtype: np.dtype) -> tuple:
+    """What KeyTable.lookup_samples reads of a sample record to make sample_keys' words: the record's size, the
+    offsets of its fields, the CR3 mask and the flag bits."""
+    offset = {name: dtype.fields[name][1] for name in ("flags", "pid", "host_ip", "guest_ip", "guest_cr3")}
+    return (dtype.itemsize, *offset.values(), CR3_ADDR_MASK, SAMPLE_GUEST, SAMPLE_HOST_KERNEL, SAMPLE_GUEST_KERNEL,
+            SAMPLE_GUEST_UNKNOWN)
+
+
 class ResolveMemo:
     """The name code of every key resolved so far in one recording (one per streamed report: a key means the same
     only with that recording's processes, VMs and symbols)."""
@@ -56,12 +64,13 @@ class ResolveMemo:
     def codes(self, samples: np.ndarray, resolve: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The name code of each sample: from the table, and for the keys it misses resolve(the first sample of
         each, in order: the names new in them are numbered as among all the samples), which are then kept."""
-        keys = sample_keys(samples)
         codes = np.empty(len(samples), np.int64)
-        if not self.table.lookup(*keys, codes):
+        samples = np.ascontiguousarray(samples)
+        if len(samples) and not self.table.lookup_samples(samples.view(np.uint8), record_layout(samples.dtype),
+                                                          codes):
             return codes
         miss = np.flatnonzero(codes < 0)
-        missed = tuple(k[miss] for k in keys)
+        missed = sample_keys(samples[miss])
         first = np.empty(len(miss), np.int64)
         _keytable.first(*missed, first)
         is_first = first == np.arange(len(miss))
