@@ -70,11 +70,11 @@ class ResolveMemo:
                                                           codes):
             return codes
         miss = np.flatnonzero(codes < 0)
-        missed = sample_keys(samples[miss])
+        missed = sample_keys(np.take(samples, miss))  # take: fancy indexing copies records field by field
         first = np.empty(len(miss), np.int64)
         _keytable.first(*missed, first)
         is_first = first == np.arange(len(miss))
-        resolved = resolve(samples[miss[is_first]]).astype(np.int64, copy=False)
+        resolved = resolve(np.take(samples, miss[is_first])).astype(np.int64, copy=False)
         self.table.insert(*(k[is_first] for k in missed), resolved)
         rank = np.cumsum(is_first) - 1  # of a first sample: its place among them
         codes[miss] = resolved[rank[first]]
