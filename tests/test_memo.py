@@ -172,11 +172,11 @@ def test_key_table_never_crashes_on_hostile_arguments(seed: int) -> None:
 def test_key_table_is_bounded() -> None:
     """Past its size it stores no more keys (they miss, and the numpy path resolves them), and never fails."""
     table = _keytable.KeyTable()
-    size = (1 << 20) + 5000
+    size = _keytable.MAX_ENTRIES + 5000
     keys = np.arange(size, dtype=np.uint64)
     zeros = np.zeros(size, np.uint64)
     table.insert(keys, zeros, zeros, np.arange(size, dtype=np.int64))
-    assert len(table) == 1 << 20
+    assert len(table) == _keytable.MAX_ENTRIES
     out = np.empty(size, np.int64)
     assert table.lookup(keys, zeros, zeros, out) == 5000
-    assert out[:10].tolist() == list(range(10)) and (out[1 << 20:] == -1).all()
+    assert out[:10].tolist() == list(range(10)) and (out[_keytable.MAX_ENTRIES:] == -1).all()

@@ -37,6 +37,7 @@ from vmprof_tui.record import recording as fmt
 from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
 from vmprof_tui.record.stream import Piece, Scanned, _ordered_sched, _read_group, pieces
+from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
@@ -124,7 +125,7 @@ class StreamedSteal:
         self.notes: dict[str, None] = {}
         self.pieces = 0
         times = [int(sched["time_ns"][0]), int(sched["time_ns"][-1])] if len(sched) else []
-        resolver = Resolver()
+        resolver, memo = Resolver(), new_memo()
         snapshot, processes = rec.snapshot, rec.processes()
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
         for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end))):
@@ -133,7 +134,8 @@ class StreamedSteal:
                 raise WholeNeeded("samples out of order across pieces")
             part = Recording(rec.path, rec.meta, piece.samples, sched[:0], snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
-            prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True)
+            prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True,
+                               memo=memo)
             if prepared.vms.by_pid != self.vms.by_pid or prepared.vms.vcpu_of_tid != self.vms.vcpu_of_tid:
                 raise WholeNeeded("a VM or vCPU thread that the VM list does not name")
             self._add(Analysis(prepared, shares_only=True), prepared.names, early, piece.hi, last)

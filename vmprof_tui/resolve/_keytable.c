@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define EMPTY (-1)
-#define MAX_ENTRIES (1 << 20) /* 64 MB of slots at most */
+#define MAX_ENTRIES (1 << 19) /* 32 MB of slots at most */
 
 typedef struct {
     uint64_t a, b, c;
@@ -326,6 +326,10 @@ PyMODINIT_FUNC PyInit__keytable(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddIntConstant(m, "MAX_ENTRIES", MAX_ENTRIES) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&KeyTableType);
     if (PyModule_AddObject(m, "KeyTable", (PyObject *)&KeyTableType) < 0) {
         Py_DECREF(&KeyTableType);
