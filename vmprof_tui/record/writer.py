@@ -48,9 +48,9 @@ class WriteFailed(RecordingError):
         self.error = error
 
 
-# codec "auto": the tables of a recording's first million samples in zlib, the rest in zstd.  A report inflates zstd
-# at a third of zlib's cost, but reads it through pyarrow, whose import costs more than zlib below about a million
-# samples (docs/scale.md).
+# codec "auto": the tables of a recording's first 2^20 samples in zlib, the rest in zstd.  A report inflates zstd
+# faster than zlib, but reads it through pyarrow, whose import costs more than that saves on a smaller recording
+# (the figures: docs/scale.md).
 ZSTD_AFTER_SAMPLES = 1 << 20
 
 

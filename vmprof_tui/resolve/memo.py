@@ -3,10 +3,10 @@
 What a sample resolves to (resolver.py) is a function of a few of its fields: its kind (host user, host kernel,
 guest user, guest kernel, guest RIP unknown), its pid (the host process, or the VMM and so the VM), its address,
 and in a guest its address space (CR3).  Within one recording the processes' snapshots, the VM list, kallsyms and
-the guest bundles do not change, so a key resolves to the same name code in every piece.  Pieces of a real
-recording hit the same few tens of thousands of keys again and again: the memo keeps each key's name code in a
-hash table (_keytable.c, built by tools/bootstrap.sh) and only the samples whose key it has not seen are resolved
-by the numpy path, in the order they came, so new names are numbered as without the memo.
+the guest bundles do not change, so a key resolves to the same name code in every piece.  The pieces of a
+recording hit the same keys again and again: the memo keeps each key's name code in a hash table (_keytable.c,
+built by tools/bootstrap.sh), and only the first sample of each key it has not seen is resolved by the numpy
+path, in the order they came, so new names are numbered as without the memo.
 
 Without the compiled table (a tree not built) there is no memo, and every piece is resolved whole, as before.
 """
