@@ -8,7 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synth import busy_recording
 
+from vmprof_tui.analyse import stream
+from vmprof_tui.cli import main
 from vmprof_tui.record.bpf_records import (
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
@@ -88,6 +91,25 @@ def test_keys_made_from_the_records_are_sample_keys() -> None:
     missed = table.lookup_samples(samples.view(np.uint8), memo.record_layout(samples.dtype), by_records)
     assert missed == table.lookup(*keys, by_keys) > 0
     assert np.array_equal(by_records, by_keys)
+
+
+@pytest.mark.parametrize("level", [[], ["--vm", "web"]], ids=["host", "vm"])
+def test_streamed_report_with_the_memo_is_the_report_without_it(tmp_path: Path, level: list[str],
+                                                                capsys: pytest.CaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A synthetic recording in pieces of 1,000 samples (synth.busy_recording: host and guest samples, VMs whose
+    vCPUs run, halt and are preempted), reported with the memo and by the numpy path alone."""
+    rec = busy_recording(tmp_path / "busy.vmprof", 6.0)
+    monkeypatch.setattr(stream, "PIECE_ROWS", 1000)
+    memos: list = []
+    monkeypatch.setattr(stream, "new_memo", lambda: memos.append(memo.new_memo()) or memos[-1])
+    outputs = []
+    for _with_memo in (True, False):
+        assert main(["report", str(rec), "--format", "json", *level]) == 0
+        outputs.append(capsys.readouterr().out)
+        monkeypatch.setattr(stream, "new_memo", lambda: None)
+    assert outputs[0] == outputs[1] and len(outputs[0]) > 1000
+    assert len(memos) == 1 and len(memos[0].table) >= 10  # the first report went through the memo
 
 
 def test_memo_is_used_when_the_table_is_built() -> None:
