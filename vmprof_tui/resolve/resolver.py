@@ -207,6 +207,14 @@ class RowNames:
         return self.strings.array()[self._columns[column][codes]]
 
 
+def _column(name: str, strings: bool = False) -> property:
+    """A per-sample column of Resolved: RowNames' column `name` of each sample's code (as strings: the names)."""
+    def read(resolved: Resolved) -> np.ndarray:
+        of = resolved.names.strings_of if strings else resolved.names.ids
+        return of(resolved.name_code, name)
+    return property(read)
+
+
 @dataclass
 class Resolved:
     """Per-sample names as NameCodes (`name_code`), read from the resolver's names of each code (`names`): the
@@ -215,29 +223,8 @@ class Resolved:
     name_code: np.ndarray
     names: RowNames
 
-    @property
-    def func(self) -> np.ndarray:
-        return self.names.strings_of(self.name_code, "func")
-
-    @property
-    def module(self) -> np.ndarray:
-        return self.names.strings_of(self.name_code, "module")
-
-    @property
-    def process(self) -> np.ndarray:
-        return self.names.strings_of(self.name_code, "process")
-
-    @property
-    def proc_pid(self) -> np.ndarray:
-        return self.names.ids(self.name_code, "pid")
-
-    @property
-    def proc_code(self) -> np.ndarray:
-        return self.names.ids(self.name_code, "proc_code")
-
-    @property
-    def process_name_code(self) -> np.ndarray:
-        return self.names.ids(self.name_code, "process_name_code")
+    func, module, process = (_column(c, strings=True) for c in ("func", "module", "process"))
+    proc_pid, proc_code, process_name_code = (_column(c) for c in ("pid", "proc_code", "process_name_code"))
 
     def unresolved(self) -> np.ndarray:
         """Whether each sample's function is unresolved."""
