@@ -13,6 +13,8 @@ perf.data recorded at the same time.
 Usage:
   python benchmarks/scale.py make OUT --cpus 64 --vms 20 --vcpus 4 --seconds 60 --rate 1000
   python benchmarks/scale.py demo DIR [--seconds 30 --rate 10000]   (root: steal3 demo, vmprof + perf)
+  python benchmarks/scale.py zstd REC OUT   a copy of REC with its tables past 2^20 samples in zstd, as
+        `vmprof record` writes them since (a recording made before: the codecs compared on the same samples)
   python benchmarks/scale.py time REC [--perf-data P] [--baseline SRC] [--vm NAME] [--repeat 3]
   python benchmarks/scale.py top REC [--baseline SRC]      replayed refresh of every screen
   python benchmarks/scale.py poll REC [--baseline SRC] [--window 10]   a refresh without Textual: the poll, the
@@ -39,6 +41,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -591,6 +594,28 @@ def scan_chunks(rec: Path) -> list:
     return scanned.chunks
 
 
+def as_recorded_now(src: Path, out: Path) -> None:
+    """A copy of a recording whose sample and sched tables past the first ZSTD_AFTER_SAMPLES samples are zstd, as
+    `vmprof record` writes them since (the 5M demo recording was made before; docs/scale.md)."""
+    from vmprof_tui.record import recording as fmt
+    from vmprof_tui.record.stream import DTYPES
+    from vmprof_tui.record.writer import ZSTD_AFTER_SAMPLES
+
+    data = src.read_bytes()
+    pos = len(fmt.MAGIC) + 2
+    parts, samples = [data[:pos]], 0
+    while pos < len(data):
+        magic, kind, res, length, _crc = fmt.CHUNK_HEADER.unpack_from(data, pos)
+        payload = data[pos + fmt.CHUNK_HEADER.size:pos + fmt.CHUNK_HEADER.size + length]
+        pos += fmt.CHUNK_HEADER.size + length
+        if kind in DTYPES and samples >= ZSTD_AFTER_SAMPLES:
+            payload = fmt.encode_table(fmt._decode_table(payload, DTYPES[kind]), codec="zstd")
+        samples += fmt._table_rows(payload, DTYPES[kind]) if kind == fmt.SAMPLES else 0
+        parts.append(fmt.CHUNK_HEADER.pack(magic, kind, res, len(payload), zlib.crc32(payload)) + payload)
+    out.write_bytes(b"".join(parts))
+    print(f"{out}: {samples} samples, {out.stat().st_size >> 20} MB")
+
+
 def demo(out: Path, seconds: float, rate: int) -> None:
     """vmprof record and perf kvm record side by side while the steal3 demo runs (root)."""
     from vmprof_tui.demo import runner
@@ -621,6 +646,9 @@ def main() -> int:
                           ("guest-procs", 30)):
         m.add_argument(f"--{name}", type=int, default=default)
     m.add_argument("--seconds", type=float, default=60.0)
+    z = sub.add_parser("zstd", help="a copy of REC with its tables past 2^20 samples in zstd, as record writes now")
+    z.add_argument("rec", type=Path)
+    z.add_argument("out", type=Path)
     d = sub.add_parser("demo")
     d.add_argument("out", type=Path)
     d.add_argument("--seconds", type=float, default=30.0)
@@ -654,6 +682,8 @@ def main() -> int:
         info = make(args.out, args.cpus, args.vms, args.vcpus, args.seconds, args.rate, args.host_procs,
                     args.guest_procs)
         print(f"{args.out}: {info['samples']} samples, {info['sched']} sched events, {info['bytes'] >> 20} MB")
+    elif args.cmd == "zstd":
+        as_recorded_now(args.rec, args.out)
     elif args.cmd == "demo":
         demo(args.out, args.seconds, args.rate)
     elif args.cmd == "time":

@@ -13,7 +13,8 @@ kver=$(uname -r)
 # golang-go and npm: the consumers the output tests load vmprof's files with (go tool pprof, speedscope's schema);
 # linux-perf: the reference the call-stack tests compare host chains with (perf record -g)
 # busybox-static and the static -dev libraries: the real programs the demo guest kernel runs (docs/demo.md)
-pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus golang-go linux-perf
+# libpython3-dev: Python.h, for the one C extension (vmprof_tui/resolve/_keytable.c, built below)
+pkgs=(python3-bpfcc bpftool gcc libc6-dev make python3-venv tmux prometheus golang-go linux-perf libpython3-dev
       busybox-static libquantum-dev zlib1g-dev liblzma-dev libsqlite3-dev liblua5.4-dev)
 command -v npm >/dev/null || pkgs+=(npm)  # a nodejs package may bring its own npm
 [ -e "/lib/modules/$kver/build/Makefile" ] || pkgs+=(linux-headers-amd64)
@@ -53,7 +54,13 @@ fi
 say "installing vmprof and its test dependencies into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./guest \
   || die "pip install failed (is PyPI reachable?)"
-.venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual, distributed, pyarrow, duckdb, prometheus_client, cxxfilt, textual_plotext' \
+# the memo of streamed reports (resolve/memo.py): without it they run the numpy path alone, to the same output
+say "building vmprof_tui/resolve/_keytable (gcc)"
+py_include=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+ext_suffix=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+gcc -O2 -Wall -Wextra -Werror -shared -fPIC -I"$py_include" vmprof_tui/resolve/_keytable.c \
+  -o "vmprof_tui/resolve/_keytable$ext_suffix" || die "gcc could not build vmprof_tui/resolve/_keytable.c"
+.venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual, distributed, pyarrow, duckdb, prometheus_client, cxxfilt, textual_plotext, vmprof_tui.resolve._keytable' \
   || die "the venv cannot import its dependencies"
 # speedscope's file-format schema (the npm package ships it), for tests/test_outputs.py; project-local, git-ignored
 if [ ! -e .cache/npm/node_modules/speedscope/dist/release/file-format-schema.json ]; then

@@ -51,7 +51,7 @@ from vmprof_tui.record.bpf_records import (
 )
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.resolve.prepare import Prepared, prepare
-from vmprof_tui.resolve.resolver import UNKNOWN, Resolved, Resolver
+from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 
 def in_kernel(samples: np.ndarray) -> np.ndarray:
@@ -99,8 +99,22 @@ class Attribution:
 
 
 
+class _PerSample:
+    """A per-sample name column of an Analysis (func, module, process, proc_pid), made from its Resolved when first
+    read and kept (a streamed piece reads none of them)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, an: Analysis, owner: type | None = None) -> np.ndarray:
+        column = an.__dict__[self.name] = getattr(an._resolved, self.name)
+        return column
+
+
 class Analysis:
     """Everything derived from one recording (and the guest bundles that name its guests)."""
+
+    func, module, process, proc_pid = _PerSample(), _PerSample(), _PerSample(), _PerSample()
 
     def __init__(self, prepared: Prepared, shares_only: bool = False) -> None:
         """prepared: the recording's samples made ready by the resolve stage (resolve/prepare.py).
@@ -144,20 +158,23 @@ class Analysis:
         """The per-sample names as the analysis groups them: VM codes, and (unless only shares are asked for) the
         dense keys of profile rows."""
         s = self.samples
+        pid = s["pid"].astype(np.int64)
         vmm_pids = np.array(sorted(self.vm_by_pid), np.int64)
-        at = np.searchsorted(vmm_pids, s["pid"]).clip(0, max(len(vmm_pids) - 1, 0))
-        is_vmm = vmm_pids[at] == s["pid"] if len(vmm_pids) else np.zeros(len(s), bool)
+        at = np.searchsorted(vmm_pids, pid).clip(0, max(len(vmm_pids) - 1, 0))
+        is_vmm = vmm_pids[at] == pid if len(vmm_pids) else np.zeros(len(s), bool)
         names = [self.vm_by_pid[p] for p in vmm_pids.tolist()]
         self.vm_code = np.where(is_vmm, np.array([self.vm_index[n] for n in names] + [0], np.int32)[at], 0)
         self.vm_name_of_code = np.full(max(self.vm_index.values(), default=0) + 1, "", object)  # 0: no VM
         for name, code in self.vm_index.items():
             self.vm_name_of_code[code] = name
         guest = self.is_guest
-        self.func, self.module, self.process, self.proc_pid = g.func, g.module, g.process, g.proc_pid
-        self.unresolved = self.func == UNKNOWN
+        self._resolved = g  # its per-sample names are made when first read (func, module, process, proc_pid)
+        self.unresolved = g.unresolved()
         # What a VM's host-level row counts: the time its vCPU threads held a CPU (guest code, and KVM and
         # the VMM working on the vCPU's behalf).  Other VMM threads are ordinary host rows.
-        self.in_vm = guest | arrays.member(s["pid"].astype(np.int64) << 32 | s["tid"], self.vcpus.keys())
+        self.in_vm = guest.copy()
+        vmm = np.flatnonzero(is_vmm & ~guest)  # a vCPU thread is a VMM's
+        self.in_vm[vmm] = arrays.member(pid[vmm] << 32 | s["tid"][vmm], self.vcpus.keys())
         # a live chunk's summary groups its samples by name code and needs no keys (made if something asks)
         self._codes = g
         if not self.shares_only:
@@ -299,11 +316,17 @@ class Analysis:
             idle_ns = self.cpu_idle_ns()
             # idle from the sched events replaces the idle samples of a CPU that switched to or from idle; a CPU
             # with no such switch (idle throughout, or never idle) keeps its idle samples
-            host &= ~((s["pid"] == 0) & np.isin(s["cpu"], list(idle_ns)))
+            idle_task = s["pid"] == 0
+            if idle_ns:
+                replaced = np.zeros(1 << 16, bool)  # by CPU (u16)
+                replaced[list(idle_ns)] = True
+                at = np.flatnonzero(idle_task)
+                host[at[replaced[s["cpu"][at]]]] = False
             idle_virtual = sum(v for c, v in idle_ns.items() if cpu is None or c == cpu) / self.period_ns
-            idle = host & (s["pid"] == 0)
-            kernel = np.count_nonzero(host & ~idle & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
-            user = np.count_nonzero(host & ~idle & ((s["flags"] & SAMPLE_HOST_KERNEL) == 0))
+            idle = host & idle_task
+            busy = host & ~idle
+            kernel = np.count_nonzero(busy & ((s["flags"] & SAMPLE_HOST_KERNEL) != 0))
+            user = np.count_nonzero(busy) - kernel
             parts = HostParts(float(kernel), float(user), idle_virtual + np.count_nonzero(idle),
                               float(np.count_nonzero(guest)))
             self._host_share_cache[cpu] = _HostShares(sel, host, guest, idle_virtual, parts)

@@ -30,6 +30,7 @@ from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
 from vmprof_tui.record.stream import Scanned, pieces
+from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolver
 
@@ -165,13 +166,14 @@ class StreamedAnalysis:
         without_kallsyms = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}
         snapshot = rec.snapshot if resolver.kallsyms is None else without_kallsyms
         processes = rec.processes()  # the same in every piece
+        memo = new_memo()  # so is what a sample's key resolves to
         for piece in pieces(scanned, piece_rows, lambda first, last: recording_end(first, last, rec.end)):
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
             part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
-                                  sched_in_order=True),
+                                  sched_in_order=True, memo=memo),
                           shares_only=shares_only)
             if any(listed.get(tid) != vcpu for tid, vcpu in an.vcpu_of_tid.items()):
                 raise WholeNeeded("a vCPU thread that the VM list does not name")

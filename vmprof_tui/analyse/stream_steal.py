@@ -36,6 +36,7 @@ from vmprof_tui.collect import backends
 from vmprof_tui.record.bpf_records import SCHED_DTYPE, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
 from vmprof_tui.record.stream import Piece, Scanned, pieces, read_sched, sample_tables
+from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
@@ -115,7 +116,7 @@ class StreamedSteal:
         self.timelines = self._timelines(scanned, piece_rows)
         self.notes: dict[str, None] = {}
         self.pieces = 0
-        resolver = Resolver()
+        resolver, memo = Resolver(), new_memo()
         snapshot, processes = rec.snapshot, rec.processes()
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
         no_sched = np.empty(0, SCHED_DTYPE)
@@ -125,7 +126,8 @@ class StreamedSteal:
                 raise WholeNeeded("samples out of order across pieces")
             part = Recording(rec.path, rec.meta, piece.samples, no_sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
-            prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True)
+            prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True,
+                               memo=memo)
             if prepared.vms.by_pid != self.vms.by_pid or prepared.vms.vcpu_of_tid != self.vms.vcpu_of_tid:
                 raise WholeNeeded("a VM or vCPU thread that the VM list does not name")
             self._add(Analysis(prepared, shares_only=True), prepared.names, piece.hi, last)

@@ -57,7 +57,7 @@ class Recorder:
         session = self.session
         if session.vm_names:
             session.check_vm_names()  # before the file is created
-        self.writer = Writer(self.out, session.meta(), self.keep_old)
+        self.writer = Writer(self.out, session.meta(), self.keep_old, codec="auto")
         try:
             session.start()
         except Exception:

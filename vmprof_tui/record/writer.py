@@ -48,6 +48,12 @@ class WriteFailed(RecordingError):
         self.error = error
 
 
+# codec "auto": the tables of a recording's first 2^20 samples in zlib, the rest in zstd.  A report inflates zstd
+# faster than zlib, but reads it through pyarrow, whose import costs more than that saves on a smaller recording
+# (the figures: docs/scale.md).
+ZSTD_AFTER_SAMPLES = 1 << 20
+
+
 class Writer:
     """Appends chunks; every flush() is fsynced so a killed recorder loses at most the unflushed part.  The file
     is created 0600 and never through a planted link; one already at `path` is replaced, or with `keep_old`
@@ -55,9 +61,11 @@ class Writer:
 
     def __init__(self, path: Path, meta: dict, keep_old: bool = False, codec: str = "zlib") -> None:
         """codec: of the sample and sched chunks, zlib or zstd (the agent's windows: much faster to write, as
-        small, docs/fleet.md; readers since the user-stack copies' zstd read either, as each chunk's header says)."""
+        small, docs/fleet.md; readers since the user-stack copies' zstd read either, as each chunk's header says),
+        or auto (`vmprof record`): zlib for the first ZSTD_AFTER_SAMPLES samples, zstd after them."""
         self.path = Path(path)
         self.codec = codec
+        self.samples_written = 0
         try:
             self.file, self.old, self.created = files.open_recording(self.path, keep_old)
         except OSError as e:
@@ -116,11 +124,13 @@ class Writer:
         self._pending_samples, self._pending_sched = [], []
         tables = [(kind, part) for pair in time_pieces(samples, sched)
                   for kind, part in zip((SAMPLES, SCHED), pair, strict=True) if part is not None and len(part)]
+        codec = self.codec if self.codec != "auto" else "zstd" if self.samples_written >= ZSTD_AFTER_SAMPLES else "zlib"
+        self.samples_written += len(samples) if samples is not None else 0
         if len(tables) > 2:  # a window's tables in pieces: compressed two at a time (zstd and zlib let threads run)
             with ThreadPoolExecutor(2) as pool:
-                payloads = list(pool.map(lambda kt: encode_table(kt[1], codec=self.codec), tables))
+                payloads = list(pool.map(lambda kt: encode_table(kt[1], codec=codec), tables))
         else:
-            payloads = [encode_table(t, codec=self.codec) for _kind, t in tables]
+            payloads = [encode_table(t, codec=codec) for _kind, t in tables]
         for (kind, _table), payload in zip(tables, payloads, strict=True):
             self.chunk(kind, payload)
         if self._pending_stacks:

@@ -18,6 +18,7 @@ from vmprof_tui import arrays
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import Recording
 from vmprof_tui.record.stream import sort_sched
+from vmprof_tui.resolve.memo import ResolveMemo
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 
@@ -100,14 +101,16 @@ class Prepared:
 def prepare(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolver: Resolver | None = None,
             time_range: tuple[float, float] | None = None, resolved: Resolved | None = None,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
-            span_ns: tuple[int, int] | None = None, sched_in_order: bool = False) -> Prepared:
+            span_ns: tuple[int, int] | None = None, sched_in_order: bool = False,
+            memo: ResolveMemo | None = None) -> Prepared:
     """resolver: symbol sources kept across analyses (the live screen's windows share one);
     time_range: (from, to) in seconds after the first record; only that span is kept.
     resolved: names of rec.samples already resolved (the live screen resolves each new chunk once).
     keep: a mask of the samples to analyse (`report -K/-U`); the timelines and durations are unchanged.
     span_ns: [lo, hi) on the host clock that timelines, blanks and idle are cut to, with the samples as given
     (a chunk of the live screen, whose sched events begin with what came before it: SwitchContext).
-    sched_in_order: rec.sched is in the order given here already (by time, ties by the other fields)."""
+    sched_in_order: rec.sched is in the order given here already (by time, ties by the other fields).
+    memo: the keys resolved in the recording's pieces before (memo.py)."""
     t = rec.samples["time_ns"]
     if np.all(t[1:] >= t[:-1]):  # the live screen's window usually is
         samples, given = rec.samples, resolved
@@ -143,5 +146,5 @@ def prepare(rec: Recording, guest_bundles: dict[str, Path] | None = None, resolv
     resolver.objects.add_tables(rec.object_tables)
     notes += resolver.load_guests(vms.by_pid.values(), guest_bundles or {}, rec.bundles)
     if given is None:
-        given = resolver.resolve(samples, rec.processes(), vms.by_pid, rec.kallsyms(), notes)
+        given = resolver.resolve(samples, rec.processes(), vms.by_pid, rec.kallsyms(), notes, memo)
     return Prepared(rec, samples, switches, wake_events, span, range_ns, is_guest, vms, resolver, given, notes)

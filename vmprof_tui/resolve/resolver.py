@@ -19,7 +19,7 @@ the same code.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ from vmprof_tui.record.bpf_records import SAMPLE_GUEST, SAMPLE_GUEST_KERNEL, SAM
 from vmprof_tui.resolve import spaces
 from vmprof_tui.resolve.bundle_format import normalise_cr3_array
 from vmprof_tui.resolve.elf import ET_EXEC, ElfSymbols
+from vmprof_tui.resolve.memo import ResolveMemo
 from vmprof_tui.resolve.spaces import (
     MAX_SPACES,
     USER_LIMIT,
@@ -171,11 +172,11 @@ class StringTable:
 
 class RowNames:
     """The names of every name code (NameCodes) given so far: function, module and process as StringTable ids, the
-    code of the process name and the pid, as arrays by code.  What the live screen's row sums carry is codes and
-    counts only; names are looked up here for the rows a screen shows (names per row merged every second were most of
-    summing a 64-CPU window)."""
+    code of the process name, the pid and the code of the process and pid, as arrays by code.  What the live screen's
+    row sums carry is codes and counts only; names are looked up here for the rows a screen shows (names per row
+    merged every second were most of summing a 64-CPU window)."""
 
-    FIELDS = ("func", "module", "process", "process_name_code", "pid")
+    FIELDS = ("func", "module", "process", "process_name_code", "pid", "proc_code")
 
     def __init__(self, strings: StringTable) -> None:
         self.strings = strings
@@ -206,24 +207,37 @@ class RowNames:
         return self.strings.array()[self._columns[column][codes]]
 
 
+def _column(name: str, strings: bool = False) -> property:
+    """A per-sample column of Resolved: RowNames' column `name` of each sample's code (as strings: the names)."""
+    def read(resolved: Resolved) -> np.ndarray:
+        of = resolved.names.strings_of if strings else resolved.names.ids
+        return of(resolved.name_code, name)
+    return property(read)
+
+
 @dataclass
 class Resolved:
-    """Per-sample names: function, module, process and its pid (-1 when none), and their NameCodes (of the name,
-    of the process and pid, and of the process name alone)."""
-    func: np.ndarray
-    module: np.ndarray
-    process: np.ndarray
-    process_name_code: np.ndarray
-    proc_pid: np.ndarray
+    """Per-sample names as NameCodes (`name_code`), read from the resolver's names of each code (`names`): the
+    function, module and process, the pid (-1 when none), and the codes of the process and pid and of the process
+    name.  Each column is made per sample when read (a streamed piece reads only the codes)."""
     name_code: np.ndarray
-    proc_code: np.ndarray
+    names: RowNames
+
+    func, module, process = (_column(c, strings=True) for c in ("func", "module", "process"))
+    proc_pid, proc_code, process_name_code = (_column(c) for c in ("pid", "proc_code", "process_name_code"))
+
+    def unresolved(self) -> np.ndarray:
+        """Whether each sample's function is unresolved."""
+        return self.names.unknown(self.name_code)
 
     def take(self, index: np.ndarray) -> Resolved:
-        return Resolved(*(getattr(self, f.name)[index] for f in fields(self)))
+        return Resolved(self.name_code[index], self.names)
 
     @staticmethod
     def concatenate(parts: list[Resolved]) -> Resolved:
-        return Resolved(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Resolved)))
+        """Names resolved by one resolver (their codes are its own)."""
+        assert all(p.names is parts[0].names for p in parts)
+        return Resolved(np.concatenate([p.name_code for p in parts]), parts[0].names)
 
 
 @dataclass
@@ -266,14 +280,28 @@ class Resolver:
         return notes
 
     def resolve(self, samples: np.ndarray, processes: Mapping[int, dict], vm_of_pid: Mapping[int, str],
-                kallsyms: str | None = None, notes: list[str] | None = None) -> Resolved:
+                kallsyms: str | None = None, notes: list[str] | None = None, memo: ResolveMemo | None = None
+                ) -> Resolved:
         """Names of `samples`.  processes: host pid → its snapshot (comm, maps); vm_of_pid: VMM pid → VM
         name (guests are looked up by name among those load_guests loaded); kallsyms: the host's kallsyms
-        text, None to keep the one already parsed (an unreadable one is noted in `notes`).
+        text, None to keep the one already parsed (an unreadable one is noted in `notes`).  memo: the codes of
+        the keys resolved before, of a recording read a piece at a time with these processes and VMs (memo.py):
+        only the samples it misses are resolved.
 
         Samples are grouped by process (host pid; guest VMM pid and CR3) with one sort; each group's
         addresses are looked up with one searchsorted per symbol table, and names are string ids
         (`StringTable`) until the end: Python work per group and per distinct name, never per sample."""
+        if self.kallsyms is None or kallsyms is not None:
+            self.kallsyms = kallsyms_table(kallsyms or "", notes)
+
+        def codes(s: np.ndarray) -> np.ndarray:
+            return self._name_codes(s, processes, vm_of_pid, notes)
+
+        return Resolved(memo.codes(samples, codes) if memo is not None else codes(samples), self.row_names)
+
+    def _name_codes(self, samples: np.ndarray, processes: Mapping[int, dict], vm_of_pid: Mapping[int, str],
+                    notes: list[str] | None) -> np.ndarray:
+        """The name code of each sample (resolve), its names added to row_names."""
         s = samples
         n = len(s)
         st = self.strings
@@ -283,8 +311,6 @@ class Resolver:
         flags = s["flags"]
         guest = (flags & SAMPLE_GUEST) != 0
         kernel = ~guest & ((flags & SAMPLE_HOST_KERNEL) != 0)
-        if self.kallsyms is None or kallsyms is not None:
-            self.kallsyms = kallsyms_table(kallsyms or "", notes)
         if kernel.any():
             self._kernel_ids(self.kallsyms, s["host_ip"], np.nonzero(kernel)[0], KERNEL_MODULE, func, module)
         groups = _Groups(n)  # (process, pid) of every sample, a group at a time
@@ -348,12 +374,11 @@ class Resolver:
             notes += self.objects.notes
         self.objects.notes.clear()
         name_code, proc_code, new = groups.codes(self.codes, func, module)
-        names = st.array()
         process, pid = groups.names()
         process_name_code = groups.name_codes(self.codes)
         self.row_names.add(name_code[new], func=func[new], module=module[new], process=process[new],
-                           process_name_code=process_name_code[new], pid=pid[new])
-        return Resolved(names[func], names[module], names[process], process_name_code, pid, name_code, proc_code)
+                           process_name_code=process_name_code[new], pid=pid[new], proc_code=proc_code[new])
+        return name_code
 
     def _kernel_ids(self, ks: KernelSymbols, ips: np.ndarray, idx: np.ndarray, image: str, func: np.ndarray,
                     module: np.ndarray) -> None:

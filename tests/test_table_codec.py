@@ -1,0 +1,46 @@
+"""`vmprof record`'s tables (codec auto): zlib for a recording's first samples, zstd past ZSTD_AFTER_SAMPLES, read
+back as written, whole and a piece at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vmprof_tui.record import writer
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.recording import SAMPLES, load
+from vmprof_tui.record.stream import pieces, scan
+
+
+def test_auto_codec_writes_zlib_then_zstd_and_reads_back_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer, "ZSTD_AFTER_SAMPLES", 250)
+    path = tmp_path / "r.vmprof"
+    w = writer.Writer(path, {"frequency": 1000, "backend": "none"}, codec="auto")
+    rng = np.random.default_rng(2)
+    written = []
+    for flush in range(6):  # 100 samples a flush: the first three flushes (under 250 before them) in zlib
+        s = np.zeros(100, SAMPLE_DTYPE)
+        s["time_ns"] = np.sort(rng.integers(0, 10**6, 100)) + flush * 10**6
+        s["pid"], s["host_ip"] = rng.integers(1, 50, 100), rng.integers(0, 1 << 40, 100)
+        w.add(s, np.zeros(0, SCHED_DTYPE))
+        w.flush()
+        written.append(s)
+    w.close({"duration_s": 0.006})
+    scanned = scan(path)
+    assert scanned is not None
+    codecs = []
+    with open(path, "rb") as f:
+        for c in scanned.chunks:
+            if c.kind == SAMPLES:
+                (hlen,) = struct.unpack("<I", os.pread(f.fileno(), 4, c.offset))
+                codecs.append(json.loads(os.pread(f.fileno(), hlen, c.offset + 4)).get("codec", "zlib"))
+    assert codecs == ["zlib"] * 3 + ["zstd"] * 3
+    whole = np.concatenate(written)
+    assert np.array_equal(load(path).samples, whole)
+    streamed = np.concatenate([p.samples for p in pieces(scanned, 150, lambda first, last: last)])
+    assert np.array_equal(streamed, whole)
