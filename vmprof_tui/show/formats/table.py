@@ -94,7 +94,7 @@ def whole_samples(samples: np.ndarray) -> list[int]:
     return np.round(samples).astype(np.int64).tolist()
 
 
-CAPS = (9, 8, 24, 28)  # Samples, %Ratio, Process, Module: the widest each gets at a width
+CAPS = (24, 28)  # Process, Module: the widest each gets at a width (numbers are never cut)
 FLOORS = (10, 12)  # Process, Module: the narrowest they are cut to before the function column is (60 columns: 4)
 FUNCTION_MIN = 16  # the function column's width before process and module get what is left
 
@@ -148,9 +148,10 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
 
 def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
     """The five columns' widths in `cols` columns (lines end 2 short of it): every column as wide as its longest
-    cell, capped; the function takes what is left, at least `function_min` (or its longest) before the process
-    and module columns are narrowed to make room, and they no further than FLOORS; then the function is cut."""
-    widths = [min(cap, n) for cap, n in zip(CAPS, longest, strict=False)]
+    cell, the names' capped; the function takes what is left, at least `function_min` (or its longest) before the
+    process and module columns are narrowed to make room, and they no further than FLOORS; then the function is
+    cut."""
+    widths = longest[:2] + [min(cap, n) for cap, n in zip(CAPS, longest[2:4], strict=True)]
     room = cols - sum(w + 2 for w in widths) - 2  # what the function column gets
     need = min(function_min, longest[4])
     for floors in (FLOORS, (4, 4)):  # then, in a very narrow terminal, narrower still
