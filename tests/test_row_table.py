@@ -94,6 +94,25 @@ def test_json_rows_are_json_dumps_of_the_rows(total: float) -> None:
             assert jsonfmt.render_profile(p, sort, limit) == json.dumps(doc, indent=1) + "\n"
 
 
+def test_a_filtered_profiles_sums_are_of_the_type_the_rows_give() -> None:
+    """Filtered, the columns' total and ratios are numpy floats where a row's samples are (Python's sum of the rows
+    gives one then), so the JSON rounds a tie as the rows do (0.0075: 0.008 as numpy rounds, 0.007 as Python)."""
+    import dataclasses
+
+    from vmprof_tui.cli.report import filtered
+
+    rows = [Row(3.0, "a", "m", "app", 10), Row(np.float64(39997.0), "[idle]", "(cpu idle)", kind=RowKind.CPU_IDLE),
+            Row(5.0, "b", "m", "other", 11)]
+    keep = [("process app or none", lambda r: r.process in ("app", None))]
+    texts = []
+    for kept in (rows, RowTable.of_rows(rows)):
+        f = filtered(Profile("host", None, None, 40005.0, 1.0, 0, {}, kept), keep)
+        whole = f.rows.whole() if isinstance(f.rows, RowTable) else whole_rows(f.rows)
+        texts.append(jsonfmt.render_profile(dataclasses.replace(f, rows=whole)))
+        assert type(f.total_samples) is np.float64
+    assert texts[0] == texts[1] and '"ratio": 0.008' in texts[0]
+
+
 def test_csv_rows_are_the_rows() -> None:
     rows = some_rows()
     p = profile(rows, 40.0)
