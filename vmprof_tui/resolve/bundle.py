@@ -13,9 +13,8 @@ and object names, and the validated model (`GuestBundle`).  The readers of the
 files inside a bundle live beside it (elf.py: object files, symtab.py: kallsyms),
 the format's name, version and CR3 convention in bundle_format.py.
 
-Demo VMs and real guests (the `vmprof-guest` agent) write the same format, so
-both resolve through this one code path.
-"""
+Demo VMs and real guests (the `vmprof-guest` agent) write the same format, so both resolve through this one
+code path."""
 
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ from vmprof_tui.resolve.elf import check_elf_header
 from vmprof_tui.resolve.symtab import KernelSymbols, parse_kallsyms
 from vmprof_tui.resolve.untrusted import (  # callers of load_bundle take Limits and BundleError from here
     DEFAULT_LIMITS,
+    PID_MAX,
     U64_MAX,
     BundleError,
     Limits,
@@ -210,9 +210,9 @@ def parse_index(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict:
     for i, p in enumerate(procs):
         w = f"processes[{i}]"
         c.obj(p, w)
-        c.int(p, "pid", w, hi=(1 << 32) - 1)
+        c.int(p, "pid", w, hi=PID_MAX)
         for j, t in enumerate(c.list(p, "tids", w, limits.max_list, optional=True)):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 1 << 32:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= PID_MAX:
                 raise BundleError(f"{w}.tids[{j}] must be an integer")
         c.str(p, "name", w, optional=True)
         for j, a in enumerate(c.list(p, "cmdline", w, limits.max_list, optional=True)):

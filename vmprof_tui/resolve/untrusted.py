@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 U64_MAX = (1 << 64) - 1
+PID_MAX = (1 << 31) - 1  # pids and tids: the kernel's are positive ints; the resolver keeps them as int32
 MAX_NAME = 1024  # one symbol name (ELF or kallsyms)
 
 

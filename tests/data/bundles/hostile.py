@@ -274,6 +274,13 @@ def bad_types(d: Path) -> Path:
     return write_folder(d / "bad-types", idx)
 
 
+def huge_pid(d: Path) -> Path:
+    """A pid no kernel gives (2^31): the resolver keeps pids as int32."""
+    idx = index()
+    idx["processes"][0]["pid"] = 1 << 31
+    return write_folder(d / "huge-pid", idx)
+
+
 def pickle_object(d: Path) -> Path:
     """A pickle where an object file should be: never unpickled, rejected as not ELF."""
     import pickle
@@ -334,6 +341,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "bad-json": (bad_json, "not valid JSON"),
     "deep-json": (deep_json, "not acceptable JSON"),
     "bad-types": (bad_types, "must be an integer"),
+    "huge-pid": (huge_pid, "pid is out of range"),
     "missing-object": (missing_object, "referenced but missing"),
     "tar-no-index": (tar_no_index, "has no bundle.json"),
     "tar-unexpected": (tar_unexpected, "unexpected tar member"),
