@@ -11,6 +11,7 @@ from vmprof_tui.collect import backends
 from vmprof_tui.collect import bpf as collect
 from vmprof_tui.collect.btf import BTF_DIR
 from vmprof_tui.lbr.capability import LBR_DEPTH_FILE
+from vmprof_tui.resolve.memo import keytable_problem
 
 
 @dataclass
@@ -83,6 +84,10 @@ def run_checks() -> list[Check]:
                             "make -C helper_kmod && sudo helper_kmod/load.sh", essential=False))
     else:
         checks.append(Check("helper_kmod", True, f"not needed on the {name} backend", essential=False))
+    problem = keytable_problem()
+    checks.append(Check("key table", problem is None, "resolve/_keytable built, of this version" if problem is None
+                        else f"resolve/_keytable {problem}: streamed reports run without their memo (slower, the "
+                        "same output)", "bash tools/bootstrap.sh", essential=False))
     event = "cycles (NMI)" if pmu else "cpu-clock (hrtimer)"
     if bcc_ok and backend is not None:
         c = collect.Collector(backend, frequency=100, ring_pages=16)
@@ -96,7 +101,7 @@ def run_checks() -> list[Check]:
     return checks
 
 
-HELP = "check what this host can do (privileges, BTF, bcc, KVM, PMU, LBR, helper)"
+HELP = "check what this host can do (privileges, BTF, bcc, KVM, PMU, LBR, helper, key table)"
 EXAMPLES = """examples:
   vmprof doctor        what this host can do, and how to fix the rest"""
 
