@@ -12,7 +12,7 @@ import pytest
 from synth import busy_recording
 
 from vmprof_tui.analyse import stream
-from vmprof_tui.cli import main
+from vmprof_tui.cli import doctor, main
 from vmprof_tui.record.bpf_records import (
     SAMPLE_DTYPE,
     SAMPLE_GUEST,
@@ -377,7 +377,12 @@ def test_key_table_of_another_version_is_not_used_and_the_report_is_the_same(
         stale = SimpleNamespace(KeyTable=stale_call, first=stale_call, SEED_BYTES=16, **version)
         monkeypatch.setattr(memo, "_keytable", stale)
         assert memo.new_memo() is None and "another _keytable.c" in memo.keytable_problem()
+        check = doctor.key_table()
+        assert not check.ok and "another _keytable.c" in check.detail and "bootstrap.sh" in check.fix
         assert main(["report", str(rec), "--format", "json"]) == 0
         assert capsys.readouterr().out == fresh
     monkeypatch.setattr(memo, "_keytable", None)
     assert memo.new_memo() is None and memo.keytable_problem() == "not built"
+    assert "not built" in doctor.key_table().detail
+    monkeypatch.undo()
+    assert doctor.key_table().ok

@@ -31,6 +31,14 @@ def _privileges() -> Check:
         return Check("privileges", False, str(e), "run as root, or setcap cap_bpf,cap_perfmon+ep on the python binary")
 
 
+def key_table() -> Check:
+    """The compiled table of streamed reports' memo (resolve/memo.py): missing or stale, they run slower."""
+    problem = keytable_problem()
+    return Check("key table", problem is None, "resolve/_keytable built, of this version" if problem is None
+                 else f"resolve/_keytable {problem}: streamed reports run without their memo (slower, the same "
+                 "output)", "bash tools/bootstrap.sh", essential=False)
+
+
 def run_checks() -> list[Check]:
     checks = [_privileges()]
     vmlinux = BTF_DIR / "vmlinux"
@@ -84,10 +92,7 @@ def run_checks() -> list[Check]:
                             "make -C helper_kmod && sudo helper_kmod/load.sh", essential=False))
     else:
         checks.append(Check("helper_kmod", True, f"not needed on the {name} backend", essential=False))
-    problem = keytable_problem()
-    checks.append(Check("key table", problem is None, "resolve/_keytable built, of this version" if problem is None
-                        else f"resolve/_keytable {problem}: streamed reports run without their memo (slower, the "
-                        "same output)", "bash tools/bootstrap.sh", essential=False))
+    checks.append(key_table())
     event = "cycles (NMI)" if pmu else "cpu-clock (hrtimer)"
     if bcc_ok and backend is not None:
         c = collect.Collector(backend, frequency=100, ring_pages=16)
