@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,3 +46,15 @@ def test_auto_codec_writes_zlib_then_zstd_and_reads_back_alike(tmp_path: Path, m
     assert np.array_equal(load(path).samples, whole)
     streamed = np.concatenate([p.samples for p in pieces(scanned, 150, lambda first, last: last)])
     assert np.array_equal(streamed, whole)
+
+
+@pytest.mark.parametrize("codec", ["auto", "zstd"])
+def test_writer_that_will_write_zstd_imports_it_when_made(tmp_path: Path, codec: str) -> None:
+    """pyarrow (zstd) is imported when such a Writer is made, before sampling starts, not by the recorder's drain
+    loop at its first zstd flush; a zlib Writer does not import it.  In a fresh interpreter: this one may have it."""
+    script = ("import sys\nfrom vmprof_tui.record.writer import Writer\n"
+              "Writer(sys.argv[1], {}, codec='zlib').abandon(keep=False)\nbefore = 'pyarrow' in sys.modules\n"
+              "Writer(sys.argv[2], {}, codec=sys.argv[3]).abandon(keep=False)\nprint(before, 'pyarrow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a"), str(tmp_path / "b"), codec],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]

@@ -54,14 +54,21 @@ fi
 say "installing vmprof and its test dependencies into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./guest \
   || die "pip install failed (is PyPI reachable?)"
-# the memo of streamed reports (resolve/memo.py): without it they run the numpy path alone, to the same output
+# the memo of streamed reports (resolve/memo.py): without it they run the numpy path alone, to the same output.
+# Rebuilt every time (a second of gcc): a .so left from an older _keytable.c would be skipped as stale (its VERSION).
+# Built beside and moved into place, so a process that has the old one loaded keeps its file.  No -Werror: a newer
+# gcc's new warning must not stop an install; a failed build or import does, below.
 say "building vmprof_tui/resolve/_keytable (gcc)"
 py_include=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 ext_suffix=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-gcc -O2 -Wall -Wextra -Werror -shared -fPIC -I"$py_include" vmprof_tui/resolve/_keytable.c \
-  -o "vmprof_tui/resolve/_keytable$ext_suffix" || die "gcc could not build vmprof_tui/resolve/_keytable.c"
+so="vmprof_tui/resolve/_keytable$ext_suffix"
+gcc -O2 -Wall -Wextra -shared -fPIC -I"$py_include" vmprof_tui/resolve/_keytable.c -o "$so.tmp" \
+  || { rm -f "$so.tmp"; die "gcc could not build vmprof_tui/resolve/_keytable.c"; }
+mv -f "$so.tmp" "$so"
 .venv/bin/python -c 'import bcc, numpy, elftools, capstone, textual, distributed, pyarrow, duckdb, prometheus_client, cxxfilt, textual_plotext, vmprof_tui.resolve._keytable' \
   || die "the venv cannot import its dependencies"
+.venv/bin/python -c 'from vmprof_tui.resolve import memo; p = memo.keytable_problem(); assert p is None, p' \
+  || die "the built vmprof_tui/resolve/_keytable is not the version resolve/memo.py expects"
 # speedscope's file-format schema (the npm package ships it), for tests/test_outputs.py; project-local, git-ignored
 if [ ! -e .cache/npm/node_modules/speedscope/dist/release/file-format-schema.json ]; then
   say "installing npm speedscope into .cache/npm"

@@ -11,6 +11,7 @@ from vmprof_tui.collect import backends
 from vmprof_tui.collect import bpf as collect
 from vmprof_tui.collect.btf import BTF_DIR
 from vmprof_tui.lbr.capability import LBR_DEPTH_FILE
+from vmprof_tui.resolve.memo import keytable_problem
 
 
 @dataclass
@@ -28,6 +29,14 @@ def _privileges() -> Check:
         return Check("privileges", True, "root" if os.geteuid() == 0 else "CAP_BPF + CAP_PERFMON")
     except collect.CollectError as e:
         return Check("privileges", False, str(e), "run as root, or setcap cap_bpf,cap_perfmon+ep on the python binary")
+
+
+def key_table() -> Check:
+    """The compiled table of streamed reports' memo (resolve/memo.py): missing or stale, they run slower."""
+    problem = keytable_problem()
+    return Check("key table", problem is None, "resolve/_keytable built, of this version" if problem is None
+                 else f"resolve/_keytable {problem}: streamed reports run without their memo (slower, the same "
+                 "output)", "bash tools/bootstrap.sh", essential=False)
 
 
 def run_checks() -> list[Check]:
@@ -83,6 +92,7 @@ def run_checks() -> list[Check]:
                             "make -C helper_kmod && sudo helper_kmod/load.sh", essential=False))
     else:
         checks.append(Check("helper_kmod", True, f"not needed on the {name} backend", essential=False))
+    checks.append(key_table())
     event = "cycles (NMI)" if pmu else "cpu-clock (hrtimer)"
     if bcc_ok and backend is not None:
         c = collect.Collector(backend, frequency=100, ring_pages=16)
@@ -96,7 +106,7 @@ def run_checks() -> list[Check]:
     return checks
 
 
-HELP = "check what this host can do (privileges, BTF, bcc, KVM, PMU, LBR, helper)"
+HELP = "check what this host can do (privileges, BTF, bcc, KVM, PMU, LBR, helper, key table)"
 EXAMPLES = """examples:
   vmprof doctor        what this host can do, and how to fix the rest"""
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -92,12 +93,19 @@ def snapshot(vms: list[dict] | None = None, processes: dict[int, dict] | None = 
     return out
 
 
+def load_zstd() -> ModuleType:
+    """pyarrow, which compresses and inflates zstd: its import takes a while, so a writer that will use it imports
+    it when it is made (writer.py), not when its first zstd chunk is due."""
+    import pyarrow
+
+    return pyarrow
+
+
 def pack_rows(header: dict, body: bytes | memoryview, codec: str = "zlib") -> bytes:
     """A row chunk's payload: header length, JSON header (with "rows"), compressed body (zlib; zstd for user-stack
     copies, said in the header: 8 KiB a sample, where zlib at its fastest level held a recorder back)."""
     if codec == "zstd":
-        import pyarrow as pa
-
+        pa = load_zstd()
         h = json.dumps({**header, "codec": "zstd"}).encode()
         return struct.pack("<I", len(h)) + h + pa.compress(body, codec="zstd", asbytes=True)
     h = json.dumps(header).encode()

@@ -36,6 +36,7 @@ from vmprof_tui.record.recording import (
     bundle_tar,
     encode_host_stacks,
     encode_table,
+    load_zstd,
     pack_rows,
 )
 
@@ -65,6 +66,8 @@ class Writer:
         or auto (`vmprof record`): zlib for the first ZSTD_AFTER_SAMPLES samples, zstd after them."""
         self.path = Path(path)
         self.codec = codec
+        if codec in ("auto", "zstd"):  # imported now, before sampling starts: not in the drain loop at 2^20 samples
+            load_zstd()
         self.samples_written = 0
         try:
             self.file, self.old, self.created = files.open_recording(self.path, keep_old)

@@ -8,12 +8,17 @@ recording hit the same keys again and again: the memo keeps each key's name code
 built by tools/bootstrap.sh), and only the first sample of each key it has not seen is resolved by the numpy
 path, in the order they came, so new names are numbered as without the memo.
 
-Without the compiled table (a tree not built) there is no memo, and every piece is resolved whole, as before.
+The table's hash is keyed with random bytes per recording (os.urandom) and no lookup or insert walks more than
+MAX_PROBES slots, so keys a guest chose to collide cost no more than the numpy path (docs/analysis.md).  Without
+the compiled table (a tree not built), or with one built from another version of _keytable.c (its VERSION is not
+KEYTABLE_VERSION), there is no memo, and every piece is resolved whole, as before; `vmprof doctor` says so.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 
@@ -24,6 +29,8 @@ try:
     from vmprof_tui.resolve import _keytable
 except ImportError:  # not built: resolved by the numpy path alone
     _keytable = None
+
+KEYTABLE_VERSION = 2  # the _keytable.c this module calls (its VERSION); a .so built from another is not used
 
 HOST_USER, HOST_KERNEL, GUEST_USER, GUEST_KERNEL, GUEST_UNKNOWN = range(5)
 
@@ -54,25 +61,48 @@ def record_layout(dtype: np.dtype) -> tuple:
             SAMPLE_GUEST_UNKNOWN)
 
 
+def keytable_problem(module: ModuleType | None = None) -> str | None:
+    """None when the compiled table is there and of this version, else what is wrong with it, in a few words."""
+    module = _keytable if module is None else module
+    if module is None:
+        return "not built"
+    version = getattr(module, "VERSION", None)
+    if version != KEYTABLE_VERSION:
+        return f"built from another _keytable.c (version {version}, this tree's is {KEYTABLE_VERSION})"
+    return None
+
+
+def keytable() -> ModuleType | None:
+    """The compiled table's module when it can be used, else None (the numpy path alone)."""
+    return _keytable if keytable_problem() is None else None
+
+
 class ResolveMemo:
     """The name code of every key resolved so far in one recording (one per streamed report: a key means the same
     only with that recording's processes, VMs and symbols)."""
 
-    def __init__(self) -> None:
-        self.table = _keytable.KeyTable()
+    def __init__(self, seed: bytes | None = None) -> None:
+        """seed: of the table's hash (random unless a test gives one)."""
+        module = keytable()
+        assert module is not None, "new_memo() makes a memo only with the compiled table"
+        self.module = module
+        self.seed = os.urandom(module.SEED_BYTES) if seed is None else seed
+        self.table = module.KeyTable(self.seed)
 
     def codes(self, samples: np.ndarray, resolve: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The name code of each sample: from the table, and for the keys it misses resolve(the first sample of
         each, in order: the names new in them are numbered as among all the samples), which are then kept."""
         codes = np.empty(len(samples), np.int64)
         samples = np.ascontiguousarray(samples)
-        if len(samples) and not self.table.lookup_samples(samples.view(np.uint8), record_layout(samples.dtype),
-                                                          codes):
+        words = np.empty((3, len(samples)), np.uint64)  # the missed keys' words (those of sample_keys)
+        missing = (self.table.lookup_samples(samples.view(np.uint8), record_layout(samples.dtype), codes, *words)
+                   if len(samples) else 0)
+        if not missing:
             return codes
         miss = np.flatnonzero(codes < 0)
-        missed = sample_keys(np.take(samples, miss))  # take: fancy indexing copies records field by field
+        missed = tuple(words[:, :missing])
         first = np.empty(len(miss), np.int64)
-        _keytable.first(*missed, first)
+        self.module.first(self.seed, *missed, first)
         is_first = first == np.arange(len(miss))
         resolved = resolve(np.take(samples, miss[is_first])).astype(np.int64, copy=False)
         self.table.insert(*(k[is_first] for k in missed), resolved)
@@ -82,5 +112,5 @@ class ResolveMemo:
 
 
 def new_memo() -> ResolveMemo | None:
-    """A memo for one recording; None where the table is not built."""
-    return ResolveMemo() if _keytable is not None else None
+    """A memo for one recording; None where the table is not built or is stale."""
+    return ResolveMemo() if keytable() is not None else None
