@@ -242,14 +242,14 @@ def _checked(args: argparse.Namespace, an: A, bundles: dict[str, Path]) -> A:
     return an
 
 
-def _scanned_large(args: argparse.Namespace, rows: int) -> Scanned | None:
-    """REC scanned (record/stream.scan) when it has more samples than a piece and can be read a piece at a time;
-    None: load it whole."""
+def _scanned_large(args: argparse.Namespace, rows: int, stacks: bool = False) -> Scanned | None:
+    """REC scanned (record/stream.scan; with its call stacks, if it has any and `stacks`) when it has more samples
+    than a piece and can be read a piece at a time; None: load it whole."""
     from vmprof_tui.record.stream import sample_rows, scan
 
     if sample_rows(Path(recording_path(args))) <= rows:  # a look at the chunk headers: small ones load whole
         return None
-    scanned = scan(Path(args.recording))
+    scanned = scan(Path(args.recording), stacks)
     return scanned if scanned is not None and scanned.samples > rows else None
 
 
@@ -277,18 +277,24 @@ def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
 def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
                   piece_rows: int | None = None, stacks: bool = False) -> StreamedAnalysis | None:
     """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
-    or of every VM) when it is larger than a piece and can be read so (an intact recording without call stacks);
-    None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks:
-    for the stack formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows)."""
+    or of every VM) when it is larger than a piece and can be read so (an intact recording); None: load it whole
+    (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks: for the stack
+    formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows).  A recording with
+    call stacks has its call paths summed too (analyse/stream_callgraph.py), whatever the format."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
 
     rows = piece_rows or stream.PIECE_ROWS
-    if (scanned := _scanned_large(args, rows)) is None:
+    if (scanned := _scanned_large(args, rows, stacks=True)) is None:
         return None
     bundles = _parse_bundles(args.guest_bundle)
     try:
-        if stacks:
+        if scanned.rec.stacks is not None:
+            from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph, stack_piece_rows
+
+            an = StreamedCallGraph(scanned, bundles, level, args.vm, stack_piece_rows(scanned, rows), _mode(args),
+                                   kernel)
+        elif stacks:
             from vmprof_tui.analyse.stream_stacks import StreamedStacks
 
             an = StreamedStacks(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
