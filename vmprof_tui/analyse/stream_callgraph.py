@@ -76,6 +76,8 @@ class StreamedCallGraph(StreamedStacks):
             if table is not None and len(table) and int(table["time_ns"].min()) < lo:
                 raise WholeNeeded("a call-stack record written a piece after its sample")
         resolved = resolve_stacks_of(an, self.known)
+        if self.level == "guest":  # a host stack is on no guest path: not kept (kind 0: guest, stack_keys)
+            self.known = {k: v for k, v in self.known.items() if k[0] == 0}
         in_kernel = an.is_guest & ((an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0)
         self.kernel_vms.update(np.unique(an.samples["pid"][in_kernel]).tolist())
         self._add_notes(resolved)
