@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from vmprof_tui.analyse.stream_stacks import StreamedStacks
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL
 from vmprof_tui.record.recording import USTACKS
 from vmprof_tui.record.stream import Scanned
+from vmprof_tui.resolve.resolver import UNKNOWN
 from vmprof_tui.resolve.stacks import SampleStacks, Stack, resolve_stacks
 from vmprof_tui.resolve.unwind import REASONS
 
@@ -52,12 +53,26 @@ class _Path:
     sample: FirstSample
 
 
+@dataclass(slots=True)
+class _Ended:
+    """What the notes of a level's paths count (WeightedStacks.notes), without the paths (a table's notes): its
+    samples, those without a stack, and per object those whose stack ended early there, with the first key."""
+    samples: int = 0
+    without_stack: int = 0
+    partial: dict[str, list] = field(default_factory=dict)  # object -> [samples, the least path key]
+    truncated: dict[str, list] = field(default_factory=dict)
+
+
 class StreamedCallGraph(StreamedStacks):
-    """A StreamedStacks that also sums the call paths of its level (host, or each VM's guest paths)."""
+    """A StreamedStacks that also sums the call paths of its level (host, or each VM's guest paths); paths=False:
+    only what their notes count (table, JSON and CSV), in memory bounded by the objects."""
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
-                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True) -> None:
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True,
+                 paths: bool = True) -> None:
+        self.with_paths = paths
+        self.ended: dict[tuple[str | None, int | None, bool], _Ended] = {}  # by scope, vCPU, idle task (paths=False)
         self.known: dict[tuple[int, bytes], Stack] = {}  # every distinct stack met, resolved once
         self.paths: dict[tuple[str | None, PathKey], _Path] = {}  # by scope (None: host; guest: the VM) and key
         self.stack_notes: dict[str, dict[str, int]] = {}  # resolve.stacks' notes summed: level ("": both) -> text
@@ -76,7 +91,9 @@ class StreamedCallGraph(StreamedStacks):
             if table is not None and len(table) and int(table["time_ns"].min()) < lo:
                 raise WholeNeeded("a call-stack record written a piece after its sample")
         resolved = resolve_stacks_of(an, self.known)
-        if self.level == "guest":  # a host stack is on no guest path: not kept (kind 0: guest, stack_keys)
+        if not self.with_paths:  # the notes need no stack after its piece
+            self.known = {}
+        elif self.level == "guest":  # a host stack is on no guest path: not kept (kind 0: guest, stack_keys)
             self.known = {k: v for k, v in self.known.items() if k[0] == 0}
         in_kernel = an.is_guest & ((an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0)
         self.kernel_vms.update(np.unique(an.samples["pid"][in_kernel]).tolist())
@@ -109,13 +126,29 @@ class StreamedCallGraph(StreamedStacks):
             process = (code, int(an.proc_code_of_proc_key[proc]))  # proc_key's order, in every piece
             k = ((c, 0, 0) if c < 0 else (0, *process), process, resolved.keys[sid] if sid >= 0 else (-1, b""),
                  (code, int(an.name_code_of_key[key])) if sid < 0 else (-1, -1), cpu, tid)
+            stack = resolved.stacks[sid] if sid >= 0 else None
+            if not self.with_paths:
+                self._add_ended(scope, an.vcpu_of_tid.get(tid, (0, None))[1], int(s["pid"][i]) == 0, k, n, stack)
+                continue
             entry = self.paths.get((scope, k))
             if entry is not None:
                 entry.samples += n
                 continue
-            stack = resolved.stacks[sid] if sid >= 0 else None
             path, context = path_of(an, i, level, stack)
             self.paths[(scope, k)] = _Path(n, self.seen + i, path, context, stack, first_sample(an, i))
+
+    def _add_ended(self, scope: str | None, vcpu: int | None, idle: bool, k: PathKey, n: int,
+                   stack: Stack | None) -> None:
+        ended = self.ended.setdefault((scope, vcpu, idle), _Ended())
+        ended.samples += n
+        if stack is None:
+            ended.without_stack += n
+            return
+        for early, by_object in ((stack.partial, ended.partial), (stack.truncated, ended.truncated)):
+            if early:
+                got = by_object.setdefault(stack.broken_in or UNKNOWN, [0, k])
+                got[0] += n
+                got[1] = min(got[1], k)
 
     def _add_notes(self, resolved: SampleStacks) -> None:
         """resolve.stacks' notes of a piece, summed: those that count samples; any other gives up the stream."""
@@ -158,7 +191,25 @@ class StreamedCallGraph(StreamedStacks):
             at = end
 
     def weighted(self, level: str, vm: str | None = None, vcpu: int | None = None) -> WeightedStacks:
-        """CallGraph.weighted(level, vm, vcpu) of the whole recording."""
+        """CallGraph.weighted(level, vm, vcpu) of the whole recording (paths=False: without its paths, but with
+        what its notes count, objects in the order the paths first name them)."""
+        if not self.with_paths:
+            scope = None if level == "host" else vm
+            idle = level == "host" and bool(self.idle_cpus)
+            chosen = [e for (s, v, i), e in self.ended.items() if s == scope and vcpu in (None, v) and not (idle and i)]
+            out = WeightedStacks(level, [], np.empty(0, np.int64), [], [], samples=sum(e.samples for e in chosen),
+                                 without_stack=sum(e.without_stack for e in chosen),
+                                 resolve_notes=self._notes("") + self._notes(level))
+            for name, into in (("partial", out.partial), ("truncated", out.truncated)):
+                summed: dict[str, list] = {}
+                for e in chosen:
+                    for obj, (n, k) in getattr(e, name).items():
+                        got = summed.setdefault(obj, [0, k])
+                        got[0] += n
+                        got[1] = min(got[1], k)
+                for obj, (n, _k) in sorted(summed.items(), key=lambda kv: kv[1][1]):
+                    into[obj] += n
+            return out
         merged = list(self._merged(level, vm, vcpu, split=False))
         counts = np.array([n for _p, n in merged], np.int64)
         out = WeightedStacks(level, [], counts, [], [], samples=int(counts.sum()),

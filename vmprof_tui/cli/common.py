@@ -279,8 +279,9 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
     """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
     or of every VM) when it is larger than a piece and can be read so (an intact recording); None: load it whole
     (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks: for the stack
-    formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows).  A recording with
-    call stacks has its call paths summed too (analyse/stream_callgraph.py), whatever the format."""
+    formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows) and the call graph
+    views.  A recording with call stacks has its call paths summed too (analyse/stream_callgraph.py; without
+    `stacks` only what their notes count)."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
 
@@ -293,7 +294,7 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
             from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph, stack_piece_rows
 
             an = StreamedCallGraph(scanned, bundles, level, args.vm, stack_piece_rows(scanned, rows), _mode(args),
-                                   kernel)
+                                   kernel, paths=stacks)
         elif stacks:
             from vmprof_tui.analyse.stream_stacks import StreamedStacks
 

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     # made from the profiles alone; -K/-U with --percentage absolute also analyse the level without them
     absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
     streamable = args.format in ORDERED + FLAT and not (args.time_range or args.cpu is not None or absolute_mode)
-    an = (streamable and load_streamed(args, level, bool(filters), stacks=args.format in FLAT)) or load_analysis(args)
+    paths = args.format in FLAT or bool(args.children or args.callers)  # what is made of stacks or call paths
+    an = (streamable and load_streamed(args, level, bool(filters), stacks=paths)) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)
