@@ -588,7 +588,7 @@ def start(rec: Path, baseline: Path | None, repeat: int) -> dict:
 def scan_chunks(rec: Path) -> list:
     from vmprof_tui.record.stream import scan
 
-    scanned = scan(rec)
+    scanned = scan(rec, stacks=True)
     if scanned is None:
         raise SystemExit(f"{rec}: not an intact recording of samples and sched events")
     return scanned.chunks
@@ -616,18 +616,20 @@ def as_recorded_now(src: Path, out: Path) -> None:
     print(f"{out}: {samples} samples, {out.stat().st_size >> 20} MB")
 
 
-def demo(out: Path, seconds: float, rate: int) -> None:
-    """vmprof record and perf kvm record side by side while the steal3 demo runs (root)."""
+def demo(out: Path, seconds: float, rate: int, call_graph: str | None = None) -> None:
+    """vmprof record and perf kvm record side by side while the steal3 demo runs (root); with call_graph, vmprof
+    record --call-graph CALL_GRAPH (call stacks) alone."""
     from vmprof_tui.demo import runner
 
     out.mkdir(parents=True, exist_ok=True)
     rec, pdata = out / "steal3.vmprof", out / "perf.data"
-    perf = perf_binary()
+    perf = perf_binary() if call_graph is None else None
+    stacks = ["--call-graph", call_graph] if call_graph else []
     with runner.DemoRun(runner.scenario_specs("steal3"), duration_s=seconds + 40):
         time.sleep(1)
         # without -q: Background waits for the recorder to sample (compiling its BPF programs takes longer than a
         # short recording on a loaded machine, which -q's fixed wait would cut to a fraction of a second)
-        bg = [Background(vmprof("record", "-F", str(rate), "-o", str(rec), "-d", str(seconds)), warmup_s=0)]
+        bg = [Background(vmprof("record", "-F", str(rate), *stacks, "-o", str(rec), "-d", str(seconds)), warmup_s=0)]
         if perf:
             bg.append(Background([perf, "kvm", "--host", "--guest", "record", "-a", "-F", str(rate), "-o",
                                   str(pdata)], warmup_s=0))
@@ -653,6 +655,8 @@ def main() -> int:
     d.add_argument("out", type=Path)
     d.add_argument("--seconds", type=float, default=30.0)
     d.add_argument("--rate", type=int, default=10000)
+    d.add_argument("--call-graph", default=None, metavar="fp|cfi",
+                   help="record call stacks (vmprof record --call-graph), without perf beside it")
     for name in ("time", "top", "poll"):
         t = sub.add_parser(name)
         t.add_argument("rec", type=Path)
@@ -685,7 +689,7 @@ def main() -> int:
     elif args.cmd == "zstd":
         as_recorded_now(args.rec, args.out)
     elif args.cmd == "demo":
-        demo(args.out, args.seconds, args.rate)
+        demo(args.out, args.seconds, args.rate, args.call_graph)
     elif args.cmd == "time":
         time_reports(args.rec, args.vm or first_vm(args.rec), args.baseline, args.repeat, args.perf_data)
     elif args.cmd == "top":

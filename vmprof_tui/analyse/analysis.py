@@ -207,6 +207,8 @@ class Analysis:
         self.key_count = int(self._key.max()) + 1 if len(self._key) else 0
         self.name_code_of_key = np.zeros(self.key_count, np.int64)  # the resolver's code of each key's name
         self.name_code_of_key[self._key] = g.name_code
+        self.proc_code_of_proc_key = np.zeros(int(self._proc_key.max(initial=-1)) + 1, np.int64)  # and process's
+        self.proc_code_of_proc_key[self._proc_key] = g.proc_code
 
     # -- timelines -------------------------------------------------------------------
     @property

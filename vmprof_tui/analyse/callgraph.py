@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.shares import Row
 from vmprof_tui.resolve.resolver import UNKNOWN
 from vmprof_tui.resolve.stacks import Frame, SampleStacks, Stack, resolve_stacks
 
@@ -44,6 +45,20 @@ class WeightedStacks:
     partial: Counter = field(default_factory=Counter)  # object -> samples whose guest chain ended early there
     truncated: Counter = field(default_factory=Counter)  # object -> samples whose host user chain stopped there
     resolve_notes: list[str] = field(default_factory=list)  # what resolving the stacks found (resolve.stacks)
+
+    def add(self, path: tuple[str, ...], context: int, n: int, stack: Stack | None, first: int) -> None:
+        """One more distinct path (its counts are already in `counts`), and what ended early on it."""
+        self.paths.append(path)
+        self.stacks.append(stack)
+        self.contexts.append(context)
+        self.first.append(first)
+        if stack is None:
+            self.without_stack += n
+            return
+        if stack.partial:
+            self.partial[stack.broken_in or UNKNOWN] += n
+        if stack.truncated:
+            self.truncated[stack.broken_in or UNKNOWN] += n
 
     def notes(self) -> list[str]:
         out = []
@@ -126,33 +141,42 @@ class CallGraph:
         for key, f, n in zip(distinct.tolist(), first.tolist(), counts.tolist(), strict=True):
             sid, i = key[2], int(idx[f])
             stack = self.resolved.stacks[sid] if sid >= 0 else None
-            context = self._context(i, level)
-            if stack is None:
-                out.without_stack += n
-                labels = (frame_label(Frame(str(an.func[i]), str(an.module[i]), 0)),)
-            else:
-                labels = tuple(frame_label(f) for f in stack.frames)
-                if stack.partial:
-                    context += (PARTIAL,)
-                    out.partial[stack.broken_in or UNKNOWN] += n
-                if stack.truncated:
-                    context += (TRUNCATED,)
-                    out.truncated[stack.broken_in or UNKNOWN] += n
-            out.paths.append(context + labels)
-            out.stacks.append(stack)
-            out.contexts.append(len(context))
-            out.first.append(i)
+            out.add(*path_of(an, i, level, stack), n, stack, i)
         return out
 
-    def _context(self, i: int, level: str) -> tuple[str, ...]:
-        an = self.an
-        process = str(an.process[i]) or "?"
-        if level == "guest":
-            return (an.vm_name_of_code[an.vm_code[i]] or "vm", process)
-        if an.in_vm[i]:
-            vm = f"[{an.vm_name_of_code[an.vm_code[i]]}]"
-            return (vm, process) if an.is_guest[i] else (vm, f"{process} (host)")
-        return (process,)
+
+@dataclass(frozen=True, slots=True)
+class FirstSample:
+    """What the stack formats read of a path's first sample (show/stacks.py): its names as a row, and where and
+    in which thread it was taken."""
+    row: Row  # Analysis.row, of 0 samples
+    in_vm: bool
+    pid: int
+    cpu: int
+    tid: int
+    vcpu: int | None
+
+
+def first_sample(an: Analysis, i: int) -> FirstSample:
+    tid = int(an.samples["tid"][i])
+    return FirstSample(an.row(i, 0.0), bool(an.in_vm[i]), int(an.samples["pid"][i]), int(an.samples["cpu"][i]), tid,
+                       an.vcpu_of_tid.get(tid, (0, None))[1])
+
+
+def path_of(an: Analysis, i: int, level: str, stack: Stack | None) -> tuple[tuple[str, ...], int]:
+    """The path of sample i (of `level`) with its stack, and how many of its leading labels are context."""
+    process = str(an.process[i]) or "?"
+    if level == "guest":
+        context: tuple[str, ...] = (an.vm_name_of_code[an.vm_code[i]] or "vm", process)
+    elif an.in_vm[i]:
+        vm = f"[{an.vm_name_of_code[an.vm_code[i]]}]"
+        context = (vm, process) if an.is_guest[i] else (vm, f"{process} (host)")
+    else:
+        context = (process,)
+    if stack is None:
+        return context + (frame_label(Frame(str(an.func[i]), str(an.module[i]), 0)),), len(context)
+    context += ((PARTIAL,) if stack.partial else ()) + ((TRUNCATED,) if stack.truncated else ())
+    return context + tuple(frame_label(f) for f in stack.frames), len(context)
 
 
 @dataclass

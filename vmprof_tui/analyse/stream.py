@@ -28,7 +28,7 @@ from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCo
 from vmprof_tui.analyse.timeline import SwitchContext
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
-from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
+from vmprof_tui.record.recording import KALLSYMS_KEY, STACKS, USTACKS, Recording
 from vmprof_tui.record.stream import Scanned, pieces
 from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
@@ -171,6 +171,9 @@ class StreamedAnalysis:
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
             part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
+            if rec.stacks is not None:  # call stacks, cut as the samples (analyse/stream_callgraph.py)
+                part.stacks, part.ustacks = piece.stacks[STACKS], piece.stacks.get(USTACKS)
+                part.host_stacks = rec.host_stacks
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
                                   sched_in_order=True, memo=memo),

@@ -242,26 +242,26 @@ def _checked(args: argparse.Namespace, an: A, bundles: dict[str, Path]) -> A:
     return an
 
 
-def _scanned_large(args: argparse.Namespace, rows: int) -> Scanned | None:
-    """REC scanned (record/stream.scan) when it has more samples than a piece and can be read a piece at a time;
-    None: load it whole."""
+def _scanned_large(args: argparse.Namespace, rows: int, stacks: bool = False) -> Scanned | None:
+    """REC scanned (record/stream.scan; with its call stacks, if it has any and `stacks`) when it has more samples
+    than a piece and can be read a piece at a time; None: load it whole."""
     from vmprof_tui.record.stream import sample_rows, scan
 
     if sample_rows(Path(recording_path(args))) <= rows:  # a look at the chunk headers: small ones load whole
         return None
-    scanned = scan(Path(args.recording))
+    scanned = scan(Path(args.recording), stacks)
     return scanned if scanned is not None and scanned.samples > rows else None
 
 
 def _streamed(args: argparse.Namespace, rows: int, make: Callable[[Scanned, dict[str, Path]], A],
-              free_memory: bool = False) -> A | None:
+              free_memory: bool = False, stacks: bool = False) -> A | None:
     """make(REC scanned, the guest bundles) when REC is larger than a piece of `rows` samples and can be read a
-    piece at a time (record/stream.scan); None: load it whole (load_analysis), as when make gives up (WholeNeeded).
-    free_memory: large arrays given back when freed (return_freed_memory)."""
+    piece at a time (record/stream.scan; with its call stacks when `stacks`); None: load it whole (load_analysis),
+    as when make gives up (WholeNeeded).  free_memory: large arrays given back when freed (return_freed_memory)."""
     from vmprof_tui.analyse import stream
     from vmprof_tui.record.recording import RecordingError
 
-    if (scanned := _scanned_large(args, rows)) is None:
+    if (scanned := _scanned_large(args, rows, stacks)) is None:
         return None
     bundles = _parse_bundles(args.guest_bundle)
     with contextlib.suppress(OSError):
@@ -290,18 +290,25 @@ def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
 def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
                   piece_rows: int | None = None, stacks: bool = False) -> StreamedAnalysis | None:
     """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
-    or of every VM) when it is larger than a piece and can be read so (an intact recording without call stacks);
-    None: load it whole (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks:
-    for the stack formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows)."""
+    or of every VM) when it is larger than a piece and can be read so (an intact recording); None: load it whole
+    (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks: for the stack
+    formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows) and the call graph
+    views.  A recording with call stacks has its call paths summed too (analyse/stream_callgraph.py; without
+    `stacks` only what their notes count)."""
     from vmprof_tui.analyse import stream
 
     rows = piece_rows or stream.PIECE_ROWS
 
     def make(scanned: Scanned, bundles: dict[str, Path]) -> StreamedAnalysis:
+        if scanned.rec.stacks is not None:
+            from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph, stack_piece_rows
+
+            return StreamedCallGraph(scanned, bundles, level, args.vm, stack_piece_rows(scanned, rows), _mode(args),
+                                     kernel, paths=stacks)
         if stacks:
             from vmprof_tui.analyse.stream_stacks import StreamedStacks
 
             return StreamedStacks(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
         return stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
 
-    return _streamed(args, rows, make)
+    return _streamed(args, rows, make, stacks=True)

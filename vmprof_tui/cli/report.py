@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
     # made from the profiles alone; -K/-U with --percentage absolute also analyse the level without them
     absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
-    streamable = args.format in ORDERED + FLAT and not (args.children or args.callers or args.time_range
-                                                        or args.cpu is not None or absolute_mode)
-    an = (streamable and load_streamed(args, level, bool(filters), stacks=args.format in FLAT)) or load_analysis(args)
+    streamable = args.format in ORDERED + FLAT and not (args.time_range or args.cpu is not None or absolute_mode)
+    paths = args.format in FLAT or bool(args.children or args.callers)  # what is made of stacks or call paths
+    an = (streamable and load_streamed(args, level, bool(filters), stacks=paths)) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)
@@ -155,10 +155,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | None, filters: Filters) -> int:
     from vmprof_tui.analyse.callgraph import CallGraph, callers, children
+    from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph
     from vmprof_tui.show.callgraph_table import render_callers, render_children
 
-    graph = CallGraph(an)
-    if not graph.recorded:
+    # read a piece at a time, a recording with call stacks has them summed (StreamedCallGraph), one without none
+    streamed = an if isinstance(an, StreamedCallGraph) else None
+    graph = CallGraph(an) if not isinstance(an, StreamedAnalysis) else None
+    if not (streamed is not None or (graph is not None and graph.recorded)):
         raise Failure(f"{args.recording} was recorded without call stacks: record with vmprof record -g")
     vms = [args.vm] if level == "guest" else [None]
     if level == "guest" and not args.vm:
@@ -170,7 +173,8 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | 
         profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)
         if filters:  # -K/-U: the header's totals are of that mode's samples, as the call graph's
             profile = filtered(profile, filters)
-        ws = graph.weighted(level, vm, args.vcpu, args.cpu)
+        ws = streamed.weighted(level, vm, args.vcpu) if streamed else graph.weighted(  # type: ignore[union-attr]
+            level, vm, args.vcpu, args.cpu)
         if args.callers and not callers(ws, args.callers):
             known += [r.function for r in children(ws)[:KNOWN_SHOWN]]
             continue
@@ -214,8 +218,11 @@ def _ranges(values: list[int]) -> str:
 def with_stack_notes(an: Analysis | StreamedAnalysis, profile: Profile, cpu: int | None) -> Profile:
     """The profile with the notes of its call stacks (a recording made with -g): how many were partial,
     truncated or missing, which every format carries as it carries the analysis' notes."""
-    if isinstance(an, StreamedAnalysis) or an.rec.stacks is None:  # (one with stacks is never streamed)
+    if an.rec.stacks is None:
         return profile
+    if isinstance(an, StreamedAnalysis):  # with call stacks: a StreamedCallGraph (load_streamed)
+        ws = an.weighted(profile.level, profile.vm, profile.vcpu)  # type: ignore[attr-defined]
+        return dataclasses.replace(profile, notes=[*profile.notes, *ws.notes()])
     from vmprof_tui.analyse.callgraph import call_graph
 
     graph = call_graph(an)

@@ -6,8 +6,9 @@ pieces of the host clock that follow each other: every record of a piece is befo
 so a piece can be analysed on its own with the switches before it (analyse/stream.py).
 
 Only an intact recording of samples and sched events is read this way: ``scan`` returns None for a damaged or
-cut one (load reports what is wrong) and for one with records that need all of the recording at once (call
-stacks, LBR), and the caller loads it whole.
+cut one (load reports what is wrong) and for one with records that need all of the recording at once (LBR),
+and the caller loads it whole.  Call stacks (`record -g`) are read so only when asked for (``scan(stacks=True)``):
+their records are cut into the pieces by time as the samples they belong to, and the stack-map chains are kept.
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from vmprof_tui import arrays, bounded_json
 from vmprof_tui.record import recording as fmt
-from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE
+from vmprof_tui.record.bpf_records import SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE, ustack_dtype
 
 DTYPES = {fmt.SAMPLES: SAMPLE_DTYPE, fmt.SCHED: SCHED_DTYPE}
 
 
 @dataclass
 class TableChunk:
-    kind: int  # fmt.SAMPLES or fmt.SCHED
+    kind: int  # fmt.SAMPLES, fmt.SCHED, or (scan(stacks=True)) fmt.STACKS or fmt.USTACKS
     offset: int  # of its payload in the file
     length: int
     rows: int
@@ -40,9 +41,11 @@ class TableChunk:
 
 @dataclass
 class Scanned:
-    """A recording without its tables (rec.samples and rec.sched are empty), and where its tables are."""
+    """A recording without its tables (rec.samples and rec.sched are empty; rec.stacks empty, not None, when it
+    has call stacks), and where its tables are."""
     rec: fmt.Recording
     chunks: list[TableChunk]
+    dtypes: dict[int, np.dtype] = field(default_factory=lambda: dict(DTYPES))  # of the table chunks, by kind
 
     @property
     def samples(self) -> int:
@@ -76,10 +79,14 @@ def sample_rows(path: Path) -> int:
 ROWS = re.compile(rb'^\{"rows": (\d{1,12})[,}]')  # pack_rows' header begins so
 
 
-def scan(path: Path) -> Scanned | None:
-    """The recording at `path` without its tables; None when it cannot be read a piece at a time (see above)."""
+def scan(path: Path, stacks: bool = False) -> Scanned | None:
+    """The recording at `path` without its tables; None when it cannot be read a piece at a time (see above).
+    stacks: a recording with call stacks is read too (else None)."""
     rec = fmt.Recording(Path(path), {}, np.empty(0, SAMPLE_DTYPE), np.empty(0, SCHED_DTYPE))
     chunks: list[TableChunk] = []
+    dtypes = dict(DTYPES)
+    if stacks:
+        dtypes[fmt.STACKS] = STACK_DTYPE
     bundles: dict[str, tuple[int, int]] = {}
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed below, on every path)
@@ -100,10 +107,15 @@ def scan(path: Path) -> Scanned | None:
                 return None
             pos += fmt.CHUNK_HEADER.size
             try:
-                if kind in DTYPES:
-                    chunks.append(TableChunk(kind, pos, length, fmt._table_rows(payload, DTYPES[kind])))
+                if kind in dtypes:
+                    chunks.append(TableChunk(kind, pos, length, fmt._table_rows(payload, dtypes[kind])))
                 elif kind == fmt.META:
                     rec.meta = fmt._meta(bounded_json.loads(payload, "the metadata chunk"))
+                    copy = rec.meta.get("stack_copy_bytes")  # the size of a user-stack copy (as load reads it)
+                    if stacks and isinstance(copy, int) and 0 < copy <= fmt.MAX_STACK_COPY:
+                        dtypes[fmt.USTACKS] = ustack_dtype(copy)
+                elif kind == fmt.HOST_STACKS and stacks:  # stack-map chains: one per distinct chain, kept
+                    rec.host_stacks.update(fmt._decode_host_stacks(payload))
                 elif kind == fmt.SNAPSHOT:
                     text = zlib.decompressobj().decompress(payload, fmt.MAX_INFLATED)
                     rec.snapshot.update(fmt._snapshot(bounded_json.loads(text, "a snapshot chunk")))
@@ -112,16 +124,19 @@ def scan(path: Path) -> Scanned | None:
                     bundles[payload[2:2 + n].decode(errors="replace")] = (pos + 2 + n, length - 2 - n)
                 elif kind == fmt.END:
                     rec.end = fmt._end(bounded_json.loads(payload, "the end chunk"))
-                else:  # call stacks, LBR: joined to the samples of the whole recording
+                else:  # LBR (and call stacks unless asked for): joined to the samples of the whole recording
                     return None
             except (ValueError, KeyError, TypeError, struct.error, zlib.error, fmt.RecordingError):
                 return None
             pos += length
-    if not rec.meta or rec.end is None or rec.meta.get("stacks"):
+    has_stacks = any(c.kind == fmt.STACKS for c in chunks) or bool(rec.meta.get("stacks"))
+    if not rec.meta or rec.end is None or (has_stacks and not stacks):
         return None
+    if has_stacks:
+        rec.stacks = np.empty(0, STACK_DTYPE)
     rec.bundles = StoredBundles(rec.path, bundles)  # type: ignore[assignment]
     fmt._load_static(rec)
-    return Scanned(rec, chunks)
+    return Scanned(rec, chunks, dtypes)
 
 
 class StoredBundles(MutableMapping[str, bytes]):
@@ -163,15 +178,21 @@ class Piece:
     samples: np.ndarray
     sched: np.ndarray
     following: np.ndarray  # the sched events after it (those of the next piece, in time order)
+    stacks: dict[int, np.ndarray] = field(default_factory=dict)  # scan(stacks=True): fmt.STACKS, fmt.USTACKS
+
+
+def _read_tables(fd: int, group: list[TableChunk], dtypes: dict[int, np.dtype]) -> dict[int, np.ndarray]:
+    pending = [(c.kind, 0, memoryview(os.pread(fd, c.length, c.offset)), c.rows) for c in group]
+    problems: list[str] = []
+    tables = fmt._decode_tables(pending, problems, dtypes)
+    if problems:  # scan checked every checksum: the file changed since
+        raise fmt.RecordingError(problems[0])
+    return {kind: tables.get(kind, np.empty(0, dtype)) for kind, dtype in dtypes.items()}
 
 
 def _read_group(fd: int, group: list[TableChunk]) -> tuple[np.ndarray, np.ndarray]:
-    pending = [(c.kind, 0, memoryview(os.pread(fd, c.length, c.offset)), c.rows) for c in group]
-    problems: list[str] = []
-    tables = fmt._decode_tables(pending, problems, DTYPES)
-    if problems:  # scan checked every checksum: the file changed since
-        raise fmt.RecordingError(problems[0])
-    return (tables.get(fmt.SAMPLES, np.empty(0, SAMPLE_DTYPE)), tables.get(fmt.SCHED, np.empty(0, SCHED_DTYPE)))
+    tables = _read_tables(fd, group, DTYPES)
+    return tables[fmt.SAMPLES], tables[fmt.SCHED]
 
 
 def _ordered(samples: np.ndarray) -> np.ndarray:
@@ -249,38 +270,48 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
     """The recording's records in pieces of about `rows` samples, in time order: a piece ends where the next one's
     first record is (records of a piece that are later go on to the next).  end_of(first, last): where the last
     piece ends, given the times of the first and the last record (prepare.recording_end).  sched: False for pieces
-    of samples only (their sched events are neither inflated nor carried; the pieces end at samples)."""
+    of samples only (their sched events are neither inflated nor carried; the pieces end at samples).  Call-stack
+    records (Piece.stacks) are cut as the samples are: a stack record has its sample's CPU and time."""
     groups = _groups([c for c in scanned.chunks if sched or c.kind == fmt.SAMPLES], rows)
+    dtypes = scanned.dtypes
+    extra = [k for k in dtypes if k not in (fmt.SAMPLES, fmt.SCHED)]  # cut by time as the samples
     fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
     # the next group is read and inflated (zlib lets other threads run) while the piece before it is analysed
     with ThreadPoolExecutor(1) as reader:
         try:
-            ahead = [reader.submit(_read_group, fd, g) for g in groups[:2]]
-            samples, sched = ahead.pop(0).result()
-            sched = _ordered_sched(sched)  # kept so: the next group's events are merged in as they come
-            lo = first = _first(samples, sched)
+            ahead = [reader.submit(_read_tables, fd, g, dtypes) for g in groups[:2]]
+            tables = ahead.pop(0).result()
+            tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])  # kept so: the next group's are merged in
+            # where the recording starts and ends is of its samples and sched events (prepare's, read whole)
+            lo = first = _first(tables[fmt.SAMPLES], tables[fmt.SCHED])
             for k in range(1, len(groups)):
-                nxt_samples, nxt_sched = ahead.pop(0).result()
+                nxt = ahead.pop(0).result()
                 if k + 1 < len(groups):
-                    ahead.append(reader.submit(_read_group, fd, groups[k + 1]))
-                cut = _first(nxt_samples, nxt_sched)
+                    ahead.append(reader.submit(_read_tables, fd, groups[k + 1], dtypes))
+                cut = _first(*nxt.values())
                 if lo is None or cut is None or cut <= lo:  # nothing, or out of order past a whole piece: read on
-                    samples = np.concatenate([samples, nxt_samples])
-                    sched = _ordered_sched(np.concatenate([sched, nxt_sched]))
-                    lo = first = lo if lo is not None else cut
+                    tables = {kind: np.concatenate([t, nxt[kind]]) for kind, t in tables.items()}
+                    tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])
+                    if lo is None:
+                        lo = first = _first(tables[fmt.SAMPLES], tables[fmt.SCHED])
                     continue
-                samples = _ordered(samples)
-                a, b = (int(np.searchsorted(t["time_ns"], np.uint64(cut))) for t in (samples, sched))
-                piece_samples, piece_sched = samples[:a], sched[:b]
-                # what is left of this group is usually nothing: then no copy of the next group
-                samples = np.concatenate([samples[a:], nxt_samples]) if a < len(samples) else nxt_samples
-                sched = _ordered_sched(np.concatenate([sched[b:], nxt_sched]) if b < len(sched) else nxt_sched)
-                yield Piece(lo, cut, piece_samples, piece_sched, sched)
+                piece: dict[int, np.ndarray] = {}
+                for kind, t in tables.items():
+                    t = t if kind == fmt.SCHED else _ordered(t)
+                    a = int(np.searchsorted(t["time_ns"], np.uint64(cut)))
+                    piece[kind] = t[:a]
+                    # what is left of this group is usually nothing: then no copy of the next group
+                    tables[kind] = np.concatenate([t[a:], nxt[kind]]) if a < len(t) else nxt[kind]
+                tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])
+                yield Piece(lo, cut, piece[fmt.SAMPLES], piece[fmt.SCHED], tables[fmt.SCHED],
+                            {kind: piece[kind] for kind in extra})
                 lo = cut
             if lo is None:  # no records
                 return
-            last = max(int(t["time_ns"].max()) for t in (samples, sched) if len(t))
-            yield Piece(lo, end_of(first, last), _ordered(samples), sched, sched[:0])
+            last = max(int(t["time_ns"].max()) for t in (tables[fmt.SAMPLES], tables[fmt.SCHED]) if len(t))
+            sched = tables[fmt.SCHED]
+            yield Piece(lo, end_of(first, last), _ordered(tables[fmt.SAMPLES]), sched, sched[:0],
+                        {kind: _ordered(tables[kind]) for kind in extra})
         finally:
             for job in ahead:
                 job.cancel()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from collections.abc import Mapping as MappingOf
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -75,6 +76,24 @@ class ObjectCache:
                        "symbol table has it: its samples show [unknown]")
             return None
         return obj
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """Reads whose notes go to no one (a streamed report's call stacks, analyse/stream_callgraph.py): their
+        notes are dropped, and a file or table that failed is forgotten, so that resolving samples later notes it
+        as the read of the whole recording does (its call stacks are resolved after its samples)."""
+        notes, cached = list(self.notes), set(self._cache)
+        tables = {k: v for k, v in self._tables.items() if isinstance(v, bytes)}
+        try:
+            yield
+        finally:
+            self.notes[:] = notes
+            for key in set(self._cache) - cached:
+                if self._cache[key] is None:
+                    del self._cache[key]
+            for key, data in tables.items():
+                if self._tables[key] is None:
+                    self._tables[key] = data
 
     def _note(self, text: str) -> None:
         if text not in self.notes and len(self.notes) < 100:

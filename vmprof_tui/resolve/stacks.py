@@ -61,7 +61,7 @@ ENTRY_FUNCTIONS = frozenset({"_start", "__libc_start_main", "__libc_start_call_m
                              "runtime.rt0_go", "__start", "_dl_start_user"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a busy recording has a million of them
 class Frame:
     function: str
     module: str
@@ -69,7 +69,7 @@ class Frame:
     mapping: Mapping | None = None  # the mapped file the address falls in
 
 
-@dataclass
+@dataclass(slots=True)
 class Stack:
     frames: tuple[Frame, ...]  # outermost first, the sampled address last
     guest: bool = False
@@ -83,8 +83,18 @@ class SampleStacks:
     """stack_of[i]: index in `stacks` of sample i's stack; -1: the sample has no stack record."""
     stack_of: np.ndarray
     stacks: list[Stack] = field(default_factory=list)
+    # what each stack was told apart by (stack_keys), in the stacks' order: a recording read a piece at a time
+    # orders and merges its stacks by them
+    keys: list[tuple[int, bytes]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     level_notes: dict[str, list[str]] = field(default_factory=dict)  # "guest"/"host" -> notes of that level only
+
+
+def stack_keys(kind: int, distinct: np.ndarray) -> list[tuple[int, bytes]]:
+    """The key of each distinct stack record (rows of _distinct; kind: guest 0, host 1, host inline 2): its fields
+    as big-endian bytes without the trailing zeros (an unused chain's), which order as the rows do."""
+    rows = distinct.astype(">u8")
+    return [(kind, rows[i].tobytes().rstrip(b"\0")) for i in range(len(rows))]
 
 
 def _mapping_index(space: AddressSpace, addrs: np.ndarray) -> np.ndarray:
@@ -135,10 +145,12 @@ def _lookup_addresses(chain: np.ndarray) -> np.ndarray:
 
 def resolve_stacks(samples: np.ndarray, stacks: np.ndarray, host_stacks: MappingOf[int, np.ndarray],
                    resolver: Resolver, processes: MappingOf[int, dict], vm_of_pid: MappingOf[int, str],
-                   ustacks: np.ndarray | None = None) -> SampleStacks:
+                   ustacks: np.ndarray | None = None,
+                   known: dict[tuple[int, bytes], Stack] | None = None) -> SampleStacks:
     """Stacks of `samples` from their stack records (`Recording.stacks`), the host stack map entries and the
     user-stack copies (`Recording.ustacks`, --call-graph cfi).  `resolver` must have resolved these samples
-    already (its kallsyms and guest bundles are used)."""
+    already (its kallsyms and guest bundles are used).  known: stacks by key (SampleStacks.keys) resolved before,
+    taken as they are (the pieces of one recording); the new ones are added."""
     rows = stack_rows(samples, stacks)
     out = SampleStacks(np.full(len(samples), -1, np.int64))
     has = rows >= 0
@@ -150,8 +162,9 @@ def resolve_stacks(samples: np.ndarray, stacks: np.ndarray, host_stacks: Mapping
         _unwind_copies(samples, st, copied, ustacks, resolver, processes, vm_of_pid, out)
     guest = has & ((samples["flags"] & SAMPLE_GUEST) != 0) & ((st["flags"] & STACK_GUEST_WALKED) != 0)
     host = has & ~guest
-    _guest_stacks(samples, st, guest, resolver, vm_of_pid, out)
-    _host_stacks(samples, st, host, host_stacks, resolver, processes, out)
+    known = {} if known is None else known
+    _guest_stacks(samples, st, guest, resolver, vm_of_pid, out, known)
+    _host_stacks(samples, st, host, host_stacks, resolver, processes, out, known)
     return out
 
 
@@ -277,7 +290,7 @@ def _distinct(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _guest_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, resolver: Resolver,
-                  vm_of_pid: MappingOf[int, str], out: SampleStacks) -> None:
+                  vm_of_pid: MappingOf[int, str], out: SampleStacks, known: dict[tuple[int, bytes], Stack]) -> None:
     idx = np.nonzero(sel)[0]
     if not len(idx):
         return
@@ -286,11 +299,15 @@ def _guest_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, resolver
     distinct, inverse = _distinct([samples["pid"][idx], normalise_cr3_array(samples["guest_cr3"][idx]),
                                    depth, g["flags"] & STACK_GUEST_PARTIAL, g["guest"]])
     first = len(out.stacks)
-    for pid, cr3, n, partial, *chain in distinct.tolist():
-        vm = resolver.guests.get(vm_of_pid.get(pid, f"vm-{pid}"))
-        space = vm.processes.get(cr3) if vm is not None else None
-        kernel_syms = vm.kernel if vm is not None else EMPTY_KERNEL
-        out.stacks.append(_guest_stack(np.array(chain[:n], np.uint64), bool(partial), space, kernel_syms, resolver))
+    for key, row in zip(stack_keys(0, distinct), distinct, strict=True):
+        if key not in known:
+            pid, cr3, n, partial, *chain = row.tolist()
+            vm = resolver.guests.get(vm_of_pid.get(pid, f"vm-{pid}"))
+            space = vm.processes.get(cr3) if vm is not None else None
+            kernel_syms = vm.kernel if vm is not None else EMPTY_KERNEL
+            known[key] = _guest_stack(np.array(chain[:n], np.uint64), bool(partial), space, kernel_syms, resolver)
+        out.stacks.append(known[key])
+        out.keys.append(key)
     out.stack_of[idx] = first + inverse
 
 
@@ -319,7 +336,8 @@ def _guest_stack(chain: np.ndarray, partial: bool, space: AddressSpace | None, k
 
 
 def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stacks: MappingOf[int, np.ndarray],
-                 resolver: Resolver, processes: MappingOf[int, dict], out: SampleStacks) -> None:
+                 resolver: Resolver, processes: MappingOf[int, dict], out: SampleStacks,
+                 known: dict[tuple[int, bytes], Stack]) -> None:
     inline = (st["flags"] & STACK_HOST_USER_INLINE) != 0
     ks = resolver.kallsyms or EMPTY_KERNEL
     missing = 0
@@ -342,6 +360,7 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
                         np.minimum(st["guest_depth"][idx], STACK_GUEST_MAX).astype(np.int64), st["guest"][idx]]
         distinct, inverse = _distinct(columns)
         first = len(out.stacks)
+        keys = stack_keys(1 + chains_inline, distinct)
         chains = []
         for pid, kid, uid, kernel_mode, ip, *inline_chain in distinct.tolist():
             kchain = host_stacks.get(kid - 1, np.empty(0, np.uint64)) if kid else np.empty(0, np.uint64)
@@ -356,9 +375,12 @@ def _host_stacks(samples: np.ndarray, st: np.ndarray, sel: np.ndarray, host_stac
             if not kernel_mode and not len(uchain):
                 uchain = np.array([ip], np.uint64)
             chains.append((pid, kchain, uchain, partial))
-        frames = _user_frames(chains, resolver, processes)
-        for pid, kchain, uchain, partial in chains:
-            out.stacks.append(_host_stack(pid, kchain, uchain, ks, frames.get(pid), partial))
+        new = [(key, chain) for key, chain in zip(keys, chains, strict=True) if key not in known]
+        frames = _user_frames([chain for _key, chain in new], resolver, processes)
+        for key, (pid, kchain, uchain, partial) in new:
+            known[key] = _host_stack(pid, kchain, uchain, ks, frames.get(pid), partial)
+        out.stacks += [known[key] for key in keys]
+        out.keys += keys
         out.stack_of[idx] = first + inverse
     if missing:
         out.notes.append(f"{missing} host stack ids had no stored chain (the stack map was read after they "

@@ -15,17 +15,19 @@ thread, which its Stack carries as labels (cpu, vcpu, tid), and its frames carry
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 
 from vmprof_tui.analyse.analysis import Analysis, vm_rows
-from vmprof_tui.analyse.callgraph import call_graph
+from vmprof_tui.analyse.callgraph import FirstSample, call_graph, first_sample
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.shares import Profile, Row, process_name
+from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph
 from vmprof_tui.analyse.stream_stacks import StreamedStacks
 from vmprof_tui.mapping import Mapping
 from vmprof_tui.resolve.demangle import demangle
 from vmprof_tui.resolve.resolver import UNKNOWN
+from vmprof_tui.resolve.stacks import Stack as CallStack
 
 
 @dataclass(frozen=True, slots=True)  # slots: a host profile of a 64-CPU host has a million stacks of them
@@ -85,31 +87,35 @@ def call_frame(label: str, f: object) -> Frame:
 def path_stacks(an: Analysis, profile: Profile, cpu: int | None) -> list[Stack]:
     """The function (and host-level VM) rows of a profile as call paths, largest first."""
     ws = call_graph(an).weighted(profile.level, profile.vm, profile.vcpu, cpu, split=True)
+    return sorted_paths(profile, zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks,
+                                     (first_sample(an, i) for i in ws.first), strict=True))
+
+
+def sorted_paths(profile: Profile, paths: Iterable[tuple[tuple[str, ...], int, int, CallStack | None, FirstSample]]
+                 ) -> list[Stack]:
+    """Call paths (path, context, samples, stack, first sample: WeightedStacks split by CPU and thread) as the
+    profile's stacks, largest first (analyse/stream_callgraph.py gives them summed over a recording's pieces)."""
     # the profile's rows say which paths it holds (report's --comm/--pid/--dso/-K/-U leave some out)
     functions = {(r.function, r.module, r.process, r.pid) for r in profile.rows
                  if r.kind in (RowKind.FUNCTION, RowKind.UNKNOWN)}
     vmms = {r.pid for r in profile.rows if r.kind is RowKind.VM}
     out = []
-    for path, ctx, n, stack, first in zip(ws.paths, ws.contexts, ws.counts.tolist(), ws.stacks, ws.first,
-                                          strict=True):
-        row = an.row(first, float(n))
-        vm_path = profile.level == "host" and an.in_vm[first]
-        if (int(an.samples["pid"][first]) not in vmms) if vm_path else \
-                ((row.function, row.module, row.process, row.pid) not in functions):
+    for path, ctx, n, stack, first in paths:
+        row = replace(first.row, samples=float(n))
+        vm_path = profile.level == "host" and first.in_vm
+        if (first.pid not in vmms) if vm_path else ((row.function, row.module, row.process, row.pid) not in functions):
             continue
-        if profile.level == "host" and not an.in_vm[first]:
+        if profile.level == "host" and not first.in_vm:
             row.vm = None  # as the host profile's rows: a VMM's other threads are host rows
         if stack is None:
             frames = row_frames(row)
         else:
-            base = 2 if profile.level == "guest" or an.in_vm[first] else 1  # VM and process, or process
+            base = 2 if profile.level == "guest" or first.in_vm else 1  # VM and process, or process
             markers = tuple(Frame(label) for label in path[base:ctx])
             calls = tuple(call_frame(label, f) for label, f in zip(path[ctx:], stack.frames, strict=True))
             frames = row_frames(row)[:-1] + markers + calls
-        tid = int(an.samples["tid"][first])
-        vcpu = an.vcpu_of_tid.get(tid, (0, None))[1]
-        labels = (("cpu", int(an.samples["cpu"][first])), ("tid", tid)) + ((("vcpu", vcpu),) if vcpu is not None
-                                                                           else ())
+        labels = (("cpu", first.cpu), ("tid", first.tid)) + ((("vcpu", first.vcpu),) if first.vcpu is not None
+                                                              else ())
         out.append(Stack(frames, float(n), row, labels))
     return sorted(out, key=lambda st: -st.samples)
 
@@ -121,7 +127,10 @@ def profile_stacks(an: Analysis | StreamedStacks | None, profile: Profile, cpu: 
     if an is not None and an.rec.stacks is not None:  # call_graph(an).recorded, without building the graph
         kept = [r for r in profile.rows if r.kind not in (RowKind.FUNCTION, RowKind.UNKNOWN, RowKind.VM)]
         rows = [Stack(row_frames(r), r.samples, r) for r in kept if r.samples > 0]
-        return sorted(path_stacks(an, profile, cpu) + rows, key=lambda st: -st.samples)[:limit]
+        # a recording read a piece at a time has its paths summed (analyse/stream_callgraph.py)
+        paths = sorted_paths(profile, an.split_paths(profile.level, profile.vm, profile.vcpu)) \
+            if isinstance(an, StreamedCallGraph) else path_stacks(an, profile, cpu)
+        return sorted(paths + rows, key=lambda st: -st.samples)[:limit]
     rows = sorted(profile.rows, key=lambda r: -r.samples)[:limit]
     if an is not None and profile.level == "host":
         # a streamed analysis (analyse/stream_stacks.py) splits VM rows from its sums
