@@ -106,7 +106,7 @@ def run_checks() -> list[Check]:
     return checks
 
 
-HELP = "check what this host can do (privileges, BTF, bcc, KVM, PMU, LBR, helper, key table)"
+HELP = "check this host: privileges, BTF, bcc, KVM, PMU, LBR, helper, key table"
 EXAMPLES = """examples:
   vmprof doctor        what this host can do, and how to fix the rest"""
 
