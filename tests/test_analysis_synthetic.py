@@ -798,3 +798,10 @@ def test_resolution_is_a_stage_before_the_analysis() -> None:
         got = staged.host_profile() if vm is None else staged.guest_profile(vm)
         want = whole.host_profile() if vm is None else whole.guest_profile(vm)
         assert got.to_json() == want.to_json()
+
+
+def test_a_per_sample_column_read_on_the_class_is_its_descriptor() -> None:
+    """Analysis.func and its kin (analysis._PerSample) are made per analysis; on the class they are themselves."""
+    from vmprof_tui.analyse.analysis import Analysis, _PerSample
+
+    assert all(isinstance(getattr(Analysis, name), _PerSample) for name in ("func", "module", "process", "proc_pid"))

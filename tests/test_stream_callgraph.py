@@ -6,6 +6,7 @@ program without frame pointers by call-frame information (user-stack copies)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,11 @@ from vmprof_tui.analyse.stream import StreamedAnalysis, WholeNeeded
 from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph
 from vmprof_tui.cli import main
 from vmprof_tui.cli import report as report_module
-from vmprof_tui.record.bpf_records import stack_rows
+from vmprof_tui.record.bpf_records import SAMPLE_GUEST, stack_rows
 from vmprof_tui.record.recording import STACKS, USTACKS, load
 from vmprof_tui.record.stream import pieces, scan
+from vmprof_tui.resolve import stacks as resolve_stacks
+from vmprof_tui.resolve import unwind
 from vmprof_tui.resolve.stacks import SampleStacks
 
 WHOLE = 1 << 30  # PIECE_ROWS above any recording here: read whole
@@ -139,4 +142,69 @@ def test_notes_that_pieces_do_not_add_up_give_up_the_stream(fp: Path) -> None:
             an._add_notes(SampleStacks(an.rec.samples["cpu"][:0], notes=[note]))
     an._add_notes(SampleStacks(an.rec.samples["cpu"][:0], notes=["2 host user-mode samples have no user chain"]))
     an._add_notes(SampleStacks(an.rec.samples["cpu"][:0], notes=["3 host user-mode samples have no user chain"]))
-    assert "5 host user-mode samples have no user chain" in an._notes("")
+    assert "5 host user-mode samples have no user chain" in an._notes("host")
+
+
+def test_a_note_counting_what_resolve_stacks_does_not_write_gives_up_the_stream(fp: Path) -> None:
+    """A counted note that no rank knows would be summed and put at the end: read whole instead."""
+    scanned = scan(fp, stacks=True)
+    assert scanned is not None
+    an = StreamedCallGraph(scanned, piece_rows=WHOLE)
+    for note in ("7 guest chains met something new", "2 guest chains unwound by call-frame information end "
+                 "[partial]: a reason unwind.REASONS does not have"):
+        with pytest.raises(WholeNeeded):
+            an._add_notes(SampleStacks(an.rec.samples["cpu"][:0], notes=[note]))
+    an._add_notes(SampleStacks(an.rec.samples["cpu"][:0], level_notes={"guest": [
+        "2 guest chains unwound by call-frame information end [partial]: a return address in no mapped object"]}))
+    assert "2 guest chains unwound by call-frame information end [partial]: a return address in no mapped " \
+        "object" in an._notes("guest")
+
+
+def guest_only(s: np.ndarray) -> np.ndarray:
+    """The guest samples (as -K keeps a mode's): no host process is resolved, so none of their notes, which a
+    stream meets as the host's processes come and go on this shared machine, gives up a stream built here."""
+    return (s["flags"] & SAMPLE_GUEST) != 0
+
+
+def streamed(rec: Path, piece_rows: int, **kw: object) -> StreamedCallGraph:
+    scanned = scan(rec, stacks=True)
+    assert scanned is not None
+    return StreamedCallGraph(scanned, piece_rows=piece_rows, keep=guest_only, **kw)  # type: ignore[arg-type]
+
+
+def test_stack_copies_in_pieces_read_each_call_frame_table_once(cfi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One set of unwind rules serves every piece (resolve.stacks.Unwinding): each object's and each guest
+    kernel's call-frame table is read once, not once a piece, and the paths are those of one piece."""
+    whole = streamed(cfi, WHOLE, level="guest", vm="nofp")
+    reads: Counter = Counter()
+    for module in (unwind, resolve_stacks):
+        real = module.read_cfi
+        monkeypatch.setattr(module, "read_cfi", lambda path, *a, real=real: reads.update([str(path)]) or real(path, *a))
+    pieces_of = streamed(cfi, 2000, level="guest", vm="nofp")
+    assert whole.pieces == 1 and pieces_of.pieces > 3
+    assert reads and set(reads.values()) == {1}, reads
+    for vcpu in (None, 0):
+        a, b = whole.weighted("guest", "nofp", vcpu), pieces_of.weighted("guest", "nofp", vcpu)
+        assert (a.paths, a.counts.tolist(), a.first, a.notes()) == (b.paths, b.counts.tolist(), b.first, b.notes())
+        assert len(a.paths) > 1
+
+
+def test_stack_notes_are_summed_without_making_the_paths(fp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table's stack notes (cli/report.py with_stack_notes) are the counts of the paths', not made of the paths
+    sorted and merged (weighted), with paths and without, the same as weighted's notes."""
+    with_paths, counts_only = (streamed(fp, 8000, level=level, paths=paths)
+                               for level, paths in (("host", True), ("host", False)))
+    guest = streamed(fp, 8000, level="guest", paths=True)
+    cases = [(with_paths, "host", None, None), (counts_only, "host", None, None), (guest, "guest", "stacks", None),
+             (guest, "guest", "stacks", 0)]
+    expected = [an.weighted(level, vm, vcpu).notes() for an, level, vm, vcpu in cases]
+    assert any("partial" in note for notes in expected for note in notes)  # the clobber program's stacks
+    assert expected[0] == expected[1]
+    monkeypatch.setattr(StreamedCallGraph, "_merged", lambda *a: pytest.fail("paths made for notes"))
+    assert [an.stack_notes_of(level, vm, vcpu) for an, level, vm, vcpu in cases] == expected
+
+
+def test_tables_of_a_stack_recording_sum_no_vcpu_thread_rows(fp: Path) -> None:
+    """Table, JSON and CSV (paths=False) read no host-level VM row split into its vCPU threads' rows: not summed."""
+    assert streamed(fp, 8000, level="host", paths=True).vm_parts
+    assert not streamed(fp, 8000, level="host", paths=False).vm_parts

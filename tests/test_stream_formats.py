@@ -83,3 +83,16 @@ def test_streamed_host_report_of_the_demo_recording_is_the_whole_one(case: list[
     monkeypatch.setattr(stream, "PIECE_ROWS", rows)
     assert main(args) == 0
     assert capsys.readouterr().out == whole
+
+
+def test_children_of_a_large_recording_without_call_stacks_fail_before_its_pieces(
+        recording: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--children and --callers of a recording made without -g fail as they did, but before it is read."""
+    made: list[type] = []
+    monkeypatch.setattr(stream, "PIECE_ROWS", 1000)
+    monkeypatch.setattr(StreamedAnalysis, "__init__", lambda self, *a, **k: made.append(type(self)))
+    for view in (["--children"], ["--callers", "main"]):
+        assert main(["report", str(recording), *view]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{recording} was recorded without call stacks" in err, err
+    assert made == []

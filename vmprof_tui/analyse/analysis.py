@@ -106,7 +106,9 @@ class _PerSample:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, an: Analysis, owner: type | None = None) -> np.ndarray:
+    def __get__(self, an: Analysis | None, owner: type | None = None) -> np.ndarray:
+        if an is None:  # read on the class (help(), introspection): the descriptor itself
+            return self  # type: ignore[return-value]
         column = an.__dict__[self.name] = getattr(an._resolved, self.name)
         return column
 

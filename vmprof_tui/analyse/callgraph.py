@@ -39,7 +39,8 @@ class WeightedStacks:
     counts: np.ndarray  # samples per path
     stacks: list[Stack | None]  # the resolved stack behind each path (None: a sample without one)
     contexts: list[int]  # how many leading labels of each path are context (VM, process, marker), not frames
-    first: list[int] = field(default_factory=list)  # a sample of each path (index into Analysis.samples)
+    # a sample of each path: its index into Analysis.samples, or read a piece at a time into the whole recording's
+    first: list[int] = field(default_factory=list)
     samples: int = 0
     without_stack: int = 0  # samples that have no stack record (lost, or recorded without -g)
     partial: Counter = field(default_factory=Counter)  # object -> samples whose guest chain ended early there
@@ -55,10 +56,8 @@ class WeightedStacks:
         if stack is None:
             self.without_stack += n
             return
-        if stack.partial:
-            self.partial[stack.broken_in or UNKNOWN] += n
-        if stack.truncated:
-            self.truncated[stack.broken_in or UNKNOWN] += n
+        for what, obj in ended_early(stack):
+            getattr(self, what)[obj] += n
 
     def notes(self) -> list[str]:
         out = []
@@ -73,6 +72,12 @@ class WeightedStacks:
             out.append(f"{self.without_stack} of {self.samples} samples have no stack record (its ring buffer "
                        "was full, or the recording was made without -g): leaf only")
         return out + self.resolve_notes
+
+
+def ended_early(stack: Stack) -> list[tuple[str, str]]:
+    """Where a stack ended early, as WeightedStacks counts it: ("partial" or "truncated", the object)."""
+    obj = stack.broken_in or UNKNOWN
+    return [(what, obj) for what, early in (("partial", stack.partial), ("truncated", stack.truncated)) if early]
 
 
 def _by_object(c: Counter) -> str:

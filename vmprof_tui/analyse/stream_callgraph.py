@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis
-from vmprof_tui.analyse.callgraph import FirstSample, WeightedStacks, first_sample, path_of
+from vmprof_tui.analyse.callgraph import FirstSample, WeightedStacks, ended_early, first_sample, path_of
 from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
 from vmprof_tui.analyse.stream_stacks import StreamedStacks
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL
 from vmprof_tui.record.recording import USTACKS
 from vmprof_tui.record.stream import Scanned
-from vmprof_tui.resolve.resolver import UNKNOWN
-from vmprof_tui.resolve.stacks import SampleStacks, Stack, resolve_stacks
+from vmprof_tui.resolve.stacks import SampleStacks, Stack, Unwinding, resolve_stacks
 from vmprof_tui.resolve.unwind import REASONS
 
 PathKey = tuple  # (context, process, stack, name, cpu, tid): _add_paths
@@ -40,6 +39,16 @@ NOTE_ORDER = ("host user-mode samples have no user chain", "host kernel-mode sam
               "frame pointers")
 FALLBACK = NOTE_ORDER[3]
 REASON_ORDER = {text: i for i, text in enumerate(REASONS.values())}
+
+
+def _rank(text: str) -> int | None:
+    """The place of a counted note (its text after the count) in resolve.stacks' order; None: not one it writes
+    (a new note would be summed and placed wrong: the stream gives up)."""
+    for r, prefix in enumerate(NOTE_ORDER):
+        if text.startswith(prefix):
+            return r
+    reason = REASON_ORDER.get(text.partition(" end [partial]: ")[2])
+    return None if reason is None else len(NOTE_ORDER) + reason
 
 
 @dataclass(slots=True)
@@ -59,8 +68,34 @@ class _Ended:
     samples, those without a stack, and per object those whose stack ended early there, with the first key."""
     samples: int = 0
     without_stack: int = 0
-    partial: dict[str, list] = field(default_factory=dict)  # object -> [samples, the least path key]
-    truncated: dict[str, list] = field(default_factory=dict)
+    early: dict[tuple[str, str], list] = field(default_factory=dict)  # ended_early -> [samples, least path key]
+
+    def add(self, k: PathKey, n: int, stack: Stack | None) -> None:
+        self.samples += n
+        if stack is None:
+            self.without_stack += n
+            return
+        for where in ended_early(stack):
+            self._count(where, n, k)
+
+    def merge(self, other: _Ended) -> None:
+        self.samples += other.samples
+        self.without_stack += other.without_stack
+        for where, (n, k) in other.early.items():
+            self._count(where, n, k)
+
+    def _count(self, where: tuple[str, str], n: int, k: PathKey) -> None:
+        got = self.early.setdefault(where, [0, k])
+        got[0] += n
+        got[1] = min(got[1], k)
+
+    def weighted(self, level: str, notes: list[str]) -> WeightedStacks:
+        """WeightedStacks without paths, its objects in the order the paths first name them (their least key)."""
+        out = WeightedStacks(level, [], np.empty(0, np.int64), [], [], samples=self.samples,
+                             without_stack=self.without_stack, resolve_notes=notes)
+        for (what, obj), (n, _k) in sorted(self.early.items(), key=lambda kv: kv[1][1]):
+            getattr(out, what)[obj] += n
+        return out
 
 
 class StreamedCallGraph(StreamedStacks):
@@ -78,6 +113,8 @@ class StreamedCallGraph(StreamedStacks):
         self.stack_notes: dict[str, dict[str, int]] = {}  # resolve.stacks' notes summed: level ("": both) -> text
         self.seen = 0  # samples of the pieces before
         self.kernel_vms: set[int] = set()  # VMM pids of guest-kernel samples (FALLBACK notes are per VM)
+        self.unwinding: Unwinding | None = None  # the copies' unwind rules, found once for every piece
+        self.split_vm_rows = paths  # table, JSON and CSV read no host-level VM row split (StreamedStacks)
         super().__init__(scanned, guest_bundles, level, vm, piece_rows, keep, kernel)
 
     def _add(self, an: Analysis, lo: int) -> None:
@@ -90,10 +127,14 @@ class StreamedCallGraph(StreamedStacks):
         for table in (rec.stacks, rec.ustacks):  # a record whose sample went with an earlier piece
             if table is not None and len(table) and int(table["time_ns"].min()) < lo:
                 raise WholeNeeded("a call-stack record written a piece after its sample")
-        resolved = resolve_stacks_of(an, self.known)
+        self.unwinding = self.unwinding or Unwinding.of(an.resolver)  # the same resolver in every piece
+        resolved = resolve_stacks_of(an, self.known, self.unwinding)
         if not self.with_paths:  # the notes need no stack after its piece
             self.known = {}
-        elif self.level == "guest":  # a host stack is on no guest path: not kept (kind 0: guest, stack_keys)
+        elif self.level == "guest":
+            # only guest stacks are kept (kind 0, stack_keys): the host processes' stacks are on no guest path; a
+            # guest sample whose record was not walked in the guest (no STACK_GUEST_WALKED) has a host stack, which
+            # is resolved again in each piece that has it, to the same frames
             self.known = {k: v for k, v in self.known.items() if k[0] == 0}
         in_kernel = an.is_guest & ((an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0)
         self.kernel_vms.update(np.unique(an.samples["pid"][in_kernel]).tolist())
@@ -128,7 +169,8 @@ class StreamedCallGraph(StreamedStacks):
                  (code, int(an.name_code_of_key[key])) if sid < 0 else (-1, -1), cpu, tid)
             stack = resolved.stacks[sid] if sid >= 0 else None
             if not self.with_paths:
-                self._add_ended(scope, an.vcpu_of_tid.get(tid, (0, None))[1], int(s["pid"][i]) == 0, k, n, stack)
+                vcpu = an.vcpu_of_tid.get(tid, (0, None))[1]
+                self.ended.setdefault((scope, vcpu, int(s["pid"][i]) == 0), _Ended()).add(k, n, stack)
                 continue
             entry = self.paths.get((scope, k))
             if entry is not None:
@@ -137,26 +179,13 @@ class StreamedCallGraph(StreamedStacks):
             path, context = path_of(an, i, level, stack)
             self.paths[(scope, k)] = _Path(n, self.seen + i, path, context, stack, first_sample(an, i))
 
-    def _add_ended(self, scope: str | None, vcpu: int | None, idle: bool, k: PathKey, n: int,
-                   stack: Stack | None) -> None:
-        ended = self.ended.setdefault((scope, vcpu, idle), _Ended())
-        ended.samples += n
-        if stack is None:
-            ended.without_stack += n
-            return
-        for early, by_object in ((stack.partial, ended.partial), (stack.truncated, ended.truncated)):
-            if early:
-                got = by_object.setdefault(stack.broken_in or UNKNOWN, [0, k])
-                got[0] += n
-                got[1] = min(got[1], k)
-
     def _add_notes(self, resolved: SampleStacks) -> None:
         """resolve.stacks' notes of a piece, summed: those that count samples; any other gives up the stream."""
         for level, notes in (("", resolved.notes), *resolved.level_notes.items()):
             summed = self.stack_notes.setdefault(level, {})
             for note in notes:
-                m = NOTE.fullmatch(note)
-                if m is None or m.group(2).startswith("host stack ids"):  # text, or a count of distinct chains
+                m = NOTE.fullmatch(note)  # text, a count of distinct chains (host stack ids), or unknown: given up
+                if m is None or _rank(m.group(2)) is None:
                     raise WholeNeeded(f"a note on call stacks that pieces do not add up: {note[:80]}")
                 summed[m.group(2)] = summed.get(m.group(2), 0) + int(m.group(1))
         fallbacks = [t for t in self.stack_notes.get("guest", {}) if t.startswith(FALLBACK)]
@@ -164,23 +193,31 @@ class StreamedCallGraph(StreamedStacks):
             raise WholeNeeded("guest-kernel frames by frame pointers for several reasons in several VMs")
 
     def _notes(self, level: str) -> list[str]:
-        def rank(text: str) -> int:
-            for r, prefix in enumerate(NOTE_ORDER):
-                if text.startswith(prefix):
-                    return r
-            return len(NOTE_ORDER) + REASON_ORDER.get(text.partition("end [partial]: ")[2], len(REASON_ORDER))
-
-        summed = self.stack_notes.get(level, {})
-        return [f"{summed[text]} {text}" for text in sorted(summed, key=rank)]  # stable: as met within a rank
+        """resolve.stacks' notes of the level's paths (CallGraph.weighted's resolve_notes: those of both levels,
+        then the level's own), as summed."""
+        out = []
+        for lv in ("", level):
+            summed = self.stack_notes.get(lv, {})
+            out += [f"{summed[text]} {text}" for text in sorted(summed, key=lambda t: _rank(t) or 0)]  # stable
+        return out
 
     # -- what the report reads -----------------------------------------------------------------------------
+    def _chosen(self, level: str, vm: str | None, vcpu: int | None) -> Iterator[tuple[PathKey, _Path]]:
+        """The paths summed of the level (one VM's, of one vCPU), in no order."""
+        scope, idle = self._scope(level, vm)
+        for (s, k), p in self.paths.items():
+            if s == scope and vcpu in (None, p.sample.vcpu) and not (idle and p.sample.pid == 0):
+                yield k, p
+
+    def _scope(self, level: str, vm: str | None) -> tuple[str | None, bool]:
+        """The sums' scope of a level (None: the host's; guest: the VM's), and whether the idle task's samples are
+        left out (as the host profile leaves them: its idle is from sched events)."""
+        return (None if level == "host" else vm), level == "host" and bool(self.idle_cpus)
+
     def _merged(self, level: str, vm: str | None, vcpu: int | None, split: bool) -> Iterator[tuple[_Path, int]]:
         """The paths of the level (one VM's, of one vCPU) in the whole recording's order, with their samples; not
         split: the paths of every CPU and thread merged, as CallGraph.weighted() groups them."""
-        scope = None if level == "host" else vm
-        idle = level == "host" and bool(self.idle_cpus)  # as the host profile: idle is from sched events
-        chosen = sorted((k, p) for (s, k), p in self.paths.items()
-                        if s == scope and vcpu in (None, p.sample.vcpu) and not (idle and p.sample.pid == 0))
+        chosen = sorted(self._chosen(level, vm, vcpu))
         at = 0
         while at < len(chosen):
             end = at + 1
@@ -190,30 +227,31 @@ class StreamedCallGraph(StreamedStacks):
             yield min(group, key=lambda p: p.first), sum(p.samples for p in group)
             at = end
 
+    def _ended_of(self, level: str, vm: str | None, vcpu: int | None) -> _Ended:
+        """What the notes of the level's paths count, from the paths or (paths=False) the counts kept of them."""
+        out = _Ended()
+        if self.with_paths:
+            for k, p in self._chosen(level, vm, vcpu):
+                out.add(k, p.samples, p.stack)
+            return out
+        scope, idle = self._scope(level, vm)
+        for (s, v, i), e in self.ended.items():
+            if s == scope and vcpu in (None, v) and not (idle and i):
+                out.merge(e)
+        return out
+
+    def stack_notes_of(self, level: str, vm: str | None = None, vcpu: int | None = None) -> list[str]:
+        """CallGraph.weighted(level, vm, vcpu).notes() of the whole recording, without making its paths."""
+        return self._ended_of(level, vm, vcpu).weighted(level, self._notes(level)).notes()
+
     def weighted(self, level: str, vm: str | None = None, vcpu: int | None = None) -> WeightedStacks:
         """CallGraph.weighted(level, vm, vcpu) of the whole recording (paths=False: without its paths, but with
         what its notes count, objects in the order the paths first name them)."""
         if not self.with_paths:
-            scope = None if level == "host" else vm
-            idle = level == "host" and bool(self.idle_cpus)
-            chosen = [e for (s, v, i), e in self.ended.items() if s == scope and vcpu in (None, v) and not (idle and i)]
-            out = WeightedStacks(level, [], np.empty(0, np.int64), [], [], samples=sum(e.samples for e in chosen),
-                                 without_stack=sum(e.without_stack for e in chosen),
-                                 resolve_notes=self._notes("") + self._notes(level))
-            for name, into in (("partial", out.partial), ("truncated", out.truncated)):
-                summed: dict[str, list] = {}
-                for e in chosen:
-                    for obj, (n, k) in getattr(e, name).items():
-                        got = summed.setdefault(obj, [0, k])
-                        got[0] += n
-                        got[1] = min(got[1], k)
-                for obj, (n, _k) in sorted(summed.items(), key=lambda kv: kv[1][1]):
-                    into[obj] += n
-            return out
+            return self._ended_of(level, vm, vcpu).weighted(level, self._notes(level))
         merged = list(self._merged(level, vm, vcpu, split=False))
         counts = np.array([n for _p, n in merged], np.int64)
-        out = WeightedStacks(level, [], counts, [], [], samples=int(counts.sum()),
-                             resolve_notes=self._notes("") + self._notes(level))
+        out = WeightedStacks(level, [], counts, [], [], samples=int(counts.sum()), resolve_notes=self._notes(level))
         for p, n in merged:
             out.add(p.path, p.context, n, p.stack, p.first)
         return out
@@ -226,12 +264,14 @@ class StreamedCallGraph(StreamedStacks):
             yield p.path, p.context, n, p.stack, p.sample
 
 
-def resolve_stacks_of(an: Analysis, known: dict[tuple[int, bytes], Stack]) -> SampleStacks:
-    """The stacks of a piece's samples (as CallGraph resolves a whole recording's), those in `known` as they are."""
+def resolve_stacks_of(an: Analysis, known: dict[tuple[int, bytes], Stack],
+                      unwinding: Unwinding | None = None) -> SampleStacks:
+    """The stacks of a piece's samples (as CallGraph resolves a whole recording's), those in `known` as they are,
+    stack copies unwound with the rules found before (`unwinding`)."""
     rec = an.rec
     with an.resolver.objects.aside():  # the whole recording's notes are of its samples' names only
         return resolve_stacks(an.samples, rec.stacks, rec.host_stacks, an.resolver, rec.processes(), an.vm_by_pid,
-                              rec.ustacks, known)
+                              rec.ustacks, known, unwinding)
 
 
 COPIES_IN_A_PIECE = 128 << 20  # bytes of user-stack copies (record -g --call-graph cfi) a piece holds at most

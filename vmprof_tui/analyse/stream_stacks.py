@@ -25,6 +25,8 @@ from vmprof_tui.record.stream import Scanned
 class StreamedStacks(StreamedAnalysis):
     """A StreamedAnalysis that also sums, at the host level, the rows of each VM's vCPU threads (vm_rows)."""
 
+    split_vm_rows = True  # False: not summed (a subclass whose report reads no vm_rows)
+
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
                  keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True) -> None:
@@ -36,7 +38,7 @@ class StreamedStacks(StreamedAnalysis):
 
     def _add(self, an: Analysis, lo: int) -> None:
         super()._add(an, lo)
-        if self.level != "host":
+        if self.level != "host" or not self.split_vm_rows:
             return
         s = an.samples
         vmm = np.array(sorted(an.vm_by_pid), np.int64)

@@ -287,19 +287,27 @@ def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
                      lambda scanned, bundles: stream_steal.StreamedSteal(scanned, bundles, stream.PIECE_ROWS), True)
 
 
+def without_call_stacks(recording: str) -> Failure:
+    return Failure(f"{recording} was recorded without call stacks: record with vmprof record -g")
+
+
 def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
-                  piece_rows: int | None = None, stacks: bool = False) -> StreamedAnalysis | None:
+                  piece_rows: int | None = None, stacks: bool = False,
+                  call_graph: bool = False) -> StreamedAnalysis | None:
     """REC analysed a piece at a time (analyse/stream.py) for the profiles of `level` (host, or guest: of --vm
     or of every VM) when it is larger than a piece and can be read so (an intact recording); None: load it whole
     (load_analysis).  kernel: the rows carry their kernel-mode samples (row filters).  stacks: for the stack
     formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows) and the call graph
     views.  A recording with call stacks has its call paths summed too (analyse/stream_callgraph.py; without
-    `stacks` only what their notes count)."""
+    `stacks` only what their notes count).  call_graph: the call stacks are what is asked for (--children,
+    --callers): a recording without them is refused before its pieces are read."""
     from vmprof_tui.analyse import stream
 
     rows = piece_rows or stream.PIECE_ROWS
 
     def make(scanned: Scanned, bundles: dict[str, Path]) -> StreamedAnalysis:
+        if call_graph and scanned.rec.stacks is None:
+            raise without_call_stacks(args.recording)
         if scanned.rec.stacks is not None:
             from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph, stack_piece_rows
 

@@ -21,6 +21,7 @@ from vmprof_tui.cli.common import (
     load_analysis,
     load_streamed,
     no_vm,
+    without_call_stacks,
     write_output,
 )
 from vmprof_tui.lbr.recording import simulated_note
@@ -123,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
     # made from the profiles alone; -K/-U with --percentage absolute also analyse the level without them
     absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
     streamable = args.format in ORDERED + FLAT and not (args.time_range or args.cpu is not None or absolute_mode)
-    paths = args.format in FLAT or bool(args.children or args.callers)  # what is made of stacks or call paths
-    an = (streamable and load_streamed(args, level, bool(filters), stacks=paths)) or load_analysis(args)
+    views = bool(args.children or args.callers)
+    paths = args.format in FLAT or views  # what is made of stacks or call paths
+    an = (streamable and load_streamed(args, level, bool(filters), stacks=paths, call_graph=views)) \
+        or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)
@@ -158,11 +161,12 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | 
     from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph
     from vmprof_tui.show.callgraph_table import render_callers, render_children
 
-    # read a piece at a time, a recording with call stacks has them summed (StreamedCallGraph), one without none
+    # read a piece at a time, a recording with call stacks has them summed (StreamedCallGraph); one without is
+    # refused before its pieces are read (load_streamed)
     streamed = an if isinstance(an, StreamedCallGraph) else None
     graph = CallGraph(an) if not isinstance(an, StreamedAnalysis) else None
     if not (streamed is not None or (graph is not None and graph.recorded)):
-        raise Failure(f"{args.recording} was recorded without call stacks: record with vmprof record -g")
+        raise without_call_stacks(args.recording)
     vms = [args.vm] if level == "guest" else [None]
     if level == "guest" and not args.vm:
         vms = an.vm_names()
@@ -173,8 +177,11 @@ def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | 
         profile = an.guest_profile(vm, args.vcpu) if vm else an.host_profile(args.cpu)
         if filters:  # -K/-U: the header's totals are of that mode's samples, as the call graph's
             profile = filtered(profile, filters)
-        ws = streamed.weighted(level, vm, args.vcpu) if streamed else graph.weighted(  # type: ignore[union-attr]
-            level, vm, args.vcpu, args.cpu)
+        if streamed is not None:
+            ws = streamed.weighted(level, vm, args.vcpu)
+        else:
+            assert graph is not None  # checked above
+            ws = graph.weighted(level, vm, args.vcpu, args.cpu)
         if args.callers and not callers(ws, args.callers):
             known += [r.function for r in children(ws)[:KNOWN_SHOWN]]
             continue
@@ -220,16 +227,19 @@ def with_stack_notes(an: Analysis | StreamedAnalysis, profile: Profile, cpu: int
     truncated or missing, which every format carries as it carries the analysis' notes."""
     if an.rec.stacks is None:
         return profile
-    if isinstance(an, StreamedAnalysis):  # with call stacks: a StreamedCallGraph (load_streamed)
-        ws = an.weighted(profile.level, profile.vm, profile.vcpu)  # type: ignore[attr-defined]
-        return dataclasses.replace(profile, notes=[*profile.notes, *ws.notes()])
     from vmprof_tui.analyse.callgraph import call_graph
+    from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph
 
-    graph = call_graph(an)
-    if not graph.recorded:
-        return profile
-    ws = graph.weighted(profile.level, profile.vm, profile.vcpu, cpu)
-    return dataclasses.replace(profile, notes=[*profile.notes, *ws.notes()])
+    if isinstance(an, StreamedAnalysis):
+        # load_streamed makes a StreamedCallGraph of every recording with call stacks
+        assert isinstance(an, StreamedCallGraph)
+        notes = an.stack_notes_of(profile.level, profile.vm, profile.vcpu)  # summed counts: no path is made
+    else:
+        graph = call_graph(an)
+        if not graph.recorded:
+            return profile
+        notes = graph.weighted(profile.level, profile.vm, profile.vcpu, cpu).notes()
+    return dataclasses.replace(profile, notes=[*profile.notes, *notes])
 
 
 def _values(given: list[str]) -> set[str]:

@@ -90,6 +90,19 @@ class SampleStacks:
     level_notes: dict[str, list[str]] = field(default_factory=dict)  # "guest"/"host" -> notes of that level only
 
 
+@dataclass
+class Unwinding:
+    """The unwind rules of the objects and guest kernels met unwinding stack copies (--call-graph cfi), each found
+    once: a new one per resolve_stacks call, or one for every piece of a recording (analyse/stream_callgraph.py),
+    which then reads each call-frame table once, not once a piece."""
+    rules: Rules
+    kernels: dict[str, tuple[KernelRules | None, str | None]] = field(default_factory=dict)  # file -> rules, why not
+
+    @staticmethod
+    def of(resolver: Resolver) -> Unwinding:
+        return Unwinding(Rules(resolver.objects, ENTRY_FUNCTIONS))
+
+
 def stack_keys(kind: int, distinct: np.ndarray) -> list[tuple[int, bytes]]:
     """The key of each distinct stack record (rows of _distinct; kind: guest 0, host 1, host inline 2): its fields
     as big-endian bytes without the trailing zeros (an unused chain's), which order as the rows do."""
@@ -146,11 +159,13 @@ def _lookup_addresses(chain: np.ndarray) -> np.ndarray:
 def resolve_stacks(samples: np.ndarray, stacks: np.ndarray, host_stacks: MappingOf[int, np.ndarray],
                    resolver: Resolver, processes: MappingOf[int, dict], vm_of_pid: MappingOf[int, str],
                    ustacks: np.ndarray | None = None,
-                   known: dict[tuple[int, bytes], Stack] | None = None) -> SampleStacks:
+                   known: dict[tuple[int, bytes], Stack] | None = None,
+                   unwinding: Unwinding | None = None) -> SampleStacks:
     """Stacks of `samples` from their stack records (`Recording.stacks`), the host stack map entries and the
     user-stack copies (`Recording.ustacks`, --call-graph cfi).  `resolver` must have resolved these samples
     already (its kallsyms and guest bundles are used).  known: stacks by key (SampleStacks.keys) resolved before,
-    taken as they are (the pieces of one recording); the new ones are added."""
+    taken as they are (the pieces of one recording); the new ones are added.  unwinding: the unwind rules found
+    before (the pieces of one recording), else new ones."""
     rows = stack_rows(samples, stacks)
     out = SampleStacks(np.full(len(samples), -1, np.int64))
     has = rows >= 0
@@ -159,7 +174,8 @@ def resolve_stacks(samples: np.ndarray, stacks: np.ndarray, host_stacks: Mapping
     st = stacks[np.where(has, rows, 0)]  # a copy: unwound chains are written into it
     copied = has & ((st["flags"] & STACK_USER_COPY) != 0)
     if copied.any():
-        _unwind_copies(samples, st, copied, ustacks, resolver, processes, vm_of_pid, out)
+        _unwind_copies(samples, st, copied, ustacks, resolver, processes, vm_of_pid, out,
+                       unwinding or Unwinding.of(resolver))
     guest = has & ((samples["flags"] & SAMPLE_GUEST) != 0) & ((st["flags"] & STACK_GUEST_WALKED) != 0)
     host = has & ~guest
     known = {} if known is None else known
@@ -173,7 +189,7 @@ GUEST_USER_TOP = np.uint64(1 << 47)  # guest addresses below are user space (the
 
 def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, ustacks: np.ndarray | None,
                    resolver: Resolver, processes: MappingOf[int, dict], vm_of_pid: MappingOf[int, str],
-                   out: SampleStacks) -> None:
+                   out: SampleStacks, unwinding: Unwinding) -> None:
     """Unwind the user-stack copies of these samples into their stack records' guest[] as walked chains (guest)
     or inline user chains (host), marked partial where the unwinding stopped early."""
     idx = np.nonzero(copied)[0]
@@ -192,7 +208,8 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
                 if snap and snap.get("maps") else None
     spaces = [found[k] for k in zip(s["pid"].tolist(), np.where(guest, cr3, 0).tolist(), strict=True)]
     have = urows >= 0
-    rules = Rules(resolver.objects, ENTRY_FUNCTIONS)
+    rules = unwinding.rules
+    noted = len(rules.notes)  # those of earlier pieces went with them
     chains = np.zeros((len(idx), STACK_GUEST_MAX), np.uint64)
     depth = np.ones(len(idx), np.uint8)
     reason = np.full(len(idx), LOST, np.int8)
@@ -204,7 +221,8 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     in_kernel = guest & (((s["flags"] & SAMPLE_GUEST_KERNEL) != 0) | (s["guest_ip"] >= GUEST_USER_TOP))
     if in_kernel.any():  # the guest kernel's own frames above the user chain it was entered from
         at = np.nonzero(in_kernel)[0]
-        kernel = _guest_kernel_frames(s[at], st[idx[at]], urows[at], ustacks, resolver, vm_of_pid, out)
+        kernel = _guest_kernel_frames(s[at], st[idx[at]], urows[at], ustacks, resolver, vm_of_pid, out,
+                                      unwinding.kernels)
         _below_guest_kernel(kernel, chains, depth, at, have)
     st["flags"][idx] &= np.uint8(~STACK_GUEST_PARTIAL & 0xFF)  # a walk's verdict; the unwinding's is below
     st["guest"][idx] = chains
@@ -213,11 +231,12 @@ def _unwind_copies(samples: np.ndarray, st: np.ndarray, copied: np.ndarray, usta
     st["flags"][idx] |= np.where(guest, STACK_GUEST_WALKED, STACK_HOST_USER_INLINE).astype(np.uint8) | partial
     for part, level, what in ((guest, "guest", "guest"), (~guest, "host", "host user")):
         out.level_notes.setdefault(level, []).extend(reason_notes(reason[part], what))
-    out.notes += rules.notes
+    out.notes += rules.notes[noted:]
 
 
 def _guest_kernel_frames(s: np.ndarray, walked: np.ndarray, urows: np.ndarray, ustacks: np.ndarray | None,
-                         resolver: Resolver, vm_of_pid: MappingOf[int, str], out: SampleStacks) -> list[np.ndarray]:
+                         resolver: Resolver, vm_of_pid: MappingOf[int, str], out: SampleStacks,
+                         kernels: dict[str, tuple[KernelRules | None, str | None]]) -> list[np.ndarray]:
     """Each guest-kernel sample's own frames, leaf first, above the user RIP its entry frame returns to: unwound
     by the kernel's call-frame information (its ELF file in the VM's bundle) from the kernel stack copied at the
     end of the user stack's copy (bpf/stacks.h), else as the sampler walked them by frame pointers, the reason
@@ -234,7 +253,7 @@ def _guest_kernel_frames(s: np.ndarray, walked: np.ndarray, urows: np.ndarray, u
     by_cfi = 0
     for pid in set(s["pid"][flagged].tolist()):
         sel = np.nonzero(flagged & (s["pid"] == pid))[0]
-        rules = _kernel_rules(resolver.guests.get(vm_of_pid.get(pid, f"vm-{pid}")), out.notes)
+        rules = _kernel_rules(resolver.guests.get(vm_of_pid.get(pid, f"vm-{pid}")), out.notes, kernels)
         if rules is None:
             why = "the VM's bundle has no call-frame information of its kernel"
             fallback[why] = fallback.get(why, 0) + len(sel)
@@ -254,17 +273,23 @@ def _guest_kernel_frames(s: np.ndarray, walked: np.ndarray, urows: np.ndarray, u
     return frames
 
 
-def _kernel_rules(g: GuestSymbols | None, notes: list[str]) -> KernelRules | None:
-    """The unwind rules of a VM's guest kernel, or None (no ELF file in its bundle, or one without CFI)."""
+def _kernel_rules(g: GuestSymbols | None, notes: list[str],
+                  kernels: dict[str, tuple[KernelRules | None, str | None]]) -> KernelRules | None:
+    """The unwind rules of a VM's guest kernel, or None (no ELF file in its bundle, or one without CFI); read once
+    per file into `kernels`, a failure noted at every call as at the first."""
     path = g.bundle.kernel.object_path if g is not None and g.bundle is not None and g.bundle.kernel else None
     if path is None:
         return None
-    try:
-        table = read_cfi(path)
-    except (BundleError, OSError) as e:
-        notes.append(f"guest kernel: {e}: its frames by frame pointers")
-        return None
-    return KernelRules(table) if len(table) else None
+    if str(path) not in kernels:
+        try:
+            table = read_cfi(path)
+            kernels[str(path)] = (KernelRules(table) if len(table) else None, None)
+        except (BundleError, OSError) as e:
+            kernels[str(path)] = (None, f"guest kernel: {e}: its frames by frame pointers")
+    rules, why = kernels[str(path)]
+    if why is not None:
+        notes.append(why)
+    return rules
 
 
 def _below_guest_kernel(kernel: list[np.ndarray], chains: np.ndarray, depth: np.ndarray, rows: np.ndarray,

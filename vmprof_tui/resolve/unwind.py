@@ -84,11 +84,15 @@ class Rules:
     _objects: dict[tuple[int, int], _Object] = field(default_factory=dict)
     _rules: dict[tuple[int, int], Rule | None] = field(default_factory=dict)
     _entry: dict[tuple[int, int], bool] = field(default_factory=dict)
+    # the spaces keyed by id above, held so that no other takes their id (the object cache drops spaces, and one
+    # Rules serves every piece of a recording: resolve.stacks.Unwinding)
+    _held: dict[int, AddressSpace] = field(default_factory=dict)
 
     def is_entry(self, space: AddressSpace, pc: int) -> bool:
         """`pc` lies in a process or thread entry function."""
         key = (id(space), pc)
         if key not in self._entry:
+            self._held[id(space)] = space
             self._entry[key] = space.resolve(np.array([pc], np.uint64), self.objects)[0][0] in self.entries
         return self._entry[key]
 
@@ -128,6 +132,7 @@ class Rules:
         if rule is not False:
             return rule  # type: ignore[return-value]
         if id(space) not in self._spaces:
+            self._held[id(space)] = space
             maps = sorted(space.maps, key=lambda m: m.start)
             self._spaces[id(space)] = ([m.start for m in maps], [m.end for m in maps], maps)
         starts, ends, maps = self._spaces[id(space)]
