@@ -126,7 +126,7 @@ def test_guest_kernel_frames_join_the_unwound_user_chain() -> None:
     chains[1, :1] = [0x401000]
     chains[2, :] = 0x500000
     depth = np.array([3, 1, STACK_GUEST_MAX], np.uint8)
-    kernel = _guest_kernel_frames(np.zeros(3, SAMPLE_DTYPE), walked, np.full(3, -1), None, None, {}, None)
+    kernel = _guest_kernel_frames(np.zeros(3, SAMPLE_DTYPE), walked, np.full(3, -1), None, None, {}, None, {})
     _below_guest_kernel(kernel, chains, depth, np.arange(3), np.array([True, False, True]))
     assert chains[0, :depth[0]].tolist() == [*k, 0x401000, 0x402000, 0x403000] and not chains[0, depth[0]:].any()
     assert chains[1, :depth[1]].tolist() == k and depth[1] == 3
@@ -163,7 +163,7 @@ def test_a_hostile_guest_kernel_stack_or_table_ends_partial(tmp_path: Path) -> N
     bad.write_bytes(bytes(data))
     notes: list[str] = []
     vm = SimpleNamespace(bundle=SimpleNamespace(kernel=SimpleNamespace(object_path=bad)))
-    assert _kernel_rules(vm, notes) is None  # type: ignore[arg-type]
+    assert _kernel_rules(vm, notes, {}) is None  # type: ignore[arg-type]
     assert len(notes) == 1 and "\n" not in notes[0] and "frame pointers" in notes[0], notes
     print(notes[0])
 

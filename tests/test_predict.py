@@ -233,8 +233,10 @@ def test_probe_replaces_the_loops_and_the_wait_share(tmp_path: Path) -> None:
 
 
 def test_memory_probe_tells_a_pointer_chase_from_arithmetic(tmp_path: Path) -> None:
-    """measure --memory-probe: a program chasing pointers through the memory loop's working set behaves mostly
-    like the loop (its set-up is arithmetic), one doing arithmetic in registers does not (share near 0)."""
+    """measure --memory-probe: a program chasing pointers through the memory loop's working set has a memory share,
+    one doing arithmetic in registers none.  How much of the chase the probe finds moves with the state of the L3,
+    which this machine shares with the physical host's other tenants (0.09-0.87 measured here, docs/predict.md):
+    what the probe guarantees is the separation, not the size of the chase's share."""
     src = tmp_path / "p.c"
     src.write_text("""#include <stdlib.h>
 #include <sys/mman.h>
@@ -267,8 +269,8 @@ int main(int argc, char **argv) {
     arith = _measure(tmp_path / "arith.json", str(prog), extra=("--memory-probe",))
     m_chase, m_arith = chase["reference"]["memory"], arith["reference"]["memory"]
     assert m_chase["loop_slowdown"] > 1.05  # the neighbour does evict the loop's lines
-    assert m_chase["share"] > 0.4 and m_arith["share"] < 0.1, (m_chase, m_arith)
-    assert chase["reference"]["memory_loop_s"] > 0 and P.load_counts(tmp_path / "chase.json").memory_share > 0.4
+    assert m_chase["share"] > 0.05 > 0.01 > m_arith["share"], (m_chase, m_arith)
+    assert chase["reference"]["memory_loop_s"] > 0 and P.load_counts(tmp_path / "chase.json").memory_share > 0.05
 
 
 def _one_line_failure(r: subprocess.CompletedProcess, code: int = 1) -> str:
