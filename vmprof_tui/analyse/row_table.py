@@ -129,11 +129,11 @@ class RowTable:
         ok = np.array([all(test(r) for test in tests) for r in self.take(first).rows()], bool)
         return self.take(ok[inverse])
 
-    def _sum(self, values: np.ndarray, rows: np.ndarray | slice = slice(None)) -> float:
-        """sum() of the values of `rows`, in row order, of the type Python's sum gives the rows' own numbers: a
-        numpy float once one of them is (the JSON's ratios round as numpy does then)."""
+    def _sum(self, values: np.ndarray, rows: np.ndarray | slice = slice(None), of_samples: bool = True) -> float:
+        """sum() of the values of `rows`, in row order, of the type Python's sum gives the rows' own numbers: for
+        values made of samples, a numpy float once one row's is (the JSON's ratios round as numpy does then)."""
         total = sum(values[rows].tolist())
-        return np.float64(total) if self.numpy_samples[rows].any() else total
+        return np.float64(total) if of_samples and self.numpy_samples[rows].any() else total
 
     def total(self) -> float:
         """sum(r.samples for r in rows)."""
@@ -154,7 +154,6 @@ class RowTable:
         other = ~function
         steal = other & ~np.isin(self.kind, _IDLE + [VM, _HALT_POLL])
         mine = function & ~idle_task
-        # (kernel samples are Python floats in every row: only the parts made of samples take a numpy type)
         parts = [("os", mine, self.kernel, 0), ("user", mine, self.samples - self.kernel, 1),
                  ("idle", idle_task | (other & np.isin(self.kind, _IDLE)), self.samples, 0),
                  ("vm", self.kind == VM, self.samples, 0), ("halt_poll", self.kind == _HALT_POLL, self.samples, 0),
@@ -162,7 +161,8 @@ class RowTable:
         touched = []
         for key, rows, values, then in parts:
             if rows.any():  # parts[key] += each value, in row order; first touched at its first row
-                value = float(np.cumsum(values[rows])[-1]) if key == "os" else self._sum(values, rows)
+                # (kernel samples are Python floats in every row: only the parts made of samples take a numpy type)
+                value = self._sum(values, rows, of_samples=key != "os")
                 touched.append((int(np.argmax(rows)), then, key, value))
         summed = {key: value for _at, _then, key, value in sorted(touched)}
         keys = ["os", "user", "idle", "vm"] if level == "host" else ["os", "user", "idle", "steal"] + (

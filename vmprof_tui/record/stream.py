@@ -309,8 +309,8 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
             if lo is None:  # no records
                 return
             last = max(int(t["time_ns"].max()) for t in (tables[fmt.SAMPLES], tables[fmt.SCHED]) if len(t))
-            sched = tables[fmt.SCHED]
-            yield Piece(lo, end_of(first, last), _ordered(tables[fmt.SAMPLES]), sched, sched[:0],
+            rest = tables[fmt.SCHED]
+            yield Piece(lo, end_of(first, last), _ordered(tables[fmt.SAMPLES]), rest, rest[:0],
                         {kind: _ordered(tables[kind]) for kind in extra})
         finally:
             for job in ahead:
