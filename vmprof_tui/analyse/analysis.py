@@ -388,23 +388,25 @@ class Analysis:
         host_rows = rows[-1]
         return SpanSummary(self.span(), self.vm_names(), host.parts, host_rows, self._host_other_rows(host), vcpus)
 
-    def host_sums(self, kernel: bool = True) -> tuple[HostParts, RowCounts, RowCounts | None, list[Row]]:
-        """The host profile (of every CPU) in parts and rows that add across spans: SpanSummary's host, host_rows
-        (and of them, with `kernel`, the samples in kernel mode: Row.kernel) and host_others (analyse/stream.py
-        sums them over a recording's pieces)."""
-        host = self._host_shares(None)
+    def host_sums(self, kernel: bool = True,
+                  cpu: int | None = None) -> tuple[HostParts, RowCounts, RowCounts | None, list[Row]]:
+        """The host profile (of every CPU, or of `cpu`) in parts and rows that add across spans: SpanSummary's
+        host, host_rows (and of them, with `kernel`, the samples in kernel mode: Row.kernel) and host_others
+        (analyse/stream.py sums them over a recording's pieces)."""
+        host = self._host_shares(cpu)
         idx = np.flatnonzero(host.host)
         groups = [idx, idx[kernel_mode(self.samples["flags"][idx])]] if kernel else [idx]
         rows = self.row_counts_of(groups)
         return host.parts, rows[0], rows[1] if kernel else None, self._host_other_rows(host)
 
-    def idle_sums(self, kernel: bool = True) -> tuple[set[int], set[int], dict[int, tuple[int, list[RowCounts]]]]:
+    def idle_sums(self, kernel: bool = True,
+                  cpu: int | None = None) -> tuple[set[int], set[int], dict[int, tuple[int, list[RowCounts]]]]:
         """What makes a streamed host profile's idle the whole recording's (analyse/stream.py): the CPUs whose idle
         samples the sched events replaced here, of them those idle from the start (their first switch to or from
         idle leaves idle), and per other CPU its idle samples kept: a count, their rows (and with `kernel`, those
-        in kernel mode)."""
+        in kernel mode).  cpu: of that CPU's samples only (the CPUs replaced are every CPU's)."""
         idle_ns, at_start = self._cpu_idle
-        idx = np.flatnonzero(self._host_shares(None).host & (self.samples["pid"] == 0))
+        idx = np.flatnonzero(self._host_shares(cpu).host & (self.samples["pid"] == 0))
         by_cpu = dict(arrays.group_by(self.samples["cpu"], idx))
         groups = list(by_cpu.values())
         if kernel:

@@ -29,7 +29,7 @@ from vmprof_tui.analyse.timeline import SwitchContext
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, STACKS, USTACKS, Recording
-from vmprof_tui.record.stream import Scanned, pieces
+from vmprof_tui.record.stream import Piece, Scanned, pieces
 from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolver
@@ -125,21 +125,35 @@ class WholeNeeded(Exception):
     """The recording has what a piece at a time cannot report as the whole recording does: load it whole."""
 
 
+class RangeAfterEnd(Exception):
+    """--time-range starts at or after the end of the recording, which spans `span_s` seconds."""
+
+    def __init__(self, span_s: float) -> None:
+        super().__init__(span_s)
+        self.span_s = span_s
+
+
 class StreamedAnalysis:
     """What `vmprof report` reads of an Analysis (VM names, vCPUs, host and guest profiles), summed piece by piece."""
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
                  keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True,
-                 shares_only: bool = True, resolver: Resolver | None = None) -> None:
+                 shares_only: bool = True, resolver: Resolver | None = None, cpu: int | None = None,
+                 time_range: tuple[float, float] | None = None) -> None:
         """level: the profiles asked for, host or guest (of `vm`, else of every VM), or all (both: the fleet's one
         pass over a window); only their sums are kept.
         keep: the samples to analyse (`report -K/-U`), as prepare's.  kernel: each row's kernel-mode samples are
         summed too (Row.kernel: what a filtered profile's ratios are made of; else 0).  shares_only: each piece's
         Analysis as Analysis(shares_only) makes it (False: with the holders and co-stop a subclass's _add sums).
         resolver: a new one for this recording, with symbols loaded already (the fleet's workers keep guest bundles
-        and kallsyms across windows); its kallsyms, when set, are the recording's, which are then not parsed."""
+        and kallsyms across windows); its kallsyms, when set, are the recording's, which are then not parsed.
+        cpu: the host level of that CPU only (report --cpu).  time_range: (from, to) in seconds after the first
+        record, as prepare's: the pieces are cut to it, and those outside it only carry their switches on."""
         self.kernel = kernel
+        self.cpu, self.time_range = cpu, time_range
+        self.range_ns: tuple[int, int] | None = None  # the span of time_range, as prepare makes it
+        self.sample_cpus: set[int] = set()  # the CPUs the samples name (report --cpu checks it names one)
         self.rec = rec = scanned.rec
         self.level, self.vm = level, vm
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
@@ -167,42 +181,61 @@ class StreamedAnalysis:
         snapshot = rec.snapshot if resolver.kallsyms is None else without_kallsyms
         processes = rec.processes()  # the same in every piece
         memo = new_memo()  # so is what a sample's key resolves to
-        for piece in pieces(scanned, piece_rows, lambda first, last: recording_end(first, last, rec.end)):
+        ends: list[int] = []  # where the recording ends, known at its last piece
+
+        def end_of(first: int, last: int) -> int:
+            ends.append(recording_end(first, last, rec.end))
+            return ends[0]
+
+        first_ns: int | None = None  # the recording's first record: time_range counts from it
+        for piece in pieces(scanned, piece_rows, end_of):
+            first_ns = piece.lo if first_ns is None else first_ns
+            if cpu is not None:
+                self.sample_cpus.update(np.flatnonzero(np.bincount(piece.samples["cpu"])).tolist())
+            span, samples = (piece.lo, piece.hi), piece.samples
+            if time_range is not None:
+                span, samples = _in_range(piece, time_range, first_ns, ends[0] if ends else None)
+            self.has_sched |= bool(len(piece.sched))
+            if span[0] >= span[1]:  # outside the range: only what is open at its end goes on
+                context.advance(piece.sched)
+                continue
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
-            part = Recording(rec.path, rec.meta, piece.samples, sched, snapshot, rec.bundles, rec.object_tables,
+            part = Recording(rec.path, rec.meta, samples, sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
             if rec.stacks is not None:  # call stacks, cut as the samples (analyse/stream_callgraph.py)
                 part.stacks, part.ustacks = piece.stacks[STACKS], piece.stacks.get(USTACKS)
                 part.host_stacks = rec.host_stacks
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
-            an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
+            an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=span,
                                   sched_in_order=True, memo=memo),
                           shares_only=shares_only)
             if any(listed.get(tid) != vcpu for tid, vcpu in an.vcpu_of_tid.items()):
                 raise WholeNeeded("a vCPU thread that the VM list does not name")
             if self.start_ns is None:
-                self.start_ns = piece.lo
-            self._add(an, piece.lo)
+                self.start_ns = span[0]
+            self._add(an, span[0])
             context.advance(piece.sched)
-            self.has_sched |= bool(len(piece.sched))
             snapshot = without_kallsyms  # parsed once, by the first piece
             self.pieces += 1
-            del an, part, sched, piece  # before the next piece is read and prepared, not once it is
+            del an, part, sched, piece, samples  # before the next piece is read and prepared, not once it is
             for rows in [self.host_rows, *(v.rows for v in self.vcpus.values())]:
                 rows.settle()
+        if time_range is not None and first_ns is not None and ends:
+            self.range_ns = range_span(time_range, first_ns, ends[0])
 
     def _add(self, an: Analysis, lo: int) -> None:
         self.vm_index.update(an.vm_index)
         self.vm_by_pid.update(an.vm_by_pid)
         self.notes.update(dict.fromkeys(an.notes))
         if self.level in ("host", "all"):
-            parts, rows, kernel, others = an.host_sums(self.kernel)
+            parts, rows, kernel, others = an.host_sums(self.kernel, self.cpu)
             self.host.add(parts)
             self.host_rows.add(rows, kernel)
             for r in others:
                 self._add_other(r)
             self._add_idle(an, lo)
-            self.unresolved += int(np.count_nonzero(an.unresolved))
+            unresolved = an.unresolved if self.cpu is None else an.unresolved & (an.samples["cpu"] == self.cpu)
+            self.unresolved += int(np.count_nonzero(unresolved))
         if self.level != "host":
             self._add_guest(an)
 
@@ -244,8 +277,10 @@ class StreamedAnalysis:
         switch leaves idle; a piece knows only the switches up to its end.  So a CPU's idle samples kept in a
         piece are taken away again once it switches to or from idle, and a CPU first seen leaving idle gets the
         time from the recording's start to its piece."""
-        replaced, at_start, kept = an.idle_sums(self.kernel)
+        replaced, at_start, kept = an.idle_sums(self.kernel, self.cpu)
         assert self.start_ns is not None
+        if self.cpu is not None:
+            at_start = at_start & {self.cpu}
         if first := len(at_start - self.idle_cpus):
             before = first * (lo - self.start_ns) / self.period_ns
             self._add_other(Row(before, *RowKind.CPU_IDLE.label(), kind=RowKind.CPU_IDLE))
@@ -263,6 +298,8 @@ class StreamedAnalysis:
     # -- what the report reads -----------------------------------------------------------------------------
     @property
     def duration_s(self) -> float:
+        if self.range_ns is not None:
+            return (self.range_ns[1] - self.range_ns[0]) / 1e9
         return self.rec.duration_s
 
     def vm_names(self) -> list[str]:
@@ -304,13 +341,14 @@ class StreamedAnalysis:
 
     def host_profile(self, cpu: int | None = None, table: bool = False) -> Profile:
         """table: its rows as a RowTable (a report's table, JSON and CSV), else as Rows."""
-        if cpu is not None or self.level not in ("host", "all"):
+        if cpu != self.cpu or self.level not in ("host", "all"):
             raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
         rows: list[Row] | RowTable = self._table(self.host_rows, None).joined(RowTable.of_rows(self.other_rows()))
         if not table:
             rows = rows.rows()
+        notes = [*self.notes, f"CPU {cpu} only"] if cpu is not None else list(self.notes)
         return Profile("host", None, None, self.host.total, self.duration_s, self.rec.lost_samples, self.host.ratios(),
-                       rows, self.unresolved, list(self.notes))
+                       rows, self.unresolved, notes)
 
     def other_rows(self) -> list[Row]:
         """The host profile's rows after its functions: CPU idle, then each VM's."""
@@ -340,6 +378,29 @@ class StreamedAnalysis:
             notes.append("no scheduler events in this recording: idle and steal are unknown")
         return Profile("guest", vm, vcpu, parts.total, self.duration_s, self.rec.lost_samples, parts.ratios(), rows,
                        unresolved, notes)
+
+
+def range_span(time_range: tuple[float, float], first_ns: int, end_ns: int) -> tuple[int, int]:
+    """[lo, hi) on the host clock of --time-range (from, to) in a recording from first_ns to end_ns, as
+    load_analysis and prepare make it: `to` past the end is the end (RangeAfterEnd: `from` is)."""
+    span_s = (end_ns - first_ns) / 1e9
+    if time_range[0] >= span_s:
+        raise RangeAfterEnd(span_s)
+    return first_ns + round(time_range[0] * 1e9), first_ns + round(min(time_range[1], span_s) * 1e9)
+
+
+def _in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
+              end_ns: int | None) -> tuple[tuple[int, int], np.ndarray]:
+    """The span of a piece inside --time-range and its samples there, as prepare cuts the whole recording (end_ns:
+    the recording's end, known at its last piece; before it, the range's end is as given, which no earlier piece
+    reaches past the recording's end)."""
+    if end_ns is not None:
+        lo, hi = range_span(time_range, first_ns, end_ns)
+    else:
+        lo, hi = (first_ns + round(x * 1e9) for x in time_range)
+    t = piece.samples["time_ns"]
+    inside = (t >= lo) & ((t < hi) | (end_ns is not None and hi >= end_ns))
+    return (max(piece.lo, lo), min(piece.hi, hi)), piece.samples[inside]
 
 
 def first_switches(sched: np.ndarray) -> np.ndarray:

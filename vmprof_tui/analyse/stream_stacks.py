@@ -29,12 +29,13 @@ class StreamedStacks(StreamedAnalysis):
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
-                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True) -> None:
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True,
+                 cpu: int | None = None, time_range: tuple[float, float] | None = None) -> None:
         self.vm_parts: dict[int, tuple[int, _Rows]] = {}  # VMM pid -> its vCPU threads' samples: count, rows
         meta = scanned.rec.meta
         self.frequency = int(meta.get("frequency", 1000))  # what pprof's comments say of the sampling
         self.backend = meta.get("backend", backends.NONE)
-        super().__init__(scanned, guest_bundles, level, vm, piece_rows, keep, kernel)
+        super().__init__(scanned, guest_bundles, level, vm, piece_rows, keep, kernel, cpu=cpu, time_range=time_range)
 
     def _add(self, an: Analysis, lo: int) -> None:
         super()._add(an, lo)
@@ -42,7 +43,8 @@ class StreamedStacks(StreamedAnalysis):
             return
         s = an.samples
         vmm = np.array(sorted(an.vm_by_pid), np.int64)
-        sel = np.flatnonzero(an.in_vm & arrays.member(s["pid"].astype(np.int64), vmm))
+        on = an.in_vm if self.cpu is None else an.in_vm & (s["cpu"] == self.cpu)
+        sel = np.flatnonzero(on & arrays.member(s["pid"].astype(np.int64), vmm))
         by_pid = dict(arrays.group_by(s["pid"], sel))
         groups = list(by_pid.values())
         if self.kernel:
@@ -56,7 +58,7 @@ class StreamedStacks(StreamedAnalysis):
     def vm_rows(self, row: Row, cpu: int | None) -> list[Row]:
         """analysis.vm_rows: a host-level VM row split into the rows of its vCPU threads' samples; [row] when
         they do not add up to it."""
-        if row.kind is not RowKind.VM or row.pid is None or cpu is not None or row.pid not in self.vm_parts:
+        if row.kind is not RowKind.VM or row.pid is None or cpu != self.cpu or row.pid not in self.vm_parts:
             return [row]
         count, summed = self.vm_parts[row.pid]
         if count != int(round(row.samples)):

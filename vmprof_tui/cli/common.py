@@ -202,11 +202,16 @@ def load_analysis(args: argparse.Namespace) -> Analysis:
         w0, w1 = recording_span(rec)
         span = (w1 - w0) / 1e9
         if lo >= span:
-            raise Failure(f"--time-range {lo:g}:{hi:g} starts after the end of {args.recording} "
-                          f"(it spans 0 to {span:.2f} s)")
+            raise range_after_end(args, span)
         time_range = (lo, min(hi, span))
     bundles = _parse_bundles(args.guest_bundle)
     return _checked(args, Analysis(prepare(rec, bundles, time_range=time_range, keep=_mode(args))), bundles)
+
+
+def range_after_end(args: argparse.Namespace, span_s: float) -> Failure:
+    lo, hi = args.time_range
+    return Failure(f"--time-range {lo:g}:{hi:g} starts after the end of {args.recording} "
+                   f"(it spans 0 to {span_s:.2f} s)")
 
 
 def _mode(args: argparse.Namespace) -> Callable[[np.ndarray], np.ndarray] | None:
@@ -273,6 +278,8 @@ def _streamed(args: argparse.Namespace, rows: int, make: Callable[[Scanned, dict
         raise Failure(str(e)) from None
     except stream.WholeNeeded:
         return None
+    except stream.RangeAfterEnd as e:
+        raise range_after_end(args, e.span_s) from None
     return _checked(args, an, bundles)
 
 
@@ -300,14 +307,19 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
     formats (analyse/stream_stacks.py: a host-level VM row split into its vCPU threads' rows) and the call graph
     views.  A recording with call stacks has its call paths summed too (analyse/stream_callgraph.py; without
     `stacks` only what their notes count).  call_graph: the call stacks are what is asked for (--children,
-    --callers): a recording without them is refused before its pieces are read."""
+    --callers): a recording without them is refused before its pieces are read.  --cpu (host level) and
+    --time-range cut the pieces, of a recording without call stacks (one with them: None)."""
     from vmprof_tui.analyse import stream
 
     rows = piece_rows or stream.PIECE_ROWS
+    cpu = getattr(args, "cpu", None) if level == "host" else None
+    cut = {"cpu": cpu, "time_range": args.time_range}
 
     def make(scanned: Scanned, bundles: dict[str, Path]) -> StreamedAnalysis:
         if call_graph and scanned.rec.stacks is None:
             raise without_call_stacks(args.recording)
+        if scanned.rec.stacks is not None and (cpu is not None or args.time_range):
+            raise stream.WholeNeeded("--cpu or --time-range of call stacks")  # not cut as the samples yet
         if scanned.rec.stacks is not None:
             from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph, stack_piece_rows
 
@@ -316,7 +328,7 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
         if stacks:
             from vmprof_tui.analyse.stream_stacks import StreamedStacks
 
-            return StreamedStacks(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
-        return stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel)
+            return StreamedStacks(scanned, bundles, level, args.vm, rows, _mode(args), kernel, **cut)
+        return stream.StreamedAnalysis(scanned, bundles, level, args.vm, rows, _mode(args), kernel, **cut)
 
     return _streamed(args, rows, make, stacks=True)

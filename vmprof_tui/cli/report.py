@@ -121,9 +121,7 @@ def run(args: argparse.Namespace) -> int:
                     "(narrow them with --vm, --vcpu, --cpu, -K or -U)")
     if filters and args.format == "chrome":
         raise Usage("--comm, --pid, --dso, -K and -U select profile rows: chrome output is the whole timeline")
-    # made from the profiles alone; -K/-U with --percentage absolute also analyse the level without them
-    absolute_mode = args.percentage == "absolute" and (args.hide_kernel or args.hide_user)
-    streamable = args.format in ORDERED + FLAT and not (args.time_range or args.cpu is not None or absolute_mode)
+    streamable = args.format in ORDERED + FLAT  # made from the profiles alone
     views = bool(args.children or args.callers)
     paths = args.format in FLAT or views  # what is made of stacks or call paths
     an = (streamable and load_streamed(args, level, bool(filters), stacks=paths, call_graph=views)) \
@@ -142,9 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if filters:
         wholes: list[Profile | None] = [None] * len(profiles)
         if args.percentage == "absolute":  # of the level before the filters: -K/-U left samples out of `an`
-            whole = an if not (args.hide_kernel or args.hide_user) else load_analysis(
-                argparse.Namespace(**{**vars(args), "hide_kernel": False, "hide_user": False}))
-            wholes = list(_profiles(args, whole, level))
+            wholes = list(_profiles(args, _whole_level(args, an, level), level, table=True))
         profiles = [filtered(p, filters, w) for p, w in zip(profiles, wholes, strict=True)]
     profiles = [dataclasses.replace(p, rows=p.rows.whole() if isinstance(p.rows, RowTable) else whole_rows(p.rows))
                 for p in profiles]
@@ -154,6 +150,16 @@ def run(args: argparse.Namespace) -> int:
                               limit=args.limit, cols=cols)
     write_output(args, fmt.render_parts(inp) if hasattr(fmt, "render_parts") else fmt.render(inp))
     return 0
+
+
+def _whole_level(args: argparse.Namespace, an: Analysis | StreamedAnalysis,
+                 level: str) -> Analysis | StreamedAnalysis:
+    """The level without -K/-U (--percentage absolute: its totals and ratios): read as `an` was, a piece at a
+    time when it was (only its profiles' totals are read: no row's kernel-mode samples)."""
+    if not (args.hide_kernel or args.hide_user):
+        return an
+    whole = argparse.Namespace(**{**vars(args), "hide_kernel": False, "hide_user": False})
+    return (isinstance(an, StreamedAnalysis) and load_streamed(whole, level, False)) or load_analysis(whole)
 
 
 def _call_graph(args: argparse.Namespace, an: Analysis, level: str, cols: int | None, filters: Filters) -> int:
@@ -205,7 +211,8 @@ def check_selection(args: argparse.Namespace, an: Analysis | StreamedAnalysis, l
             raise Failure(f"--vcpu {args.vcpu} matches nothing in {args.recording}: {have or 'it has no VM'}")
     if args.cpu is not None and level == "host":
         cpus = int(an.rec.meta.get("cpus") or 0)
-        seen = sorted(set(range(cpus)) | set(np.unique(an.rec.samples["cpu"]).tolist()))
+        sampled = an.sample_cpus if isinstance(an, StreamedAnalysis) else set(np.unique(an.rec.samples["cpu"]).tolist())
+        seen = sorted(set(range(cpus)) | sampled)
         if args.cpu not in seen:
             raise Failure(f"--cpu {args.cpu} matches nothing: {args.recording} has CPUs "
                           f"{_ranges(seen) or 'none'}")
