@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from synth import busy_recording
+from synth import MS, SynthRecording, busy_recording
 
 from vmprof_tui.analyse import stream
 from vmprof_tui.analyse.stream import StreamedAnalysis
@@ -122,9 +122,27 @@ def test_streamed_absolute_percentages_of_a_mode_are_the_whole_ones(recording: P
     assert b"absolute" in whole or case[0] in ("csv", "collapsed")
 
 
-@pytest.mark.parametrize("case", [["--cpu", "1"], ["--time-range", "0.5:1.5"], ["--vm", "steal2", "--time-range", "1:2"],
-                                  ["-U", "--percentage", "absolute"], ["--format", "collapsed", "--cpu", "0"]],
-                         ids=" ".join)
+DEMO = [["--cpu", "1"], ["--time-range", "0.5:1.5"], ["--vm", "steal2", "--time-range", "1:2"],
+        ["-U", "--percentage", "absolute"], ["--format", "collapsed", "--cpu", "0"]]
+
+
+@pytest.mark.parametrize("case", DEMO, ids=" ".join)
 def test_streamed_cut_report_of_the_demo_recording_is_the_whole_one(case: list[str], tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     same_report(GOLDEN, case, tmp_path, monkeypatch, rows=(100, 1000))
+
+
+def test_streamed_notes_about_missing_files_are_in_the_whole_reads_order(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole read notes the files it cannot open as it resolves every sample, by process (pid) and mapping;
+    a process of a lower pid that first runs after the first piece (`late`) is noted before `early` there too."""
+    b = SynthRecording(cpus=2)
+    b.host_task(700, "early", cpu=0, start_ns=0, end_ns=6000 * MS)
+    b.host_task(650, "middle", cpu=1, start_ns=0, end_ns=1000 * MS)
+    b.host_task(300, "late", cpu=1, start_ns=3000 * MS, end_ns=6000 * MS)
+    rec = b.write(tmp_path / "late.vmprof")
+    for fmt in ("table", "json", "collapsed"):
+        whole = same_report(rec, ["--format", fmt], tmp_path, monkeypatch).decode()
+        if fmt != "collapsed":
+            at = [whole.index(f"{name}: cannot open") for name in ("late", "middle", "early")]
+            assert at == sorted(at), whole

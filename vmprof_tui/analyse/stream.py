@@ -176,6 +176,7 @@ class StreamedAnalysis:
         # guest code, where the whole recording knows it in every piece (its timeline): not streamed
         listed = learn_vms(rec, np.empty(0, rec.samples.dtype), np.empty(0, bool)).vcpu_of_tid
         resolver = resolver or Resolver()
+        resolver.objects.places.clear()  # of this recording's walk (_in_walk_order)
         context = SwitchContext()
         without_kallsyms = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}
         snapshot = rec.snapshot if resolver.kallsyms is None else without_kallsyms
@@ -222,6 +223,7 @@ class StreamedAnalysis:
                 rows.settle()
         if time_range is not None and first_ns is not None and ends:
             self.range_ns = range_span(time_range, first_ns, ends[0])
+        self.notes = _in_walk_order(self.notes, resolver.objects.places)
 
     def _add(self, an: Analysis, lo: int) -> None:
         self.vm_index.update(an.vm_index)
@@ -378,6 +380,14 @@ class StreamedAnalysis:
             notes.append("no scheduler events in this recording: idle and steal are unknown")
         return Profile("guest", vm, vcpu, parts.total, self.duration_s, self.rec.lost_samples, parts.ratios(), rows,
                        unresolved, notes)
+
+
+def _in_walk_order(notes: dict[str, None], places: dict[str, tuple]) -> dict[str, None]:
+    """The notes in the whole read's order: those about the files of the samples' mappings come last (as the
+    resolver adds them), in the order one walk over every sample meets them (by process, then mapping), where the
+    pieces met them piece after piece."""
+    placed = sorted((note for note in notes if note in places), key=places.__getitem__)
+    return dict.fromkeys([*(note for note in notes if note not in places), *placed])
 
 
 def range_span(time_range: tuple[float, float], first_ns: int, end_ns: int) -> tuple[int, int]:

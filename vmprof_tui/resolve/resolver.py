@@ -330,9 +330,11 @@ class Resolver:
                 host_spaces.append(self.objects.host_space(name, pid, snap["maps"], snap.get("build_ids")))
         groups.slot[host] = slot_of[inverse]
         user = ~kernel[host] & (space_of[inverse] >= 0)
-        self._spaces_ids(host_spaces, host[user], space_of[inverse[user]], s["host_ip"], func, module)
+        self._spaces_ids(host_spaces, [(0, space.pid) for space in host_spaces], host[user], space_of[inverse[user]],
+                         s["host_ip"], func, module)
         # guest samples by VM, then by process (CR3)
         guest_spaces: list[AddressSpace] = []
+        guest_places: list[tuple] = []  # of each guest space in a walk over every sample: VM, then CR3
         guest_user, guest_space = [], []  # sample indices and their space (rank in guest_spaces), a VM at a time
         cr3s = normalise_cr3_array(s["guest_cr3"])
         rip_unknown = (flags & SAMPLE_GUEST_UNKNOWN) != 0
@@ -363,13 +365,14 @@ class Resolver:
                 if with_user[u]:
                     space_of[u] = len(guest_spaces)
                     guest_spaces.append(space)
+                    guest_places.append((1, pid, cr3))
             groups.slot[known] = slot_of[inverse]
             user = ~gkernel[known] & (space_of[inverse] >= 0)
             guest_user.append(known[user])
             guest_space.append(space_of[inverse[user]])
         if guest_spaces:
-            self._spaces_ids(guest_spaces, np.concatenate(guest_user), np.concatenate(guest_space), s["guest_ip"],
-                             func, module)
+            self._spaces_ids(guest_spaces, guest_places, np.concatenate(guest_user), np.concatenate(guest_space),
+                             s["guest_ip"], func, module)
         if notes is not None:  # stored symbol tables unusable, local files of another build
             notes += self.objects.notes
         self.objects.notes.clear()
@@ -387,12 +390,13 @@ class Resolver:
         func[idx] = self.strings.ids(ks.names_or_unknown, sym)
         module[idx] = self.strings.ids(ks.module_label_table(image), sym)
 
-    def _spaces_ids(self, spaces: list[AddressSpace], idx: np.ndarray, which: np.ndarray, ips: np.ndarray,
-                    func: np.ndarray, module: np.ndarray) -> None:
+    def _spaces_ids(self, spaces: list[AddressSpace], places: list[tuple], idx: np.ndarray, which: np.ndarray,
+                    ips: np.ndarray, func: np.ndarray, module: np.ndarray) -> None:
         """Function and module ids of the user samples `idx` of many processes (`which`: the index in `spaces` of
         each sample's address space), all at once: one search for their mappings (spaces.locate), then per mapping
         hit its module and symbol table, and per symbol table one lookup of all its samples, whichever process
-        mapped it where."""
+        mapped it where.  places: each space's place in a walk over every sample ((host 0 | guest 1, ...):
+        ObjectCache.place)."""
         if not len(idx):
             return
         addrs = ips[idx]
@@ -400,12 +404,14 @@ class Resolver:
         # what locate leaves (e.g. [vsyscall], above USER_LIMIT): through each space's own search
         left = np.flatnonzero(addrs >= USER_LIMIT) if len(spaces) <= MAX_SPACES else np.arange(len(addrs))
         for rank, pos in group_by(which, left):
-            self._space_ids(spaces[rank], ips, idx[pos], func, module)
+            self._space_ids(spaces[rank], (places[rank][0], 0, *places[rank][1:]), ips, idx[pos], func, module)
         hit = np.flatnonzero(at >= 0)
         module_id = np.zeros(len(maps), np.int32)
         table = np.full(len(maps), -1, np.int64)  # the index in `tables` of each mapping's symbols
         delta = np.zeros(len(maps), np.uint64)  # address -> file offset (mod 2**64), for position-independent files
         tables: dict[int, tuple[int, ElfSymbols]] = {}
+        # the space of each mapping: maps are every space's user mappings, a space after the other (locate)
+        owners = np.cumsum([len(space.user_maps()) for space in spaces]) if len(spaces) > 1 else None
         if len(self._mappings) > 1 << 16:  # a long live session meets ever new processes
             self._mappings.clear()
         for mi in np.unique(at[hit]).tolist():
@@ -413,6 +419,9 @@ class Resolver:
             info = self._mappings.get(id(m))
             if info is None:
                 obj = self.objects.symbols(m)
+                if obj is None:
+                    rank = int(np.searchsorted(owners, mi, side="right")) if owners is not None else 0
+                    self.objects.place(m, (places[rank][0], 1, *places[rank][1:], m.start))
                 offset = (m.offset - m.start) % (1 << 64) if obj is not None and obj.elf_type != ET_EXEC else 0
                 info = self._mappings[id(m)] = (m, self.strings.intern(m.module_name), obj, offset)
             _m, module_id[mi], obj, delta[mi] = info
@@ -427,11 +436,14 @@ class Resolver:
                 link = obj.file_offsets_to_vaddrs(link + delta[at[mine]])
             func[idx[mine]] = self.strings.ids(obj.names_or_unknown, obj.lookup(link))
 
-    def _space_ids(self, space: AddressSpace, ips: np.ndarray, idx: np.ndarray, func: np.ndarray,
+    def _space_ids(self, space: AddressSpace, place: tuple, ips: np.ndarray, idx: np.ndarray, func: np.ndarray,
                    module: np.ndarray) -> None:
-        """Function and module ids of the samples `idx` of one process, from its mappings' ELF symbols."""
+        """Function and module ids of the samples `idx` of one process, from its mappings' ELF symbols (place: the
+        space's in a walk over every sample, ObjectCache.place)."""
         for pos, mapping, obj, sym in space.hits(ips[idx], self.objects):
             at = idx[pos]
+            if obj is None:
+                self.objects.place(mapping, (*place, mapping.start))
             module[at] = self.strings.intern(mapping.module_name)
             if obj is not None:
                 func[at] = self.strings.ids(obj.names_or_unknown, sym)

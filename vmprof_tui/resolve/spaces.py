@@ -39,6 +39,10 @@ class ObjectCache:
         self._tables: dict[str, bytes | ElfSymbols | None] = {}  # build id -> stored table, decoded once used
         self._host_paths: set[str] = set()  # files host processes map: cached by identity (read_elf_symbols)
         self.notes: list[str] = []  # taken by Resolver.resolve
+        # each note's place in one walk over every sample (Resolver._spaces_ids: by space, then mapping), so that
+        # notes met a piece at a time are put in the order of the whole read (analyse/stream.py)
+        self.places: dict[str, tuple] = {}
+        self._why: dict[str, str] = {}  # the note of a file or stored table that could not be read, by its key
 
     def add_tables(self, tables: MappingOf[str, bytes]) -> None:
         """Host objects' symbol tables by build id, as a `vmprof agent` window references them."""
@@ -66,28 +70,42 @@ class ObjectCache:
                 try:
                     table = decode_object_table(table, m.build_id)
                 except BundleError as e:
-                    self._note(f"{e}: samples in {m.path} show [unknown]")
+                    self._note(f"{e}: samples in {m.path} show [unknown]", m.build_id)
                     table = None
                 self._tables[m.build_id] = table
             return table
         obj = self.get(m.object_path) if m.object_path is not None else None
         if obj is not None and m.build_id is not None and obj.build_id != m.build_id:
-            self._note(f"{m.path} here is build {obj.build_id}, not the sampled build {m.build_id}, and no stored "
-                       "symbol table has it: its samples show [unknown]")
+            self._note(_other_build(m, obj))
             return None
         return obj
+
+    def place(self, m: Mapping, key: tuple) -> None:
+        """Mapping `m`, whose symbols are None, was met at `key` of the walk: the note about its file (if any) is
+        placed at the first such key."""
+        if m.build_id is not None and m.build_id in self._tables:
+            note = self._why.get(m.build_id)
+        elif m.object_path is None:
+            return
+        elif (obj := self._cache.get(str(m.object_path))) is None:
+            note = self._why.get(str(m.object_path))
+        else:
+            note = _other_build(m, obj) if m.build_id is not None and obj.build_id != m.build_id else None
+        if note is not None and key < self.places.get(note, key + (1,)):
+            self.places[note] = key
 
     @contextmanager
     def aside(self) -> Iterator[None]:
         """Reads whose notes go to no one (a streamed report's call stacks, analyse/stream_callgraph.py): their
         notes are dropped, and a file or table that failed is forgotten, so that resolving samples later notes it
         as the read of the whole recording does (its call stacks are resolved after its samples)."""
-        notes, cached = list(self.notes), set(self._cache)
+        notes, cached, places = list(self.notes), set(self._cache), dict(self.places)
         tables = {k: v for k, v in self._tables.items() if isinstance(v, bytes)}
         try:
             yield
         finally:
             self.notes[:] = notes
+            self.places = places
             for key in set(self._cache) - cached:
                 if self._cache[key] is None:
                     del self._cache[key]
@@ -95,7 +113,10 @@ class ObjectCache:
                 if self._tables[key] is None:
                     self._tables[key] = data
 
-    def _note(self, text: str) -> None:
+    def _note(self, text: str, key: str | None = None) -> None:
+        """key: the file's or stored table's (place)."""
+        if key is not None:
+            self._why[key] = text
         if text not in self.notes and len(self.notes) < 100:
             self.notes.append(text)
 
@@ -106,10 +127,15 @@ class ObjectCache:
                 self._cache[key] = read_elf_symbols(path, host=key in self._host_paths)
             except BundleError as e:  # a broken symbol table: its samples show [unknown], and the note says why
                 self._cache[key] = None
-                self._note(f"{e}: samples in {Path(path).name} show [unknown]")
+                self._note(f"{e}: samples in {Path(path).name} show [unknown]", key)
             except OSError:  # not on this machine (a host file gone since): its addresses stay [unknown]
                 self._cache[key] = None
         return self._cache[key]
+
+
+def _other_build(m: Mapping, obj: ElfSymbols) -> str:
+    return (f"{m.path} here is build {obj.build_id}, not the sampled build {m.build_id}, and no stored symbol table "
+            "has it: its samples show [unknown]")
 
 
 @dataclass
@@ -123,6 +149,10 @@ class AddressSpace:
     def _sorted_maps(self) -> tuple[list[Mapping], np.ndarray, np.ndarray]:
         maps = sorted(self.maps, key=lambda m: m.start)
         return maps, np.array([m.start for m in maps], np.uint64), np.array([m.end for m in maps], np.uint64)
+
+    def user_maps(self) -> list[Mapping]:
+        """The mappings locate searches, in its order."""
+        return self._user_maps[0]
 
     @cached_property
     def _user_maps(self) -> tuple[list[Mapping], np.ndarray, np.ndarray]:
