@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from synth import MS, SynthRecording, busy_recording
+from test_stream import report
 
 from vmprof_tui.analyse import stream
-from vmprof_tui.analyse.stream import StreamedAnalysis
 from vmprof_tui.cli import main
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -29,23 +29,12 @@ def late_cpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return busy_recording(tmp_path_factory.mktemp("stream_cut") / "late.vmprof", 6.0, late_cpu=True)
 
 
-def report(rec: Path, args: list[str], piece_rows: int, out: Path, monkeypatch: pytest.MonkeyPatch) -> bytes:
-    """The report's bytes (-o out), checking that it was read a piece at a time (piece_rows < WHOLE) or whole."""
-    made: list[type] = []
-    init = StreamedAnalysis.__init__
-    monkeypatch.setattr(stream, "PIECE_ROWS", piece_rows)
-    monkeypatch.setattr(StreamedAnalysis, "__init__", lambda self, *a, **k: made.append(type(self)) or init(
-        self, *a, **k))
-    assert main(["report", str(rec), *args, "-o", str(out)]) == 0
-    assert bool(made) == (piece_rows < WHOLE)
-    return out.read_bytes()
-
-
-def same_report(rec: Path, args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                rows: tuple[int, ...] = (1000, 1733)) -> bytes:
-    whole = report(rec, args, WHOLE, tmp_path / "whole", monkeypatch)
+def same_report(rec: Path, args: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+                rows: tuple[int, ...] = (1000, 1733)) -> str:
+    """The report read whole, once it is the same text read in pieces of each of `rows` samples."""
+    whole = report([str(rec), *args], WHOLE, capsys, monkeypatch, streamed=False)
     for n in rows:
-        assert report(rec, args, n, tmp_path / "streamed", monkeypatch) == whole, n
+        assert report([str(rec), *args], n, capsys, monkeypatch, streamed=True) == whole, n
     return whole
 
 
@@ -55,29 +44,34 @@ CPUS = [["--cpu", "0"], ["--cpu", "1", "-K"], ["--cpu", "2", "--comm", "worker"]
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("cut", CPUS, ids=" ".join)
-def test_streamed_report_of_one_cpu_is_the_whole_one(recording: Path, fmt: str, cut: list[str], tmp_path: Path,
+def test_streamed_report_of_one_cpu_is_the_whole_one(recording: Path, fmt: str, cut: list[str],
+                                                     capsys: pytest.CaptureFixture,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     if fmt == "collapsed" and "--sort" in cut:
         return  # --sort orders table, JSON and CSV only
-    whole = same_report(recording, ["--format", fmt, *cut], tmp_path, monkeypatch)
-    assert b"CPU " + cut[1].encode() + b" only" in whole or fmt in ("csv", "collapsed")
+    whole = same_report(recording, ["--format", fmt, *cut], capsys, monkeypatch)
+    assert f"CPU {cut[1]} only" in whole or fmt in ("csv", "collapsed")
 
 
 @pytest.mark.parametrize("cut", [["--cpu", "3"], ["--cpu", "0"], ["--cpu", "3", "-U"]], ids=" ".join)
-def test_streamed_report_of_a_cpu_idle_at_first_is_the_whole_one(late_cpu: Path, cut: list[str], tmp_path: Path,
+def test_streamed_report_of_a_cpu_idle_at_first_is_the_whole_one(late_cpu: Path, cut: list[str],
+                                                                 capsys: pytest.CaptureFixture,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU whose idle samples the sched events replace only from its first switch, pieces after the first."""
-    same_report(late_cpu, ["--format", "table", *cut], tmp_path, monkeypatch)
+    same_report(late_cpu, ["--format", "table", *cut], capsys, monkeypatch)
 
 
-def test_streamed_report_of_a_cpu_the_recording_lacks_fails_as_the_whole(
-        recording: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("cut", "says"), [(["--cpu", "9"], "--cpu 9 matches nothing"),
+                                           (["--time-range", "7:8"], "starts after the end")], ids=str)
+def test_streamed_report_of_a_cut_the_recording_lacks_fails_as_the_whole(
+        recording: Path, cut: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     lines = []
     for rows in (WHOLE, 1000):
         monkeypatch.setattr(stream, "PIECE_ROWS", rows)
-        assert main(["report", str(recording), "--cpu", "9"]) == 1
+        assert main(["report", str(recording), *cut]) == 1
         lines.append(capsys.readouterr().err)
-    assert lines[0] == lines[1] and lines[0].count("\n") == 1 and "--cpu 9 matches nothing" in lines[0]
+    assert lines[0] == lines[1] and lines[0].count("\n") == 1 and says in lines[0]
 
 
 # 500 ms pieces: inside pieces, on their edges, one piece's inside, to the end and past it, from the start
@@ -89,25 +83,16 @@ RANGES = ["1.25:3.7", "1:2", "0.3:0.31", "2.6:6", "4.2:100", "0:0.75", "5.9:6.5"
                                   ["collapsed"], ["table", "-U"], ["table", "--vm", "db", "--vcpu", "1"]],
                          ids=" ".join)
 def test_streamed_report_of_a_time_range_is_the_whole_one(recording: Path, span: str, case: list[str],
-                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    same_report(recording, ["--format", *case, "--time-range", span], tmp_path, monkeypatch)
+                                                          capsys: pytest.CaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    same_report(recording, ["--format", *case, "--time-range", span], capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("span", ["1.1:2.9", "0:2.2", "3:100"])
 def test_streamed_report_of_a_time_range_with_a_cpu_idle_at_first_is_the_whole_one(
-        late_cpu: Path, span: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    same_report(late_cpu, ["--time-range", span], tmp_path, monkeypatch)
-    same_report(late_cpu, ["--time-range", span, "--cpu", "3"], tmp_path, monkeypatch)
-
-
-def test_streamed_time_range_after_the_end_fails_as_the_whole(
-        recording: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    lines = []
-    for rows in (WHOLE, 1000):
-        monkeypatch.setattr(stream, "PIECE_ROWS", rows)
-        assert main(["report", str(recording), "--time-range", "7:8"]) == 1
-        lines.append(capsys.readouterr().err)
-    assert lines[0] == lines[1] and lines[0].count("\n") == 1 and "starts after the end" in lines[0]
+        late_cpu: Path, span: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    same_report(late_cpu, ["--time-range", span], capsys, monkeypatch)
+    same_report(late_cpu, ["--time-range", span, "--cpu", "3"], capsys, monkeypatch)
 
 
 ABSOLUTE = [["table", "-K"], ["json", "-U"], ["csv", "--vm", "web", "-K"], ["table", "--level", "guest", "-U"],
@@ -116,10 +101,10 @@ ABSOLUTE = [["table", "-K"], ["json", "-U"], ["csv", "--vm", "web", "-K"], ["tab
 
 @pytest.mark.parametrize("case", ABSOLUTE, ids=" ".join)
 def test_streamed_absolute_percentages_of_a_mode_are_the_whole_ones(recording: Path, case: list[str],
-                                                                    tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    whole = same_report(recording, ["--format", *case, "--percentage", "absolute"], tmp_path, monkeypatch)
-    assert b"absolute" in whole or case[0] in ("csv", "collapsed")
+    whole = same_report(recording, ["--format", *case, "--percentage", "absolute"], capsys, monkeypatch)
+    assert "absolute" in whole or case[0] in ("csv", "collapsed")
 
 
 DEMO = [["--cpu", "1"], ["--time-range", "0.5:1.5"], ["--vm", "steal2", "--time-range", "1:2"],
@@ -127,12 +112,13 @@ DEMO = [["--cpu", "1"], ["--time-range", "0.5:1.5"], ["--vm", "steal2", "--time-
 
 
 @pytest.mark.parametrize("case", DEMO, ids=" ".join)
-def test_streamed_cut_report_of_the_demo_recording_is_the_whole_one(case: list[str], tmp_path: Path,
+def test_streamed_cut_report_of_the_demo_recording_is_the_whole_one(case: list[str], capsys: pytest.CaptureFixture,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    same_report(GOLDEN, case, tmp_path, monkeypatch, rows=(100, 1000))
+    same_report(GOLDEN, case, capsys, monkeypatch, rows=(100, 1000))
 
 
 def test_streamed_notes_about_missing_files_are_in_the_whole_reads_order(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole read notes the files it cannot open as it resolves every sample, by process (pid) and mapping;
     a process of a lower pid that first runs after the first piece (`late`) is noted before `early` there too."""
@@ -142,7 +128,7 @@ def test_streamed_notes_about_missing_files_are_in_the_whole_reads_order(tmp_pat
     b.host_task(300, "late", cpu=1, start_ns=3000 * MS, end_ns=6000 * MS)
     rec = b.write(tmp_path / "late.vmprof")
     for fmt in ("table", "json", "collapsed"):
-        whole = same_report(rec, ["--format", fmt], tmp_path, monkeypatch).decode()
+        whole = same_report(rec, ["--format", fmt], capsys, monkeypatch)
         if fmt != "collapsed":
             at = [whole.index(f"{name}: cannot open") for name in ("late", "middle", "early")]
             assert at == sorted(at), whole
