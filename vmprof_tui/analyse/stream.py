@@ -197,8 +197,8 @@ class StreamedAnalysis:
             if time_range is not None:
                 span, samples = _in_range(piece, time_range, first_ns, ends[0] if ends else None)
             self.has_sched |= bool(len(piece.sched))
-            if span[0] >= span[1]:  # outside the range: only what is open at its end goes on
-                context.advance(piece.sched)
+            if time_range is not None and span[0] >= span[1] and not len(samples):
+                context.advance(piece.sched)  # outside the range: only what is open at its end goes on
                 continue
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
             part = Recording(rec.path, rec.meta, samples, sched, snapshot, rec.bundles, rec.object_tables,
