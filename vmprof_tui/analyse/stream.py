@@ -189,7 +189,8 @@ class StreamedAnalysis:
             return ends[0]
 
         first_ns: int | None = None  # the recording's first record: time_range counts from it
-        for piece in pieces(scanned, piece_rows, end_of):
+        read = pieces(scanned, piece_rows, end_of)
+        for piece in read:
             first_ns = piece.lo if first_ns is None else first_ns
             if cpu is not None:
                 self.sample_cpus.update(np.flatnonzero(np.bincount(piece.samples["cpu"])).tolist())
@@ -218,11 +219,19 @@ class StreamedAnalysis:
             context.advance(piece.sched)
             snapshot = without_kallsyms  # parsed once, by the first piece
             self.pieces += 1
+            # the pieces after the range add nothing but whether there are sched events and (--cpu) CPUs
+            done = (time_range is not None and cpu is None and self.has_sched
+                    and piece.hi >= first_ns + round(time_range[1] * 1e9))
             del an, part, sched, piece, samples  # before the next piece is read and prepared, not once it is
             for rows in [self.host_rows, *(v.rows for v in self.vcpus.values())]:
                 rows.settle()
-        if time_range is not None and first_ns is not None and ends:
-            self.range_ns = range_span(time_range, first_ns, ends[0])
+            if done:
+                read.close()  # its reader thread and file
+                break
+        if time_range is not None and first_ns is not None:
+            # ended before the recording's end, the range is as given: it ends before the recording does
+            self.range_ns = range_span(time_range, first_ns, ends[0]) if ends else \
+                (first_ns + round(time_range[0] * 1e9), first_ns + round(time_range[1] * 1e9))
         self.notes = _in_walk_order(self.notes, resolver.objects.places)
 
     def _add(self, an: Analysis, lo: int) -> None:
