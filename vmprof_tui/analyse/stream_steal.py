@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.analysis import Analysis, Attribution
-from vmprof_tui.analyse.blanks import BlankTable, Cause, steal_split
+from vmprof_tui.analyse.blanks import NO_TIME, BlankTable, Cause, steal_split
 from vmprof_tui.analyse.steal import (
     VcpuCounts,
     add_holders,
@@ -37,7 +38,7 @@ from vmprof_tui.analyse.steal import (
     vcpu_entry,
 )
 from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
-from vmprof_tui.analyse.stream_sched import HALT_REACH, MAX, MIN, SchedStream
+from vmprof_tui.analyse.stream_sched import HALT_REACH, MAX, MIN, SchedStream, select_rows
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import inside, maybe_polled, thread_sample_ns
 from vmprof_tui.collect import backends
@@ -208,6 +209,15 @@ class StreamedSteal:
         if not len(table):
             return
         self.splits = steal_split(table, np.ones(len(self.splits)), self.splits)
+        # as objects only the blanks those read count in (preempted; for the host's span those of a cause of type
+        # 1): most are not (the VMM blocked), and each count is added in the same order without them
+        window = np.array([w is not None for w in self.host_windows], bool)
+        read = (table.kind == bt.PREEMPTED) | (window[table.timeline] & (
+            (table.kind == bt.THROTTLED) | (table.throttled_wakeup != NO_TIME)
+            | ((table.kind == bt.IDLE) & (table.wakeup != NO_TIME))))
+        if not read.any():
+            return
+        table = select_rows(table, np.flatnonzero(read))
         for i, a, z in _groups(table.timeline):
             blanks = table.blanks(a, z)
             add_holders(self.who[i], blanks)
