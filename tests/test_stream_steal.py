@@ -223,9 +223,10 @@ def test_steal_json_written_a_vm_at_a_time_is_json_dumps(reports: list[dict]) ->
     assert max(map(len, parts)) < 1 << 17
 
 
-def test_streamed_steal_inflates_each_sched_chunk_once_with_its_piece(
+def test_streamed_steal_inflates_each_sched_chunk_once_as_the_pieces_go(
         varied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sched events come with the pieces, each chunk inflated once, and no timeline is built of all of them."""
+    """The sched events are read a chunk at a time beside the pieces of samples (record/stream.SchedReader), each
+    chunk inflated once, and no timeline is built of all of them."""
     from vmprof_tui.analyse.timeline import Schedule
     from vmprof_tui.record import recording as fmt
     from vmprof_tui.record import stream as record_stream
@@ -239,7 +240,7 @@ def test_streamed_steal_inflates_each_sched_chunk_once_with_its_piece(
     an = StreamedSteal(scanned, piece_rows=1000)
     assert an.pieces >= 10 and not built
     sched = [c.offset for c in scanned.chunks if c.kind == fmt.SCHED]
-    assert sched and sorted(c.offset for c in read if c.kind == fmt.SCHED) == sorted(sched)
+    assert sched and sorted(c.offset for c in read if c.kind == fmt.SCHED) == sorted(sched)  # each once
 
 
 def test_streamed_steal_keeps_what_it_reads_of_the_blanks_not_the_blanks(varied: Path) -> None:
@@ -325,3 +326,24 @@ def test_streamed_steal_with_unrecorded_switches_is_the_whole_steal(tmp_path: Pa
         assert capsys.readouterr().out == whole
         outcomes.add(bool(gave_up))
     assert outcomes == {True, False}  # with these edges: given up, and gone on past the lost switches
+
+
+def test_steal_split_of_blanks_in_parts_carried_on_is_that_of_all_at_once(varied: Path) -> None:
+    """blanks.steal_split of a table cut into parts, each part's split added on to the split so far (carried),
+    is the split of the whole table: the same causes in the same order, each sum the same float."""
+    from vmprof_tui.analyse.blanks import steal_split
+    from vmprof_tui.analyse.stream_sched import select_rows
+
+    an = Analysis(prepare(load(varied)))
+    table = next(iter(an.timelines.values())).table
+    units = np.ones(len(an.timelines))
+    whole = steal_split(table, units)
+    # parts cut by time: each timeline's blanks go into the parts in their order
+    edges = np.quantile(table.start, [0.2, 0.45, 0.7]).astype(np.int64).tolist()
+    bounds = [np.iinfo(np.int64).min, *edges, np.iinfo(np.int64).max]
+    carried = None
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        rows = np.flatnonzero((table.start >= lo) & (table.start < hi))
+        carried = steal_split(select_rows(table, rows), units, carried)
+    assert [list(d.items()) for d in carried] == [list(d.items()) for d in whole]
+    assert any(len(d) > 3 for d in whole) and len(table.held_blank)

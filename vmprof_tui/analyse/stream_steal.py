@@ -44,7 +44,7 @@ from vmprof_tui.analyse.vcpu_samples import inside, maybe_polled, thread_sample_
 from vmprof_tui.collect import backends
 from vmprof_tui.record.bpf_records import SCHED_DTYPE
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
-from vmprof_tui.record.stream import Piece, Scanned, pieces
+from vmprof_tui.record.stream import Piece, Scanned, SchedReader, pieces
 from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolved, Resolver
@@ -172,14 +172,26 @@ class StreamedSteal:
         snapshot, processes = rec.snapshot, rec.processes()
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
         no_sched = np.empty(0, SCHED_DTYPE)
-        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end))):
+        events = SchedReader(scanned)
+        first_sample, lo = None, None
+        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end), False)):
             if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
                 # a sample that came a whole piece late: the carried keys would be out of the whole's order
                 raise WholeNeeded("samples out of order across pieces")
             s = piece.samples
+            first_sample = piece.lo if first_sample is None else first_sample
+            sched = events.until(None if last else piece.hi)
+            if len(sched) and lo is not None and int(sched["time_ns"][0]) < lo:  # the same of the sched events
+                raise WholeNeeded("sched events out of order across pieces")
+            hi = piece.hi
+            if last:  # the recording's end, of its samples and sched events (prepare.recording_span)
+                times = [t for t in (first_sample, events.first, int(s["time_ns"].max(initial=0)), events.last)
+                         if t is not None]
+                hi = recording_end(min(times), max(times), rec.end)
             thread = self.sched.thread_of(s["pid"], s["tid"])
             self.sched.saw_samples(thread[thread >= 0], s["time_ns"][thread >= 0].astype(np.int64))
-            step = self.sched.advance(piece.sched, piece.lo, piece.hi, last)
+            step = self.sched.advance(sched, MIN if lo is None else lo, hi, last)
+            lo = piece.hi
             self._blanks(step.finished)
             for i, a, z in _groups(step.steal[0]):
                 self.threads[int(self.sched.tids[i])].open_again(*(c[a:z] for c in step.steal[1:]))
