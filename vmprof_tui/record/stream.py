@@ -190,11 +190,6 @@ def _read_tables(fd: int, group: list[TableChunk], dtypes: dict[int, np.dtype]) 
     return {kind: tables.get(kind, np.empty(0, dtype)) for kind, dtype in dtypes.items()}
 
 
-def _read_group(fd: int, group: list[TableChunk]) -> tuple[np.ndarray, np.ndarray]:
-    tables = _read_tables(fd, group, DTYPES)
-    return tables[fmt.SAMPLES], tables[fmt.SCHED]
-
-
 def _ordered(samples: np.ndarray) -> np.ndarray:
     t = samples["time_ns"]
     return samples if np.all(t[1:] >= t[:-1]) else samples[arrays.stable_argsort(t)]
@@ -243,26 +238,6 @@ def _groups(chunks: list[TableChunk], rows: int) -> list[list[TableChunk]]:
         groups[-1].append(c)
         count += c.rows if c.kind == fmt.SAMPLES else 0
     return groups
-
-
-def sample_tables(scanned: Scanned, rows: int) -> Iterator[np.ndarray]:
-    """The recording's samples a group of about `rows` at a time, in file order (not cut into pieces)."""
-    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        for group in _groups([c for c in scanned.chunks if c.kind == fmt.SAMPLES], rows):
-            yield _read_group(fd, group)[0]
-    finally:
-        os.close(fd)
-
-
-def read_sched(scanned: Scanned) -> np.ndarray:
-    """Every sched event of the recording, in prepare's order."""
-    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _samples, sched = _read_group(fd, [c for c in scanned.chunks if c.kind == fmt.SCHED])
-    finally:
-        os.close(fd)
-    return _ordered_sched(sched)
 
 
 def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
