@@ -73,16 +73,18 @@ def concat_tables(tables: list[BlankTable]) -> BlankTable:
 
 
 def select_rows(table: BlankTable, rows: np.ndarray) -> BlankTable:
-    """The blanks `rows` (ascending) with their holders."""
+    """The blanks `rows`, in that order, with their holders (each blank's in their order)."""
     new = np.full(len(table), -1, np.int64)
     new[rows] = np.arange(len(rows))
     out = {f.name: getattr(table, f.name)[rows] for f in fields(table) if not f.name.startswith(("held_", "host_"))}
     for prefix in ("held_", "host_"):
-        keep = new[getattr(table, prefix + "blank")] >= 0
+        moved = new[getattr(table, prefix + "blank")]
+        keep = np.flatnonzero(moved >= 0)
+        keep = keep[np.argsort(moved[keep], kind="stable")]
         for f in fields(table):
             if f.name.startswith(prefix):
                 out[f.name] = getattr(table, f.name)[keep]
-        out[prefix + "blank"] = new[out[prefix + "blank"]]
+        out[prefix + "blank"] = moved[keep]
     return BlankTable(**out)
 
 
@@ -130,6 +132,7 @@ class SchedStream:
         self.pending = _empty_table()  # each thread's last closed blank, until its next closes
         self.cpu_last = np.zeros(0, SCHED_DTYPE)  # each CPU's last switch (by CPU number; valid where seen)
         self.cpu_seen = np.zeros(0, bool)
+        self.start = self.end = np.empty(0, np.int64)  # each thread's span, at the end
         self.held = np.zeros(0, [("cpu", "<i8"), ("start", "<i8"), ("until", "<i8"), ("next_pid", "<u4"),
                                  ("next_tid", "<u4"), ("next_comm", "S16")])  # switches preempted waits need
 
@@ -158,7 +161,7 @@ class SchedStream:
         self._holders(closed, switches)
         table = concat_tables([self.pending, closed])
         if np.any(np.diff(table.timeline) < 0):  # by thread: each one's pending blank before its closed ones
-            table = _reordered(table, np.argsort(table.timeline, kind="stable"))
+            table = select_rows(table, np.argsort(table.timeline, kind="stable"))
         self._throttle_ends(table, wakes[(wakes["flags"] & SCHED_NOT_SWITCH) == SCHED_THROTTLE_END])
         self._halt_ends(closed, wakes[(wakes["flags"] & SCHED_NOT_SWITCH) == SCHED_HALT_END], hi)
         self._costop(closed, runs, lo, hi, last)
@@ -552,18 +555,3 @@ def _merged(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     new = np.ones(len(lo), bool)
     new[1:] = lo[1:] > reach[:-1]
     return lo[new], np.append(reach[np.nonzero(new)[0][1:] - 1], reach[-1])
-
-
-def _reordered(table: BlankTable, order: np.ndarray) -> BlankTable:
-    """The table's rows in `order` with their holders (each blank's holders in their order)."""
-    new = np.empty(len(order), np.int64)
-    new[order] = np.arange(len(order))
-    out = {f.name: getattr(table, f.name)[order] for f in fields(table) if not f.name.startswith(("held_", "host_"))}
-    for prefix in ("held_", "host_"):
-        moved = new[getattr(table, prefix + "blank")]
-        o = np.argsort(moved, kind="stable")
-        for f in fields(table):
-            if f.name.startswith(prefix):
-                out[f.name] = getattr(table, f.name)[o]
-        out[prefix + "blank"] = moved[o]
-    return BlankTable(**out)

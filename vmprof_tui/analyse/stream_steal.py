@@ -1,19 +1,15 @@
-"""`vmprof steal` of a recording whose samples are read a piece at a time (record/stream.py): the report the whole
-read gives, byte for byte, in memory bounded by the sched events and the distinct rows, not by the samples
-(docs/scale.md).
+"""`vmprof steal` of a recording whose samples and sched events are read a piece at a time (record/stream.py): the
+report the whole read gives, byte for byte, in memory bounded by the distinct rows and what is open at a piece's
+edge, not by the samples or the sched events (docs/scale.md).
 
-A steal report is made of the vCPUs' timelines (sched events only) and of counts of their samples.  The sched
-events are read whole (the synthetic 64-CPU host switches 7 times less often than it is sampled at 1 kHz) and the
-timelines built from them by the code the whole read runs (timeline.Schedule), so every blank, with its wake-up,
-throttling, IRQ time, holders and co-stop, is the whole read's.  The samples then pass a piece at a time: per vCPU
-thread its counts (guest mode, KVM polling, exit reasons, the VMM) and, per function and per process, its samples
-and the steal that sat between two of its consecutive samples.  What is open at a piece's edge is carried to the
-next: the key of each thread's last guest sample, its VMM samples since then, and its blanks whose guest sample
-after is still to come.
-
-The blanks and polling stretches are known before the samples (the steal between two samples needs the blanks;
-polling, the stretches); the timelines' spans (each thread's first and last sample, the recording's end) after
-them: the timelines are built a second time then, as the whole read builds them.
+A steal report is made of the vCPUs' timelines (sched events only) and of counts of their samples.  Each piece's
+sched events go first to stream_sched.SchedStream, which gives out the blanks nothing later changes: their time
+by cause, who held the pCPU and type 1 over the host's span are added on in order, the steal blanks kept until
+the guest samples around them are known.  Then the piece's samples: per vCPU thread its counts (guest mode, KVM
+polling, exit reasons, the VMM) and, per function and per process, its samples and the steal that sat between two
+of its consecutive samples.  What is open at a piece's edge is carried to the next: the key of each thread's last
+guest sample, its VMM samples since then, its steal blanks whose guest sample after is still to come, and its
+samples that may have caught KVM polling a halt whose polling stretch is not known yet.
 """
 
 from __future__ import annotations
