@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synth import GUEST_CR3, MS, VMX_EPT_VIOLATION, VMX_IO, VMX_MSR_WRITE, SynthRecording, busy_recording
+from synth import BASE_NS, GUEST_CR3, MS, VMX_EPT_VIOLATION, VMX_IO, VMX_MSR_WRITE, SynthRecording, busy_recording
 
 from vmprof_tui.analyse import stream
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.stream_steal import StreamedSteal
 from vmprof_tui.cli import main
+from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import load
 from vmprof_tui.record.stream import pieces, scan
 from vmprof_tui.resolve.prepare import prepare, recording_end
@@ -25,14 +26,26 @@ SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between sampl
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
 
 
-def varied_recording(path: Path, seconds: float) -> Path:
+def varied_recording(path: Path, seconds: float, unrecorded: tuple[float, float] | None = None) -> Path:
     """2 VMs of 2 vCPUs on 3 CPUs (web's two share CPU 1: a sibling holds the pCPU; db's share CPU 2), guest
     processes by CR3, and off each CPU every kind of blank.  Three are long, across several pieces (500 ms each):
     web's vCPU 0 preempted over [30%, 55%) with IRQs on its CPU, db's vCPU 0 halted over [60%, 80%) and woken near
-    the end, db's vCPU 1 throttled over [40%, 52%) with the kernel's throttled time recorded when it runs again."""
+    the end, db's vCPU 1 throttled over [40%, 52%) with the kernel's throttled time recorded when it runs again.
+    unrecorded: over this part of the recording (shares of it) the switches out of web's vCPU 0 and into its vCPU 1
+    are lost (a switch-in after a switch-in, a switch-out after a switch-out)."""
     rng = np.random.default_rng(11)
     b = SynthRecording(frequency=1000, cpus=3)
     web = b.vm("web", pid=100, vcpus={0: 101, 1: 102})
+    if unrecorded is not None:
+        sched, (lost_from, lost_to) = b.sched, (BASE_NS + int(seconds * 1e9 * x) for x in unrecorded)
+
+        def lost() -> np.ndarray:
+            t = sched()
+            gone = ((t["time_ns"] >= lost_from) & (t["time_ns"] < lost_to) & ((t["flags"] & SCHED_NOT_SWITCH) == 0)
+                    & ((t["prev_tid"] == 101) | (t["next_tid"] == 102)))
+            return t[~gone]
+
+        b.sched = lost
     db = b.vm("db", pid=200, vcpus={0: 201, 1: 202})
     cr3s = [GUEST_CR3, 0x2000, 0x3000]
     for vm in (web, db):
@@ -210,34 +223,62 @@ def test_steal_json_written_a_vm_at_a_time_is_json_dumps(reports: list[dict]) ->
     assert max(map(len, parts)) < 1 << 17
 
 
-def test_streamed_steal_builds_the_timelines_once_and_inflates_the_sched_events_once(
+def test_streamed_steal_inflates_each_sched_chunk_once_as_the_pieces_go(
         varied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The timelines are built once, before the samples (of the samples they need only each thread's first and
-    last), and each sched chunk is inflated once: the pieces carry samples only."""
+    """The sched events are read a chunk at a time beside the pieces of samples (record/stream.SchedReader), each
+    chunk inflated once, and no timeline is built of all of them."""
     from vmprof_tui.analyse.timeline import Schedule
     from vmprof_tui.record import recording as fmt
     from vmprof_tui.record import stream as record_stream
 
     built, read = [], []
-    timelines, read_group = Schedule.timelines, record_stream._read_group
+    timelines, read_tables = Schedule.timelines, record_stream._read_tables
     monkeypatch.setattr(Schedule, "timelines", lambda self, *a: built.append(1) or timelines(self, *a))
-    monkeypatch.setattr(record_stream, "_read_group", lambda fd, group: read.extend(group) or read_group(fd, group))
+    monkeypatch.setattr(record_stream, "_read_tables",
+                        lambda fd, group, dtypes: read.extend(group) or read_tables(fd, group, dtypes))
     scanned = scan(varied)
     an = StreamedSteal(scanned, piece_rows=1000)
-    assert an.pieces >= 10 and len(built) == 1
+    assert an.pieces >= 10 and not built
     sched = [c.offset for c in scanned.chunks if c.kind == fmt.SCHED]
-    assert sched and sorted(c.offset for c in read if c.kind == fmt.SCHED) == sorted(sched)
-    assert all(not len(p.sched) for p in pieces(scanned, 1000, lambda a, z: z, sched=False))
+    assert sched and sorted(c.offset for c in read if c.kind == fmt.SCHED) == sorted(sched)  # each once
 
 
 def test_streamed_steal_keeps_what_it_reads_of_the_blanks_not_the_blanks(varied: Path) -> None:
-    """Each timeline's blanks are read once, as they are built (the steal blanks for the samples, the holders and
-    the host's span for the report), and let go: neither the table nor the Blank objects are held."""
+    """Each blank is read once, as nothing later changes it (the steal blanks for the samples, the holders and the
+    host's span for the report), and let go: no table, no Blank objects, no steal blank whose samples around it
+    are known, no switch a preempted blank no longer needs."""
     an = StreamedSteal(scan(varied), piece_rows=1000)
     assert an.timelines and all(tl.table is None and tl._blanks is None for tl in an.timelines.values())
-    assert all(len(t.starts) for t in an.threads.values())
+    assert all(len(t.starts) <= 1 for t in an.threads.values())
+    assert not len(an.sched.pending) and not len(an.sched.held)
     for vm in an.vm_names():
         assert an.steal_report(vm)["vcpus"]
+
+
+def test_streamed_steal_carries_what_is_open_at_a_piece_edge_not_the_pieces_before(
+        varied: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is carried from piece to piece is bounded by what is open at the edge, not by the pieces before: at
+    most one pending blank per vCPU thread; per CPU, the switches while a preempted blank on it is open; per
+    thread, the steal blanks waiting for their samples and the polling stretches of its recent halts."""
+    from vmprof_tui.analyse.stream_sched import SchedStream
+
+    sizes = []
+    advance = SchedStream.advance
+
+    def watched(self: SchedStream, *a: object) -> object:
+        step = advance(self, *a)
+        sizes.append((len(self.pending), len(self.held), max(len(iv) for iv in self.poll_iv)))
+        return step
+
+    monkeypatch.setattr(SchedStream, "advance", watched)
+    an = StreamedSteal(scan(varied), piece_rows=1000)
+    threads = len(an.sched.tids)
+    assert len(sizes) >= 10
+    assert max(p for p, _h, _v in sizes) <= threads
+    # the longest preemption (web's vCPU 0 over a quarter of the recording) keeps its CPU's switches meanwhile
+    switches = len(load(varied).sched)
+    assert 0 < max(h for _p, h, _v in sizes) < switches / 4
+    assert max(v for _p, _h, v in sizes) < int(an.sched.halts.sum()) / 4
 
 
 @pytest.mark.parametrize("recording", ["varied", "golden"])
@@ -255,14 +296,54 @@ def test_holders_found_a_few_cpus_at_a_time_are_those_of_every_cpu_at_once(
     assert '"vcpu1"' in at_once or recording == "golden"
 
 
-@pytest.mark.parametrize("recording", ["varied", "golden"])
-def test_streamed_steal_of_timelines_built_a_vm_at_a_time_is_the_whole_steal(
-        recording: str, varied: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The timelines built a VM at a time (each VM's own holders, co-stop, and the other VMs' vCPUs holding its
-    pCPUs found among all): the whole read's report."""
-    from vmprof_tui.analyse import stream_steal
+def test_streamed_steal_with_unrecorded_switches_is_the_whole_steal(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switches lost over a part of the recording: a switch-in after a switch-in of web's vCPU 0, a switch-out after
+    a switch-out of its vCPU 1.  A stretch open at a piece's edge that counted in co-stop as a run or a wait and
+    turns out to be none makes the pieces give up (read whole); else they go on: the report is the whole
+    read's either way."""
+    from vmprof_tui.analyse.stream_sched import SchedStream
 
-    args = [str(varied if recording == "varied" else GOLDEN), "--format", "json"]
+    rec = varied_recording(tmp_path / "unrecorded.vmprof", 6.0, unrecorded=(0.2, 0.25))
+    args = [str(rec), "--format", "json"]
     whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
-    monkeypatch.setattr(stream_steal, "VMS_AT_ONCE", 1)
-    assert steal(args, 500, capsys, monkeypatch, streamed=True) == whole
+    gave_up = []
+    records = SchedStream._records
+
+    def watched(self: SchedStream, *a: object) -> object:
+        try:
+            return records(self, *a)
+        except stream.WholeNeeded:
+            gave_up.append(1)
+            raise
+
+    monkeypatch.setattr(SchedStream, "_records", watched)
+    outcomes = set()
+    for rows in (1000, 1733, 4000):
+        gave_up.clear()
+        monkeypatch.setattr(stream, "PIECE_ROWS", rows)
+        assert main(["steal", *args]) == 0
+        assert capsys.readouterr().out == whole
+        outcomes.add(bool(gave_up))
+    assert outcomes == {True, False}  # with these edges: given up, and gone on past the lost switches
+
+
+def test_steal_split_of_blanks_in_parts_carried_on_is_that_of_all_at_once(varied: Path) -> None:
+    """blanks.steal_split of a table cut into parts, each part's split added on to the split so far (carried),
+    is the split of the whole table: the same causes in the same order, each sum the same float."""
+    from vmprof_tui.analyse.blanks import steal_split
+    from vmprof_tui.analyse.stream_sched import select_rows
+
+    an = Analysis(prepare(load(varied)))
+    table = next(iter(an.timelines.values())).table
+    units = np.ones(len(an.timelines))
+    whole = steal_split(table, units)
+    # parts cut by time: each timeline's blanks go into the parts in their order
+    edges = np.quantile(table.start, [0.2, 0.45, 0.7]).astype(np.int64).tolist()
+    bounds = [np.iinfo(np.int64).min, *edges, np.iinfo(np.int64).max]
+    carried = None
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        rows = np.flatnonzero((table.start >= lo) & (table.start < hi))
+        carried = steal_split(select_rows(table, rows), units, carried)
+    assert [list(d.items()) for d in carried] == [list(d.items()) for d in whole]
+    assert any(len(d) > 3 for d in whole) and len(table.held_blank)

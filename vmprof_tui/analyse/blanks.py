@@ -210,7 +210,8 @@ _CAUSES = (IDLE_CAUSE, WAKEUP_CAUSE, OUTSIDE_CAUSE, IRQ_CAUSE, THROTTLED_CAUSE, 
 _IDLE, _WAKEUP, _OUTSIDE, _IRQ, _THROTTLED, _BLOCKED = range(len(_CAUSES))
 
 
-def steal_split(table: BlankTable, units: np.ndarray) -> list[dict[Cause, float]]:
+def steal_split(table: BlankTable, units: np.ndarray,
+                carried: list[dict[Cause, float]] | None = None) -> list[dict[Cause, float]]:
     """Blank time by cause of each timeline of a table (`units`: one per timeline), in units of its entry in
     `units` (a vCPU's sampling period gives virtual samples, 1 gives ns), for every timeline at once.
 
@@ -222,6 +223,9 @@ def steal_split(table: BlankTable, units: np.ndarray) -> list[dict[Cause, float]
     is idle or blocked until the wake-up, ``throttled`` while the group stayed so, then ``wakeup`` or
     ``outside``.  Causes appear in the order blanks first show them: that is the order of the guest
     profile's rows.  Each cause's parts are added blank by blank (np.bincount), as a loop over blanks would.
+
+    carried: each timeline's split of the blanks before the table's (analyse/stream_sched.py: a recording's blanks
+    a piece at a time), added on in the same order: the split of all of them is that of one table of all of them.
     """
     u = units[table.timeline]
     dur = table.duration
@@ -269,9 +273,16 @@ def steal_split(table: BlankTable, units: np.ndarray) -> list[dict[Cause, float]
     cause = np.concatenate([np.broadcast_to(p[2], len(p[0])) for p in parts]).astype(np.int64)
     value = np.concatenate([p[3] for p in parts]).astype(float)
     order = np.lexsort((order_in_blank, rows))
-    width = len(_CAUSES) + int(hv.max(initial=-1)) + 1  # a sibling vCPU v is cause len(_CAUSES) + v
+    before = [(tl, c, v) for tl, split in enumerate(carried or ()) for c, v in split.items()]
+    siblings_before = [c[1] for _tl, c, _v in before if c[0] == RowKind.STEAL_SIBLING]
+    width = len(_CAUSES) + max(int(hv.max(initial=-1)), *siblings_before, -1) + 1  # a sibling v: len(_CAUSES) + v
     key = (table.timeline[rows] * width + cause)[order]
-    sums = np.bincount(key, value[order], minlength=len(units) * width)
+    value = value[order]
+    if before:  # first in each bin: its sum so far, to which this table's parts are added in turn
+        codes = [_CAUSES.index(c) if c in _CAUSES else len(_CAUSES) + c[1] for _tl, c, _v in before]
+        key = np.concatenate([np.array([tl * width for tl, _c, _v in before], np.int64) + codes, key])
+        value = np.concatenate([np.array([v for _tl, _c, v in before], float), value])
+    sums = np.bincount(key, value, minlength=len(units) * width)
     keys, first = np.unique(key, return_index=True)
     out: list[dict[Cause, float]] = [defaultdict(float) for _ in range(len(units))]
     for k in keys[np.lexsort((first, keys // width))].tolist():

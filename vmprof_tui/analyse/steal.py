@@ -23,6 +23,7 @@ from vmprof_tui.analyse.blanks import (
     IRQ_CAUSE,
     THROTTLED_CAUSE,
     WAKEUP_CAUSE,
+    Blank,
     Cause,
     steal_of_type,
 )
@@ -92,11 +93,17 @@ def host_run_delay(rec: Recording, tl: VcpuTimeline) -> tuple[int, int, int] | N
 def type1_by_cause_between(tl: VcpuTimeline, lo: int, hi: int) -> dict[str, float]:
     """vmprof's steal of type 1 by cause, in ns, over [lo, hi) only (to set beside the host's readings)."""
     out = {"wakeup": 0.0, "throttled": 0.0, "irq": 0.0, "preempted": 0.0}
+    add_type1_by_cause(out, tl.blanks, lo, hi)
+    return out
 
+
+def add_type1_by_cause(out: dict[str, float], blanks: list[Blank], lo: int, hi: int) -> None:
+    """type1_by_cause_between of some blanks added to `out`, blank by blank (of a vCPU's blanks in turn, a piece
+    at a time: analyse/stream_steal.py)."""
     def inside(a: int, b: int) -> int:
         return max(0, min(b, hi) - max(a, lo))
 
-    for b in tl.blanks:
+    for b in blanks:
         iv = b.throttled_interval()
         if iv is not None:  # throttled (from the start, or from a wake-up), then waiting for its pCPU
             out["throttled"] += inside(*iv)
@@ -108,7 +115,6 @@ def type1_by_cause_between(tl: VcpuTimeline, lo: int, hi: int) -> dict[str, floa
             irq = b.irq_ns * part / b.duration_ns  # IRQ time spread evenly over the wait
             out["irq"] += irq
             out["preempted"] += part - irq
-    return out
 
 
 def exits_to_vmm(rec: Recording, tid: int) -> dict[str, int]:
@@ -169,12 +175,17 @@ def blank_parts(rec: Recording, tl: VcpuTimeline) -> tuple[dict[str, float], dic
     """What vcpu_entry reads of a vCPU's blanks one by one: who held its pCPU while it was preempted (ns by holder,
     in the order found), and its steal of type 1 by cause over the host's run-queue readings (None: none)."""
     who: dict[str, float] = defaultdict(float)
-    for b in tl.blanks:
+    add_holders(who, tl.blanks)
+    host = host_run_delay(rec, tl)
+    return who, type1_by_cause_between(tl, host[0], host[1]) if host else {}
+
+
+def add_holders(who: dict[str, float], blanks: list[Blank]) -> None:
+    """Who held the pCPU while each of `blanks` waited preempted, added to `who` (ns by holder) blank by blank."""
+    for b in blanks:
         if b.kind == BlankKind.PREEMPTED:
             for holder, ns in b.holders().items():
                 who[holder] += ns
-    host = host_run_delay(rec, tl)
-    return who, type1_by_cause_between(tl, host[0], host[1]) if host else {}
 
 
 def vcpu_entry(rec: Recording, backend: str, tl: VcpuTimeline, counts: VcpuCounts, period: float,

@@ -1,23 +1,20 @@
-"""`vmprof steal` of a recording whose samples are read a piece at a time (record/stream.py): the report the whole
-read gives, byte for byte, in memory bounded by the sched events and the distinct rows, not by the samples
-(docs/scale.md).
+"""`vmprof steal` of a recording whose samples and sched events are read a piece at a time (record/stream.py): the
+report the whole read gives, byte for byte, in memory bounded by the distinct rows and what is open at a piece's
+edge, not by the samples or the sched events (docs/scale.md).
 
-A steal report is made of the vCPUs' timelines (sched events only) and of counts of their samples.  The sched
-events are read whole (the synthetic 64-CPU host switches 7 times less often than it is sampled at 1 kHz) and the
-timelines built from them by the code the whole read runs (timeline.Schedule), so every blank, with its wake-up,
-throttling, IRQ time, holders and co-stop, is the whole read's.  The samples then pass a piece at a time: per vCPU
-thread its counts (guest mode, KVM polling, exit reasons, the VMM) and, per function and per process, its samples
-and the steal that sat between two of its consecutive samples.  What is open at a piece's edge is carried to the
-next: the key of each thread's last guest sample, its VMM samples since then, and its blanks whose guest sample
-after is still to come.
-
-The blanks and polling stretches are known before the samples (the steal between two samples needs the blanks;
-polling, the stretches); the timelines' spans (each thread's first and last sample, the recording's end) after
-them: the timelines are built a second time then, as the whole read builds them.
+A steal report is made of the vCPUs' timelines (sched events only) and of counts of their samples.  Each piece's
+sched events go first to stream_sched.SchedStream, which gives out the blanks nothing later changes: their time
+by cause, who held the pCPU and type 1 over the host's span are added on in order, the steal blanks kept until
+the guest samples around them are known.  Then the piece's samples: per vCPU thread its counts (guest mode, KVM
+polling, exit reasons, the VMM) and, per function and per process, its samples and the steal that sat between two
+of its consecutive samples.  What is open at a piece's edge is carried to the next: the key of each thread's last
+guest sample, its VMM samples since then, its steal blanks whose guest sample after is still to come, and its
+samples that may have caught KVM polling a halt whose polling stretch is not known yet.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,22 +23,29 @@ import numpy as np
 
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.analysis import Analysis, Attribution
-from vmprof_tui.analyse.blanks import Cause, steal_split
-from vmprof_tui.analyse.steal import VcpuCounts, blank_parts, report_of, vcpu_counts, vcpu_entry
+from vmprof_tui.analyse.blanks import NO_TIME, BlankTable, Cause, steal_split
+from vmprof_tui.analyse.steal import (
+    VcpuCounts,
+    add_holders,
+    add_type1_by_cause,
+    host_run_delay,
+    report_of,
+    vcpu_counts,
+    vcpu_entry,
+)
 from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
-from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
-from vmprof_tui.analyse.vcpu_samples import exact_poll_ns, polled, thread_sample_ns
-from vmprof_tui.arrays import rank_among
+from vmprof_tui.analyse.stream_sched import HALT_REACH, MAX, MIN, SchedStream, select_rows
+from vmprof_tui.analyse.timeline import VcpuTimeline
+from vmprof_tui.analyse.vcpu_samples import inside, maybe_polled, thread_sample_ns
 from vmprof_tui.collect import backends
-from vmprof_tui.record.bpf_records import SCHED_DTYPE, SCHED_NOT_SWITCH
+from vmprof_tui.record.bpf_records import SCHED_DTYPE
 from vmprof_tui.record.recording import KALLSYMS_KEY, Recording
-from vmprof_tui.record.stream import Piece, Scanned, pieces, read_sched, sample_tables
+from vmprof_tui.record.stream import Piece, Scanned, SchedReader, pieces
 from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolved, Resolver
 
 NONE = -1  # no key (no guest sample yet)
-VMS_AT_ONCE = 4  # VMs whose timelines are built at once
 
 
 SAMPLES, STEAL, STEAL_TYPE1, VMM = range(4)  # the sums kept per key
@@ -90,16 +94,55 @@ class _Thread:
     counts: VcpuCounts = field(default_factory=VcpuCounts)
     by_function: _Keyed = field(default_factory=_Keyed)
     by_process: _Keyed = field(default_factory=_Keyed)
-    # its blanks that are steal (not a halt), in time order: start, end, of type 1 (not the VMM blocked)
+    # its blanks that are steal (not a halt) whose guest samples around are not all known yet, in time order: start,
+    # end (MAX: still open), of type 1 (not the VMM blocked)
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     ends: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     type1: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
     started: int = 0  # blanks whose key before is known
     ended: int = 0  # blanks whose key after is known
+    # its samples that may have caught KVM polling, until the polling stretches around them are known: time, exit
+    # reason (counted as polling meanwhile)
+    maybe_polled: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))
+
+    def open_again(self, starts: np.ndarray, ends: np.ndarray, type1: np.ndarray) -> None:
+        """Its steal blanks closed in a piece or open at its end (those open before are among them, or were no
+        blank: a switch-out after a switch-out)."""
+        keyed = (self.by_function, self.by_process)
+        if len(self.ends) and self.ends[-1] == MAX:  # the one open: given again, or no blank
+            before = [k.before[-1] for k in keyed]
+            known = self.started == len(self.ends)
+            was = int(self.starts[-1])
+            self.starts, self.ends, self.type1 = self.starts[:-1], self.ends[:-1], self.type1[:-1]
+            for k in keyed:
+                k.before = k.before[:-1]
+            self.started = min(self.started, len(self.ends))
+            if known and len(starts) and int(starts[0]) == was:
+                for k, b in zip(keyed, before, strict=True):
+                    k.before = np.append(k.before, b)
+                self.started += 1
+                self.starts, self.ends, self.type1 = (np.append(a, b[:1]) for a, b in zip(
+                    (self.starts, self.ends, self.type1), (starts, ends, type1), strict=True))
+                starts, ends, type1 = starts[1:], ends[1:], type1[1:]
+        self.starts, self.ends, self.type1 = (np.concatenate([a, b]) for a, b in zip(
+            (self.starts, self.ends, self.type1), (starts, ends, type1), strict=True))
+        for k in keyed:
+            k.before = np.concatenate([k.before, np.full(len(starts), NONE, np.int64)])
+
+    def forget_attributed(self) -> None:
+        """Its blanks whose keys before and after are known go."""
+        done = self.ended
+        self.starts, self.ends, self.type1 = self.starts[done:], self.ends[done:], self.type1[done:]
+        for k in (self.by_function, self.by_process):
+            k.before = k.before[done:]
+        self.started -= done
+        self.ended = 0
 
 
 class StreamedSteal:
-    """What `vmprof steal` reads of an Analysis (VM names, steal_report), the samples summed piece by piece."""
+    """What `vmprof steal` reads of an Analysis (VM names, steal_report), the sched events and samples read piece by
+    piece: the timelines built as they come (stream_sched.SchedStream), the samples summed."""
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None,
                  piece_rows: int = PIECE_ROWS) -> None:
@@ -108,23 +151,51 @@ class StreamedSteal:
         self.backend = rec.meta.get("backend", backends.NONE)
         # the VM list's VMs and vCPU threads: one that only samples name is left to the whole read
         self.vms = learn_vms(rec, rec.samples, np.zeros(0, bool))
-        # per vCPU thread id with a timeline (one without has no sample): its blank time by cause in ns, what its
-        # report entry reads of its blanks one by one, and its samples' sums
-        self.splits: dict[int, dict[Cause, float]] = {}
-        self.parts: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
-        self.threads: dict[int, _Thread] = {}
-        self.timelines = self._timelines(scanned, piece_rows)
+        self.sched = SchedStream(self.vms.vcpu_of_tid, self.vms.by_pid)
+        n = len(self.sched.tids)
+        # per vCPU thread (its index in sched): its blank time by cause in ns, and what its report entry reads of its
+        # blanks one by one (who held its pCPU; its steal of type 1 by cause over the host's run-queue readings)
+        self.splits: list[dict[Cause, float]] = [{} for _ in range(n)]
+        self.who: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]
+        self.host_windows = [host_run_delay(rec, VcpuTimeline("", int(p), int(t), 0, 0, 0))
+                             for p, t in zip(self.sched.pid.tolist(), self.sched.tids.tolist(), strict=True)]
+        self.mine_then: list[dict[str, float]] = [
+            {"wakeup": 0.0, "throttled": 0.0, "irq": 0.0, "preempted": 0.0} if w else {} for w in self.host_windows]
+        self.threads: dict[int, _Thread] = {int(tid): _Thread() for tid in self.sched.tids.tolist()}
         self.notes: dict[str, None] = {}
         self.pieces = 0
         resolver, memo = Resolver(), new_memo()
         snapshot, processes = rec.snapshot, rec.processes()
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
         no_sched = np.empty(0, SCHED_DTYPE)
+        events = SchedReader(scanned)
+        first_sample, lo = None, None
         for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end), False)):
             if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
                 # a sample that came a whole piece late: the carried keys would be out of the whole's order
                 raise WholeNeeded("samples out of order across pieces")
-            part = Recording(rec.path, rec.meta, piece.samples, no_sched, snapshot, rec.bundles, rec.object_tables,
+            s = piece.samples
+            first_sample = piece.lo if first_sample is None else first_sample
+            sched = events.until(None if last else piece.hi)
+            if len(sched) and lo is not None and int(sched["time_ns"][0]) < lo:  # the same of the sched events
+                raise WholeNeeded("sched events out of order across pieces")
+            hi = piece.hi
+            if last:  # the recording's end, of its samples and sched events (prepare.recording_span)
+                times = [t for t in (first_sample, events.first, int(s["time_ns"].max(initial=0)), events.last)
+                         if t is not None]
+                hi = recording_end(min(times), max(times), rec.end)
+            thread = self.sched.thread_of(s["pid"], s["tid"])
+            self.sched.saw_samples(thread[thread >= 0], s["time_ns"][thread >= 0].astype(np.int64))
+            step = self.sched.advance(sched, MIN if lo is None else lo, hi, last)
+            lo = piece.hi
+            self._blanks(step.finished)
+            for i, a, z in _groups(step.steal[0]):
+                self.threads[int(self.sched.tids[i])].open_again(*(c[a:z] for c in step.steal[1:]))
+            given = set(step.steal[0].tolist())
+            for i, t in enumerate(self.threads.values()):
+                if i not in given:
+                    t.open_again(*(c[:0] for c in step.steal[1:]))
+            part = Recording(rec.path, rec.meta, s, no_sched, snapshot, rec.bundles, rec.object_tables,
                              rec.end, problems=list(rec.problems), fixed_processes=processes)
             prepared = prepare(part, guest_bundles, resolver, span_ns=(piece.lo, piece.hi), sched_in_order=True,
                                memo=memo)
@@ -133,67 +204,33 @@ class StreamedSteal:
             self._add(Analysis(prepared, shares_only=True), prepared.names, piece.hi, last)
             snapshot = later
             self.pieces += 1
+        self.timelines = self.sched.timelines()
         # the names of each key as string ids: the resolver (its symbol tables) goes
         self.strings = resolver.strings.array()
         for t in self.threads.values():
             for keyed in (t.by_function, t.by_process):
                 keyed.names = np.stack([resolver.row_names.ids(keyed.names, c) for c in NAMES])
 
-    def _timelines(self, scanned: Scanned, rows: int) -> dict[int, VcpuTimeline]:
-        """The timelines of the whole recording, as the whole read builds them (Schedule.timelines), once, before
-        the samples are analysed: of the samples they read only each vCPU thread's first and last and the
-        recording's first and last, found by a look at the samples first.  The sched events are let go after."""
-        keys = np.array(sorted({pid << 32 | tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items()}), np.int64)
-        first = np.full(len(keys), np.iinfo(np.int64).max)
-        last = np.full(len(keys), np.iinfo(np.int64).min)
-        times = []
-        for samples in sample_tables(scanned, rows):
-            if not len(samples):
-                continue
-            t = samples["time_ns"].astype(np.int64)
-            times += [int(t.min()), int(t.max())]
-            if len(keys):
-                _keys, rank, found = rank_among(samples["pid"].astype(np.int64) << 32 | samples["tid"], keys)
-                np.minimum.at(first, rank[found], t[found])
-                np.maximum.at(last, rank[found], t[found])
-        sched = read_sched(scanned)
-        if len(sched):
-            times += [int(sched["time_ns"][0]), int(sched["time_ns"][-1])]
-        not_switch = (sched["flags"] & SCHED_NOT_SWITCH) != 0
-        switches, wake_events = sched[~not_switch], sched[not_switch]
-        del sched, not_switch
-        span = (min(times), recording_end(min(times), max(times), self.rec.end)) if times else (0, 0)
-        seen = np.flatnonzero(first <= last).tolist()
-        positions = {int(keys[i]): np.array([2 * j, 2 * j + 1]) for j, i in enumerate(seen)}
-        sample_times = np.stack([first[seen], last[seen]], axis=1).reshape(-1)
-        # a few VMs at a time: the memory of building them is of their vCPUs' switches, not all
-        out: dict[int, VcpuTimeline] = {}
-        pids = sorted({pid for pid, _v in self.vms.vcpu_of_tid.values()})
-        for at in range(0, len(pids), VMS_AT_ONCE):
-            mine = set(pids[at:at + VMS_AT_ONCE])
-            only = frozenset(tid for tid, (pid, _v) in self.vms.vcpu_of_tid.items() if pid in mine)
-            timelines = Schedule(switches, wake_events, self.vms.vcpu_of_tid, self.vms.by_pid, span, None,
-                                 only=only).timelines(positions, sample_times)
-            if timelines:
-                table = next(iter(timelines.values())).table
-                self.splits.update(zip(timelines, steal_split(table, np.ones(len(timelines))), strict=True))
-            for tl in timelines.values():
-                self._keep(tl)
-            out.update(timelines)
-        return dict(sorted(out.items()))
-
-    def _keep(self, tl: VcpuTimeline) -> None:
-        """What is read of a timeline's blanks: its blanks that are steal (start, end, of type 1: the samples are
-        set against them) and what its report entry reads of them one by one; then its blanks go."""
-        t = self.threads[tl.tid] = _Thread()
-        table, (lo, hi) = tl.table, tl.rows
-        steal = lo + np.flatnonzero(table.kind[lo:hi] != bt.IDLE)
-        t.starts, t.ends, t.type1 = table.start[steal], table.end[steal], table.kind[steal] != bt.BLOCKED
-        t.by_function.before = np.full(len(steal), NONE, np.int64)
-        t.by_process.before = np.full(len(steal), NONE, np.int64)
-        self.parts[tl.tid] = blank_parts(self.rec, tl)
-        tl.forget_blanks()
-        tl.table = None  # the table of its VMs' blanks goes with the last of them
+    def _blanks(self, table: BlankTable) -> None:
+        """Blanks that nothing later changes, by thread and time: into each thread's split by cause and what its
+        report entry reads of them one by one (added on in order: as of all its blanks at once)."""
+        if not len(table):
+            return
+        self.splits = steal_split(table, np.ones(len(self.splits)), self.splits)
+        # as objects only the blanks those read count in (preempted; for the host's span those of a cause of type
+        # 1): most are not (the VMM blocked), and each count is added in the same order without them
+        window = np.array([w is not None for w in self.host_windows], bool)
+        read = (table.kind == bt.PREEMPTED) | (window[table.timeline] & (
+            (table.kind == bt.THROTTLED) | (table.throttled_wakeup != NO_TIME)
+            | ((table.kind == bt.IDLE) & (table.wakeup != NO_TIME))))
+        if not read.any():
+            return
+        table = select_rows(table, np.flatnonzero(read))
+        for i, a, z in _groups(table.timeline):
+            blanks = table.blanks(a, z)
+            add_holders(self.who[i], blanks)
+            if self.host_windows[i]:
+                add_type1_by_cause(self.mine_then[i], blanks, *self.host_windows[i][:2])
 
     def _add(self, an: Analysis, names: Resolved, hi: int, last: bool) -> None:
         """A piece's samples, of [.., hi) (the last piece: to the end)."""
@@ -203,17 +240,20 @@ class StreamedSteal:
         function_key, process_key = vm_code | names.name_code, vm_code | names.proc_code
         positions = an.vcpus.positions
         none = np.empty(0, np.int64)
-        for tl in self.timelines.values():
-            t = self.threads[tl.tid]
-            idx = positions.get(tl.pid << 32 | tl.tid, none)
+        for i, t in enumerate(self.threads.values()):
+            idx = positions.get(int(self.sched.keys[i]), none)
             times = s["time_ns"][idx].astype(np.int64)
             guest = an.is_guest[idx]
             if len(idx):
-                t.counts.add(vcpu_counts(an, idx, idx[polled(times, s["flags"][idx], guest, tl)]))
+                maybe = idx[maybe_polled(s["flags"][idx], guest)]
+                t.counts.add(vcpu_counts(an, idx, maybe))  # as polling until known
+                t.maybe_polled = tuple(np.concatenate([a, b]) for a, b in zip(
+                    t.maybe_polled, (s["time_ns"][maybe].astype(np.int64), s["exit_reason"][maybe].astype(np.int64)),
+                    strict=True))
+            self._settle_polled(i, t, hi, last)
             sel = idx[guest]
             vmm_before = np.searchsorted(sel, idx[~guest]) - 1
-            # its blanks that began in this piece: the key of the guest sample before each is known now
-            began = len(t.starts) if last else int(np.searchsorted(t.starts, hi))
+            began = len(t.starts)  # every blank in the queue began by the end of this piece
             for keyed, keys in ((t.by_function, function_key), (t.by_process, process_key)):
                 _attribute(t, keyed, keys[sel], times[guest], vmm_before, began)
                 if len(sel):
@@ -221,6 +261,24 @@ class StreamedSteal:
             t.started = began
             if len(sel):
                 t.ended = int(np.searchsorted(t.ends, times[guest][-1], side="right"))
+            t.forget_attributed()
+
+    def _settle_polled(self, i: int, t: _Thread, hi: int, last: bool) -> None:
+        """The samples of thread i that may have caught KVM polling and whose polling stretches are known now:
+        those outside every stretch were KVM handling an exit (VcpuSamples.polling_samples)."""
+        times, reasons = t.maybe_polled
+        sched = self.sched
+        if not sched.has_wake[i]:  # no record of its halts (yet): all of them polling, if none comes
+            if last:
+                t.maybe_polled = (times[:0], reasons[:0])
+            return
+        known = times < max(sched.polling_known_before(i), hi - HALT_REACH + 1) if not last else times >= MIN
+        out = known & ~inside(times, sched.poll_iv[i])
+        t.counts.polling -= int(np.count_nonzero(out))
+        for reason, n in zip(*np.unique(reasons[out], return_counts=True), strict=True):
+            t.counts.exits[int(reason)] = t.counts.exits.get(int(reason), 0) + int(n)
+        t.maybe_polled = (times[~known], reasons[~known])
+        sched.forget_polls(i, min(hi, int(times[~known].min(initial=hi))))
 
     # -- what `vmprof steal` reads ------------------------------------------------------------------------
     def vm_names(self) -> list[str]:
@@ -229,18 +287,30 @@ class StreamedSteal:
     def steal_report(self, vm: str) -> dict:
         """steal.steal_report of the whole recording."""
         vcpus, functions, processes = [], [], []
+        index = {int(tid): i for i, tid in enumerate(self.sched.tids.tolist())}
         for tl in sorted((tl for tl in self.timelines.values() if tl.vm == vm), key=lambda t: t.vcpu):
-            t = self.threads.get(tl.tid, _Thread())
+            i = index[tl.tid]
+            t = self.threads[tl.tid]
             c = t.counts
-            exact = exact_poll_ns(tl)
+            exact = int(self.sched.poll_ns[i]) if self.sched.has_wake[i] else None
             period = thread_sample_ns(c.samples, tl.on_cpu_ns, c.polling, exact, self.period_ns)
             poll_ns = float(c.polling) * period if exact is None else float(exact)
-            vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[tl.tid], poll_ns,
-                                    self.parts[tl.tid]))
+            vcpus.append(vcpu_entry(self.rec, self.backend, tl, c, period, self.splits[i], poll_ns,
+                                    (self.who[i], self.mine_then[i])))
             functions += _attributions(t.by_function, tl.vcpu, period, self.strings, True)
             processes += _attributions(t.by_process, tl.vcpu, period, self.strings, False)
         return report_of(vm, vcpus, sorted(processes, key=lambda a: -a.apparent_ns),
                          sorted(functions, key=lambda a: -a.apparent_ns), list(self.notes))
+
+
+def _groups(thread: np.ndarray) -> list[tuple[int, int, int]]:
+    """(thread, first row, end row) of each thread's rows (grouped by thread)."""
+    if not len(thread):
+        return []
+    at = np.flatnonzero(np.diff(thread)) + 1
+    a = np.concatenate([[0], at])
+    z = np.append(at, len(thread))
+    return list(zip(thread[a].tolist(), a.tolist(), z.tolist(), strict=True))
 
 
 def _attribute(t: _Thread, keyed: _Keyed, keys: np.ndarray, times: np.ndarray, vmm_before: np.ndarray,

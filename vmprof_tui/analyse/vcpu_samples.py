@@ -15,7 +15,7 @@ from vmprof_tui.record.bpf_records import SAMPLE_HALTED, SAMPLE_VCPU
 MIN_SAMPLES_FOR_RATE = 200  # fewer samples of a vCPU thread measure its sampling rate no better than the period
 
 
-def _inside(times: np.ndarray, intervals: np.ndarray) -> np.ndarray:
+def inside(times: np.ndarray, intervals: np.ndarray) -> np.ndarray:
     """Which times fall in one of the [start, end) intervals (disjoint, in time order)."""
     if not len(intervals):
         return np.zeros(len(times), bool)
@@ -101,10 +101,16 @@ def exact_poll_ns(tl: VcpuTimeline) -> int | None:
 def polled(times: np.ndarray, flags: np.ndarray, is_guest: np.ndarray, tl: VcpuTimeline) -> np.ndarray:
     """Which of a vCPU thread's samples (their times, flags, guest mode) caught KVM polling its halted vCPU
     (VcpuSamples.polling_samples)."""
-    out = ~is_guest & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
+    out = maybe_polled(flags, is_guest)
     if tl.poll_intervals is not None:
-        out &= _inside(times, tl.poll_intervals)
+        out &= inside(times, tl.poll_intervals)
     return out
+
+
+def maybe_polled(flags: np.ndarray, is_guest: np.ndarray) -> np.ndarray:
+    """Which samples of a vCPU thread are of KVM with the vCPU halted: polling if inside a stretch KVM polled (or
+    when the recording has no such stretches)."""
+    return ~is_guest & ((flags & (SAMPLE_VCPU | SAMPLE_HALTED)) == (SAMPLE_VCPU | SAMPLE_HALTED))
 
 
 def thread_sample_ns(samples: int, on_cpu_ns: float, polling: int, exact_poll_ns: int | None,

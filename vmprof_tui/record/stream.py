@@ -190,11 +190,6 @@ def _read_tables(fd: int, group: list[TableChunk], dtypes: dict[int, np.dtype]) 
     return {kind: tables.get(kind, np.empty(0, dtype)) for kind, dtype in dtypes.items()}
 
 
-def _read_group(fd: int, group: list[TableChunk]) -> tuple[np.ndarray, np.ndarray]:
-    tables = _read_tables(fd, group, DTYPES)
-    return tables[fmt.SAMPLES], tables[fmt.SCHED]
-
-
 def _ordered(samples: np.ndarray) -> np.ndarray:
     t = samples["time_ns"]
     return samples if np.all(t[1:] >= t[:-1]) else samples[arrays.stable_argsort(t)]
@@ -243,26 +238,6 @@ def _groups(chunks: list[TableChunk], rows: int) -> list[list[TableChunk]]:
         groups[-1].append(c)
         count += c.rows if c.kind == fmt.SAMPLES else 0
     return groups
-
-
-def sample_tables(scanned: Scanned, rows: int) -> Iterator[np.ndarray]:
-    """The recording's samples a group of about `rows` at a time, in file order (not cut into pieces)."""
-    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        for group in _groups([c for c in scanned.chunks if c.kind == fmt.SAMPLES], rows):
-            yield _read_group(fd, group)[0]
-    finally:
-        os.close(fd)
-
-
-def read_sched(scanned: Scanned) -> np.ndarray:
-    """Every sched event of the recording, in prepare's order."""
-    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _samples, sched = _read_group(fd, [c for c in scanned.chunks if c.kind == fmt.SCHED])
-    finally:
-        os.close(fd)
-    return _ordered_sched(sched)
 
 
 def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
@@ -317,3 +292,53 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
                 job.cancel()
             reader.shutdown(wait=True)
             os.close(fd)
+
+
+class SchedReader:
+    """A recording's sched events a stretch of time at a time, a chunk read at a time (beside pieces of samples
+    only: `vmprof steal`, analyse/stream_steal.py): ``until(t)`` gives those before t not given yet, in prepare's
+    order.  Chunks are read until one begins at or after t (kept for later), as pieces cuts them."""
+
+    def __init__(self, scanned: Scanned) -> None:
+        self.path = scanned.rec.path
+        self.chunks = [c for c in scanned.chunks if c.kind == fmt.SCHED]
+        self.read = 0
+        self.held = np.empty(0, SCHED_DTYPE)
+        self.ahead: np.ndarray | None = None  # the chunk read last, which begins at or after the last t asked
+        self.first: int | None = None  # the time of the first event, and of the last given
+        self.last: int | None = None
+
+    def _chunk(self) -> np.ndarray | None:
+        if self.read >= len(self.chunks):
+            return None
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            table = _read_tables(fd, [self.chunks[self.read]], {fmt.SCHED: SCHED_DTYPE})[fmt.SCHED]
+        finally:
+            os.close(fd)
+        self.read += 1
+        if len(table):
+            t = int(table["time_ns"].min())
+            self.first = t if self.first is None else min(self.first, t)
+        return table
+
+    def until(self, t: int | None) -> np.ndarray:
+        """The events before t (None: all that are left), in prepare's order."""
+        while True:
+            if self.ahead is None:
+                self.ahead = self._chunk()
+                if self.ahead is None:
+                    break
+            if t is not None and len(self.ahead) and int(self.ahead["time_ns"].min()) >= t:
+                break
+            self.held = np.concatenate([self.held, self.ahead]) if len(self.held) else self.ahead
+            self.ahead = None
+        if t is None:
+            out, self.held = self.held, self.held[:0]
+        else:
+            before = self.held["time_ns"] < np.uint64(t)
+            out, self.held = self.held[before], self.held[~before]
+        if len(out):
+            last = int(out["time_ns"].max())
+            self.last = last if self.last is None else max(self.last, last)
+        return _ordered_sched(out)
