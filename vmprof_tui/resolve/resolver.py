@@ -207,6 +207,10 @@ class RowNames:
             return self._columns[column][codes]
         return self._by_proc[column][self._columns["proc_code"][codes]]
 
+    def of_processes(self, column: str) -> np.ndarray:
+        """A column of the process codes (process, process_name_code or pid), index = process code."""
+        return self._by_proc[column]
+
     def unknown(self, codes: np.ndarray) -> np.ndarray:
         """Whether the function of each code is unresolved."""
         return self._columns["func"][codes] == self.strings.intern(UNKNOWN)
