@@ -16,7 +16,7 @@ from vmprof_tui.analyse.window import ReplayWindow, _window_recording
 from vmprof_tui.arrays import first_and_counts
 from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.elf import read_elf_symbols
-from vmprof_tui.resolve.resolver import NameCodes, Resolver, StringTable
+from vmprof_tui.resolve.resolver import NameCodes, Resolver, RowNames, StringTable
 from vmprof_tui.resolve.symtab import SymbolTable, parse_kallsyms
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -40,6 +40,28 @@ def test_name_codes_number_names_as_a_walk_over_the_samples_would(monkeypatch: p
         assert got.tolist() == want
         assert len(codes) == len(walk)
     assert merges >= 2 and codes._fallback
+
+
+def test_row_names_keep_each_codes_names_by_code_and_by_process() -> None:
+    rng = np.random.default_rng(11)
+    names = RowNames(StringTable())
+    want: dict[int, dict[str, int]] = {}
+    of_proc = {p: {"process": 100 + p % 7, "process_name_code": p % 7, "pid": 1000 + p} for p in range(300)}
+    top = 0
+    # codes come a chunk at a time, new and repeated, past the first capacities (1024 codes, 64 processes)
+    for size in (10, 900, 1, 5000, 3000):
+        codes = np.concatenate([np.arange(top, top + size), rng.integers(0, top + size, size // 2)])
+        top += size
+        proc = np.array([want[c]["proc_code"] if c in want else int(rng.integers(0, 300)) for c in codes.tolist()])
+        func, module = rng.integers(0, 50_000, len(codes)), rng.integers(0, 900, len(codes))
+        for c, p, f, m in zip(codes.tolist(), proc.tolist(), func.tolist(), module.tolist(), strict=True):
+            want.setdefault(c, {"func": f, "module": m, "proc_code": p, **of_proc[p]})
+        first = [want[c] for c in codes.tolist()]  # a repeated code comes with the names it had
+        names.add(codes, **{f: np.array([w[f] for w in first]) for f in RowNames.FIELDS})
+        every = np.arange(top)
+        for f in RowNames.FIELDS:
+            assert names.ids(every, f).tolist() == [want[c][f] for c in range(top)], f
+    assert len(names._columns["func"]) < 1.5 * top  # grown by a quarter, not doubled
 
 
 def test_grouping_by_counting_gives_what_sorting_gave() -> None:

@@ -137,3 +137,13 @@ def test_table_numbers_wider_than_their_titles_are_whole(cols: int | None) -> No
     top = next(line for line in text.splitlines() if "main" in line)
     assert top.split()[:2] == ["2304000123", "100.000"], top
     assert "…" not in text
+
+
+def test_extended_table_holds_both_tables_rows_in_order() -> None:
+    rows = some_rows()
+    first, second = RowTable.of_rows(rows[:9]), RowTable.of_rows(rows[9:])
+    extended = first.extended(second)
+    assert extended is first  # in place: a large table is not held twice
+    assert extended.rows() == rows
+    assert extended.whole().rows() == whole_rows(rows)
+    assert RowTable.of_rows(rows[:3]).extended(RowTable.of_rows([])).rows() == rows[:3]

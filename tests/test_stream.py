@@ -193,3 +193,20 @@ def test_streamed_pieces_are_let_go_before_the_next_is_prepared(recording: Path,
     an = StreamedAnalysis(scan(recording), piece_rows=1000)
     assert an.pieces == len(alive) > 1 and set(alive) == {0} and set(pending) == {0}
     assert an.host_rows is an_rows[0] and len(an.host_rows.all.codes)
+
+
+def test_streamed_report_gives_free_memory_back_before_its_rows(recording: Path, capsys: pytest.CaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the pieces freed is given back (malloc_trim) once they are read, before the profile's rows are made:
+    the heap's holes would otherwise hold the long report's peak (docs/scale.md, "Fourth round")."""
+    from vmprof_tui.cli import common
+
+    steps = []
+    monkeypatch.setattr(common, "give_back_free_memory", lambda: steps.append("given back"))
+    profile = StreamedAnalysis.host_profile
+    monkeypatch.setattr(StreamedAnalysis, "host_profile", lambda *a, **k: steps.append("rows") or profile(*a, **k))
+    report([str(recording)], 1000, capsys, monkeypatch, streamed=True)  # 12 pieces
+    assert steps == ["given back", "rows"]
+    steps.clear()
+    report([str(recording)], 6000, capsys, monkeypatch, streamed=True)  # 3 pieces: little was freed
+    assert steps == ["rows"]

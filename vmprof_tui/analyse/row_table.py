@@ -75,14 +75,17 @@ class RowTable:
                         np.full(len(samples), len(strings) - 1, np.int32),
                         np.where(unknown, UNKNOWN, FUNCTION).astype(np.int8), np.zeros(len(samples), bool), strings)
 
-    def joined(self, other: RowTable) -> RowTable:
-        """self's rows, then other's."""
+    def extended(self, other: RowTable) -> RowTable:
+        """self with other's rows after its own, changed in place and returned: its columns are replaced one at a
+        time, so a table of a million rows is not held twice."""
         if not len(other):
             return self
         shift = len(self.strings)
-        columns = {f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name) + (
-            shift if f.name in ("func", "module", "process", "vm") else 0)]) for f in fields(self)[:-1]}
-        return RowTable(**columns, strings=np.concatenate([self.strings, other.strings]))
+        for f in fields(self)[:-1]:
+            theirs = getattr(other, f.name) + (shift if f.name in ("func", "module", "process", "vm") else 0)
+            setattr(self, f.name, np.concatenate([getattr(self, f.name), theirs]))
+        self.strings = np.concatenate([self.strings, other.strings])
+        return self
 
     def take(self, index: np.ndarray) -> RowTable:
         """The rows of an index or a mask, in its order."""

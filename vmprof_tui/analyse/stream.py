@@ -339,22 +339,35 @@ class StreamedAnalysis:
         if names is None or not len(counts.codes):
             return None
         counts, in_kernel = (_nonzero(c) for c in (counts, summed.kernel))  # _add_idle takes samples away again
-        pids = names.ids(counts.codes, "pid")
+        # a row's VM code by its pid, a function of its process code (few): looked up per process, not per row
+        pid_of_proc = names.of_processes("pid")
         code_of_pid = {pid: self.vm_index.get(name, 0) for pid, name in self.vm_by_pid.items()}
-        upids, inverse = arrays.unique(pids, return_inverse=True)  # a row's VM code by its pid: pids are few
-        vm_code = np.array([code_of_pid.get(p, 0) for p in upids.tolist()], np.int64)[inverse]
-        order = np.lexsort((counts.codes, vm_code)) if by_vm else np.arange(len(counts.codes))
-        codes = counts.codes[order]
-        kernel = np.zeros(len(counts.codes))
-        kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
-        return RowColumns(counts.counts[order], {c: names.ids(codes, c) for c in ("func", "module", "process")},
-                          names.strings.array(), pids[order], names.unknown(codes), kernel[order])
+        vm_of_proc = np.array([code_of_pid.get(p, 0) for p in pid_of_proc.tolist()], np.int32)
+        proc = names.ids(counts.codes, "proc_code")
+        # by VM code, then name code: the codes ascend already, so by VM code alone, stably (VMs are few)
+        vm_code = vm_of_proc[proc]
+        vms = np.unique(vm_code) if by_vm else np.zeros(1, np.int32)
+        if len(vms) == 1:
+            codes, samples, pids = counts.codes, counts.counts, pid_of_proc[proc]
+            order = None
+        else:
+            order = np.concatenate([np.flatnonzero(vm_code == v) for v in vms.tolist()])
+            codes, samples, pids = counts.codes[order], counts.counts[order], pid_of_proc[proc[order]]
+        del proc, vm_code
+        if len(in_kernel.codes):
+            kernel = np.zeros(len(counts.codes))
+            kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
+            kernel = kernel if order is None else kernel[order]
+        else:
+            kernel = np.zeros(len(counts.codes))
+        return RowColumns(samples, {c: names.ids(codes, c) for c in ("func", "module", "process")},
+                          names.strings.array(), pids, names.unknown(codes), kernel)
 
     def host_profile(self, cpu: int | None = None, table: bool = False) -> Profile:
         """table: its rows as a RowTable (a report's table, JSON and CSV), else as Rows."""
         if cpu != self.cpu or self.level not in ("host", "all"):
             raise ValueError("this streamed analysis has no host profile of that: analyse it whole")
-        rows: list[Row] | RowTable = self._table(self.host_rows, None).joined(RowTable.of_rows(self.other_rows()))
+        rows: list[Row] | RowTable = self._table(self.host_rows, None).extended(RowTable.of_rows(self.other_rows()))
         if not table:
             rows = rows.rows()
         notes = [*self.notes, f"CPU {cpu} only"] if cpu is not None else list(self.notes)
@@ -380,7 +393,7 @@ class StreamedAnalysis:
         summed = _Rows.joined([v.rows for v in mine])
         counts = summed.all
         virtual = [Row(n, *kind.label(vcpu=v), None, None, vm, kind) for (kind, v), n in parts.virtual().items()]
-        rows: list[Row] | RowTable = self._table(summed, vm).joined(RowTable.of_rows(virtual))
+        rows: list[Row] | RowTable = self._table(summed, vm).extended(RowTable.of_rows(virtual))
         if not table:
             rows = rows.rows()
         unresolved = int(counts.counts[counts.names.unknown(counts.codes)].sum()) if counts.names is not None else 0

@@ -64,9 +64,9 @@ class NameCodes:
         self.procs: dict[tuple, int] = {}
         self.process_names: dict[str, int] = {}  # the code of each process name (rows sum by it)
         self.keys = np.empty(0, np.int64)  # sorted
-        self.codes = np.empty(0, np.int64)  # the code of each key
+        self.codes = np.empty(0, np.int32)  # the code of each key (int32: a name costs 12 bytes here)
         self._recent_keys = np.empty(0, np.int64)  # sorted, none in `keys`
-        self._recent_codes = np.empty(0, np.int64)
+        self._recent_codes = np.empty(0, np.int32)
         self._fallback: dict[tuple[int, int, int], int] = {}  # past 2**ID_BITS names or processes
 
     def __len__(self) -> int:
@@ -174,29 +174,42 @@ class RowNames:
     """The names of every name code (NameCodes) given so far: function, module and process as StringTable ids, the
     code of the process name, the pid and the code of the process and pid, as arrays by code.  What the live screen's
     row sums carry is codes and counts only; names are looked up here for the rows a screen shows (names per row
-    merged every second were most of summing a 64-CPU window)."""
+    merged every second were most of summing a 64-CPU window).
+
+    By code only the function, module and process code are kept (12 bytes a name: a long recording has over a
+    million names); the process, its name's code and the pid are the process code's, kept by it (processes are
+    few)."""
 
     FIELDS = ("func", "module", "process", "process_name_code", "pid", "proc_code")
+    BY_CODE = ("func", "module", "proc_code")
+    GROWTH = 1.25  # capacity grown by a quarter: a name costs its 12 bytes, not up to twice that
 
     def __init__(self, strings: StringTable) -> None:
         self.strings = strings
-        self._columns = {f: np.zeros(1024, np.int32) for f in self.FIELDS}
+        self._columns = {f: np.zeros(1024, np.int32) for f in self.BY_CODE}
+        self._by_proc = {f: np.zeros(64, np.int32) for f in self.FIELDS if f not in self.BY_CODE}
 
     def add(self, codes: np.ndarray, **columns: np.ndarray) -> None:
         """The names of `codes` (each column an array as long; a code may repeat, with the same names)."""
         if not len(codes):
             return
-        size, top = len(self._columns["func"]), int(codes.max()) + 1
-        if top > size:  # grown by doubling: codes come a chunk at a time
-            grown = max(top, 2 * size)
-            for f, a in self._columns.items():
-                self._columns[f] = np.concatenate([a, np.zeros(grown - size, np.int32)])
+        self._columns = _grown(self._columns, int(codes.max()) + 1, self.GROWTH)
         for f, a in self._columns.items():
             a[codes] = columns[f]
+        procs = columns["proc_code"]
+        self._by_proc = _grown(self._by_proc, int(procs.max()) + 1, 2)
+        for f, a in self._by_proc.items():
+            a[procs] = columns[f]
 
     def ids(self, codes: np.ndarray, column: str) -> np.ndarray:
         """A column of `codes` (string ids, codes or pids)."""
-        return self._columns[column][codes]
+        if column in self._columns:
+            return self._columns[column][codes]
+        return self._by_proc[column][self._columns["proc_code"][codes]]
+
+    def of_processes(self, column: str) -> np.ndarray:
+        """A column of the process codes (process, process_name_code or pid), index = process code."""
+        return self._by_proc[column]
 
     def unknown(self, codes: np.ndarray) -> np.ndarray:
         """Whether the function of each code is unresolved."""
@@ -204,7 +217,16 @@ class RowNames:
 
     def strings_of(self, codes: np.ndarray, column: str) -> np.ndarray:
         """A name column of `codes` as strings."""
-        return self.strings.array()[self._columns[column][codes]]
+        return self.strings.array()[self.ids(codes, column)]
+
+
+def _grown(columns: dict[str, np.ndarray], size: int, growth: float) -> dict[str, np.ndarray]:
+    """int32 columns at least `size` long, grown by `growth` times at least (zeros past the old ones)."""
+    have = len(next(iter(columns.values())))
+    if size <= have:
+        return columns
+    grown = max(size, int(have * growth))
+    return {f: np.concatenate([a, np.zeros(grown - have, np.int32)]) for f, a in columns.items()}
 
 
 def _column(name: str, strings: bool = False) -> property:
