@@ -166,3 +166,38 @@ def test_symbol_lookup_of_many_addresses(count: int, distinct: int) -> None:
     idx = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
     inside = (idx >= 0) & (addrs < ends[idx.clip(0)])
     assert np.array_equal(table.lookup(addrs), np.where(inside, idx, -1))
+
+
+def test_cached_names_decoded_when_asked_read_as_the_unpacked_ones(fresh_cache: Path) -> None:
+    """A table loaded from the cache keeps its names packed (cache.PackedNames) and decodes those asked for: by an
+    index, an array of them, a mask, -1 (names_or_unknown's "[unknown]"), all of them, the same strings as
+    unpack_strings; names that are not the stated count, or not UTF-8, are a damaged entry (ValueError)."""
+    names = ["main", "", "caf\u00e9", "\udcff_surrogate", "x" * 300, "_ZN3foo3barEv"]
+    packed = cache.pack_strings(names)
+    lazy, eager = cache.packed_names(packed, len(names)), cache.unpack_strings(packed, len(names))
+    assert isinstance(lazy, cache.PackedNames) and len(lazy) == len(names)
+    assert lazy.tolist() == list(lazy) == eager.tolist() == names
+    for i in range(-len(names), len(names)):
+        assert lazy[i] == eager[i] and lazy[np.int64(i)] == eager[i]
+    index = np.array([[5, 0], [2, 2]])
+    assert lazy[index].tolist() == eager[index].tolist() and lazy[index].dtype == object
+    mask = np.array([True, False, True, True, False, True])
+    assert lazy[mask].tolist() == eager[mask].tolist() and lazy[np.empty(0, np.int64)].tolist() == []
+    with_unknown = lazy.appended("[unknown]")
+    assert with_unknown[np.array([-1, 2, 6])].tolist() == ["[unknown]", "caf\u00e9", "[unknown]"]
+    assert with_unknown.tolist() == [*names, "[unknown]"] and with_unknown[-1] == with_unknown[6] == "[unknown]"
+    for out_of_bounds in (7, -8, np.array([0, 7])):
+        with pytest.raises(IndexError):
+            with_unknown[out_of_bounds]
+    assert isinstance(cache.packed_names(np.empty(0, np.uint8), 0), np.ndarray)
+    for bad, count in [(packed, len(names) + 1), (np.frombuffer(b"ok\0\xff\xfe", np.uint8), 2)]:
+        with pytest.raises(ValueError):
+            cache.packed_names(bad, count)
+    path = Path(os.path.realpath(sys.executable))
+    first = read_elf_symbols(path)
+    cache._made.clear()
+    again = read_elf_symbols(path)
+    assert isinstance(again.names, cache.PackedNames) and again.names.tolist() == first.names.tolist()
+    hit = np.array([-1, 0, len(first.names) - 1, -1])
+    assert again.names_or_unknown[hit].tolist() == first.names_or_unknown[hit].tolist()
+    assert again.names_or_unknown[-1] == "[unknown]"
