@@ -137,3 +137,18 @@ def test_table_numbers_wider_than_their_titles_are_whole(cols: int | None) -> No
     top = next(line for line in text.splitlines() if "main" in line)
     assert top.split()[:2] == ["2304000123", "100.000"], top
     assert "…" not in text
+
+
+def test_the_last_column_unpadded_gives_the_lines_the_padded_one_gave() -> None:
+    """The table's function column is last and fitted without padding (table._fit_last: a name thousands of
+    characters long padded every line to its length, which each line's rstrip then took off): every line is the same
+    text as with the padded cell, for names that fit, are cut, are wide (non-ASCII), blank or end in spaces."""
+    from vmprof_tui.show.formats.table import _fit_column, _fit_last
+
+    texts = ["main", "", "   ", "trailing  ", "x" * 40, "\u6f22\u5b57\u540d\u524d" * 5, "caf\u00e9 ", "a\tb\t"]
+    for w in (1, 2, 5, 12, 39, 40, 41, 200):
+        for plain in (True, False):
+            mine = [t for t in texts if t.isascii()] if plain else texts
+            for prefix in ("   12  0.100  proc [1]  mod", "   12  0.100  proc [1]      "):
+                padded = [f"{prefix}  {t}".rstrip() for t in _fit_column(mine, w, plain, right=False)]
+                assert [f"{prefix}  {t}".rstrip() for t in _fit_last(mine, w, plain)] == padded, (w, plain)
