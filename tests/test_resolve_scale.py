@@ -201,3 +201,27 @@ def test_cached_names_decoded_when_asked_read_as_the_unpacked_ones(fresh_cache: 
     hit = np.array([-1, 0, len(first.names) - 1, -1])
     assert again.names_or_unknown[hit].tolist() == first.names_or_unknown[hit].tolist()
     assert again.names_or_unknown[-1] == "[unknown]"
+
+
+def test_content_keys_of_equal_large_contents_are_found_without_hashing_again(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    """VMs of one image carry the same kallsyms and libraries: a large content met again is compared byte for byte
+    with the one remembered, and only an equal one gets its key without SHA-256; one that differs in a single byte,
+    or only in its middle, gets its own key; what is remembered stays within SAME_BYTES_HELD."""
+    monkeypatch.setattr(cache, "_recent", {})
+    monkeypatch.setattr(cache, "SAME_BYTES_HELD", 3 << 20)
+    data = bytes(np.random.default_rng(5).integers(0, 256, 1 << 20, dtype=np.uint8))
+    key = cache.content_key("kallsyms", data)
+    hashed: list[int] = []
+    real = cache.hashlib.sha256
+    monkeypatch.setattr(cache.hashlib, "sha256", lambda d: hashed.append(len(d)) or real(d))
+    assert cache.content_key("kallsyms", bytes(bytearray(data))) == key and cache.content_key(
+        "kallsyms", memoryview(bytearray(data))) == key and not hashed
+    middle = bytearray(data)
+    middle[len(data) // 2] ^= 1
+    assert cache.content_key("kallsyms", bytes(middle)) == f"kallsyms-v{cache.VERSION}-" + real(
+        bytes(middle)).hexdigest()[:32] != key
+    assert cache.content_key("elf", data) != key and len(hashed) == 2
+    for n in range(4):
+        cache.content_key("elf", bytes([n]) + data[1:])
+    assert sum(len(d) for d, _k in cache._recent.values()) <= 3 << 20
