@@ -206,7 +206,14 @@ static PyObject *keytable_insert(KeyTable *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = v[0].shape[0];
     const char *problem = NULL;
+    uint64_t hash[BATCH]; /* of the batch's keys, their slots fetched ahead as lookup_samples does */
     for (Py_ssize_t i = 0; i < n && problem == NULL; i++) {
+        if (i % BATCH == 0) {
+            for (Py_ssize_t j = i; j < n && j < i + BATCH; j++) {
+                hash[j - i] = hash3(self->k0, self->k1, item(&v[0], j), item(&v[1], j), item(&v[2], j));
+                __builtin_prefetch(&self->slots[hash[j - i] & ((size_t)self->capacity - 1)]);
+            }
+        }
         uint64_t a = item(&v[0], i), b = item(&v[1], i), c = item(&v[2], i);
         int64_t value = (int64_t)item(&v[3], i);
         if (value < 0) {
@@ -219,7 +226,8 @@ static PyObject *keytable_insert(KeyTable *self, PyObject *args) {
             if (grow(self) < 0)
                 break;
         }
-        Entry *e = find(self, self->slots, self->capacity, a, b, c);
+        /* masked now: the table may have grown since the batch was hashed */
+        Entry *e = find_from(self->slots, self->capacity, hash[i % BATCH] & ((size_t)self->capacity - 1), a, b, c);
         if (e == NULL) {
             continue; /* past MAX_PROBES: not stored, it misses */
         } else if (e->value == EMPTY) {
