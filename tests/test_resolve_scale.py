@@ -225,3 +225,28 @@ def test_content_keys_of_equal_large_contents_are_found_without_hashing_again(mo
     for n in range(4):
         cache.content_key("elf", bytes([n]) + data[1:])
     assert sum(len(d) for d, _k in cache._recent.values()) <= 3 << 20
+
+
+def test_a_bundle_stored_twice_is_extracted_once_and_resolves_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VMs of one image store the same bundle: bytes equal to a bundle loaded before give that bundle (one
+    extraction, its objects read once), with each VM's own name; other bytes, or a rejected bundle, are loaded (and
+    noted) on their own; what is remembered stays within BUNDLE_BYTES_HELD."""
+    from vmprof_tui.record import recording
+    from vmprof_tui.resolve import spaces
+
+    monkeypatch.setattr(spaces, "_bundles", {})
+    stored = recording.load(GOLDEN).bundles
+    data = stored["steal1"]
+    first, again = spaces.guest_symbols("vm-a", data), spaces.guest_symbols("vm-b", bytes(bytearray(data)))
+    assert first.bundle is not None and again.bundle is first.bundle and (first.vm, again.vm) == ("vm-a", "vm-b")
+    assert {c: (s.name, s.pid) for c, s in again.processes.items()} == {
+        c: (s.name, s.pid) for c, s in first.processes.items()} and again.kernel is first.kernel
+    other = spaces.guest_symbols("vm-c", stored["steal2"])
+    assert other.bundle is not first.bundle
+    for vm in ("vm-d", "vm-e"):
+        rejected = spaces.guest_symbols(vm, data[:100])
+        assert rejected.bundle is None and rejected.note is not None and rejected.note.startswith(
+            f"guest bundle of {vm} rejected")
+    monkeypatch.setattr(spaces, "BUNDLE_BYTES_HELD", len(data) + 10)
+    spaces.guest_symbols("vm-f", stored["steal3"])
+    assert sum(len(d) for d, _b in spaces._bundles.values()) <= len(data) + 10
