@@ -152,3 +152,21 @@ def test_the_last_column_unpadded_gives_the_lines_the_padded_one_gave() -> None:
             for prefix in ("   12  0.100  proc [1]  mod", "   12  0.100  proc [1]      "):
                 padded = [f"{prefix}  {t}".rstrip() for t in _fit_column(mine, w, plain, right=False)]
                 assert [f"{prefix}  {t}".rstrip() for t in _fit_last(mine, w, plain)] == padded, (w, plain)
+
+
+@pytest.mark.parametrize("cols", [None, 60, 200])
+def test_table_rows_without_the_last_columns_padding_are_the_padded_lines_stripped(
+        cols: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows' lines are joined without a strip where every function cell is unpadded and not blank: the same
+    text as the function column padded to its longest name and each line stripped, with a blank function, one ending
+    in spaces, a very long one, and in blocks of a few rows."""
+    from vmprof_tui.show.formats import table
+
+    rows = some_rows() + [Row(4.0, "", "blank.so", "app", 12), Row(4.0, "ends in spaces  ", "m", "app", 12),
+                          Row(1.0, "T<" * 900 + ">" * 900, "big.so", "app", 12)]
+    monkeypatch.setattr(table, "BLOCK", 5)  # blocks with the blank function and without it
+    text = table.render_profile(profile(rows, 70.0), cols=cols)
+    monkeypatch.setattr(table, "_fit_last", lambda texts, w, plain: table._fit_column(texts, w, plain, right=False))
+    padded = table.render_profile(profile(rows, 70.0), cols=cols)
+    assert text.splitlines() == [line.rstrip() for line in padded.splitlines()] and text.endswith("\n")
+    assert not any(line != line.rstrip() for line in text.splitlines())

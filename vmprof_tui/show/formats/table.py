@@ -137,14 +137,21 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
     def lines(block: list[list[str]]) -> str:
         return "".join("  ".join(row).rstrip() + "\n" for row in zip(*block, strict=True))
 
+    def row_lines(block: list[list[str]]) -> str:
+        """lines() of rows whose last cells are _fit_last's: where none is blank, each ends in a non-space, so
+        there is nothing to strip."""
+        if all(block[-1]):
+            return "\n".join(map("  ".join, zip(*block, strict=True))) + "\n"
+        return lines(block)
+
     yield "\n".join(header(profile, cols)) + "\n"
     yield lines([_fit_column([t], w, p, right=i < 2) for i, (t, w, p) in enumerate(zip(TITLES, widths, plain,
                                                                                          strict=True))])
     for start in range(0, len(index), BLOCK):
         at = index[start:start + BLOCK]
         cells = [_fit_column(texts, w, True, right=True) for texts, w in zip(numbers(at), widths, strict=False)]
-        yield lines([*cells, process.of(process_key(rows, at)), module.of(rows.module[at]),
-                     function.of(rows.func[at])])
+        yield row_lines([*cells, process.of(process_key(rows, at)), module.of(rows.module[at]),
+                         function.of(rows.func[at])])
 
 
 def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
