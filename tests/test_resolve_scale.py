@@ -243,6 +243,8 @@ def test_a_bundle_stored_twice_is_extracted_once_and_resolves_alike(monkeypatch:
         c: (s.name, s.pid) for c, s in first.processes.items()} and again.kernel is first.kernel
     other = spaces.guest_symbols("vm-c", stored["steal2"])
     assert other.bundle is not first.bundle
+    other.bundle.close()  # its folder gone: the same bytes are extracted again
+    assert spaces.guest_symbols("vm-c", stored["steal2"]).bundle is not other.bundle
     for vm in ("vm-d", "vm-e"):
         rejected = spaces.guest_symbols(vm, data[:100])
         assert rejected.bundle is None and rejected.note is not None and rejected.note.startswith(

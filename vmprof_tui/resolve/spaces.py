@@ -218,7 +218,8 @@ _bundles: dict[tuple[int, bytes, bytes], tuple[bytes, GuestBundle]] = {}
 def _same_bundle(source: bytes) -> GuestBundle | None:
     """The bundle loaded from bytes equal to `source` (compared whole), if one is remembered."""
     seen = _bundles.get((len(source), source[:64], source[-64:]))
-    return seen[1] if seen is not None and seen[0] == source else None
+    # (a bundle closed since has no folder: loaded again)
+    return seen[1] if seen is not None and seen[0] == source and seen[1].root.is_dir() else None
 
 
 def _remember_bundle(source: bytes, bundle: GuestBundle) -> None:
