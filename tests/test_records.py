@@ -261,7 +261,7 @@ def test_switches_are_ordered_per_cpu_one_way() -> None:
     assert until.tolist() == [20, 40, -1, 10, 30, -1]
 
 
-def test_json_nesting_is_refused_as_deep_whatever_the_bracket_count_skips() -> None:
+def test_json_nesting_is_refused_as_deep_with_or_without_the_walk() -> None:
     """bounded_json.loads walks a value for its depth only when its text has more brackets than the limit (a value
     nests no deeper than that): at the limit and past it, in bytes and in str, with brackets in strings too."""
     from vmprof_tui import bounded_json
