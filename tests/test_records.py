@@ -259,3 +259,21 @@ def test_switches_are_ordered_per_cpu_one_way() -> None:
     assert ev["next_tid"][order].tolist() == [4, 2, 6, 1, 3, 5]
     until = records.next_on_cpu(ev["cpu"][order], ev["time_ns"][order], -1)
     assert until.tolist() == [20, 40, -1, 10, 30, -1]
+
+
+def test_json_nesting_is_refused_as_deep_with_or_without_the_walk() -> None:
+    """bounded_json.loads walks a value for its depth only when its text has more brackets than the limit (a value
+    nests no deeper than that): at the limit and past it, in bytes and in str, with brackets in strings too."""
+    from vmprof_tui import bounded_json
+
+    for depth in (31, 32, 33, 40):
+        for text in ("[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth):
+            for given in (text, text.encode()):
+                if depth <= 32:
+                    assert bounded_json.loads(given, "x") is not None
+                else:
+                    with pytest.raises(bounded_json.JSONLimitError, match="nests deeper than 32 levels"):
+                        bounded_json.loads(given, "x")
+    assert bounded_json.loads('["[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", [[1]]]', "x")[1] == [[1]]
+    with pytest.raises(bounded_json.JSONLimitError):
+        bounded_json.loads("[" * 5, "x", max_depth=2)

@@ -188,3 +188,89 @@ def test_symbol_lookup_of_many_addresses(count: int, distinct: int) -> None:
     idx = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
     inside = (idx >= 0) & (addrs < ends[idx.clip(0)])
     assert np.array_equal(table.lookup(addrs), np.where(inside, idx, -1))
+
+
+def test_cached_names_decoded_when_asked_read_as_the_unpacked_ones(fresh_cache: Path) -> None:
+    """A table loaded from the cache keeps its names packed (cache.PackedNames) and decodes those asked for: by an
+    index, an array of them, a mask, -1 (names_or_unknown's "[unknown]"), all of them, the same strings as
+    unpack_strings; names that are not the stated count, or not UTF-8, are a damaged entry (ValueError)."""
+    names = ["main", "", "caf\u00e9", "\udcff_surrogate", "x" * 300, "_ZN3foo3barEv"]
+    packed = cache.pack_strings(names)
+    lazy, eager = cache.packed_names(packed, len(names)), cache.unpack_strings(packed, len(names))
+    assert isinstance(lazy, cache.PackedNames) and len(lazy) == len(names)
+    assert lazy.tolist() == list(lazy) == eager.tolist() == names
+    for i in range(-len(names), len(names)):
+        assert lazy[i] == eager[i] and lazy[np.int64(i)] == eager[i]
+    index = np.array([[5, 0], [2, 2]])
+    assert lazy[index].tolist() == eager[index].tolist() and lazy[index].dtype == object
+    mask = np.array([True, False, True, True, False, True])
+    assert lazy[mask].tolist() == eager[mask].tolist() and lazy[np.empty(0, np.int64)].tolist() == []
+    with_unknown = lazy.appended("[unknown]")
+    assert with_unknown[np.array([-1, 2, 6])].tolist() == ["[unknown]", "caf\u00e9", "[unknown]"]
+    assert with_unknown.tolist() == [*names, "[unknown]"] and with_unknown[-1] == with_unknown[6] == "[unknown]"
+    for out_of_bounds in (7, -8, np.array([0, 7])):
+        with pytest.raises(IndexError):
+            with_unknown[out_of_bounds]
+    assert isinstance(cache.packed_names(np.empty(0, np.uint8), 0), np.ndarray)
+    for bad, count in [(packed, len(names) + 1), (np.frombuffer(b"ok\0\xff\xfe", np.uint8), 2)]:
+        with pytest.raises(ValueError):
+            cache.packed_names(bad, count)
+    path = Path(os.path.realpath(sys.executable))
+    first = read_elf_symbols(path)
+    cache._made.clear()
+    again = read_elf_symbols(path)
+    assert isinstance(again.names, cache.PackedNames) and again.names.tolist() == first.names.tolist()
+    hit = np.array([-1, 0, len(first.names) - 1, -1])
+    assert again.names_or_unknown[hit].tolist() == first.names_or_unknown[hit].tolist()
+    assert again.names_or_unknown[-1] == "[unknown]"
+
+
+def test_content_keys_of_equal_large_contents_are_found_without_hashing_again(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    """VMs of one image carry the same kallsyms and libraries: a large content met again is compared byte for byte
+    with the one remembered, and only an equal one gets its key without SHA-256; one that differs in a single byte,
+    or only in its middle, gets its own key; what is remembered stays within SAME_BYTES_HELD."""
+    monkeypatch.setattr(cache, "_recent", {})
+    monkeypatch.setattr(cache, "SAME_BYTES_HELD", 3 << 20)
+    data = bytes(np.random.default_rng(5).integers(0, 256, 1 << 20, dtype=np.uint8))
+    key = cache.content_key("kallsyms", data)
+    hashed: list[int] = []
+    real = cache.hashlib.sha256
+    monkeypatch.setattr(cache.hashlib, "sha256", lambda d: hashed.append(len(d)) or real(d))
+    assert cache.content_key("kallsyms", bytes(bytearray(data))) == key and cache.content_key(
+        "kallsyms", memoryview(bytearray(data))) == key and not hashed
+    middle = bytearray(data)
+    middle[len(data) // 2] ^= 1
+    assert cache.content_key("kallsyms", bytes(middle)) == f"kallsyms-v{cache.VERSION}-" + real(
+        bytes(middle)).hexdigest()[:32] != key
+    assert cache.content_key("elf", data) != key and len(hashed) == 2
+    for n in range(4):
+        cache.content_key("elf", bytes([n]) + data[1:])
+    assert sum(len(d) for d, _k in cache._recent.values()) <= 3 << 20
+
+
+def test_a_bundle_stored_twice_is_extracted_once_and_resolves_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VMs of one image store the same bundle: bytes equal to a bundle loaded before give that bundle (one
+    extraction, its objects read once), with each VM's own name; other bytes, or a rejected bundle, are loaded (and
+    noted) on their own; what is remembered stays within BUNDLE_BYTES_HELD."""
+    from vmprof_tui.record import recording
+    from vmprof_tui.resolve import spaces
+
+    monkeypatch.setattr(spaces, "_bundles", {})
+    stored = recording.load(GOLDEN).bundles
+    data = stored["steal1"]
+    first, again = spaces.guest_symbols("vm-a", data), spaces.guest_symbols("vm-b", bytes(bytearray(data)))
+    assert first.bundle is not None and again.bundle is first.bundle and (first.vm, again.vm) == ("vm-a", "vm-b")
+    assert {c: (s.name, s.pid) for c, s in again.processes.items()} == {
+        c: (s.name, s.pid) for c, s in first.processes.items()} and again.kernel is first.kernel
+    other = spaces.guest_symbols("vm-c", stored["steal2"])
+    assert other.bundle is not first.bundle
+    other.bundle.close()  # its folder gone: the same bytes are extracted again
+    assert spaces.guest_symbols("vm-c", stored["steal2"]).bundle is not other.bundle
+    for vm in ("vm-d", "vm-e"):
+        rejected = spaces.guest_symbols(vm, data[:100])
+        assert rejected.bundle is None and rejected.note is not None and rejected.note.startswith(
+            f"guest bundle of {vm} rejected")
+    monkeypatch.setattr(spaces, "BUNDLE_BYTES_HELD", len(data) + 10)
+    spaces.guest_symbols("vm-f", stored["steal3"])
+    assert sum(len(d) for d, _b in spaces._bundles.values()) <= len(data) + 10

@@ -147,3 +147,36 @@ def test_extended_table_holds_both_tables_rows_in_order() -> None:
     assert extended.rows() == rows
     assert extended.whole().rows() == whole_rows(rows)
     assert RowTable.of_rows(rows[:3]).extended(RowTable.of_rows([])).rows() == rows[:3]
+
+
+def test_the_last_column_unpadded_gives_the_lines_the_padded_one_gave() -> None:
+    """The table's function column is last and fitted without padding (table._fit_last: a name thousands of
+    characters long padded every line to its length, which each line's rstrip then took off): every line is the same
+    text as with the padded cell, for names that fit, are cut, are wide (non-ASCII), blank or end in spaces."""
+    from vmprof_tui.show.formats.table import _fit_column, _fit_last
+
+    texts = ["main", "", "   ", "trailing  ", "x" * 40, "\u6f22\u5b57\u540d\u524d" * 5, "caf\u00e9 ", "a\tb\t"]
+    for w in (1, 2, 5, 12, 39, 40, 41, 200):
+        for plain in (True, False):
+            mine = [t for t in texts if t.isascii()] if plain else texts
+            for prefix in ("   12  0.100  proc [1]  mod", "   12  0.100  proc [1]      "):
+                padded = [f"{prefix}  {t}".rstrip() for t in _fit_column(mine, w, plain, right=False)]
+                assert [f"{prefix}  {t}".rstrip() for t in _fit_last(mine, w, plain)] == padded, (w, plain)
+
+
+@pytest.mark.parametrize("cols", [None, 60, 200])
+def test_table_rows_without_the_last_columns_padding_are_the_padded_lines_stripped(
+        cols: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows' lines are joined without a strip where every function cell is unpadded and not blank: the same
+    text as the function column padded to its longest name and each line stripped, with a blank function, one ending
+    in spaces, a very long one, and in blocks of a few rows."""
+    from vmprof_tui.show.formats import table
+
+    rows = some_rows() + [Row(4.0, "", "blank.so", "app", 12), Row(4.0, "ends in spaces  ", "m", "app", 12),
+                          Row(1.0, "T<" * 900 + ">" * 900, "big.so", "app", 12)]
+    monkeypatch.setattr(table, "BLOCK", 5)  # blocks with the blank function and without it
+    text = table.render_profile(profile(rows, 70.0), cols=cols)
+    monkeypatch.setattr(table, "_fit_last", lambda texts, w, plain: table._fit_column(texts, w, plain, right=False))
+    padded = table.render_profile(profile(rows, 70.0), cols=cols)
+    assert text.splitlines() == [line.rstrip() for line in padded.splitlines()] and text.endswith("\n")
+    assert not any(line != line.rstrip() for line in text.splitlines())

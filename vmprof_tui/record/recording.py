@@ -120,12 +120,12 @@ def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
                                  f"the header of {what}")
     size = int(header["rows"]) * itemsize_of(header) + extra_of(header)
     if header.get("codec") == "zstd":
-        import pyarrow as pa
+        from vmprof_tui.record import zstd
 
         try:  # never more than the header's size: a hostile frame cannot make it inflate further
-            raw = pa.decompress(bytes(payload[4 + hlen:]), decompressed_size=size, codec="zstd", asbytes=True)
-        except (OSError, ValueError, pa.ArrowException) as e:
-            raise RecordingError(f"{what} does not decompress: {str(e).splitlines()[0][:200]}") from None
+            raw = zstd.decompress(bytes(payload[4 + hlen:]), size)
+        except zstd.ZstdError as e:
+            raise RecordingError(f"{what} does not decompress: {e}") from None
     else:
         raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
     if len(raw) != size:

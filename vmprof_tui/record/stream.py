@@ -222,6 +222,15 @@ def sort_sched(sched: np.ndarray) -> np.ndarray:
     return sched[order]
 
 
+def _read_ahead(fd: int, group: list[TableChunk], dtypes: dict[int, np.dtype]
+                ) -> tuple[dict[int, np.ndarray], int | None]:
+    """_read_tables of a group with each table in time order (sched events in prepare's order), and the time of its
+    first record: made in the read-ahead thread, where numpy lets the main thread analyse meanwhile."""
+    tables = _read_tables(fd, group, dtypes)
+    tables = {kind: _ordered_sched(t) if kind == fmt.SCHED else _ordered(t) for kind, t in tables.items()}
+    return tables, _first(*tables.values())
+
+
 def _first(*tables: np.ndarray) -> int | None:
     times = [int(t["time_ns"].min()) for t in tables if len(t)]
     return min(times) if times else None
@@ -254,30 +263,33 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
     # the next group is read and inflated (zlib lets other threads run) while the piece before it is analysed
     with ThreadPoolExecutor(1) as reader:
         try:
-            ahead = [reader.submit(_read_tables, fd, g, dtypes) for g in groups[:2]]
-            tables = ahead.pop(0).result()
-            tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])  # kept so: the next group's are merged in
+            ahead = [reader.submit(_read_ahead, fd, g, dtypes) for g in groups[:2]]
+            tables, _cut = ahead.pop(0).result()  # sched events kept in order: the next group's are merged in
+            ordered = set(tables)  # the tables in time order as they are (a group's, as read ahead)
             # where the recording starts and ends is of its samples and sched events (prepare's, read whole)
             lo = first = _first(tables[fmt.SAMPLES], tables[fmt.SCHED])
             for k in range(1, len(groups)):
-                nxt = ahead.pop(0).result()
+                nxt, cut = ahead.pop(0).result()
                 if k + 1 < len(groups):
-                    ahead.append(reader.submit(_read_tables, fd, groups[k + 1], dtypes))
-                cut = _first(*nxt.values())
+                    ahead.append(reader.submit(_read_ahead, fd, groups[k + 1], dtypes))
                 if lo is None or cut is None or cut <= lo:  # nothing, or out of order past a whole piece: read on
                     tables = {kind: np.concatenate([t, nxt[kind]]) for kind, t in tables.items()}
                     tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])
+                    ordered = {fmt.SCHED}
                     if lo is None:
                         lo = first = _first(tables[fmt.SAMPLES], tables[fmt.SCHED])
                     continue
                 piece: dict[int, np.ndarray] = {}
                 for kind, t in tables.items():
-                    t = t if kind == fmt.SCHED else _ordered(t)
+                    t = t if kind in ordered else _ordered(t)
                     a = int(np.searchsorted(t["time_ns"], np.uint64(cut)))
                     piece[kind] = t[:a]
                     # what is left of this group is usually nothing: then no copy of the next group
                     tables[kind] = np.concatenate([t[a:], nxt[kind]]) if a < len(t) else nxt[kind]
-                tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])
+                ordered = {kind for kind, t in tables.items() if t is nxt[kind]}
+                if fmt.SCHED not in ordered:
+                    tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])
+                    ordered.add(fmt.SCHED)
                 yield Piece(lo, cut, piece[fmt.SAMPLES], piece[fmt.SCHED], tables[fmt.SCHED],
                             {kind: piece[kind] for kind in extra})
                 lo = cut

@@ -25,6 +25,7 @@
 #define VERSION 2
 #define EMPTY (-1)
 #define MAX_ENTRIES (1 << 19) /* 32 MB of slots at most */
+#define BATCH 16              /* records whose slots are fetched from memory at once (lookup_samples) */
 #define MAX_PROBES 128        /* random keys at half load walk a few; only keys made to collide walk more */
 #define SEED_BYTES 16
 
@@ -83,9 +84,9 @@ static Entry *new_slots(Py_ssize_t capacity) {
     return slots;
 }
 
-/* The slot of a key: its own, or the free one where it would go; NULL past MAX_PROBES slots. */
-static Entry *find(const KeyTable *t, Entry *slots, Py_ssize_t capacity, uint64_t a, uint64_t b, uint64_t c) {
-    size_t mask = (size_t)capacity - 1, i = (size_t)hash3(t->k0, t->k1, a, b, c) & mask;
+/* find's walk from slot i, the key's hash masked to the table (find_from: a caller that prefetched that slot). */
+static Entry *find_from(Entry *slots, Py_ssize_t capacity, size_t i, uint64_t a, uint64_t b, uint64_t c) {
+    size_t mask = (size_t)capacity - 1;
     for (int walked = 0; slots[i].value != EMPTY && (slots[i].a != a || slots[i].b != b || slots[i].c != c);
          walked++) {
         if (walked == MAX_PROBES)
@@ -94,6 +95,11 @@ static Entry *find(const KeyTable *t, Entry *slots, Py_ssize_t capacity, uint64_
         probes++;
     }
     return &slots[i];
+}
+
+/* The slot of a key: its own, or the free one where it would go; NULL past MAX_PROBES slots. */
+static Entry *find(const KeyTable *t, Entry *slots, Py_ssize_t capacity, uint64_t a, uint64_t b, uint64_t c) {
+    return find_from(slots, capacity, (size_t)hash3(t->k0, t->k1, a, b, c) & ((size_t)capacity - 1), a, b, c);
 }
 
 static int grow(KeyTable *self) {
@@ -200,7 +206,14 @@ static PyObject *keytable_insert(KeyTable *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = v[0].shape[0];
     const char *problem = NULL;
+    uint64_t hash[BATCH]; /* of the batch's keys, their slots fetched ahead as lookup_samples does */
     for (Py_ssize_t i = 0; i < n && problem == NULL; i++) {
+        if (i % BATCH == 0) {
+            for (Py_ssize_t j = i; j < n && j < i + BATCH; j++) {
+                hash[j - i] = hash3(self->k0, self->k1, item(&v[0], j), item(&v[1], j), item(&v[2], j));
+                __builtin_prefetch(&self->slots[hash[j - i] & ((size_t)self->capacity - 1)]);
+            }
+        }
         uint64_t a = item(&v[0], i), b = item(&v[1], i), c = item(&v[2], i);
         int64_t value = (int64_t)item(&v[3], i);
         if (value < 0) {
@@ -213,7 +226,8 @@ static PyObject *keytable_insert(KeyTable *self, PyObject *args) {
             if (grow(self) < 0)
                 break;
         }
-        Entry *e = find(self, self->slots, self->capacity, a, b, c);
+        /* masked now: the table may have grown since the batch was hashed */
+        Entry *e = find_from(self->slots, self->capacity, hash[i % BATCH] & ((size_t)self->capacity - 1), a, b, c);
         if (e == NULL) {
             continue; /* past MAX_PROBES: not stored, it misses */
         } else if (e->value == EMPTY) {
@@ -279,33 +293,45 @@ static PyObject *keytable_lookup_samples(KeyTable *self, PyObject *args) {
     }
     Py_ssize_t n = rec.len / size, missing = 0;
     const char *r = rec.buf;
-    for (Py_ssize_t i = 0; i < n; i++, r += size) {
-        uint16_t flags;
-        uint32_t pid;
-        uint64_t ip, cr3 = 0, kind;
-        memcpy(&flags, r + off_flags, 2);
-        memcpy(&pid, r + off_pid, 4);
-        if (flags & f_guest) {
-            if (flags & f_unknown) {
-                kind = 4, ip = 0;
+    size_t mask = (size_t)self->capacity - 1;
+    /* A batch at a time: each record's key and slot first, asking the CPU to fetch the slots, then the walks.  A
+       table of a million keys is far larger than the caches: one slot at a time, every lookup waited for memory. */
+    for (Py_ssize_t start = 0; start < n; start += BATCH) {
+        Py_ssize_t count = n - start < BATCH ? n - start : BATCH;
+        uint64_t key[BATCH][3];
+        size_t at[BATCH];
+        for (Py_ssize_t j = 0; j < count; j++, r += size) {
+            uint16_t flags;
+            uint32_t pid;
+            uint64_t ip, cr3 = 0, kind;
+            memcpy(&flags, r + off_flags, 2);
+            memcpy(&pid, r + off_pid, 4);
+            if (flags & f_guest) {
+                if (flags & f_unknown) {
+                    kind = 4, ip = 0;
+                } else {
+                    kind = flags & f_guest_kernel ? 3 : 2;
+                    memcpy(&ip, r + off_guest, 8);
+                    memcpy(&cr3, r + off_cr3, 8);
+                    cr3 &= cr3_mask;
+                }
             } else {
-                kind = flags & f_guest_kernel ? 3 : 2;
-                memcpy(&ip, r + off_guest, 8);
-                memcpy(&cr3, r + off_cr3, 8);
-                cr3 &= cr3_mask;
+                kind = flags & f_host_kernel ? 1 : 0;
+                memcpy(&ip, r + off_host, 8);
             }
-        } else {
-            kind = flags & f_host_kernel ? 1 : 0;
-            memcpy(&ip, r + off_host, 8);
+            key[j][0] = kind << 32 | pid, key[j][1] = ip, key[j][2] = cr3;
+            at[j] = (size_t)hash3(self->k0, self->k1, key[j][0], ip, cr3) & mask;
+            __builtin_prefetch(&self->slots[at[j]]);
         }
-        uint64_t key[3] = {kind << 32 | pid, ip, cr3};
-        Entry *e = find(self, self->slots, self->capacity, key[0], key[1], key[2]);
-        int64_t value = e != NULL ? e->value : EMPTY;
-        memcpy((char *)out.buf + 8 * i, &value, 8);
-        if (value == EMPTY) {
-            for (int k = 0; k < 3; k++)
-                memcpy((char *)kw[k].buf + 8 * missing, &key[k], 8);
-            missing++;
+        for (Py_ssize_t j = 0; j < count; j++) {
+            Entry *e = find_from(self->slots, self->capacity, at[j], key[j][0], key[j][1], key[j][2]);
+            int64_t value = e != NULL ? e->value : EMPTY;
+            memcpy((char *)out.buf + 8 * (start + j), &value, 8);
+            if (value == EMPTY) {
+                for (int k = 0; k < 3; k++)
+                    memcpy((char *)kw[k].buf + 8 * missing, &key[j][k], 8);
+                missing++;
+            }
         }
     }
     for (int i = 0; i < 5; i++)

@@ -19,7 +19,7 @@ import hashlib
 import os
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +38,23 @@ def cache_dir() -> Path:
 def content_key(kind: str, data: bytes | memoryview) -> str:
     # SHA-256: collision-resistant (guests are hostile and share the cache), and on CPUs with SHA extensions
     # faster than BLAKE2 (docs/performance.md)
-    return f"{kind}-v{VERSION}-{hashlib.sha256(data).hexdigest()[:32]}"
+    big = len(data) >= SAME_BYTES_MIN
+    if big:  # VMs of one image carry the same kallsyms and libraries: compared byte for byte, not hashed again
+        probe = (kind, len(data), bytes(data[:64]), bytes(data[-64:]))
+        seen = _recent.get(probe)
+        if seen is not None and seen[0] == data:
+            return seen[1]
+    key = f"{kind}-v{VERSION}-{hashlib.sha256(data).hexdigest()[:32]}"
+    if big and len(data) <= SAME_BYTES_HELD:
+        while sum(len(d) for d, _k in _recent.values()) + len(data) > SAME_BYTES_HELD:
+            del _recent[next(iter(_recent))]  # the oldest
+        _recent[probe] = (data if isinstance(data, bytes) else bytes(data), key)
+    return key
+
+
+SAME_BYTES_MIN = 1 << 20  # contents this large are remembered with their key (content_key), the last ones ...
+SAME_BYTES_HELD = 64 << 20  # ... up to this many bytes
+_recent: dict[tuple[str, int, bytes, bytes], tuple[bytes, str]] = {}
 
 
 def parsed(key: str, parse: Callable[[], T], to_arrays: Callable[[T], dict[str, np.ndarray]],
@@ -96,6 +112,70 @@ def store(key: str, arrays: dict[str, np.ndarray]) -> None:
 def pack_strings(names: list[str]) -> np.ndarray:
     """Strings as one uint8 array (NUL-separated; names never hold NUL: they pass safe_text)."""
     return np.frombuffer("\0".join(names).encode("utf-8", "surrogatepass"), np.uint8)
+
+
+class PackedNames:
+    """A symbol table's names as stored (pack_strings), each decoded when asked for: the tables of a busy host's
+    libraries hold hundreds of thousands of names, of which a recording's samples hit a few thousand, and making a
+    str of each was most of loading them.  Indexed as the object array it stands for (an int, an array of indices
+    or a mask); tolist() and iteration decode them all.  `last`: one more name after the stored ones (appended)."""
+
+    def __init__(self, data: bytes, starts: np.ndarray, ends: np.ndarray, last: str | None = None) -> None:
+        self._data, self._starts, self._ends = data, starts, ends  # stored name i is data[starts[i]:ends[i]]
+        self._last = last
+
+    def appended(self, name: str) -> PackedNames:
+        """These names and `name` last (without copying them)."""
+        assert self._last is None
+        return PackedNames(self._data, self._starts, self._ends, name)
+
+    def __len__(self) -> int:
+        return len(self._starts) + (self._last is not None)
+
+    def _one(self, i: int) -> str:
+        return self._data[self._starts[i]:self._ends[i]].decode("utf-8", "surrogatepass")
+
+    def __getitem__(self, index: int | np.integer | np.ndarray) -> str | np.ndarray:
+        n, stored = len(self), len(self._starts)
+        if isinstance(index, (int, np.integer)):
+            i = int(index) + n if index < 0 else int(index)
+            if not 0 <= i < n:
+                raise IndexError(f"index {index} is out of bounds for {n} names")
+            return self._last if i == stored and self._last is not None else self._one(i)
+        index = np.asarray(index)
+        flat = np.flatnonzero(index) if index.dtype == bool else index.ravel()
+        flat = np.where(flat < 0, flat + n, flat)
+        if len(flat) and (flat.min() < 0 or flat.max() >= n):
+            raise IndexError(f"an index is out of bounds for {n} names")
+        is_last = flat == stored  # only where there is a last name
+        at = np.where(is_last, 0, flat)
+        data = self._data
+        out = np.empty(len(flat), object)
+        out[:] = [data[a:b].decode("utf-8", "surrogatepass")
+                  for a, b in zip(self._starts[at].tolist(), self._ends[at].tolist(), strict=True)]
+        out[is_last] = self._last
+        return out if index.dtype == bool else out.reshape(index.shape)
+
+    def tolist(self) -> list[str]:
+        names = self._data.decode("utf-8", "surrogatepass").split("\0") if len(self._starts) else []
+        return names + [self._last] if self._last is not None else names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tolist())
+
+
+def packed_names(packed: np.ndarray, count: int) -> PackedNames | np.ndarray:
+    """unpack_strings(packed, count), its names decoded when asked for (PackedNames); ValueError where they are not
+    `count` names of UTF-8 (a damaged entry: parsed again)."""
+    if count == 0:
+        return np.empty(0, object)
+    data = packed.tobytes()
+    if not data.isascii():  # what is decoded later must decode now
+        data.decode("utf-8", "surrogatepass")
+    ends = np.flatnonzero(packed == 0)
+    if len(ends) != count - 1:
+        raise ValueError("cached names do not match their table")
+    return PackedNames(data, np.concatenate(([0], ends + 1)), np.append(ends, len(data)))
 
 
 def unpack_strings(packed: np.ndarray, count: int) -> np.ndarray:

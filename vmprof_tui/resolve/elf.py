@@ -193,7 +193,7 @@ def _to_arrays(e: ElfSymbols) -> dict[str, np.ndarray]:
 
 def _from_arrays(a: dict[str, np.ndarray]) -> ElfSymbols:
     segments = [Segment(*(int(v) for v in row)) for row in a["segments"].tolist()]
-    return ElfSymbols(starts=a["starts"], ends=a["ends"], names=cache.unpack_strings(a["names"], int(a["count"][0])),
+    return ElfSymbols(starts=a["starts"], ends=a["ends"], names=cache.packed_names(a["names"], int(a["count"][0])),
                       segments=segments, elf_type=int(a["elf_type"][0]), build_id=str(a["build_id"][0]) or None)
 
 

@@ -239,14 +239,38 @@ class GuestSymbols:
     bundle: GuestBundle | None = None  # kept open: a tar bundle's objects live in its folder
 
 
+# Bundles loaded from a recording's bytes, the last ones up to BUNDLE_BYTES_HELD: VMs of one image store the same
+# bundle, which is then extracted once (its objects, at one path, are read once by the ObjectCache too).
+BUNDLE_BYTES_HELD = 64 << 20
+_bundles: dict[tuple[int, bytes, bytes], tuple[bytes, GuestBundle]] = {}
+
+
+def _same_bundle(source: bytes) -> GuestBundle | None:
+    """The bundle loaded from bytes equal to `source` (compared whole), if one is remembered."""
+    seen = _bundles.get((len(source), source[:64], source[-64:]))
+    # (a bundle closed since has no folder: loaded again)
+    return seen[1] if seen is not None and seen[0] == source and seen[1].root.is_dir() else None
+
+
+def _remember_bundle(source: bytes, bundle: GuestBundle) -> None:
+    if len(source) > BUNDLE_BYTES_HELD:
+        return
+    while sum(len(data) for data, _b in _bundles.values()) + len(source) > BUNDLE_BYTES_HELD:
+        del _bundles[next(iter(_bundles))]  # the oldest
+    _bundles[(len(source), source[:64], source[-64:])] = (source, bundle)
+
+
 def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
     """Guest symbols from a bundle folder/tar path or from tar bytes stored in a recording."""
     try:
         if isinstance(source, bytes):
-            with tempfile.NamedTemporaryFile(suffix=".tar") as f:
-                f.write(source)
-                f.flush()
-                b = load_bundle(Path(f.name))
+            b = _same_bundle(source)
+            if b is None:
+                with tempfile.NamedTemporaryFile(suffix=".tar") as f:
+                    f.write(source)
+                    f.flush()
+                    b = load_bundle(Path(f.name))
+                _remember_bundle(source, b)
         else:
             b = load_bundle(Path(source))
     except (BundleError, OSError) as e:

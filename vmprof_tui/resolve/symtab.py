@@ -24,7 +24,7 @@ class SymbolTable:
 
     starts: np.ndarray  # uint64, sorted
     ends: np.ndarray  # uint64, exclusive
-    names: np.ndarray  # object (str)
+    names: np.ndarray | cache.PackedNames  # object (str); loaded from the cache: decoded when asked for
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -45,8 +45,10 @@ class SymbolTable:
         return np.where(ok, idx, -1)
 
     @functools.cached_property
-    def names_or_unknown(self) -> np.ndarray:
+    def names_or_unknown(self) -> np.ndarray | cache.PackedNames:
         """Names with '[unknown]' last so that index -1 reads it."""
+        if isinstance(self.names, cache.PackedNames):
+            return self.names.appended("[unknown]")
         return np.append(self.names, "[unknown]").astype(object)
 
 
@@ -98,7 +100,7 @@ def _to_arrays(t: KernelSymbols) -> dict[str, np.ndarray]:
 
 def _from_arrays(a: dict[str, np.ndarray]) -> KernelSymbols:
     count = len(a["starts"])
-    return KernelSymbols(starts=a["starts"], ends=a["ends"], names=cache.unpack_strings(a["names"], count),
+    return KernelSymbols(starts=a["starts"], ends=a["ends"], names=cache.packed_names(a["names"], count),
                          modules=cache.unpack_strings(a["modules"], count))
 
 

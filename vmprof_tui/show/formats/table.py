@@ -130,11 +130,19 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
             plain[i] = "".join(c.texts).isascii()  # ASCII texts: their length is their width
             longest[i] = max(longest[i], max(map(len if plain[i] else cell_len, c.texts)))
     widths = longest if cols is None else column_widths(longest, cols)
-    process, module, function = (Names(c.keys, _fit_column(c.texts, w, p, right=False))
-                                  for c, w, p in zip(columns, widths[2:], plain[2:], strict=True))
+    process, module = (Names(c.keys, _fit_column(c.texts, w, p, right=False))
+                       for c, w, p in zip(columns[:2], widths[2:4], plain[2:4], strict=True))
+    function = Names(columns[2].keys, _fit_last(columns[2].texts, widths[4], plain[4]))
 
     def lines(block: list[list[str]]) -> str:
         return "".join("  ".join(row).rstrip() + "\n" for row in zip(*block, strict=True))
+
+    def row_lines(block: list[list[str]]) -> str:
+        """lines() of rows whose last cells are _fit_last's: where none is blank, each ends in a non-space, so
+        there is nothing to strip."""
+        if all(block[-1]):
+            return "\n".join(map("  ".join, zip(*block, strict=True))) + "\n"
+        return lines(block)
 
     yield "\n".join(header(profile, cols)) + "\n"
     yield lines([_fit_column([t], w, p, right=i < 2) for i, (t, w, p) in enumerate(zip(TITLES, widths, plain,
@@ -142,8 +150,8 @@ def profile_parts(profile: Profile, sort: str = "samples", limit: int | None = N
     for start in range(0, len(index), BLOCK):
         at = index[start:start + BLOCK]
         cells = [_fit_column(texts, w, True, right=True) for texts, w in zip(numbers(at), widths, strict=False)]
-        yield lines([*cells, process.of(process_key(rows, at)), module.of(rows.module[at]),
-                     function.of(rows.func[at])])
+        yield row_lines([*cells, process.of(process_key(rows, at)), module.of(rows.module[at]),
+                         function.of(rows.func[at])])
 
 
 def column_widths(longest: list[int], cols: int, function_min: int = FUNCTION_MIN) -> list[int]:
@@ -172,6 +180,14 @@ def _fit_column(texts: list[str], w: int, plain: bool, right: bool) -> list[str]
     if right:
         return [t.rjust(w) if len(t) <= w else t[:w - 1] + "…" for t in texts]
     return [t.ljust(w) if len(t) <= w else t[:w - 1] + "…" for t in texts]
+
+
+def _fit_last(texts: list[str], w: int, plain: bool) -> list[str]:
+    """_fit_column(texts, w, plain, right=False) without the padding that each line's rstrip takes off again: the
+    function column is last, and one name thousands of characters long (a C++ template) made every line as long."""
+    if not plain:
+        return [(set_cell_size(t, w - 1) + "…" if cell_len(t) > w else t).rstrip() for t in texts]
+    return [(t if len(t) <= w else t[:w - 1] + "…").rstrip() for t in texts]
 
 
 def _fit(text: str, w: int, right: bool) -> str:
