@@ -74,6 +74,7 @@ class StreamedTrace(StreamedAnalysis):
             blanks = sorted(tl.blanks, key=lambda b: b.start_ns)
             b_start = np.array([b.start_ns for b in blanks], np.int64)
             b_end = np.array([b.end_ns for b in blanks], np.int64)
+            tl.forget_blanks()  # made again for its slices once the samples are done
             self.tracks[tl.tid] = Track(tl, self.vms.index.get(tl.vm, 0) or len(self.vms.index) + 1, b_start, b_end,
                                         np.concatenate([[tl.start_ns], b_end]).astype(np.int64),
                                         np.concatenate([b_start, [tl.end_ns]]).astype(np.int64),

@@ -307,7 +307,7 @@ def load_streamed_trace(args: argparse.Namespace, level: str) -> StreamedTrace |
     cpu = args.cpu if level == "host" else None
     rows = stream.PIECE_ROWS
     return _streamed(args, rows, lambda scanned, bundles: StreamedTrace(scanned, slice_label, bundles, level, args.vm,
-                                                                        args.vcpu, rows, cpu))
+                                                                        args.vcpu, rows, cpu), True)
 
 
 def without_call_stacks(recording: str) -> Failure:
