@@ -38,6 +38,7 @@ track (no per-slice counts or durations): speedscope keys a frame by name and ar
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,42 +152,51 @@ def vcpu_events(an: Analysis, tl: VcpuTimeline, pid: int, t0: int) -> list[Event
     return events
 
 
+HostSlice = tuple[int, int, int, str, str, dict]  # start, end (us), tid, name, category, args
+
+
 def host_events(an: Analysis, t0: int) -> tuple[list[Event], list[int]]:
     """Per pCPU: idle intervals, vCPU run intervals, and host tasks in between (from the sched events)."""
+    slices, cpus = host_slices(an, t0)
+    return [_slice(n, c, HOST_PID, tid, a, z, args) for a, z, tid, n, c, args in slices], cpus
+
+
+def host_slices(an: Analysis, t0: int) -> tuple[Iterator[HostSlice], list[int]]:
+    """host_events' slices one at a time (a trace read a piece at a time keeps them as columns), and the CPUs."""
     ev = an.sched
     if not len(ev):
-        return [], []
+        return iter(()), []
     ev = ev[cpu_order(ev)]
     cpu = ev["cpu"].astype(np.int64)
-    t = ev["time_ns"].astype(np.int64)
-    nxt = ev["next_tid"].astype(np.int64)
-    # interval i runs from event i to the next event on the same CPU, with event i's next task on it;
-    # it is exact when that event switches the task out (idle and vCPU threads always are)
-    until = next_on_cpu(cpu, t, -1)
-    exact = (until[:-1] >= 0) & (ev["prev_tid"][1:].astype(np.int64) == nxt[:-1])
-    i_idx = np.nonzero(until >= 0)[0]
-    a_us, z_us = _us(t[i_idx], t0), _us(until[i_idx], t0)
-    events: list[Event] = []
-    for i, a, z in zip(i_idx.tolist(), a_us.tolist(), z_us.tolist(), strict=True):
-        if z <= a:
-            continue
-        c = int(cpu[i])
-        task = int(nxt[i])
-        tid = HOST_PID + 1 + c
-        if task == 0:
-            events.append(_slice("[idle]", CAT_IDLE, HOST_PID, tid, a, z, {"cpu": c}))
-        elif task in an.vcpu_of_tid:
-            vpid, vcpu = an.vcpu_of_tid[task]
-            vm = an.vm_by_pid.get(vpid, f"vm-{vpid}")
-            events.append(_slice(f"{vm}/vcpu{vcpu}", CAT_VCPU, HOST_PID, tid, a, z,
-                                 {"cpu": c, "vm": vm, "vcpu": vcpu, "tid": task}))
-        else:
-            comm = task_name(ev["next_comm"][i]) or str(task)
-            name = comm if exact[i] else "[host]"
-            events.append(_slice(name, CAT_HOST, HOST_PID, tid, a, z,
-                                 {"cpu": c, "first_task": comm, "tid": task, "pid": int(ev["next_pid"][i]),
-                                  "exact": bool(exact[i])}))
-    return events, sorted(set(cpu.tolist()))
+
+    def slices() -> Iterator[HostSlice]:
+        t = ev["time_ns"].astype(np.int64)
+        nxt = ev["next_tid"].astype(np.int64)
+        # interval i runs from event i to the next event on the same CPU, with event i's next task on it;
+        # it is exact when that event switches the task out (idle and vCPU threads always are)
+        until = next_on_cpu(cpu, t, -1)
+        exact = (until[:-1] >= 0) & (ev["prev_tid"][1:].astype(np.int64) == nxt[:-1])
+        i_idx = np.nonzero(until >= 0)[0]
+        a_us, z_us = _us(t[i_idx], t0), _us(until[i_idx], t0)
+        for i, a, z in zip(i_idx.tolist(), a_us.tolist(), z_us.tolist(), strict=True):
+            if z <= a:
+                continue
+            c = int(cpu[i])
+            task = int(nxt[i])
+            tid = HOST_PID + 1 + c
+            if task == 0:
+                yield a, z, tid, "[idle]", CAT_IDLE, {"cpu": c}
+            elif task in an.vcpu_of_tid:
+                vpid, vcpu = an.vcpu_of_tid[task]
+                vm = an.vm_by_pid.get(vpid, f"vm-{vpid}")
+                yield a, z, tid, f"{vm}/vcpu{vcpu}", CAT_VCPU, {"cpu": c, "vm": vm, "vcpu": vcpu, "tid": task}
+            else:
+                comm = task_name(ev["next_comm"][i]) or str(task)
+                name = comm if exact[i] else "[host]"
+                yield a, z, tid, name, CAT_HOST, {"cpu": c, "first_task": comm, "tid": task,
+                                                  "pid": int(ev["next_pid"][i]), "exact": bool(exact[i])}
+
+    return slices(), sorted(set(cpu.tolist()))
 
 
 def _meta(name: str, pid: int, tid: int | None, value: str | int) -> Event:
@@ -266,11 +276,10 @@ def render_parts(inp: ReportInput) -> Iterator[str]:
                            key=lambda x: x.vcpu)
         meta += _vm_meta(name, pid, timelines)
         columns += [_track_columns(an, an.tracks[tl.tid], w0) for tl in timelines if tl.tid in an.tracks]
-    hev, cpus = host_events(an.host_view(), w0)
-    if hev:
-        meta += _host_meta(len(an.vms.index), cpus)
-        columns.append(_event_columns(an, hev))
-        del hev
+    host = _host_columns(an, *host_slices(an.host_view(), w0))
+    if len(host[0]):
+        meta += _host_meta(len(an.vms.index), host[5])
+        columns.append(host[:5])
     ts, end, pid_, tid, label = (np.concatenate([c[k] for c in columns]) if columns else np.empty(0, np.int64)
                                  for k in range(5))
     order = np.lexsort((tid, pid_, ts))
@@ -331,8 +340,16 @@ def _track_columns(an: StreamedTrace, track: Track, w0: int) -> tuple[np.ndarray
     return ts[keep], end[keep], np.full(n, track.pid, np.int64), np.full(n, tl.tid, np.int64), lab[keep]
 
 
-def _event_columns(an: StreamedTrace, events: list[Event]) -> tuple[np.ndarray, ...]:
-    """Events (host_events') as columns, their name, category and args as labels."""
-    labels = [an.label_ids.setdefault((e["name"], e["cat"], _json(e["args"])), len(an.label_ids)) for e in events]
-    col = np.array([(e["ts"], e["ts"] + e["dur"], e["pid"], e["tid"]) for e in events], np.int64).reshape(-1, 4)
-    return col[:, 0], col[:, 1], col[:, 2], col[:, 3], np.array(labels, np.int64)
+def _host_columns(an: StreamedTrace, slices: Iterator[HostSlice], cpus: list[int]) -> tuple:
+    """host_slices as columns (start, end, pid, tid, label), their name, category and args as labels; and the
+    CPUs."""
+    ts, end, tid, label = (array("q") for _ in range(4))
+    for a, z, t, name, cat, args in slices:
+        ts.append(a)
+        end.append(z)
+        tid.append(t)
+        label.append(an.label_ids.setdefault((name, cat, _json(args)), len(an.label_ids)))
+    n = len(ts)
+    return (*(np.frombuffer(c, np.int64) if n else np.empty(0, np.int64) for c in (ts, end)),
+            np.full(n, HOST_PID, np.int64), *(np.frombuffer(c, np.int64) if n else np.empty(0, np.int64)
+                                              for c in (tid, label)), cpus)
