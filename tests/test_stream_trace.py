@@ -60,6 +60,14 @@ def test_streamed_chrome_slices_cross_the_pieces_edges(recording: Path, capsys: 
     assert {"guest", "vmm"} <= crossing, crossing
 
 
+@pytest.mark.parametrize("kind", ["late_cpu", "unlisted_vm"])
+def test_streamed_chrome_trace_of_a_late_cpu_or_an_unlisted_vm_is_the_whole_one(
+        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU first switched 40% in; a VM the VM list does not name (its vCPU thread gives up the stream)."""
+    rec = busy_recording(tmp_path / f"{kind}.vmprof", 6.0, **{kind: True})
+    same_trace(rec, [], capsys, monkeypatch, rows=(1000,))
+
+
 @pytest.mark.parametrize("case", [[], ["--vm", "steal2"], ["--vm", "steal1", "--vcpu", "0"]], ids=" ".join)
 def test_streamed_chrome_trace_of_the_demo_recording_is_the_whole_one(case: list[str], capsys: pytest.CaptureFixture,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
