@@ -282,6 +282,7 @@ def render_parts(inp: ReportInput) -> Iterator[str]:
         columns.append(host[:5])
     ts, end, pid_, tid, label = (np.concatenate([c[k] for c in columns]) if columns else np.empty(0, np.int64)
                                  for k in range(5))
+    del columns  # (each track's, now in the five columns)
     order = np.lexsort((tid, pid_, ts))
     labels = [(json.dumps(n), json.dumps(c), a) for n, c, a in an.label_ids]
     yield '{"traceEvents":['
