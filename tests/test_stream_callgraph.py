@@ -130,6 +130,31 @@ def test_streamed_report_of_stack_copies_is_the_whole_one(cfi: Path, case: list[
     same_both_ways(cfi, case, (4000, 9001), tmp_path, monkeypatch)
 
 
+CUTS = [["--cpu", "0"], ["--cpu", "1", "-K"], ["--time-range", "0.7:2.1"], ["--time-range", "1.5:9"],
+        ["--time-range", "0.3:1.9", "--vm", "stacks"], ["--time-range", "1:2.5", "--vm", "stacks", "--vcpu", "0"],
+        ["--time-range", "0.5:2", "--cpu", "1"]]
+
+
+# the VM's CPU is the host's choice: on the other one no call path has `solve` (--callers of one CPU: left out)
+CUT_CASES = [[*fmt, *cut] for fmt in (["--format", "collapsed"], ["--format", "json"], ["--children"],
+                                      ["--callers", "solve"]) for cut in CUTS
+             if not ("--callers" in fmt and "--cpu" in cut)]
+
+
+@pytest.mark.parametrize("case", CUT_CASES, ids=" ".join)
+def test_streamed_cut_call_stack_report_is_the_whole_one(fp: Path, case: list[str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cpu and --time-range of a recording with call stacks, read a piece at a time: its paths and stack notes
+    are cut as its samples, byte for byte the whole read's."""
+    same_both_ways(fp, case, (8000, 14283), tmp_path, monkeypatch)
+
+
+def test_streamed_cut_report_of_stack_copies_is_the_whole_one(cfi: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for cut in (["--cpu", "1"], ["--time-range", "0.8:2.2", "--vm", "nofp"]):
+        same_both_ways(cfi, ["--format", "collapsed", *cut], (4000, 9001), tmp_path, monkeypatch)
+
+
 def test_notes_that_pieces_do_not_add_up_give_up_the_stream(fp: Path) -> None:
     """A note without a count (a table that could not be read) or a count of distinct chains: read whole."""
     scanned = scan(fp, stacks=True)

@@ -172,6 +172,7 @@ class StreamedAnalysis:
         self.idle_cpus: set[int] = set()
         self.kept_idle: dict[int, tuple[int, _Rows]] = {}
         self.start_ns: int | None = None
+        self.piece_lo = 0  # where the piece being added starts (its span starts later in a --time-range)
         # the vCPU threads of the VM list: one that only its samples name is learned in the pieces where it ran
         # guest code, where the whole recording knows it in every piece (its timeline): not streamed
         listed = learn_vms(rec, np.empty(0, rec.samples.dtype), np.empty(0, bool)).vcpu_of_tid
@@ -215,6 +216,7 @@ class StreamedAnalysis:
                 raise WholeNeeded("a vCPU thread that the VM list does not name")
             if self.start_ns is None:
                 self.start_ns = span[0]
+            self.piece_lo = piece.lo
             self._add(an, span[0])
             context.advance(piece.sched)
             snapshot = without_kallsyms  # parsed once, by the first piece

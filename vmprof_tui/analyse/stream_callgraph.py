@@ -105,7 +105,7 @@ class StreamedCallGraph(StreamedStacks):
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None, level: str = "host",
                  vm: str | None = None, piece_rows: int = PIECE_ROWS,
                  keep: Callable[[np.ndarray], np.ndarray] | None = None, kernel: bool = True,
-                 paths: bool = True) -> None:
+                 paths: bool = True, cpu: int | None = None, time_range: tuple[float, float] | None = None) -> None:
         self.with_paths = paths
         self.ended: dict[tuple[str | None, int | None, bool], _Ended] = {}  # by scope, vCPU, idle task (paths=False)
         self.known: dict[tuple[int, bytes], Stack] = {}  # every distinct stack met, resolved once
@@ -115,7 +115,7 @@ class StreamedCallGraph(StreamedStacks):
         self.kernel_vms: set[int] = set()  # VMM pids of guest-kernel samples (FALLBACK notes are per VM)
         self.unwinding: Unwinding | None = None  # the copies' unwind rules, found once for every piece
         self.split_vm_rows = paths  # table, JSON and CSV read no host-level VM row split (StreamedStacks)
-        super().__init__(scanned, guest_bundles, level, vm, piece_rows, keep, kernel)
+        super().__init__(scanned, guest_bundles, level, vm, piece_rows, keep, kernel, cpu=cpu, time_range=time_range)
 
     def _add(self, an: Analysis, lo: int) -> None:
         if self.pieces and any(note not in self.notes for note in an.notes):
@@ -124,8 +124,9 @@ class StreamedCallGraph(StreamedStacks):
             raise WholeNeeded("a note first met after the first piece")
         super()._add(an, lo)
         rec = an.rec
-        for table in (rec.stacks, rec.ustacks):  # a record whose sample went with an earlier piece
-            if table is not None and len(table) and int(table["time_ns"].min()) < lo:
+        for table in (rec.stacks, rec.ustacks):  # a record whose sample went with an earlier piece (of the piece's
+            # start, not the range's: a record of a sample before the range is in the piece, joined to no sample)
+            if table is not None and len(table) and int(table["time_ns"].min()) < self.piece_lo:
                 raise WholeNeeded("a call-stack record written a piece after its sample")
         self.unwinding = self.unwinding or Unwinding.of(an.resolver)  # the same resolver in every piece
         resolved = resolve_stacks_of(an, self.known, self.unwinding)
@@ -139,8 +140,10 @@ class StreamedCallGraph(StreamedStacks):
         in_kernel = an.is_guest & ((an.samples["flags"] & SAMPLE_GUEST_KERNEL) != 0)
         self.kernel_vms.update(np.unique(an.samples["pid"][in_kernel]).tolist())
         self._add_notes(resolved)
-        if self.level in ("host", "all"):
-            self._add_paths(an, resolved, "host", None, np.arange(len(an.samples)))
+        if self.level in ("host", "all"):  # --cpu: that CPU's paths; the stack notes are every CPU's, as CallGraph's
+            every = np.arange(len(an.samples))
+            self._add_paths(an, resolved, "host", None,
+                            every if self.cpu is None else every[an.samples["cpu"] == self.cpu])
         if self.level != "host":
             for vm in an.vm_names() if self.vm is None else [self.vm]:
                 threads = [an.vcpus.thread_samples(tl) for tl in an.vm_timelines(vm)]

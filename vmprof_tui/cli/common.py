@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from vmprof_tui.analyse.analysis import Analysis
     from vmprof_tui.analyse.stream import StreamedAnalysis
     from vmprof_tui.analyse.stream_steal import StreamedSteal
+    from vmprof_tui.analyse.stream_trace import StreamedTrace
     from vmprof_tui.record.stream import Scanned
 
 A = TypeVar("A", "Analysis", "StreamedAnalysis", "StreamedSteal")
@@ -305,6 +306,21 @@ def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
                      lambda scanned, bundles: stream_steal.StreamedSteal(scanned, bundles, stream.PIECE_ROWS), True)
 
 
+def load_streamed_trace(args: argparse.Namespace, level: str) -> StreamedTrace | None:
+    """REC for `vmprof report --format chrome`, its samples read a piece at a time (analyse/stream_trace.py) when
+    it is larger than a piece and can be read so (no call stacks, no --time-range); None: load it whole."""
+    from vmprof_tui.analyse import stream
+    from vmprof_tui.analyse.stream_trace import StreamedTrace
+    from vmprof_tui.show.formats.chrome import slice_label
+
+    if args.time_range:
+        return None
+    cpu = args.cpu if level == "host" else None
+    rows = stream.PIECE_ROWS
+    return _streamed(args, rows, lambda scanned, bundles: StreamedTrace(scanned, slice_label, bundles, level, args.vm,
+                                                                        args.vcpu, rows, cpu), True)
+
+
 def without_call_stacks(recording: str) -> Failure:
     return Failure(f"{recording} was recorded without call stacks: record with vmprof record -g")
 
@@ -319,7 +335,7 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
     views.  A recording with call stacks has its call paths summed too (analyse/stream_callgraph.py; without
     `stacks` only what their notes count).  call_graph: the call stacks are what is asked for (--children,
     --callers): a recording without them is refused before its pieces are read.  --cpu (host level) and
-    --time-range cut the pieces, of a recording without call stacks (one with them: None)."""
+    --time-range cut the pieces (of a recording with call stacks too: its call paths are cut as its samples)."""
     from vmprof_tui.analyse import stream
 
     rows = piece_rows or stream.PIECE_ROWS
@@ -329,13 +345,11 @@ def load_streamed(args: argparse.Namespace, level: str, kernel: bool,
     def make(scanned: Scanned, bundles: dict[str, Path]) -> StreamedAnalysis:
         if call_graph and scanned.rec.stacks is None:
             raise without_call_stacks(args.recording)
-        if scanned.rec.stacks is not None and (cpu is not None or args.time_range):
-            raise stream.WholeNeeded("--cpu or --time-range of call stacks")  # not cut as the samples yet
         if scanned.rec.stacks is not None:
             from vmprof_tui.analyse.stream_callgraph import StreamedCallGraph, stack_piece_rows
 
             return StreamedCallGraph(scanned, bundles, level, args.vm, stack_piece_rows(scanned, rows), _mode(args),
-                                     kernel, paths=stacks)
+                                     kernel, paths=stacks, **cut)
         if stacks:
             from vmprof_tui.analyse.stream_stacks import StreamedStacks
 

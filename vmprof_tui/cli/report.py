@@ -20,6 +20,7 @@ from vmprof_tui.cli.common import (
     add_recording_arguments,
     load_analysis,
     load_streamed,
+    load_streamed_trace,
     no_vm,
     without_call_stacks,
     write_output,
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     views = bool(args.children or args.callers)
     paths = args.format in FLAT or views  # what is made of stacks or call paths
     an = (streamable and load_streamed(args, level, bool(filters), stacks=paths, call_graph=views)) \
-        or load_analysis(args)
+        or (args.format == "chrome" and load_streamed_trace(args, level)) or load_analysis(args)
     check_selection(args, an, level)
     if args.children or args.callers:
         return _call_graph(args, an, level, cols, filters)
