@@ -190,6 +190,28 @@ def _read_tables(fd: int, group: list[TableChunk], dtypes: dict[int, np.dtype]) 
     return {kind: tables.get(kind, np.empty(0, dtype)) for kind, dtype in dtypes.items()}
 
 
+def sample_tables(scanned: Scanned, rows: int) -> Iterator[np.ndarray]:
+    """The recording's samples a group of about `rows` at a time, in file order (not cut into pieces)."""
+    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for group in _groups([c for c in scanned.chunks if c.kind == fmt.SAMPLES], rows):
+            yield _read_tables(fd, group, {fmt.SAMPLES: scanned.dtypes[fmt.SAMPLES]})[fmt.SAMPLES]
+    finally:
+        os.close(fd)
+
+
+def read_sched(scanned: Scanned) -> np.ndarray:
+    """Every sched event of the recording, in prepare's order (the chrome trace's timelines: SchedReader reads
+    them a chunk at a time)."""
+    fd = os.open(scanned.rec.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        kind = {fmt.SCHED: scanned.dtypes[fmt.SCHED]}
+        sched = _read_tables(fd, [c for c in scanned.chunks if c.kind == fmt.SCHED], kind)[fmt.SCHED]
+    finally:
+        os.close(fd)
+    return _ordered_sched(sched)
+
+
 def _ordered(samples: np.ndarray) -> np.ndarray:
     t = samples["time_ns"]
     return samples if np.all(t[1:] >= t[:-1]) else samples[arrays.stable_argsort(t)]
