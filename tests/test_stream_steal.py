@@ -20,7 +20,7 @@ from vmprof_tui.cli import main
 from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import load
 from vmprof_tui.record.stream import pieces, scan
-from vmprof_tui.resolve.prepare import prepare, recording_end
+from vmprof_tui.resolve.prepare import prepare, recording_end, recording_span
 
 SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between samples
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -347,3 +347,58 @@ def test_steal_split_of_blanks_in_parts_carried_on_is_that_of_all_at_once(varied
         carried = steal_split(select_rows(table, rows), units, carried)
     assert [list(d.items()) for d in carried] == [list(d.items()) for d in whole]
     assert any(len(d) > 3 for d in whole) and len(table.held_blank)
+
+
+# 500 ms pieces at 1000 rows: inside pieces, on their edges, one piece's inside, to the end and past it, from the start
+RANGES = ["1.25:3.7", "1:2", "0.3:0.31", "2.6:6", "4.2:100", "0:0.75", "5.9:6.5"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=" ".join)
+@pytest.mark.parametrize("span", RANGES)
+def test_streamed_steal_of_a_time_range_is_the_whole_steal(varied: Path, span: str, case: list[str],
+                                                           capsys: pytest.CaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """--time-range cuts the samples and the timelines as the whole read cuts them (the long blanks of
+    varied_recording open across the ranges' edges: test_time_ranges_cut_blanks_open_across_their_edges)."""
+    args = [str(varied), "--time-range", span, *case]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    for rows in (1000, 1733, 4000):
+        assert steal(args, rows, capsys, monkeypatch, streamed=True) == whole, rows
+
+
+def test_time_ranges_cut_blanks_open_across_their_edges(varied: Path) -> None:
+    """What the time-range test stands on: long blanks (web's vCPU 0 preempted over [1.8, 3.3) s, db's vCPU 1
+    throttled over [2.4, 3.12) s, db's vCPU 0 halted over [3.6, 4.8) s) are open across range edges, and a range
+    edge falls on a piece edge (1000 rows: 500 ms pieces)."""
+    scanned = scan(varied)
+    edges = [p.hi for p in pieces(scanned, 1000, lambda a, z: recording_end(a, z, scanned.rec.end))][:-1]
+    rec = load(varied)
+    first = recording_span(rec)[0]
+    whole = Analysis(prepare(rec)).timelines.values()
+    cuts = {float(x) for span in RANGES for x in span.split(":")}
+    crossing = {cut for cut in cuts for tl in whole for b in tl.blanks
+                if b.duration_ns > 300 * MS and b.start_ns < first + cut * 1e9 < b.end_ns}
+    assert {2.0, 2.6, 3.7, 4.2} <= crossing
+    assert any(abs(e - (first + cut * 1e9)) < MS for cut in cuts for e in edges)
+
+
+@pytest.mark.parametrize("span", ["7:8", "6.5:9"])
+def test_streamed_steal_of_a_range_after_the_end_fails_as_the_whole(varied: Path, span: str,
+                                                                    capsys: pytest.CaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = []
+    for rows in (1 << 30, 1000):
+        monkeypatch.setattr(stream, "PIECE_ROWS", rows)
+        assert main(["steal", str(varied), "--time-range", span]) == 1
+        lines.append(capsys.readouterr().err)
+    assert lines[0] == lines[1] and lines[0].count("\n") == 1 and "starts after the end" in lines[0]
+
+
+@pytest.mark.parametrize("case", [["--format", "json"], ["--format", "table", "--vm", "steal2"]], ids=" ".join)
+@pytest.mark.parametrize("span", ["0.5:1.5", "0:0.3", "1.2:5"])
+def test_streamed_steal_of_a_time_range_of_the_demo_recording_is_the_whole_steal(
+        span: str, case: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [str(GOLDEN), "--time-range", span, *case]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    for rows in (100, 500):
+        assert steal(args, rows, capsys, monkeypatch, streamed=True) == whole, rows

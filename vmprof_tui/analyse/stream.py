@@ -196,7 +196,7 @@ class StreamedAnalysis:
                 self.sample_cpus.update(np.flatnonzero(np.bincount(piece.samples["cpu"])).tolist())
             span, samples = (piece.lo, piece.hi), piece.samples
             if time_range is not None:
-                span, samples = _in_range(piece, time_range, first_ns, ends[0] if ends else None)
+                span, samples = in_range(piece, time_range, first_ns, ends[0] if ends else None)
             self.has_sched |= bool(len(piece.sched))
             if time_range is not None and span[0] >= span[1] and not len(samples):
                 context.advance(piece.sched)  # outside the range: only what is open at its end goes on
@@ -408,7 +408,7 @@ def range_span(time_range: tuple[float, float], first_ns: int, end_ns: int) -> t
     return first_ns + round(time_range[0] * 1e9), first_ns + round(min(time_range[1], span_s) * 1e9)
 
 
-def _in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
+def in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
               end_ns: int | None) -> tuple[tuple[int, int], np.ndarray]:
     """The span of a piece inside --time-range and its samples there, as prepare cuts the whole recording (end_ns:
     the recording's end, known at its last piece; before it, the range's end is as given, which no earlier piece
