@@ -402,3 +402,53 @@ def test_streamed_steal_of_a_time_range_of_the_demo_recording_is_the_whole_steal
     whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
     for rows in (100, 500):
         assert steal(args, rows, capsys, monkeypatch, streamed=True) == whole, rows
+
+
+def test_streamed_steal_of_a_time_range_reads_no_samples_after_it(varied: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a piece reaches past the range's end no more pieces of samples are read, but every sched event is (the
+    whole read counts a vCPU's halts over the whole recording); a range to the end reads every piece."""
+    from vmprof_tui.analyse import stream_steal
+    from vmprof_tui.record import recording as fmt
+    from vmprof_tui.record import stream as record_stream
+
+    read, inflated = [], []
+    pieces_of, read_tables = stream_steal.pieces, record_stream._read_tables
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        for piece in pieces_of(*args, **kwargs):
+            read.append(piece.lo)
+            yield piece
+
+    monkeypatch.setattr(stream_steal, "pieces", counted)
+    monkeypatch.setattr(record_stream, "_read_tables",
+                        lambda fd, group, dtypes: inflated.extend(group) or read_tables(fd, group, dtypes))
+    scanned = scan(varied)
+    whole = StreamedSteal(scanned, piece_rows=1000)
+    all_pieces = len(read)
+    read.clear()
+    inflated.clear()
+    an = StreamedSteal(scanned, piece_rows=1000, time_range=(1.0, 2.0))
+    # 500 ms pieces: two before, two in the range, the one past its end (which shows it ends) and the one read ahead
+    assert len(read) == 6 < all_pieces
+    sched = [c.offset for c in scanned.chunks if c.kind == fmt.SCHED]
+    assert sorted(c.offset for c in inflated if c.kind == fmt.SCHED) == sorted(sched)
+    assert [v["halts"] for v in an.steal_report("db")["vcpus"]] == [v["halts"] for v in whole.steal_report("db")[
+        "vcpus"]]
+    read.clear()
+    StreamedSteal(scanned, piece_rows=1000, time_range=(4.2, 100.0))
+    assert len(read) == all_pieces
+
+
+@pytest.mark.parametrize("span", ["1:2", "0.5:4", "1.3:1.6"])
+def test_streamed_steal_of_a_time_range_with_unrecorded_switches_is_the_whole_steal(
+        tmp_path: Path, span: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switches lost over [1.2, 1.5) s (varied_recording's `unrecorded`): read in pieces or given up and read
+    whole, the range's report is the whole read's."""
+    rec = varied_recording(tmp_path / "unrecorded.vmprof", 6.0, unrecorded=(0.2, 0.25))
+    args = [str(rec), "--format", "json", "--time-range", span]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    for rows in (1000, 1733, 4000):
+        monkeypatch.setattr(stream, "PIECE_ROWS", rows)
+        assert main(["steal", *args]) == 0
+        assert capsys.readouterr().out == whole, rows

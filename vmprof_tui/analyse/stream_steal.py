@@ -150,7 +150,8 @@ class StreamedSteal:
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None,
                  piece_rows: int = PIECE_ROWS, time_range: tuple[float, float] | None = None) -> None:
         """time_range: (from, to) in seconds after the first record, as prepare's: the samples are cut to it and the
-        timelines as Schedule cuts them (stream_sched.SchedStream.range_ns); every piece is still read."""
+        timelines as Schedule cuts them (stream_sched.SchedStream.range_ns); the sched events are read to the end
+        (_stretches)."""
         self.rec = rec = scanned.rec
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.backend = rec.meta.get("backend", backends.NONE)
@@ -174,25 +175,17 @@ class StreamedSteal:
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
         no_sched = np.empty(0, SCHED_DTYPE)
         events = SchedReader(scanned)
-        first_sample, lo = None, None
-        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end), False)):
+        lo = None
+        for piece, sched, first, (hi, end), last in _stretches(scanned, piece_rows, events, time_range):
             if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
                 # a sample that came a whole piece late: the carried keys would be out of the whole's order
                 raise WholeNeeded("samples out of order across pieces")
             s = piece.samples
-            first_sample = piece.lo if first_sample is None else first_sample
-            sched = events.until(None if last else piece.hi)
             if len(sched) and lo is not None and int(sched["time_ns"][0]) < lo:  # the same of the sched events
                 raise WholeNeeded("sched events out of order across pieces")
-            hi = piece.hi
-            if last:  # the recording's end, of its samples and sched events (prepare.recording_span)
-                times = [t for t in (first_sample, events.first, int(s["time_ns"].max(initial=0)), events.last)
-                         if t is not None]
-                hi = recording_end(min(times), max(times), rec.end)
-            if time_range is not None:  # the records before this piece's end came with it or before
-                first = min(t for t in (first_sample, events.first) if t is not None)
-                _span, s = in_range(piece, time_range, first, hi if last else None)
-                self.sched.range_ns = range_span(time_range, first, hi) if last else \
+            if time_range is not None:
+                _span, s = in_range(piece, time_range, first, end)
+                self.sched.range_ns = range_span(time_range, first, end) if end is not None else \
                     (first + round(time_range[0] * 1e9), first + round(time_range[1] * 1e9))
             thread = self.sched.thread_of(s["pid"], s["tid"])
             self.sched.saw_samples(thread[thread >= 0], s["time_ns"][thread >= 0].astype(np.int64))
@@ -377,6 +370,48 @@ def _attributions(keyed: _Keyed, vcpu: int, ns_per_sample: float, strings: np.nd
         np.add.at(steal, np.zeros(vmm, np.int64), ns_per_sample)
         out.append(Attribution(p, f, m, vcpu, c, c * ns_per_sample, float(steal[0]), float(type1_ns)))
     return out
+
+
+def _stretches(scanned: Scanned, piece_rows: int, events: SchedReader, time_range: tuple[float, float] | None
+               ) -> Iterator[tuple[Piece, np.ndarray, int, tuple[int, int | None], bool]]:
+    """Each piece of samples with the sched events before its end, the recording's first record, where the
+    stretch ends and the recording's end (known at its last piece, else None), and whether it is the last.  With a
+    time range, once a piece reaches past the range's end no more samples are read: the rest of the sched events
+    come in stretches of the pieces' mean length with no samples (the whole read counts every halt of a vCPU and
+    its IRQ time while running over the whole recording), the last one ending after every record it gives."""
+    def end_of(first: int, last: int) -> int:
+        return recording_end(first, last, scanned.rec.end)
+
+    read = pieces(scanned, piece_rows, end_of, False)
+    first_sample: int | None = None
+    count = 0
+    for piece, last in _with_last(read):
+        first_sample = piece.lo if first_sample is None else first_sample
+        sched = events.until(None if last else piece.hi)
+        first = min(t for t in (first_sample, events.first) if t is not None)
+        count += 1
+        if last:  # the recording's end, of its samples and sched events (prepare.recording_span)
+            times = [t for t in (first_sample, events.first, int(piece.samples["time_ns"].max(initial=0)),
+                                 events.last) if t is not None]
+            end = end_of(min(times), max(times))
+            yield piece, sched, first, (end, end), True
+            return
+        yield piece, sched, first, (piece.hi, None), False
+        if time_range is not None and piece.hi > first + round(time_range[1] * 1e9):
+            read.close()  # its reader thread and file
+            break
+    else:
+        return
+    lo, mean = piece.hi, max((piece.hi - first) // count, 1)
+    no_samples = piece.samples[:0]
+    while True:
+        hi = lo + mean
+        sched = events.until(hi)
+        last = events.done()
+        yield Piece(lo, hi, no_samples, sched[:0], sched[:0]), sched, first, (hi, None), last
+        if last:
+            return
+        lo = hi
 
 
 def _with_last(items: Iterator[Piece]) -> Iterator[tuple[Piece, bool]]:
