@@ -349,8 +349,9 @@ def test_steal_split_of_blanks_in_parts_carried_on_is_that_of_all_at_once(varied
     assert any(len(d) > 3 for d in whole) and len(table.held_blank)
 
 
-# 500 ms pieces at 1000 rows: inside pieces, on their edges, one piece's inside, to the end and past it, from the start
-RANGES = ["1.25:3.7", "1:2", "0.3:0.31", "2.6:6", "4.2:100", "0:0.75", "5.9:6.5"]
+# 500 ms pieces at 1000 rows: inside pieces, on their edges, one piece's inside, to the end and past it, from the
+# start; on slot edges (7 ms: switches and samples at the range's very start and end)
+RANGES = ["1.25:3.7", "1:2", "0.3:0.31", "2.6:6", "4.2:100", "0:0.75", "5.9:6.5", "0.7:2.1", "1.75:3.5"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=" ".join)
@@ -380,6 +381,8 @@ def test_time_ranges_cut_blanks_open_across_their_edges(varied: Path) -> None:
                 if b.duration_ns > 300 * MS and b.start_ns < first + cut * 1e9 < b.end_ns}
     assert {2.0, 2.6, 3.7, 4.2} <= crossing
     assert any(abs(e - (first + cut * 1e9)) < MS for cut in cuts for e in edges)
+    at = {cut for cut in cuts if first + round(cut * 1e9) in set(rec.sched["time_ns"].tolist())}
+    assert {0.7, 1.75, 3.5} <= at  # a switch at the range's start or end
 
 
 @pytest.mark.parametrize("span", ["7:8", "6.5:9"])
