@@ -221,7 +221,7 @@ class StreamedAnalysis:
             self.pieces += 1
             # the pieces after the range add nothing but whether there are sched events and (--cpu) CPUs
             done = (time_range is not None and cpu is None and self.has_sched
-                    and piece.hi >= first_ns + round(time_range[1] * 1e9))
+                    and piece.hi >= given_span(time_range, first_ns)[1])
             del an, part, sched, piece, samples  # before the next piece is read and prepared, not once it is
             for rows in [self.host_rows, *(v.rows for v in self.vcpus.values())]:
                 rows.settle()
@@ -231,7 +231,7 @@ class StreamedAnalysis:
         if time_range is not None and first_ns is not None:
             # ended before the recording's end, the range is as given: it ends before the recording does
             self.range_ns = range_span(time_range, first_ns, ends[0]) if ends else \
-                (first_ns + round(time_range[0] * 1e9), first_ns + round(time_range[1] * 1e9))
+                given_span(time_range, first_ns)
         self.notes = _in_walk_order(self.notes, resolver.objects.places)
 
     def _add(self, an: Analysis, lo: int) -> None:
@@ -408,6 +408,17 @@ def range_span(time_range: tuple[float, float], first_ns: int, end_ns: int) -> t
     return first_ns + round(time_range[0] * 1e9), first_ns + round(min(time_range[1], span_s) * 1e9)
 
 
+FAR_S = 2**62 / 1e9  # seconds: past any host clock reading, and within int64 from any
+
+
+def given_span(time_range: tuple[float, float], first_ns: int) -> tuple[int, int]:
+    """[lo, hi) on the host clock of --time-range (from, to) as given, before the recording's end is known
+    (range_span once it is): a bound past FAR_S seconds is FAR_S, which is past the end too (FROM:TO may be
+    any finite seconds, 1e300 too)."""
+    lo, hi = (first_ns + round(min(x, FAR_S) * 1e9) for x in time_range)
+    return lo, hi
+
+
 def in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
               end_ns: int | None) -> tuple[tuple[int, int], np.ndarray]:
     """The span of a piece inside --time-range and its samples there, as prepare cuts the whole recording (end_ns:
@@ -416,7 +427,7 @@ def in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
     if end_ns is not None:
         lo, hi = range_span(time_range, first_ns, end_ns)
     else:
-        lo, hi = (first_ns + round(x * 1e9) for x in time_range)
+        lo, hi = given_span(time_range, first_ns)
     t = piece.samples["time_ns"]
     inside = (t >= lo) & ((t < hi) | (end_ns is not None and hi >= end_ns))
     return (max(piece.lo, lo), min(piece.hi, hi)), piece.samples[inside]

@@ -33,7 +33,7 @@ from vmprof_tui.analyse.steal import (
     vcpu_counts,
     vcpu_entry,
 )
-from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded, in_range, range_span
+from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded, given_span, in_range, range_span
 from vmprof_tui.analyse.stream_sched import HALT_REACH, MAX, MIN, SchedStream, select_rows
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import inside, maybe_polled, thread_sample_ns
@@ -186,7 +186,7 @@ class StreamedSteal:
             if time_range is not None:
                 _span, s = in_range(piece, time_range, first, end)
                 self.sched.range_ns = range_span(time_range, first, end) if end is not None else \
-                    (first + round(time_range[0] * 1e9), first + round(time_range[1] * 1e9))
+                    given_span(time_range, first)
             thread = self.sched.thread_of(s["pid"], s["tid"])
             self.sched.saw_samples(thread[thread >= 0], s["time_ns"][thread >= 0].astype(np.int64))
             step = self.sched.advance(sched, MIN if lo is None else lo, hi, last)
@@ -397,7 +397,7 @@ def _stretches(scanned: Scanned, piece_rows: int, events: SchedReader, time_rang
             yield piece, sched, first, (end, end), True
             return
         yield piece, sched, first, (piece.hi, None), False
-        if time_range is not None and piece.hi > first + round(time_range[1] * 1e9):
+        if time_range is not None and piece.hi > given_span(time_range, first)[1]:
             read.close()  # its reader thread and file
             break
     else:
