@@ -62,7 +62,8 @@ def test_streamed_report_of_a_cpu_idle_at_first_is_the_whole_one(late_cpu: Path,
 
 
 @pytest.mark.parametrize(("cut", "says"), [(["--cpu", "9"], "--cpu 9 matches nothing"),
-                                           (["--time-range", "7:8"], "starts after the end")], ids=str)
+                                           (["--time-range", "7:8"], "starts after the end"),
+                                           (["--time-range", "1e300:2e300"], "starts after the end")], ids=str)
 def test_streamed_report_of_a_cut_the_recording_lacks_fails_as_the_whole(
         recording: Path, cut: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,7 +76,7 @@ def test_streamed_report_of_a_cut_the_recording_lacks_fails_as_the_whole(
 
 
 # 500 ms pieces: inside pieces, on their edges, one piece's inside, to the end and past it, from the start
-RANGES = ["1.25:3.7", "1:2", "0.3:0.31", "2.6:6", "4.2:100", "0:0.75", "5.9:6.5"]
+RANGES = ["1.25:3.7", "1:2", "0.3:0.31", "2.6:6", "4.2:100", "0:0.75", "5.9:6.5", "3:1e300"]
 
 
 @pytest.mark.parametrize("span", RANGES)

@@ -20,7 +20,7 @@ from vmprof_tui.cli import main
 from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import load
 from vmprof_tui.record.stream import pieces, scan
-from vmprof_tui.resolve.prepare import prepare, recording_end
+from vmprof_tui.resolve.prepare import prepare, recording_end, recording_span
 
 SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between samples
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "steal3.vmprof"
@@ -347,3 +347,111 @@ def test_steal_split_of_blanks_in_parts_carried_on_is_that_of_all_at_once(varied
         carried = steal_split(select_rows(table, rows), units, carried)
     assert [list(d.items()) for d in carried] == [list(d.items()) for d in whole]
     assert any(len(d) > 3 for d in whole) and len(table.held_blank)
+
+
+# 500 ms pieces at 1000 rows: inside pieces, on their edges, one piece's inside, to the end and past it, from the
+# start; on slot edges (7 ms: switches and samples at the range's very start and end)
+RANGES = ["1.25:3.7", "1:2", "0.3:0.31", "2.6:6", "4.2:100", "0:0.75", "5.9:6.5", "0.7:2.1", "1.75:3.5", "3:1e300"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=" ".join)
+@pytest.mark.parametrize("span", RANGES)
+def test_streamed_steal_of_a_time_range_is_the_whole_steal(varied: Path, span: str, case: list[str],
+                                                           capsys: pytest.CaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """--time-range cuts the samples and the timelines as the whole read cuts them (the long blanks of
+    varied_recording open across the ranges' edges: test_time_ranges_cut_blanks_open_across_their_edges)."""
+    args = [str(varied), "--time-range", span, *case]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    for rows in (1000, 1733, 4000):
+        assert steal(args, rows, capsys, monkeypatch, streamed=True) == whole, rows
+
+
+def test_time_ranges_cut_blanks_open_across_their_edges(varied: Path) -> None:
+    """What the time-range test stands on: long blanks (web's vCPU 0 preempted over [1.8, 3.3) s, db's vCPU 1
+    throttled over [2.4, 3.12) s, db's vCPU 0 halted over [3.6, 4.8) s) are open across range edges, and a range
+    edge falls on a piece edge (1000 rows: 500 ms pieces)."""
+    scanned = scan(varied)
+    edges = [p.hi for p in pieces(scanned, 1000, lambda a, z: recording_end(a, z, scanned.rec.end))][:-1]
+    rec = load(varied)
+    first = recording_span(rec)[0]
+    whole = Analysis(prepare(rec)).timelines.values()
+    cuts = {float(x) for span in RANGES for x in span.split(":") if float(x) < 100}
+    crossing = {cut for cut in cuts for tl in whole for b in tl.blanks
+                if b.duration_ns > 300 * MS and b.start_ns < first + cut * 1e9 < b.end_ns}
+    assert {2.0, 2.6, 3.7, 4.2} <= crossing
+    assert any(abs(e - (first + cut * 1e9)) < MS for cut in cuts for e in edges)
+    at = {cut for cut in cuts if first + round(cut * 1e9) in set(rec.sched["time_ns"].tolist())}
+    assert {0.7, 1.75, 3.5} <= at  # a switch at the range's start or end
+
+
+@pytest.mark.parametrize("span", ["7:8", "6.5:9", "1e300:2e300"])
+def test_streamed_steal_of_a_range_after_the_end_fails_as_the_whole(varied: Path, span: str,
+                                                                    capsys: pytest.CaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = []
+    for rows in (1 << 30, 1000):
+        monkeypatch.setattr(stream, "PIECE_ROWS", rows)
+        assert main(["steal", str(varied), "--time-range", span]) == 1
+        lines.append(capsys.readouterr().err)
+    assert lines[0] == lines[1] and lines[0].count("\n") == 1 and "starts after the end" in lines[0]
+
+
+@pytest.mark.parametrize("case", [["--format", "json"], ["--format", "table", "--vm", "steal2"]], ids=" ".join)
+@pytest.mark.parametrize("span", ["0.5:1.5", "0:0.3", "1.2:5"])
+def test_streamed_steal_of_a_time_range_of_the_demo_recording_is_the_whole_steal(
+        span: str, case: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [str(GOLDEN), "--time-range", span, *case]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    for rows in (100, 500):
+        assert steal(args, rows, capsys, monkeypatch, streamed=True) == whole, rows
+
+
+def test_streamed_steal_of_a_time_range_reads_no_samples_after_it(varied: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a piece reaches past the range's end no more pieces of samples are read, but every sched event is (the
+    whole read counts a vCPU's halts over the whole recording); a range to the end reads every piece."""
+    from vmprof_tui.analyse import stream_steal
+    from vmprof_tui.record import recording as fmt
+    from vmprof_tui.record import stream as record_stream
+
+    read, inflated = [], []
+    pieces_of, read_tables = stream_steal.pieces, record_stream._read_tables
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        for piece in pieces_of(*args, **kwargs):
+            read.append(piece.lo)
+            yield piece
+
+    monkeypatch.setattr(stream_steal, "pieces", counted)
+    monkeypatch.setattr(record_stream, "_read_tables",
+                        lambda fd, group, dtypes: inflated.extend(group) or read_tables(fd, group, dtypes))
+    scanned = scan(varied)
+    whole = StreamedSteal(scanned, piece_rows=1000)
+    all_pieces = len(read)
+    read.clear()
+    inflated.clear()
+    an = StreamedSteal(scanned, piece_rows=1000, time_range=(1.0, 2.0))
+    # 500 ms pieces: two before, two in the range, the one past its end (which shows it ends) and the one read ahead
+    assert len(read) == 6 < all_pieces
+    sched = [c.offset for c in scanned.chunks if c.kind == fmt.SCHED]
+    assert sorted(c.offset for c in inflated if c.kind == fmt.SCHED) == sorted(sched)
+    assert [v["halts"] for v in an.steal_report("db")["vcpus"]] == [v["halts"] for v in whole.steal_report("db")[
+        "vcpus"]]
+    read.clear()
+    StreamedSteal(scanned, piece_rows=1000, time_range=(4.2, 100.0))
+    assert len(read) == all_pieces
+
+
+@pytest.mark.parametrize("span", ["1:2", "0.5:4", "1.3:1.6"])
+def test_streamed_steal_of_a_time_range_with_unrecorded_switches_is_the_whole_steal(
+        tmp_path: Path, span: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switches lost over [1.2, 1.5) s (varied_recording's `unrecorded`): read in pieces or given up and read
+    whole, the range's report is the whole read's."""
+    rec = varied_recording(tmp_path / "unrecorded.vmprof", 6.0, unrecorded=(0.2, 0.25))
+    args = [str(rec), "--format", "json", "--time-range", span]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    for rows in (1000, 1733, 4000):
+        monkeypatch.setattr(stream, "PIECE_ROWS", rows)
+        assert main(["steal", *args]) == 0
+        assert capsys.readouterr().out == whole, rows

@@ -197,7 +197,7 @@ class StreamedAnalysis:
                 self.sample_cpus.update(np.flatnonzero(np.bincount(piece.samples["cpu"])).tolist())
             span, samples = (piece.lo, piece.hi), piece.samples
             if time_range is not None:
-                span, samples = _in_range(piece, time_range, first_ns, ends[0] if ends else None)
+                span, samples = in_range(piece, time_range, first_ns, ends[0] if ends else None)
             self.has_sched |= bool(len(piece.sched))
             if time_range is not None and span[0] >= span[1] and not len(samples):
                 context.advance(piece.sched)  # outside the range: only what is open at its end goes on
@@ -223,7 +223,7 @@ class StreamedAnalysis:
             self.pieces += 1
             # the pieces after the range add nothing but whether there are sched events and (--cpu) CPUs
             done = (time_range is not None and cpu is None and self.has_sched
-                    and piece.hi >= first_ns + round(time_range[1] * 1e9))
+                    and piece.hi >= given_span(time_range, first_ns)[1])
             del an, part, sched, piece, samples  # before the next piece is read and prepared, not once it is
             for rows in [self.host_rows, *(v.rows for v in self.vcpus.values())]:
                 rows.settle()
@@ -233,7 +233,7 @@ class StreamedAnalysis:
         if time_range is not None and first_ns is not None:
             # ended before the recording's end, the range is as given: it ends before the recording does
             self.range_ns = range_span(time_range, first_ns, ends[0]) if ends else \
-                (first_ns + round(time_range[0] * 1e9), first_ns + round(time_range[1] * 1e9))
+                given_span(time_range, first_ns)
         self.notes = _in_walk_order(self.notes, resolver.objects.places)
 
     def _add(self, an: Analysis, lo: int) -> None:
@@ -423,7 +423,18 @@ def range_span(time_range: tuple[float, float], first_ns: int, end_ns: int) -> t
     return first_ns + round(time_range[0] * 1e9), first_ns + round(min(time_range[1], span_s) * 1e9)
 
 
-def _in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
+FAR_S = 2**62 / 1e9  # seconds: past any host clock reading, and within int64 from any
+
+
+def given_span(time_range: tuple[float, float], first_ns: int) -> tuple[int, int]:
+    """[lo, hi) on the host clock of --time-range (from, to) as given, before the recording's end is known
+    (range_span once it is): a bound past FAR_S seconds is FAR_S, which is past the end too (FROM:TO may be
+    any finite seconds, 1e300 too)."""
+    lo, hi = (first_ns + round(min(x, FAR_S) * 1e9) for x in time_range)
+    return lo, hi
+
+
+def in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
               end_ns: int | None) -> tuple[tuple[int, int], np.ndarray]:
     """The span of a piece inside --time-range and its samples there, as prepare cuts the whole recording (end_ns:
     the recording's end, known at its last piece; before it, the range's end is as given, which no earlier piece
@@ -431,7 +442,7 @@ def _in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
     if end_ns is not None:
         lo, hi = range_span(time_range, first_ns, end_ns)
     else:
-        lo, hi = (first_ns + round(x * 1e9) for x in time_range)
+        lo, hi = given_span(time_range, first_ns)
     t = piece.samples["time_ns"]
     inside = (t >= lo) & ((t < hi) | (end_ns is not None and hi >= end_ns))
     return (max(piece.lo, lo), min(piece.hi, hi)), piece.samples[inside]

@@ -24,7 +24,15 @@ import numpy as np
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import NO_TIME, BlankTable
 from vmprof_tui.analyse.stream import WholeNeeded
-from vmprof_tui.analyse.timeline import HALT_NS_UNKNOWN, Schedule, VcpuTimeline, irq_between, overlap
+from vmprof_tui.analyse.timeline import (
+    HALT_NS_UNKNOWN,
+    Schedule,
+    VcpuTimeline,
+    clip_blanks,
+    clip_span,
+    irq_between,
+    overlap,
+)
 from vmprof_tui.record.bpf_records import (
     SCHED_DTYPE,
     SCHED_HALT_END,
@@ -97,9 +105,10 @@ def _empty_table() -> BlankTable:
 class Step:
     """What a piece's sched events settled: blanks that nothing later changes (rows by thread, then time), and the
     blanks that are steal (not a halt) closed in it or open at its end (thread, start, end: MAX while open, of type
-    1), by thread and time."""
+    1, start before the time range cut it: each blank's own), by thread and time.  With a time range, all of it
+    cut to the range as Schedule cuts it, and the blanks outside left out."""
     finished: BlankTable
-    steal: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    steal: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 class SchedStream:
@@ -135,6 +144,17 @@ class SchedStream:
         self.start = self.end = np.empty(0, np.int64)  # each thread's span, at the end
         self.held = np.zeros(0, [("cpu", "<i8"), ("start", "<i8"), ("until", "<i8"), ("next_pid", "<u4"),
                                  ("next_tid", "<u4"), ("next_comm", "S16")])  # switches preempted waits need
+        # --time-range [lo, hi] on the host clock (None: all of it): what is measured is cut to it as Schedule cuts
+        # the timelines (set once the recording's first record is known; every record is still read: the counts
+        # of halts and the IRQ time while running are of the whole recording, as the whole read gives them)
+        self.range_ns: tuple[int, int] | None = None
+
+    def _within(self, since: np.ndarray, until: np.ndarray) -> np.ndarray:
+        """The length of each [since, until) inside the time range."""
+        if self.range_ns is None:
+            return until - since
+        lo, hi = self.range_ns
+        return (until.clip(None, hi) - since.clip(lo)).clip(0)
 
     def thread_of(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
         """The thread index of each (pid, tid), -1: no vCPU thread."""
@@ -173,6 +193,8 @@ class SchedStream:
             final[np.flatnonzero(np.diff(np.append(table.timeline, -1)) != 0)] = False  # each thread's last
             finished = select_rows(table, np.flatnonzero(final))
             self.pending = select_rows(table, np.flatnonzero(~final))
+        if self.range_ns is not None:
+            finished = select_rows(finished, np.flatnonzero(clip_blanks(finished, *self.range_ns)))
         return Step(finished, self._steal(closed, last))
 
     def _records(self, switches: np.ndarray) -> tuple[BlankTable, tuple[np.ndarray, ...], np.ndarray]:
@@ -209,7 +231,7 @@ class SchedStream:
         since = np.where(ever, start, prev["time_ns"].astype(np.int64))
         closes_run = ~is_in & after_in
         closes_blank = is_in & ~after_in
-        np.add.at(self.on_cpu, thread[closes_run], t[closes_run] - since[closes_run])
+        np.add.at(self.on_cpu, thread[closes_run], self._within(since[closes_run], t[closes_run]))
         ran = np.flatnonzero(closes_run & ~ever)
         p = prev[ran]
         irq_ns = np.minimum(irq_between(p["cpu_irq_ns"].astype(np.int64), irq[ran]),
@@ -339,7 +361,8 @@ class SchedStream:
             if len(iv):
                 self.poll_from[i] = int(begun[-1])
                 self.poll_iv[i] = np.concatenate([self.poll_iv[i], iv])
-                self.poll_edges[i] += [tuple(x) for x in iv.tolist()]
+                edges = iv if self.range_ns is None else iv.clip(*self.range_ns)
+                self.poll_edges[i] += [tuple(x) for x in edges.tolist()]
         self._settle_polls()
 
     def _settle_polls(self, final: tuple[np.ndarray, np.ndarray] | None = None) -> None:
@@ -418,6 +441,8 @@ class SchedStream:
             a, z = np.searchsorted(known["cpu"], [c, c + 1])
             s, u = known["start"][a:z], known["until"][a:z]
             lo, hi = table.start[mine], table.end[mine]
+            if self.range_ns is not None:  # what held it in the range
+                lo, hi = lo.clip(self.range_ns[0]), hi.clip(None, self.range_ns[1])
             first = np.searchsorted(u, lo, side="right")
             upto = np.searchsorted(s, hi, side="left")
             many = (upto - first).clip(0)
@@ -479,6 +504,8 @@ class SchedStream:
         tentative_run = np.zeros(len(r_thr), bool)
         if not last:
             tentative_run[len(runs[0]):] = True
+        if self.range_ns is not None:  # the overlap inside the range
+            lo, end = max(lo, self.range_ns[0]), min(end, self.range_ns[1])
         r_lo, r_hi, w_lo, w_hi = r_lo.clip(lo), r_hi.clip(None, end), w_lo.clip(lo), w_hi.clip(None, end)
         keep = r_hi > r_lo
         r_thr, r_lo, r_hi, tentative_run = r_thr[keep], r_lo[keep], r_hi[keep], tentative_run[keep]
@@ -518,28 +545,36 @@ class SchedStream:
         on_since = np.where(self.last_in, self.last["time_ns"].astype(np.int64),
                             np.where(self.last_rec == MIN, start, MAX))
         still = (on_since <= end) & (start <= end)
-        self.on_cpu[still] += end[still] - on_since[still]
-        self._settle_polls((start, end))
+        self.on_cpu[still] += self._within(on_since[still], end[still])
+        if self.range_ns is not None:  # the timelines cut to the range
+            self.start, self.end = start.clip(self.range_ns[0]), end.clip(None, self.range_ns[1])
+        self._settle_polls((self.start, self.end))
 
     def _steal(self, closed: BlankTable, last: bool) -> tuple[np.ndarray, ...]:
         steal = closed.kind != bt.IDLE
         thread, start, end = closed.timeline[steal], closed.start[steal], closed.end[steal]
         type1 = closed.kind[steal] != bt.BLOCKED
+        own = start
+        if self.range_ns is not None:
+            start, end, keep = clip_span(start, end, *self.range_ns)
+            thread, start, end, type1, own = thread[keep], start[keep], end[keep], type1[keep], own[keep]
         if not last:
             out = self._open_out()
             kind = blank_kind(self.last["flags"][out])
             out, kind = out[kind != bt.IDLE], kind[kind != bt.IDLE]
-            thread, start, end, type1 = (np.concatenate(c) for c in (
-                (thread, out), (start, self.last["time_ns"][out].astype(np.int64)), (end, np.full(len(out), MAX)),
-                (type1, kind != bt.BLOCKED)))
-        order = np.lexsort((start, thread))
-        return thread[order], start[order], end[order], type1[order]
+            began = self.last["time_ns"][out].astype(np.int64)
+            thread, start, end, type1, own = (np.concatenate(c) for c in (
+                (thread, out), (start, began if self.range_ns is None else began.clip(self.range_ns[0])),
+                (end, np.full(len(out), MAX)), (type1, kind != bt.BLOCKED), (own, began)))
+        order = np.lexsort((own, thread))
+        return thread[order], start[order], end[order], type1[order], own[order]
 
     def timelines(self) -> dict[int, VcpuTimeline]:
         """Each vCPU thread's timeline with a life (a record or a sample), once the last piece is in: no blanks
         (given out piece by piece), no polling stretches (halt polling: poll_ns, has_wake)."""
         out = {}
-        for i in np.flatnonzero(self.start <= self.end).tolist():
+        alive = self.start <= self.end if self.range_ns is None else self.start < self.end  # as Schedule._clip keeps
+        for i in np.flatnonzero(alive).tolist():
             out[int(self.tids[i])] = VcpuTimeline(
                 str(self.vm[i]), int(self.pid[i]), int(self.tids[i]), int(self.vcpu[i]), int(self.start[i]),
                 int(self.end[i]), int(self.on_cpu[i]), int(self.irq_running[i]), int(self.costop[i]), 0,

@@ -33,7 +33,7 @@ from vmprof_tui.analyse.steal import (
     vcpu_counts,
     vcpu_entry,
 )
-from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded
+from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded, given_span, in_range, range_span
 from vmprof_tui.analyse.stream_sched import HALT_REACH, MAX, MIN, SchedStream, select_rows
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import inside, maybe_polled, thread_sample_ns
@@ -95,10 +95,11 @@ class _Thread:
     by_function: _Keyed = field(default_factory=_Keyed)
     by_process: _Keyed = field(default_factory=_Keyed)
     # its blanks that are steal (not a halt) whose guest samples around are not all known yet, in time order: start,
-    # end (MAX: still open), of type 1 (not the VMM blocked)
+    # end (MAX: still open), of type 1 (not the VMM blocked), start before a time range cut it (which blank it is)
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     ends: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     type1: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
+    own: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     started: int = 0  # blanks whose key before is known
     ended: int = 0  # blanks whose key after is known
     # its samples that may have caught KVM polling, until the polling stretches around them are known: time, exit
@@ -106,34 +107,36 @@ class _Thread:
     maybe_polled: tuple[np.ndarray, np.ndarray] = field(
         default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))
 
-    def open_again(self, starts: np.ndarray, ends: np.ndarray, type1: np.ndarray) -> None:
+    def open_again(self, starts: np.ndarray, ends: np.ndarray, type1: np.ndarray, own: np.ndarray) -> None:
         """Its steal blanks closed in a piece or open at its end (those open before are among them, or were no
-        blank: a switch-out after a switch-out)."""
+        blank: a switch-out after a switch-out, or one outside the time range)."""
         keyed = (self.by_function, self.by_process)
         if len(self.ends) and self.ends[-1] == MAX:  # the one open: given again, or no blank
             before = [k.before[-1] for k in keyed]
             known = self.started == len(self.ends)
-            was = int(self.starts[-1])
-            self.starts, self.ends, self.type1 = self.starts[:-1], self.ends[:-1], self.type1[:-1]
+            was = int(self.own[-1])
+            self.starts, self.ends, self.type1, self.own = (a[:-1] for a in (self.starts, self.ends, self.type1,
+                                                                             self.own))
             for k in keyed:
                 k.before = k.before[:-1]
             self.started = min(self.started, len(self.ends))
-            if known and len(starts) and int(starts[0]) == was:
+            if known and len(own) and int(own[0]) == was:
                 for k, b in zip(keyed, before, strict=True):
                     k.before = np.append(k.before, b)
                 self.started += 1
-                self.starts, self.ends, self.type1 = (np.append(a, b[:1]) for a, b in zip(
-                    (self.starts, self.ends, self.type1), (starts, ends, type1), strict=True))
-                starts, ends, type1 = starts[1:], ends[1:], type1[1:]
-        self.starts, self.ends, self.type1 = (np.concatenate([a, b]) for a, b in zip(
-            (self.starts, self.ends, self.type1), (starts, ends, type1), strict=True))
+                self.starts, self.ends, self.type1, self.own = (np.append(a, b[:1]) for a, b in zip(
+                    (self.starts, self.ends, self.type1, self.own), (starts, ends, type1, own), strict=True))
+                starts, ends, type1, own = starts[1:], ends[1:], type1[1:], own[1:]
+        self.starts, self.ends, self.type1, self.own = (np.concatenate([a, b]) for a, b in zip(
+            (self.starts, self.ends, self.type1, self.own), (starts, ends, type1, own), strict=True))
         for k in keyed:
             k.before = np.concatenate([k.before, np.full(len(starts), NONE, np.int64)])
 
     def forget_attributed(self) -> None:
         """Its blanks whose keys before and after are known go."""
         done = self.ended
-        self.starts, self.ends, self.type1 = self.starts[done:], self.ends[done:], self.type1[done:]
+        self.starts, self.ends, self.type1, self.own = (a[done:] for a in (self.starts, self.ends, self.type1,
+                                                                           self.own))
         for k in (self.by_function, self.by_process):
             k.before = k.before[done:]
         self.started -= done
@@ -145,7 +148,10 @@ class StreamedSteal:
     piece: the timelines built as they come (stream_sched.SchedStream), the samples summed."""
 
     def __init__(self, scanned: Scanned, guest_bundles: dict[str, Path] | None = None,
-                 piece_rows: int = PIECE_ROWS) -> None:
+                 piece_rows: int = PIECE_ROWS, time_range: tuple[float, float] | None = None) -> None:
+        """time_range: (from, to) in seconds after the first record, as prepare's: the samples are cut to it and the
+        timelines as Schedule cuts them (stream_sched.SchedStream.range_ns); the sched events are read to the end
+        (_stretches)."""
         self.rec = rec = scanned.rec
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.backend = rec.meta.get("backend", backends.NONE)
@@ -169,21 +175,18 @@ class StreamedSteal:
         later = {k: v for k, v in rec.snapshot.items() if k != KALLSYMS_KEY}  # kallsyms is parsed once, by the first
         no_sched = np.empty(0, SCHED_DTYPE)
         events = SchedReader(scanned)
-        first_sample, lo = None, None
-        for piece, last in _with_last(pieces(scanned, piece_rows, lambda a, b: recording_end(a, b, rec.end), False)):
+        lo = None
+        for piece, sched, first, (hi, end), last in _stretches(scanned, piece_rows, events, time_range):
             if len(piece.samples) and int(piece.samples["time_ns"].min()) < piece.lo:
                 # a sample that came a whole piece late: the carried keys would be out of the whole's order
                 raise WholeNeeded("samples out of order across pieces")
             s = piece.samples
-            first_sample = piece.lo if first_sample is None else first_sample
-            sched = events.until(None if last else piece.hi)
             if len(sched) and lo is not None and int(sched["time_ns"][0]) < lo:  # the same of the sched events
                 raise WholeNeeded("sched events out of order across pieces")
-            hi = piece.hi
-            if last:  # the recording's end, of its samples and sched events (prepare.recording_span)
-                times = [t for t in (first_sample, events.first, int(s["time_ns"].max(initial=0)), events.last)
-                         if t is not None]
-                hi = recording_end(min(times), max(times), rec.end)
+            if time_range is not None:
+                _span, s = in_range(piece, time_range, first, end)
+                self.sched.range_ns = range_span(time_range, first, end) if end is not None else \
+                    given_span(time_range, first)
             thread = self.sched.thread_of(s["pid"], s["tid"])
             self.sched.saw_samples(thread[thread >= 0], s["time_ns"][thread >= 0].astype(np.int64))
             step = self.sched.advance(sched, MIN if lo is None else lo, hi, last)
@@ -201,7 +204,8 @@ class StreamedSteal:
                                memo=memo)
             if prepared.vms.by_pid != self.vms.by_pid or prepared.vms.vcpu_of_tid != self.vms.vcpu_of_tid:
                 raise WholeNeeded("a VM or vCPU thread that the VM list does not name")
-            self._add(Analysis(prepared, shares_only=True), prepared.names, piece.hi, last)
+            before = self.sched.range_ns is not None and piece.hi <= self.sched.range_ns[0]
+            self._add(Analysis(prepared, shares_only=True), prepared.names, piece.hi, last, before)
             snapshot = later
             self.pieces += 1
         self.timelines = self.sched.timelines()
@@ -232,8 +236,10 @@ class StreamedSteal:
             if self.host_windows[i]:
                 add_type1_by_cause(self.mine_then[i], blanks, *self.host_windows[i][:2])
 
-    def _add(self, an: Analysis, names: Resolved, hi: int, last: bool) -> None:
-        """A piece's samples, of [.., hi) (the last piece: to the end)."""
+    def _add(self, an: Analysis, names: Resolved, hi: int, last: bool, before_range: bool) -> None:
+        """A piece's samples, of [.., hi) (the last piece: to the end).  before_range: the piece ends before the
+        time range begins (no samples): the key before a blank cut to begin at the range's start is of the samples
+        to come."""
         self.notes.update(dict.fromkeys(an.notes))
         s = an.samples
         vm_code = an.vm_code.astype(np.int64) << 32
@@ -251,6 +257,8 @@ class StreamedSteal:
                     t.maybe_polled, (s["time_ns"][maybe].astype(np.int64), s["exit_reason"][maybe].astype(np.int64)),
                     strict=True))
             self._settle_polled(i, t, hi, last)
+            if before_range:
+                continue
             sel = idx[guest]
             vmm_before = np.searchsorted(sel, idx[~guest]) - 1
             began = len(t.starts)  # every blank in the queue began by the end of this piece
@@ -362,6 +370,48 @@ def _attributions(keyed: _Keyed, vcpu: int, ns_per_sample: float, strings: np.nd
         np.add.at(steal, np.zeros(vmm, np.int64), ns_per_sample)
         out.append(Attribution(p, f, m, vcpu, c, c * ns_per_sample, float(steal[0]), float(type1_ns)))
     return out
+
+
+def _stretches(scanned: Scanned, piece_rows: int, events: SchedReader, time_range: tuple[float, float] | None
+               ) -> Iterator[tuple[Piece, np.ndarray, int, tuple[int, int | None], bool]]:
+    """Each piece of samples with the sched events before its end, the recording's first record, where the
+    stretch ends and the recording's end (known at its last piece, else None), and whether it is the last.  With a
+    time range, once a piece reaches past the range's end no more samples are read: the rest of the sched events
+    come in stretches of the pieces' mean length with no samples (the whole read counts every halt of a vCPU and
+    its IRQ time while running over the whole recording), the last one ending after every record it gives."""
+    def end_of(first: int, last: int) -> int:
+        return recording_end(first, last, scanned.rec.end)
+
+    read = pieces(scanned, piece_rows, end_of, False)
+    first_sample: int | None = None
+    count = 0
+    for piece, last in _with_last(read):
+        first_sample = piece.lo if first_sample is None else first_sample
+        sched = events.until(None if last else piece.hi)
+        first = min(t for t in (first_sample, events.first) if t is not None)
+        count += 1
+        if last:  # the recording's end, of its samples and sched events (prepare.recording_span)
+            times = [t for t in (first_sample, events.first, int(piece.samples["time_ns"].max(initial=0)),
+                                 events.last) if t is not None]
+            end = end_of(min(times), max(times))
+            yield piece, sched, first, (end, end), True
+            return
+        yield piece, sched, first, (piece.hi, None), False
+        if time_range is not None and piece.hi > given_span(time_range, first)[1]:
+            read.close()  # its reader thread and file
+            break
+    else:
+        return
+    lo, mean = piece.hi, max((piece.hi - first) // count, 1)
+    no_samples = piece.samples[:0]
+    while True:
+        hi = lo + mean
+        sched = events.until(hi)
+        last = events.done()
+        yield Piece(lo, hi, no_samples, sched[:0], sched[:0]), sched, first, (hi, None), last
+        if last:
+            return
+        lo = hi
 
 
 def _with_last(items: Iterator[Piece]) -> Iterator[tuple[Piece, bool]]:

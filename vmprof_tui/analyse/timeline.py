@@ -135,6 +135,30 @@ class VcpuTimeline:
         self._blanks = None
 
 
+def clip_span(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blanks [start, end] cut to a time range [lo, hi] (Schedule._clip): their start and end there, and which are
+    kept (those inside it, and those cut to a part of positive length)."""
+    cut = (start < lo) | (end > hi)
+    start, end = np.where(cut, start.clip(lo), start), np.where(cut, end.clip(None, hi), end)
+    return start, end, ~cut | (end > start)
+
+
+def clip_blanks(table: BlankTable, lo: int, hi: int) -> np.ndarray:
+    """A table's blanks cut to [lo, hi] in place (clip_span; the IRQ time of a cut wait in proportion, a wake-up
+    before the range at its start, one at or after a blank's end there none); which are kept."""
+    cut = np.flatnonzero((table.start < lo) | (table.end > hi))
+    full = table.end[cut] - table.start[cut]
+    start, end, keep = clip_span(table.start, table.end, lo, hi)
+    table.start, table.end = start, end
+    start, end = start[cut], end[cut]
+    part = (end - start > 0) & (end - start < full)  # IRQ time is known for the whole wait only: its share here
+    table.irq[cut[part]] = table.irq[cut[part]] * (end - start)[part] // full[part]
+    for column in (table.wakeup, table.throttled_wakeup):
+        w = column[cut]
+        column[cut] = np.where((w == NO_TIME) | (w >= end), NO_TIME, np.maximum(w, start))
+    return keep
+
+
 class Schedule:
     """The sched events of a span: context switches and, apart, the wake-up records of vCPU threads."""
 
@@ -497,17 +521,7 @@ class Schedule:
             tl.start_ns, tl.end_ns = max(tl.start_ns, lo), min(tl.end_ns, hi)
             kept.append(tl.end_ns > tl.start_ns)
         # blanks are in time order and do not overlap: only a run at either end of a timeline reaches past the range
-        cut = np.flatnonzero((table.start < lo) | (table.end > hi))
-        full = table.end[cut] - table.start[cut]
-        start, end = table.start[cut].clip(lo), table.end[cut].clip(None, hi)
-        table.start[cut], table.end[cut] = start, end
-        part = (end - start > 0) & (end - start < full)  # IRQ time is known for the whole wait only: its share here
-        table.irq[cut[part]] = table.irq[cut[part]] * (end - start)[part] // full[part]
-        for column in (table.wakeup, table.throttled_wakeup):
-            w = column[cut]
-            column[cut] = np.where((w == NO_TIME) | (w >= end), NO_TIME, np.maximum(w, start))
-        keep = np.ones(len(table), bool)
-        keep[cut] = end > start
+        keep = clip_blanks(table, lo, hi)
         keep &= np.isin(table.timeline, alive[np.array(kept, bool)])
         table = table.take(np.flatnonzero(keep))
         run_ns = np.zeros(int(alive.max(initial=-1)) + 1, np.int64)

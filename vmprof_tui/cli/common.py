@@ -296,14 +296,12 @@ def _streamed(args: argparse.Namespace, rows: int, make: Callable[[Scanned, dict
 
 
 def load_streamed_steal(args: argparse.Namespace) -> StreamedSteal | None:
-    """REC for `vmprof steal`, its samples read a piece at a time (analyse/stream_steal.py) when it is larger than
-    a piece and can be read so (and no --time-range); None: load it whole (load_analysis)."""
+    """REC for `vmprof steal`, its samples read a piece at a time (analyse/stream_steal.py; --time-range cuts
+    them) when it is larger than a piece and can be read so; None: load it whole (load_analysis)."""
     from vmprof_tui.analyse import stream, stream_steal
 
-    if args.time_range:
-        return None
-    return _streamed(args, stream.PIECE_ROWS,
-                     lambda scanned, bundles: stream_steal.StreamedSteal(scanned, bundles, stream.PIECE_ROWS), True)
+    return _streamed(args, stream.PIECE_ROWS, lambda scanned, bundles: stream_steal.StreamedSteal(
+        scanned, bundles, stream.PIECE_ROWS, args.time_range), True)
 
 
 def load_streamed_trace(args: argparse.Namespace, level: str) -> StreamedTrace | None:

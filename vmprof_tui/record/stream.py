@@ -356,6 +356,10 @@ class SchedReader:
             self.first = t if self.first is None else min(self.first, t)
         return table
 
+    def done(self) -> bool:
+        """Every event given: none held, no chunk left to read."""
+        return not len(self.held) and self.ahead is None and self.read >= len(self.chunks)
+
     def until(self, t: int | None) -> np.ndarray:
         """The events before t (None: all that are left), in prepare's order."""
         while True:
