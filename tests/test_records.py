@@ -259,3 +259,22 @@ def test_switches_are_ordered_per_cpu_one_way() -> None:
     assert ev["next_tid"][order].tolist() == [4, 2, 6, 1, 3, 5]
     until = records.next_on_cpu(ev["cpu"][order], ev["time_ns"][order], -1)
     assert until.tolist() == [20, 40, -1, 10, 30, -1]
+
+
+@pytest.mark.parametrize("codec", ["zlib", "zstd"])
+def test_table_decoded_a_block_of_rows_at_a_time_equals_the_table_encoded(codec: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables of many blocks (a partial one last), of records with sub-array fields (stack records), and empty."""
+    from vmprof_tui.record import recording
+
+    monkeypatch.setattr(recording, "_BLOCK_BYTES", 1000)
+    rng = np.random.default_rng(7)
+    for dtype, rows in ((records.SAMPLE_DTYPE, 1234), (records.SCHED_DTYPE, 301), (records.STACK_DTYPE, 17),
+                        (records.SAMPLE_DTYPE, 0)):
+        table = np.frombuffer(rng.integers(0, 256, rows * dtype.itemsize, np.uint8).tobytes(), dtype).copy()
+        table["time_ns"] = np.sort(table["time_ns"] >> np.uint64(12))  # below 2**53, as host clock times are
+        decoded = recording._decode_table(recording.encode_table(table, codec=codec), dtype)
+        assert decoded.tobytes() == table.tobytes(), (dtype, rows)
+        into = np.zeros(rows, dtype)
+        recording._decode_table(recording.encode_table(table, codec=codec), dtype, into)
+        assert into.tobytes() == table.tobytes(), (dtype, rows)

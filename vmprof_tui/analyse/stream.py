@@ -177,7 +177,7 @@ class StreamedAnalysis:
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
                                   sched_in_order=True, memo=memo),
-                          shares_only=shares_only)
+                          shares_only=shares_only, keys=False)
             if any(listed.get(tid) != vcpu for tid, vcpu in an.vcpu_of_tid.items()):
                 raise WholeNeeded("a vCPU thread that the VM list does not name")
             if self.start_ns is None:

@@ -163,6 +163,9 @@ def _table_rows(payload: bytes, dtype: np.dtype) -> int:
     return rows
 
 
+_BLOCK_BYTES = 1 << 20  # of rows filled at once by _decode_table
+
+
 def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
     """The rows of a table chunk, written into `out` when given (as many rows as the header states)."""
     current, written = dtype, [dtype]
@@ -178,13 +181,22 @@ def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None
     dtype = written[0]
     rows = int(header["rows"])
     table = out if out is not None and dtype == current else np.empty(rows, dtype=dtype)
-    pos = 0
+    columns, pos = [], 0
     for name in dtype.names:
         field_dtype = dtype.fields[name][0]
-        size = rows * field_dtype.itemsize
         col = np.frombuffer(raw, dtype=field_dtype if name != "time_ns" else "<i8", count=rows, offset=pos)
-        table[name] = np.cumsum(col) if name == "time_ns" else col.reshape(table[name].shape)
-        pos += size
+        if name == "time_ns":  # deltas: summed straight into the field
+            np.cumsum(col, out=table[name].view("<i8"))
+        else:
+            columns.append((name, col.reshape(table[name].shape)))
+        pos += rows * field_dtype.itemsize
+    # the columns into the rows a block of rows at a time: a block's rows stay in the cache while each column is
+    # written into them (column by column over all the rows was 3-4 times slower)
+    step = max(1, _BLOCK_BYTES // dtype.itemsize)
+    for lo in range(0, rows, step):
+        block = table[lo:lo + step]
+        for name, col in columns:
+            block[name] = col[lo:lo + step]
     if dtype != current:  # an older layout: the fields both have, the new ones zero
         converted = np.zeros(rows, dtype=current) if out is None else out
         converted[...] = np.zeros(1, current)
