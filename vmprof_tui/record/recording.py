@@ -133,18 +133,26 @@ def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
     return header, raw
 
 
+_BLOCK_BYTES = 1 << 20  # of rows a table is copied to or from columns at once (encode_table, _decode_table)
+
+
 def encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
     """Columns one after another; time_ns as its first value plus deltas.  Each column is copied once, straight
-    into the body (user-stack copies are 8 KiB a row)."""
-    body = np.empty(len(table) * table.dtype.itemsize, np.uint8)
-    pos = 0
+    into the body (user-stack copies are 8 KiB a row), a block of rows at a time as _decode_table reads them."""
+    rows = len(table)
+    body = np.empty(rows * table.dtype.itemsize, np.uint8)
+    columns, pos = [], 0
     for name in table.dtype.names:
         col = table[name]
         if name == "time_ns" and len(col):
             col = np.concatenate(([col[0]], np.diff(col.astype(np.int64)))).astype("<i8")
-        size = len(col) * table.dtype.fields[name][0].itemsize
-        body[pos:pos + size].view(col.dtype).reshape(col.shape)[...] = col
-        pos += size
+        columns.append((col, body[pos:pos + rows * table.dtype.fields[name][0].itemsize].view(col.dtype)
+                        .reshape(col.shape)))
+        pos += rows * table.dtype.fields[name][0].itemsize
+    step = max(1, _BLOCK_BYTES // table.dtype.itemsize)
+    for lo in range(0, rows, step):
+        for col, out in columns:
+            out[lo:lo + step] = col[lo:lo + step]
     return pack_rows({"rows": len(table), "dtype": table.dtype.descr}, body.data, codec)
 
 
@@ -161,9 +169,6 @@ def _table_rows(payload: bytes, dtype: np.dtype) -> int:
     if rows * dtype.itemsize > most:
         raise RecordingError(f"a table chunk's header states {rows} rows, more than its body can hold")
     return rows
-
-
-_BLOCK_BYTES = 1 << 20  # of rows filled at once by _decode_table
 
 
 def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
