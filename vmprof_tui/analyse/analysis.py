@@ -118,13 +118,15 @@ class Analysis:
 
     func, module, process, proc_pid = _PerSample(), _PerSample(), _PerSample(), _PerSample()
 
-    def __init__(self, prepared: Prepared, shares_only: bool = False, keys: bool = True) -> None:
+    # the per-sample keys of profile rows are made with the analysis unless shares_only (else when first read: a
+    # streamed piece, analyse/stream.py, sums its rows by name code, row_counts_of, and reads none)
+    eager_keys = True
+
+    def __init__(self, prepared: Prepared, shares_only: bool = False) -> None:
         """prepared: the recording's samples made ready by the resolve stage (resolve/prepare.py).
         shares_only: the timelines carry what the shares need and no more (the live screen's chunk summaries):
-        no holder of each blank, no co-stop.  keys: the per-sample keys of profile rows are made now (else when
-        first read: a streamed piece sums its rows by name code, row_counts_of, and reads none)."""
+        no holder of each blank, no co-stop."""
         self.shares_only = shares_only
-        self._eager_keys = keys and not shares_only
         rec = self.rec = prepared.rec
         self.frequency = int(rec.meta.get("frequency", 1000))
         self.period_ns = 1e9 / self.frequency
@@ -181,7 +183,7 @@ class Analysis:
         self.in_vm[vmm] = arrays.member(pid[vmm] << 32 | s["tid"][vmm], self.vcpus.keys())
         # a live chunk's summary groups its samples by name code and needs no keys (made if something asks)
         self._codes = g
-        if self._eager_keys:
+        if self.eager_keys and not self.shares_only:
             self._encode_keys()
 
     @property

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse import analysis
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.row_table import RowTable
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
@@ -121,6 +121,13 @@ class RowColumns:
         return self.strings[self.ids[column]]
 
 
+class Analysis(analysis.Analysis):
+    """The Analysis of one piece: its rows are summed by name code (row_counts_of), so the per-sample row keys are
+    made only if something reads them."""
+
+    eager_keys = False
+
+
 class WholeNeeded(Exception):
     """The recording has what a piece at a time cannot report as the whole recording does: load it whole."""
 
@@ -177,7 +184,7 @@ class StreamedAnalysis:
             # the switches before the piece, its own, the first after it: each in prepare's order, and in time order
             an = Analysis(prepare(part, guest_bundles, resolver, keep=keep, span_ns=(piece.lo, piece.hi),
                                   sched_in_order=True, memo=memo),
-                          shares_only=shares_only, keys=False)
+                          shares_only=shares_only)
             if any(listed.get(tid) != vcpu for tid, vcpu in an.vcpu_of_tid.items()):
                 raise WholeNeeded("a vCPU thread that the VM list does not name")
             if self.start_ns is None:
