@@ -94,6 +94,21 @@ def assert_same_tables(store: Path, reference_store: Path) -> None:
                             (name, key, figure, other[figure], row[figure])
 
 
+def test_one_pass_sums_its_pieces_rows_by_name_code_without_row_keys(window: WindowRef, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece's rows are summed by the resolver's name codes (Analysis.row_counts_of): the per-sample keys of a
+    whole analysis' rows are CPU time the window's task never reads."""
+    for vm in [*window_vms(window.path)[0], HOST_TASK]:
+        analyse_window_vm(window, vm, str(tmp_path / "reference"))
+
+    def no_keys(an: Analysis) -> None:
+        raise AssertionError("a piece of the one pass made the per-sample row keys")
+
+    monkeypatch.setattr(Analysis, "_encode_keys", no_keys)
+    analyse_window(window, str(tmp_path / "one"))
+    assert_same_tables(tmp_path / "one", tmp_path / "reference")
+
+
 def test_analyser_workers_keep_glibc_malloc_thresholds(tmp_path: Path) -> None:
     """Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which fixes glibc's thresholds: every large array is then mapped
     anew, and a window's analysis takes twice the CPU time.  The embedded cluster's workers run without it."""

@@ -277,3 +277,22 @@ def test_json_nesting_is_refused_as_deep_with_or_without_the_walk() -> None:
     assert bounded_json.loads('["[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", [[1]]]', "x")[1] == [[1]]
     with pytest.raises(bounded_json.JSONLimitError):
         bounded_json.loads("[" * 5, "x", max_depth=2)
+
+
+@pytest.mark.parametrize("codec", ["zlib", "zstd"])
+def test_table_decoded_a_block_of_rows_at_a_time_equals_the_table_encoded(codec: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables of many blocks (a partial one last), of records with sub-array fields (stack records), and empty."""
+    from vmprof_tui.record import recording
+
+    monkeypatch.setattr(recording, "_BLOCK_BYTES", 1000)
+    rng = np.random.default_rng(7)
+    for dtype, rows in ((records.SAMPLE_DTYPE, 1234), (records.SCHED_DTYPE, 301), (records.STACK_DTYPE, 17),
+                        (records.SAMPLE_DTYPE, 0)):
+        table = np.frombuffer(rng.integers(0, 256, rows * dtype.itemsize, np.uint8).tobytes(), dtype).copy()
+        table["time_ns"] = np.sort(table["time_ns"] >> np.uint64(12))  # below 2**53, as host clock times are
+        decoded = recording._decode_table(recording.encode_table(table, codec=codec), dtype)
+        assert decoded.tobytes() == table.tobytes(), (dtype, rows)
+        into = np.zeros(rows, dtype)
+        recording._decode_table(recording.encode_table(table, codec=codec), dtype, into)
+        assert into.tobytes() == table.tobytes(), (dtype, rows)

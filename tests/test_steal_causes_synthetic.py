@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from synth import MS, VMX_IO, SynthRecording
 
@@ -229,3 +230,17 @@ def test_holders_add_up_to_a_preemption_when_a_vcpu_thread_was_discovered_late(
     assert sum(blank.holders().values()) == blank.duration_ns == wait * MS
     r = rows(an, "web")  # the guest profile's split: sibling and outside, not more than the wait
     assert (r[RowKind.STEAL_SIBLING], r[RowKind.STEAL_OUTSIDE]) == pytest.approx((5, wait - 5))
+
+
+def test_holders_are_named_by_pid_and_comm_whether_a_pid_has_one_comm_or_several() -> None:
+    """Schedule.holders_of names each (pid, comm) as holder() does, both where every pid has one comm (one name per
+    pid) and where a pid's comm changed or its slot keeps an older record's bytes after the NUL."""
+    from vmprof_tui.analyse.timeline import Schedule
+    from vmprof_tui.record.bpf_records import SCHED_DTYPE
+
+    sched = Schedule(np.empty(0, SCHED_DTYPE), np.empty(0, SCHED_DTYPE), {}, {300: "web"}, (0, 1), None)
+    pid = np.array([7, 0, 300, 7, 9, 7], np.uint32)
+    one = np.array([b"bash", b"swapper/1", b"qemu", b"bash", b"", b"bash"], "S16")
+    assert sched.holders_of(pid, one).tolist() == ["bash", "idle", "web (VMM)", "bash", "9", "bash"]
+    several = np.array([b"bash", b"swapper/1", b"qemu", b"make", b"", b"bash\0-91"], "S16")
+    assert sched.holders_of(pid, several).tolist() == ["bash", "idle", "web (VMM)", "make", "9", "bash"]

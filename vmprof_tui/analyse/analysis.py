@@ -118,6 +118,10 @@ class Analysis:
 
     func, module, process, proc_pid = _PerSample(), _PerSample(), _PerSample(), _PerSample()
 
+    # the per-sample keys of profile rows are made with the analysis unless shares_only (else when first read: a
+    # streamed piece, analyse/stream.py, sums its rows by name code, row_counts_of, and reads none)
+    eager_keys = True
+
     def __init__(self, prepared: Prepared, shares_only: bool = False) -> None:
         """prepared: the recording's samples made ready by the resolve stage (resolve/prepare.py).
         shares_only: the timelines carry what the shares need and no more (the live screen's chunk summaries):
@@ -179,7 +183,7 @@ class Analysis:
         self.in_vm[vmm] = arrays.member(pid[vmm] << 32 | s["tid"][vmm], self.vcpus.keys())
         # a live chunk's summary groups its samples by name code and needs no keys (made if something asks)
         self._codes = g
-        if not self.shares_only:
+        if self.eager_keys and not self.shares_only:
             self._encode_keys()
 
     @property

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vmprof_tui import arrays
-from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse import analysis
 from vmprof_tui.analyse.kinds import RowKind
 from vmprof_tui.analyse.row_table import RowTable
 from vmprof_tui.analyse.shares import GuestParts, HostParts, Profile, Row, RowCounts
@@ -119,6 +119,13 @@ class RowColumns:
 
     def names(self, column: str) -> np.ndarray:
         return self.strings[self.ids[column]]
+
+
+class Analysis(analysis.Analysis):
+    """The Analysis of one piece: its rows are summed by name code (row_counts_of), so the per-sample row keys are
+    made only if something reads them."""
+
+    eager_keys = False
 
 
 class WholeNeeded(Exception):

@@ -165,7 +165,11 @@ def _holders(table: BlankTable, timelines: list[VcpuTimeline]) -> Iterator[tuple
     preempted = (table.kind == PREEMPTED) & (owner >= 0)
     held = np.zeros(len(table), np.int64)
     same, vcpu, vm = table.held_same_vm, table.held_vcpu, table.held_vm
-    keys = np.where(same, np.char.add("vcpu", vcpu.astype(str)).astype(object), vm) if len(same) else vm
+    if len(same):  # "vcpuN" made once per vCPU id, not per row
+        ids, of_row = np.unique(vcpu, return_inverse=True)
+        keys = np.where(same, np.array([f"vcpu{v}" for v in ids.tolist()], object)[of_row.reshape(-1)], vm)
+    else:
+        keys = vm
     parts = []
     for rows, names, ns in ((table.held_blank, keys, table.held_ns), (table.host_blank, table.host_holder,
                                                                         table.host_ns)):
@@ -179,8 +183,10 @@ def _holders(table: BlankTable, timelines: list[VcpuTimeline]) -> Iterator[tuple
     who, names, ns = (np.concatenate([p[k] for p in parts]) for k in range(3))
     if not len(who):
         return
-    distinct, name_code = np.unique(names.astype(str), return_inverse=True)
-    pairs, first, inverse = arrays.unique(who << 32 | name_code.reshape(-1), return_index=True, return_inverse=True)
+    code_of: dict[str, int] = {}  # names by code (a dict: sorting the strings cost more), any code a name
+    name_code = np.fromiter((code_of.setdefault(str(n), len(code_of)) for n in names.tolist()), np.int64, len(names))
+    distinct = np.array(list(code_of), object)
+    pairs, first, inverse = arrays.unique(who << 32 | name_code, return_index=True, return_inverse=True)
     # int nanoseconds summed in float64: exact (below 2**53), as the sums blank by blank were
     total = np.bincount(inverse, weights=ns.astype(np.float64), minlength=len(pairs))
     order = np.argsort(first, kind="stable")

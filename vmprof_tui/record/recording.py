@@ -133,18 +133,26 @@ def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
     return header, raw
 
 
+_BLOCK_BYTES = 1 << 20  # of rows a table is copied to or from columns at once (encode_table, _decode_table)
+
+
 def encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
     """Columns one after another; time_ns as its first value plus deltas.  Each column is copied once, straight
-    into the body (user-stack copies are 8 KiB a row)."""
-    body = np.empty(len(table) * table.dtype.itemsize, np.uint8)
-    pos = 0
+    into the body (user-stack copies are 8 KiB a row), a block of rows at a time as _decode_table reads them."""
+    rows = len(table)
+    body = np.empty(rows * table.dtype.itemsize, np.uint8)
+    columns, pos = [], 0
     for name in table.dtype.names:
         col = table[name]
         if name == "time_ns" and len(col):
             col = np.concatenate(([col[0]], np.diff(col.astype(np.int64)))).astype("<i8")
-        size = len(col) * table.dtype.fields[name][0].itemsize
-        body[pos:pos + size].view(col.dtype).reshape(col.shape)[...] = col
-        pos += size
+        columns.append((col, body[pos:pos + rows * table.dtype.fields[name][0].itemsize].view(col.dtype)
+                        .reshape(col.shape)))
+        pos += rows * table.dtype.fields[name][0].itemsize
+    step = max(1, _BLOCK_BYTES // table.dtype.itemsize)
+    for lo in range(0, rows, step):
+        for col, out in columns:
+            out[lo:lo + step] = col[lo:lo + step]
     return pack_rows({"rows": len(table), "dtype": table.dtype.descr}, body.data, codec)
 
 
@@ -178,13 +186,22 @@ def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None
     dtype = written[0]
     rows = int(header["rows"])
     table = out if out is not None and dtype == current else np.empty(rows, dtype=dtype)
-    pos = 0
+    columns, pos = [], 0
     for name in dtype.names:
         field_dtype = dtype.fields[name][0]
-        size = rows * field_dtype.itemsize
         col = np.frombuffer(raw, dtype=field_dtype if name != "time_ns" else "<i8", count=rows, offset=pos)
-        table[name] = np.cumsum(col) if name == "time_ns" else col.reshape(table[name].shape)
-        pos += size
+        if name == "time_ns":  # deltas: summed straight into the field
+            np.cumsum(col, out=table[name].view("<i8"))
+        else:
+            columns.append((name, col.reshape(table[name].shape)))
+        pos += rows * field_dtype.itemsize
+    # the columns into the rows a block of rows at a time: a block's rows stay in the cache while each column is
+    # written into them (column by column over all the rows was 3-4 times slower)
+    step = max(1, _BLOCK_BYTES // dtype.itemsize)
+    for lo in range(0, rows, step):
+        block = table[lo:lo + step]
+        for name, col in columns:
+            block[name] = col[lo:lo + step]
     if dtype != current:  # an older layout: the fields both have, the new ones zero
         converted = np.zeros(rows, dtype=current) if out is None else out
         converted[...] = np.zeros(1, current)
