@@ -447,8 +447,11 @@ class SynthRecording:
                  "cr3_method": "vmm", "kernel": kernel, "processes": info.processes}
         (folder / "bundle.json").write_text(json.dumps(index, indent=1))
 
-    def write(self, path: Path) -> Path:
-        """The recording file, written as the recorder writes it (vmprof_tui/recorder.py)."""
+    def write(self, path: Path, late: tuple[int, int] | None = None, tail: np.ndarray | None = None) -> Path:
+        """The recording file, written as the recorder writes it (vmprof_tui/recorder.py).
+        late: (cpu, flushes): that CPU's samples and sched events of each flush are written that many flushes later
+        (its ring buffer drained late), those left after the last flush in flushes of their own.  tail: samples
+        written in a table chunk of their own after every other (before the end chunk)."""
         path = Path(path)
         samples, sched = self.samples(), self.sched()
         bundles = {vm.name: path.parent / f"{path.stem}-bundles" / vm.name
@@ -460,15 +463,29 @@ class SynthRecording:
                 w.add_bundle(vm.name, bundles[vm.name])
         w.add_snapshot({"vms": [self._vm_json(vm, bundles) for vm in self.vms if vm.listed]})
         seen: set[int] = set()
-        for lo in range(0, max(self.duration_ns, 1), FLUSH_NS):
-            s_part = samples[(samples["time_ns"] >= BASE_NS + lo) & (samples["time_ns"] < BASE_NS + lo + FLUSH_NS)]
-            e_part = sched[(sched["time_ns"] >= BASE_NS + lo) & (sched["time_ns"] < BASE_NS + lo + FLUSH_NS)]
+
+        def put(s_part: np.ndarray, e_part: np.ndarray) -> None:
             w.add(s_part, e_part)
             new = set(np.unique(s_part["pid"]).tolist()) - seen - {0}
             if new:
-                seen |= new
+                seen.update(new)
                 w.add_snapshot({f"process:{pid}": self._process_snapshot(pid) for pid in sorted(new)})
             w.flush()
+
+        held: list[tuple[np.ndarray, np.ndarray]] = []  # late's, by flush
+        for lo in range(0, max(self.duration_ns, 1), FLUSH_NS):
+            s_part = samples[(samples["time_ns"] >= BASE_NS + lo) & (samples["time_ns"] < BASE_NS + lo + FLUSH_NS)]
+            e_part = sched[(sched["time_ns"] >= BASE_NS + lo) & (sched["time_ns"] < BASE_NS + lo + FLUSH_NS)]
+            if late is not None:
+                s_late, e_late = s_part["cpu"] == late[0], e_part["cpu"] == late[0]
+                held.append((s_part[s_late], e_part[e_late]))
+                s_part, e_part = s_part[~s_late], e_part[~e_late]
+                if len(held) > late[1]:
+                    s_then, e_then = held.pop(0)
+                    s_part, e_part = np.concatenate([s_part, s_then]), np.concatenate([e_part, e_then])
+            put(s_part, e_part)
+        for s_part, e_part in [*held, *([(tail, sched[:0])] if tail is not None else [])]:
+            put(s_part, e_part)
         w.add_snapshot({"kallsyms": self.kallsyms()})
         w.close({"duration_s": self.duration_ns / 1e9, "samples": len(samples),
                  "guest_samples": int(np.count_nonzero(samples["flags"] & SAMPLE_GUEST)),
@@ -482,12 +499,13 @@ class SynthRecording:
 BUSY_SLOT = 7 * MS  # not a multiple of the period: runs and blanks end between samples
 
 
-def busy_recording(path: Path, seconds: float, late_cpu: bool = False, unlisted_vm: bool = False) -> Path:
+def busy_recording(path: Path, seconds: float, late_cpu: bool = False, unlisted_vm: bool = False,
+                   late: tuple[int, int] | None = None) -> Path:
     """2 VMs of 2 vCPUs on 3 CPUs; in each slot a CPU runs one of its vCPUs (guest code, then KVM), a host task or
     nothing; a vCPU off its CPU is halted (woken before it runs again) or preempted.
     late_cpu: a 4th CPU idle (its idle task sampled) for the first 40% of the recording, then a host task, idle
     again, and the task to the end: no switch on it until 40%.  unlisted_vm: a 3rd VM that the VM list does not
-    name runs its one vCPU on the 4th CPU over [61%, 66%)."""
+    name runs its one vCPU on the 4th CPU over [61%, 66%).  late: as SynthRecording.write's."""
     rng = np.random.default_rng(7)
     b = SynthRecording(frequency=1000, cpus=4 if late_cpu or unlisted_vm else 3)
     web = b.vm("web", pid=100, vcpus={0: 101, 1: 102})
@@ -527,4 +545,4 @@ def busy_recording(path: Path, seconds: float, late_cpu: bool = False, unlisted_
         batch = b.vm("batch", pid=300, vcpus={0: 301}, listed=False)
         b.run(batch, 0, cpu=3, start_ns=at[2], end_ns=at[3])
         b.block(batch, 0, start_ns=at[3], end_ns=slots * BUSY_SLOT)
-    return b.write(path)
+    return b.write(path, late)

@@ -136,8 +136,9 @@ def test_streamed_notes_about_missing_files_are_in_the_whole_reads_order(tmp_pat
 
 
 def test_streamed_time_range_stops_reading_after_the_range(recording: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pieces before the range are read for the switches they leave open, those after it not at all; a range
-    to the end reads every piece."""
+    """The pieces before the range are read for the switches they leave open, those after it not at all (but the
+    one starting where the range ends, whose first record would be in it were it the recording's end); a range to
+    the end reads every piece."""
     from vmprof_tui.record.stream import scan
 
     read = []
@@ -150,8 +151,11 @@ def test_streamed_time_range_stops_reading_after_the_range(recording: Path, monk
 
     monkeypatch.setattr(stream, "pieces", counted)
     an = stream.StreamedAnalysis(scan(recording), piece_rows=1000, time_range=(1.0, 2.0))
-    assert an.pieces == 2 and len(read) == 4  # 500 ms pieces: two before, two in the range
+    assert an.pieces == 2 and len(read) == 5  # 500 ms pieces: two before, two in the range, the one at its end
     assert an.duration_s == 1.0
+    read.clear()
+    an = stream.StreamedAnalysis(scan(recording), piece_rows=1000, time_range=(1.0, 1.9))
+    assert an.pieces == 2 and len(read) == 4
     read.clear()
     an = stream.StreamedAnalysis(scan(recording), piece_rows=1000, time_range=(4.2, 100.0))
     assert len(read) == 12 and an.pieces == 4

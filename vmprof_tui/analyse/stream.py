@@ -29,7 +29,7 @@ from vmprof_tui.analyse.timeline import SwitchContext
 from vmprof_tui.analyse.vcpu_samples import thread_sample_ns
 from vmprof_tui.record.bpf_records import SAMPLE_GUEST_KERNEL, SCHED_NOT_SWITCH
 from vmprof_tui.record.recording import KALLSYMS_KEY, STACKS, USTACKS, Recording
-from vmprof_tui.record.stream import Piece, Scanned, pieces
+from vmprof_tui.record.stream import Piece, Scanned, WholeNeeded, pieces
 from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolver
@@ -128,10 +128,6 @@ class Analysis(analysis.Analysis):
     eager_keys = False
 
 
-class WholeNeeded(Exception):
-    """The recording has what a piece at a time cannot report as the whole recording does: load it whole."""
-
-
 class RangeAfterEnd(Exception):
     """--time-range starts at or after the end of the recording, which spans `span_s` seconds."""
 
@@ -206,8 +202,16 @@ class StreamedAnalysis:
             if time_range is not None:
                 span, samples = in_range(piece, time_range, first_ns, ends[0] if ends else None)
             self.has_sched |= bool(len(piece.sched))
+            # the pieces after the range add nothing but whether there are sched events and (--cpu) CPUs; a piece
+            # ends before its `hi`, so the one ending at the range's end leaves out a record there, which the
+            # whole read keeps when the range ends at the recording's end
+            done = (time_range is not None and cpu is None
+                    and piece.hi > given_span(time_range, first_ns)[1])
             if time_range is not None and span[0] >= span[1] and not len(samples):
                 context.advance(piece.sched)  # outside the range: only what is open at its end goes on
+                if done and self.has_sched:
+                    read.close()  # its reader thread and file
+                    break
                 continue
             sched = np.concatenate([context.events, piece.sched, first_switches(piece.following)])
             part = Recording(rec.path, rec.meta, samples, sched, snapshot, rec.bundles, rec.object_tables,
@@ -228,13 +232,10 @@ class StreamedAnalysis:
             context.advance(piece.sched)
             snapshot = without_kallsyms  # parsed once, by the first piece
             self.pieces += 1
-            # the pieces after the range add nothing but whether there are sched events and (--cpu) CPUs
-            done = (time_range is not None and cpu is None and self.has_sched
-                    and piece.hi >= given_span(time_range, first_ns)[1])
             del an, part, sched, piece, samples  # before the next piece is read and prepared, not once it is
             for rows in [self.host_rows, *(v.rows for v in self.vcpus.values())]:
                 rows.settle()
-            if done:
+            if done and self.has_sched:
                 read.close()  # its reader thread and file
                 break
         if time_range is not None and first_ns is not None:

@@ -139,6 +139,10 @@ def scan(path: Path, stacks: bool = False) -> Scanned | None:
     return Scanned(rec, chunks, dtypes)
 
 
+class WholeNeeded(Exception):
+    """The recording has what a piece at a time cannot report as the whole recording does: load it whole."""
+
+
 class StoredBundles(MutableMapping[str, bytes]):
     """A recording's guest bundles by VM name, each read from the file when asked for (those set, a window's of
     `vmprof agent` from its spool, are held)."""
@@ -277,7 +281,8 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
     first record is (records of a piece that are later go on to the next).  end_of(first, last): where the last
     piece ends, given the times of the first and the last record (prepare.recording_end).  sched: False for pieces
     of samples only (their sched events are neither inflated nor carried; the pieces end at samples).  Call-stack
-    records (Piece.stacks) are cut as the samples are: a stack record has its sample's CPU and time."""
+    records (Piece.stacks) are cut as the samples are: a stack record has its sample's CPU and time.
+    WholeNeeded: a group has records of a piece given already (written more than a piece late)."""
     groups = _groups([c for c in scanned.chunks if sched or c.kind == fmt.SAMPLES], rows)
     dtypes = scanned.dtypes
     extra = [k for k in dtypes if k not in (fmt.SAMPLES, fmt.SCHED)]  # cut by time as the samples
@@ -290,15 +295,20 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
             ordered = set(tables)  # the tables in time order as they are (a group's, as read ahead)
             # where the recording starts and ends is of its samples and sched events (prepare's, read whole)
             lo = first = _first(tables[fmt.SAMPLES], tables[fmt.SCHED])
+            given = False  # a piece yet
             for k in range(1, len(groups)):
                 nxt, cut = ahead.pop(0).result()
                 if k + 1 < len(groups):
                     ahead.append(reader.submit(_read_ahead, fd, groups[k + 1], dtypes))
                 if lo is None or cut is None or cut <= lo:  # nothing, or out of order past a whole piece: read on
+                    if given and cut is not None and cut < lo:
+                        # of a piece given already (a late ring-buffer drain): the whole read sorts them in, and
+                        # counts --time-range from the earliest
+                        raise WholeNeeded("records written more than a piece after their time")
                     tables = {kind: np.concatenate([t, nxt[kind]]) for kind, t in tables.items()}
                     tables[fmt.SCHED] = _ordered_sched(tables[fmt.SCHED])
                     ordered = {fmt.SCHED}
-                    if lo is None:
+                    if not given:  # the first piece starts at the earliest record read so far
                         lo = first = _first(tables[fmt.SAMPLES], tables[fmt.SCHED])
                     continue
                 piece: dict[int, np.ndarray] = {}
@@ -314,7 +324,7 @@ def pieces(scanned: Scanned, rows: int, end_of: Callable[[int, int], int],
                     ordered.add(fmt.SCHED)
                 yield Piece(lo, cut, piece[fmt.SAMPLES], piece[fmt.SCHED], tables[fmt.SCHED],
                             {kind: piece[kind] for kind in extra})
-                lo = cut
+                lo, given = cut, True
             if lo is None:  # no records
                 return
             last = max(int(t["time_ns"].max()) for t in (tables[fmt.SAMPLES], tables[fmt.SCHED]) if len(t))
