@@ -243,3 +243,6 @@ def test_zstd_frame_sizes_are_read_as_libzstd_reads_them_and_both_paths_refuse_a
             zstd.decompress(frame, 1 << 40, use_libzstd)
         messages.add(str(e.value))
     assert messages == {f"the frame holds 1000 bytes, not the {1 << 40} the header states"}
+    lie = _frame_stating(1 << 20, 64)  # the size stated alike, the content corrupt: libzstd's error name on both
+    assert {str(pytest.raises(zstd.ZstdError, zstd.decompress, lie, 1 << 20, use).value)
+            for use in (True, False)} == {"Data corruption detected"}

@@ -96,8 +96,9 @@ def decompress(body: bytes, size: int, use_libzstd: bool = True) -> bytes | np.n
 
         try:
             return pa.decompress(body, decompressed_size=size, codec="zstd", asbytes=True)
-        except (OSError, ValueError, pa.ArrowException) as e:
-            raise ZstdError(str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
+        except (OSError, ValueError, pa.ArrowException) as e:  # libzstd's error name, as the ctypes path gives it
+            text = str(e).splitlines()[0].removeprefix("ZSTD decompression failed: ") if str(e) else type(e).__name__
+            raise ZstdError(text[:200]) from None
     out = np.empty(size, np.uint8)  # not zero-filled: a page is committed only when the frame writes it
     # the GIL is released for the call (ctypes.CDLL), so the main thread analyses while this inflates
     n = lib.ZSTD_decompress(out.ctypes.data if size else None, size, body, len(body))
