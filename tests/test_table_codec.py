@@ -246,3 +246,27 @@ def test_zstd_frame_sizes_are_read_as_libzstd_reads_them_and_both_paths_refuse_a
     lie = _frame_stating(1 << 20, 64)  # the size stated alike, the content corrupt: libzstd's error name on both
     assert {str(pytest.raises(zstd.ZstdError, zstd.decompress, lie, 1 << 20, use).value)
             for use in (True, False)} == {"Data corruption detected"}
+
+
+def test_a_recording_of_damaged_zstd_chunks_reads_alike_through_pyarrow(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where libzstd does not load (pyarrow inflates), load() keeps the same rows and notes the same lines for chunks
+    whose frame states another size, whose content is corrupt, or whose stated size the body cannot hold."""
+    from vmprof_tui.record import zstd
+    from vmprof_tui.record.recording import SAMPLES as KIND
+
+    def lying(rows: int, frame_size: int, body_len: int) -> tuple[int, bytes]:
+        header = {"rows": rows, "dtype": SAMPLE_DTYPE.descr, "codec": "zstd"}
+        return KIND, _rows_payload(header, _frame_stating(frame_size, body_len))
+
+    path = tmp_path / "d.vmprof"
+    size = 1000 * SAMPLE_DTYPE.itemsize
+    good = _recording_with(path, lying(1000, size + 1, 64), lying(1000, size, 64), lying(10**6, 10**6 * 56, 64))
+    seen = []
+    for use_libzstd in (True, False):
+        if not use_libzstd:
+            monkeypatch.setattr(zstd, "_libzstd", lambda: None)
+        rec = load(path)
+        assert np.array_equal(rec.samples, good)
+        seen.append(rec.problems)
+    assert seen[0] == seen[1] and len([p for p in seen[0] if "unreadable" in p]) == 3, seen
