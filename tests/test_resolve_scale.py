@@ -321,6 +321,24 @@ def test_threads_hammering_the_remembered_contents_keep_them_whole_and_bounded(m
     for t in workers:
         t.join()
     assert got == [want * 4] * 4 and cache._recent.held_bytes() <= 3 << 20
+    # the tables made in this process (parsed), 64 at most: evicted by several threads at once
+    monkeypatch.setattr(cache, "_made", {})
+    monkeypatch.setattr(cache, "load", lambda key: None)
+    monkeypatch.setattr(cache, "store", lambda key, arrays: None)
+    made: list[list[str]] = [[] for _ in range(4)]
+
+    def make(out: list[str]) -> None:
+        try:
+            out.extend(cache.parsed(f"k{n}", lambda n=n: f"v{n}", lambda v: {}, lambda a: "") for n in range(300))
+        except BaseException as e:  # noqa: BLE001 (handed to the main thread)
+            errors.append(e)
+
+    workers = [threading.Thread(target=make, args=(made[i],)) for i in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors and made == [[f"v{n}" for n in range(300)]] * 4 and len(cache._made) <= 64
 
 
 def test_a_remembered_bundle_whose_files_were_removed_is_extracted_again(monkeypatch: pytest.MonkeyPatch) -> None:
