@@ -174,7 +174,8 @@ def test_chunks_stating_more_rows_than_memory_holds_cost_only_themselves(tmp_pat
     (7, {"rows": -3, "nr": 16, "fields": 3, "codec": "zstd"}, b"", "no valid rows count"),
     (7, {"rows": 2, "nr": 16, "fields": 3, "codec": "zstd"}, _frame_stating(5, 40), "its zstd frame 5"),
     (2, {"rows": -1, "dtype": SAMPLE_DTYPE.descr, "codec": "zstd"}, b"", "no valid rows count"),
-])
+], ids=["stacks-2^25", "stacks-2^40", "stacks-2^40-zlib", "stacks-negative-addresses", "stacks-negative-rows",
+        "lbr-2^40", "lbr-negative-rows", "lbr-frame-states-other", "samples-negative-rows"])
 def test_every_row_chunk_kind_refuses_a_size_its_body_cannot_hold(tmp_path: Path, kind: int, header: dict,
                                                                    body: bytes, message: str) -> None:
     """LBR and host-stacks chunks get the bounds table chunks get (zstd or zlib): a stated size over what the body
