@@ -230,8 +230,7 @@ def test_content_keys_of_equal_large_contents_are_found_without_hashing_again(mo
     """VMs of one image carry the same kallsyms and libraries: a large content met again is compared byte for byte
     with the one remembered, and only an equal one gets its key without SHA-256; one that differs in a single byte,
     or only in its middle, gets its own key; what is remembered stays within SAME_BYTES_HELD."""
-    monkeypatch.setattr(cache, "_recent", {})
-    monkeypatch.setattr(cache, "SAME_BYTES_HELD", 3 << 20)
+    monkeypatch.setattr(cache, "_recent", cache.SameBytes(3 << 20))
     data = bytes(np.random.default_rng(5).integers(0, 256, 1 << 20, dtype=np.uint8))
     key = cache.content_key("kallsyms", data)
     hashed: list[int] = []
@@ -246,7 +245,7 @@ def test_content_keys_of_equal_large_contents_are_found_without_hashing_again(mo
     assert cache.content_key("elf", data) != key and len(hashed) == 2
     for n in range(4):
         cache.content_key("elf", bytes([n]) + data[1:])
-    assert sum(len(d) for d, _k in cache._recent.values()) <= 3 << 20
+    assert 0 < cache._recent.held_bytes() <= 3 << 20
 
 
 def test_a_bundle_stored_twice_is_extracted_once_and_resolves_alike(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,7 +255,7 @@ def test_a_bundle_stored_twice_is_extracted_once_and_resolves_alike(monkeypatch:
     from vmprof_tui.record import recording
     from vmprof_tui.resolve import spaces
 
-    monkeypatch.setattr(spaces, "_bundles", {})
+    monkeypatch.setattr(spaces, "_bundles", cache.SameBytes(spaces.BUNDLE_BYTES_HELD))
     stored = recording.load(GOLDEN).bundles
     data = stored["steal1"]
     first, again = spaces.guest_symbols("vm-a", data), spaces.guest_symbols("vm-b", bytes(bytearray(data)))
@@ -271,6 +270,103 @@ def test_a_bundle_stored_twice_is_extracted_once_and_resolves_alike(monkeypatch:
         rejected = spaces.guest_symbols(vm, data[:100])
         assert rejected.bundle is None and rejected.note is not None and rejected.note.startswith(
             f"guest bundle of {vm} rejected")
-    monkeypatch.setattr(spaces, "BUNDLE_BYTES_HELD", len(data) + 10)
+    monkeypatch.setattr(spaces, "_bundles", cache.SameBytes(len(data) + 10))
     spaces.guest_symbols("vm-f", stored["steal3"])
-    assert sum(len(d) for d, _b in spaces._bundles.values()) <= len(data) + 10
+    assert 0 < spaces._bundles.held_bytes() <= len(data) + 10
+
+
+def test_threads_hammering_the_remembered_contents_keep_them_whole_and_bounded(monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:
+    """The content keys and bundles remembered (cache.SameBytes) are shared by the TUI's workers and `vmprof
+    analyze`'s threads: threads putting, finding and evicting at once never break the dict (no "dictionary changed
+    size"), each finds only what equals its bytes, and the running total stays the bytes held, within the bound."""
+    import threading
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    held = cache.SameBytes[bytes](64 * 40)
+    contents = [bytes([n]) * (64 + n) for n in range(100)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def hammer(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            start.wait()
+            for n in rng.integers(0, len(contents), 4000).tolist():
+                found = held.get("k", contents[n])
+                assert found is None or found == contents[n]
+                held.put("k", contents[n], contents[n])
+        except BaseException as e:  # noqa: BLE001 (handed to the main thread)
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=hammer, args=(seed,)) for seed in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[0]
+    assert held.held_bytes() == sum(len(d) for d, _v in held._items.values()) <= 64 * 40
+    monkeypatch.setattr(cache, "_recent", cache.SameBytes(3 << 20))
+    big = [bytes([n]) * (1 << 20) for n in range(5)]
+    want = [cache.content_key("elf", b) for b in big]
+    got: list[list[str]] = [[] for _ in range(4)]
+    workers = [threading.Thread(target=lambda out: out.extend(cache.content_key("elf", b) for b in big * 4),
+                                args=(got[i],)) for i in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert got == [want * 4] * 4 and cache._recent.held_bytes() <= 3 << 20
+    # the tables made in this process (parsed), 64 at most: evicted by several threads at once
+    monkeypatch.setattr(cache, "_made", {})
+    monkeypatch.setattr(cache, "load", lambda key: None)
+    monkeypatch.setattr(cache, "store", lambda key, arrays: None)
+    made: list[list[str]] = [[] for _ in range(4)]
+
+    def make(out: list[str]) -> None:
+        try:
+            out.extend(cache.parsed(f"k{n}", lambda n=n: f"v{n}", lambda v: {}, lambda a: "") for n in range(300))
+        except BaseException as e:  # noqa: BLE001 (handed to the main thread)
+            errors.append(e)
+
+    workers = [threading.Thread(target=make, args=(made[i],)) for i in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors and made == [[f"v{n}" for n in range(300)]] * 4 and len(cache._made) <= 64
+
+
+def test_a_remembered_bundle_whose_files_were_removed_is_extracted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tmp cleaner may remove a remembered bundle's extracted files and leave its folder: the bundle is not given
+    again (its samples would turn [unknown] with no note) but extracted again, with every object file there."""
+    from vmprof_tui.record import recording
+    from vmprof_tui.resolve import spaces
+
+    monkeypatch.setattr(spaces, "_bundles", cache.SameBytes(spaces.BUNDLE_BYTES_HELD))
+    data = recording.load(GOLDEN).bundles["steal1"]
+    first = spaces.guest_symbols("vm-a", data).bundle
+    assert first is not None and spaces.guest_symbols("vm-b", data).bundle is first
+    objects = [m.object_path for p in first.processes for m in p.maps if m.object_path is not None]
+    assert objects, "the golden bundle holds object files"
+    objects[0].unlink()
+    assert first.root.is_dir()
+    again = spaces.guest_symbols("vm-c", data).bundle
+    assert again is not None and again is not first and spaces._extracted_whole(again)
+    assert spaces.guest_symbols("vm-d", data).bundle is again
+
+
+def test_extracted_bundle_folders_are_removed_at_exit(tmp_path: Path) -> None:
+    """Bundles remembered for the process's life still leave no extraction folder behind it."""
+    import subprocess
+
+    script = ("import sys\nfrom vmprof_tui.record import recording\nfrom vmprof_tui.resolve import spaces\n"
+              "b = spaces.guest_symbols('vm', recording.load(sys.argv[1]).bundles['steal1']).bundle\n"
+              "print(b.root, b.root.is_dir())")
+    out = subprocess.run([sys.executable, "-c", script, str(GOLDEN)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TMPDIR": str(tmp_path)}).stdout.split()
+    assert out[1] == "True" and out[0].startswith(str(tmp_path)) and not Path(out[0]).exists()

@@ -66,7 +66,8 @@ def test_a_window_is_stored_in_zstd_pieces_of_time_and_read_back_exactly(tmp_pat
 def test_a_zstd_chunk_stating_more_rows_than_zstd_can_inflate_is_refused() -> None:
     def payload(rows: int) -> bytes:
         header = json.dumps({"rows": rows, "dtype": SAMPLE_DTYPE.descr, "codec": "zstd"}).encode()
-        return struct.pack("<I", len(header)) + header + bytes(64)
+        frame = struct.pack("<IBQ", 0xFD2FB528, 0xE0, rows * SAMPLE_DTYPE.itemsize)  # a frame header stating them
+        return struct.pack("<I", len(header)) + header + frame.ljust(64, b"\0")
 
     assert recording._table_rows(payload(1000), SAMPLE_DTYPE) == 1000
     with pytest.raises(RecordingError, match="more than its body can hold"):

@@ -14,31 +14,37 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import os
 import re
 import stat
 import struct
 import tarfile
 import zlib
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from vmprof_tui import arrays, bounded_json
 from vmprof_tui.record.bpf_records import OLDER_DTYPES, SAMPLE_DTYPE, SCHED_DTYPE, STACK_DTYPE, ustack_dtype
+from vmprof_tui.record.rows import (  # noqa: F401 (the format's names, read through this module)
+    MAX_INFLATED,
+    ZSTD_RATIO,
+    RecordingError,
+    check_size,
+    load_zstd,
+    pack_rows,
+    row_header,
+    stated_count,
+    unpack_rows,
+)
 
 MAGIC = b"VMPROFREC\0"
 VERSION = 1
 CHUNK_MAGIC = b"CHNK"
 CHUNK_HEADER = struct.Struct("<4sHHII")  # magic, kind, reserved, payload length, crc32
 MAX_CHUNK = 256 << 20
-MAX_INFLATED = 1 << 30
-ZSTD_RATIO = 1 << 15  # zstd inflates at most this many times over (a 128 KiB block of one byte in 4)
 MAX_OBJECT_TABLE = 128 << 20  # one host object's symbol table in a spool, inflated (4M symbols fit)
 MAX_OBJECT_TABLES = 4096  # tables one window references
 
@@ -49,10 +55,6 @@ MAX_STACK_COPY = 1 << 16  # bytes of one user-stack copy a recording may hold
 TABLE_DTYPES = {SAMPLES: SAMPLE_DTYPE, SCHED: SCHED_DTYPE, STACKS: STACK_DTYPE}
 MAX_HOST_STACK_DEPTH = 127  # the kernel's PERF_MAX_STACK_DEPTH
 MAX_FREQUENCY = 1_000_000  # samples per second per CPU a recording may state (perf's limit is far below)
-
-
-class RecordingError(RuntimeError):
-    pass
 
 
 # -- snapshot keys: made and read through this module only ----------------------------------------
@@ -93,46 +95,6 @@ def snapshot(vms: list[dict] | None = None, processes: dict[int, dict] | None = 
     return out
 
 
-def load_zstd() -> ModuleType:
-    """pyarrow, which compresses and inflates zstd: its import takes a while, so a writer that will use it imports
-    it when it is made (writer.py), not when its first zstd chunk is due."""
-    import pyarrow
-
-    return pyarrow
-
-
-def pack_rows(header: dict, body: bytes | memoryview, codec: str = "zlib") -> bytes:
-    """A row chunk's payload: header length, JSON header (with "rows"), compressed body (zlib; zstd for user-stack
-    copies, said in the header: 8 KiB a sample, where zlib at its fastest level held a recorder back)."""
-    if codec == "zstd":
-        pa = load_zstd()
-        h = json.dumps({**header, "codec": "zstd"}).encode()
-        return struct.pack("<I", len(h)) + h + pa.compress(body, codec="zstd", asbytes=True)
-    h = json.dumps(header).encode()
-    return struct.pack("<I", len(h)) + h + zlib.compress(body, 6)
-
-
-def _unpack_rows(payload: bytes, itemsize_of: Callable[[dict], int], what: str,
-                 extra_of: Callable[[dict], int] = lambda h: 0) -> tuple[dict, bytes]:
-    """(header, body) of a row chunk; the body inflated to exactly rows * itemsize (+ extra) bytes, never more."""
-    (hlen,) = struct.unpack_from("<I", payload)
-    header = bounded_json.expect(bounded_json.loads(bytes(payload[4:4 + hlen]), f"the header of {what}"), dict,
-                                 f"the header of {what}")
-    size = int(header["rows"]) * itemsize_of(header) + extra_of(header)
-    if header.get("codec") == "zstd":
-        from vmprof_tui.record import zstd
-
-        try:  # never more than the header's size: a hostile frame cannot make it inflate further
-            raw = zstd.decompress(bytes(payload[4 + hlen:]), size)
-        except zstd.ZstdError as e:
-            raise RecordingError(f"{what} does not decompress: {e}") from None
-    else:
-        raw = zlib.decompressobj().decompress(payload[4 + hlen:], size + 1)
-    if len(raw) != size:
-        raise RecordingError(f"{what} is shorter than its header says")
-    return header, raw
-
-
 _BLOCK_BYTES = 1 << 20  # of rows a table is copied to or from columns at once (encode_table, _decode_table)
 
 
@@ -156,19 +118,21 @@ def encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
     return pack_rows({"rows": len(table), "dtype": table.dtype.descr}, body.data, codec)
 
 
-def _table_rows(payload: bytes, dtype: np.dtype) -> int:
-    """The row count a table chunk's header states: at most what its body can inflate to (zlib's ratio is under
-    1032:1, zstd's under 32768:1 and at most MAX_INFLATED), as the arrays are made before the bodies are
-    inflated; the exact count is checked then."""
-    (hlen,) = struct.unpack_from("<I", payload)
-    header = bounded_json.loads(bytes(payload[4:4 + hlen]), "a table chunk's header")
-    rows = bounded_json.expect(header, dict, "a table chunk's header").get("rows")
-    if not isinstance(rows, int) or rows < 0:
-        raise RecordingError("a table chunk's header has no valid row count")
-    most = min(ZSTD_RATIO * len(payload), MAX_INFLATED) if header.get("codec") == "zstd" else 1032 * len(payload)
-    if rows * dtype.itemsize > most:
-        raise RecordingError(f"a table chunk's header states {rows} rows, more than its body can hold")
+def _table_rows(payload: bytes | memoryview, dtype: np.dtype) -> int:
+    """The row count a table chunk's header states, checked as rows.unpack_rows checks it (rows.check_size), as
+    the arrays are made before the bodies are inflated; the exact count is checked then."""
+    header, body = row_header(payload, "a table chunk")
+    rows = stated_count(header, "rows", "a table chunk")
+    check_size(header, body, rows * _stored_dtype(header, dtype).itemsize, "a table chunk", f"{rows} rows")
     return rows
+
+
+def _stored_dtype(header: dict, current: np.dtype) -> np.dtype:
+    """The record layout a table chunk was written in: `current` or one of its older ones."""
+    stored = np.dtype([tuple(d) if len(d) == 2 else (d[0], d[1], tuple(d[2])) for d in header["dtype"]])
+    if stored != current and stored not in OLDER_DTYPES.get(current, ()):
+        raise RecordingError("a table chunk has a record layout this vmprof does not know")
+    return stored
 
 
 def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
@@ -176,13 +140,10 @@ def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None
     current, written = dtype, [dtype]
 
     def itemsize(header: dict) -> int:
-        stored = np.dtype([tuple(d) if len(d) == 2 else (d[0], d[1], tuple(d[2])) for d in header["dtype"]])
-        if stored != current and stored not in OLDER_DTYPES.get(current, ()):
-            raise RecordingError("a table chunk has a record layout this vmprof does not know")
-        written[0] = stored
+        written[0] = stored = _stored_dtype(header, current)
         return stored.itemsize
 
-    header, raw = _unpack_rows(payload, itemsize, "a table chunk")
+    header, raw = unpack_rows(payload, itemsize, "a table chunk")
     dtype = written[0]
     rows = int(header["rows"])
     table = out if out is not None and dtype == current else np.empty(rows, dtype=dtype)
@@ -215,7 +176,7 @@ def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None
 def _decode_lbr(payload: bytes) -> np.ndarray:
     from vmprof_tui.lbr.records import record_dtype
 
-    header, raw = _unpack_rows(payload, lambda h: record_dtype(int(h["nr"]), int(h["fields"])).itemsize,
+    header, raw = unpack_rows(payload, lambda h: record_dtype(int(h["nr"]), int(h["fields"])).itemsize,
                                "an LBR chunk")
     return np.frombuffer(raw, dtype=record_dtype(int(header["nr"]), int(header["fields"]))).copy()
 
@@ -230,7 +191,8 @@ def encode_host_stacks(chains: dict[int, np.ndarray]) -> bytes:
 
 
 def _decode_host_stacks(payload: bytes) -> dict[int, np.ndarray]:
-    header, raw = _unpack_rows(payload, lambda h: 8, "a host stacks chunk", lambda h: 8 * int(h["addresses"]))
+    header, raw = unpack_rows(payload, lambda h: 8, "a host stacks chunk",
+                               lambda h: 8 * stated_count(h, "addresses", "a host stacks chunk"))
     n = int(header["rows"])
     ids = np.frombuffer(raw, "<i4", n)
     depths = np.frombuffer(raw, "<u4", n, 4 * n).astype(np.int64)
@@ -370,29 +332,45 @@ def _decode_tables(pending: list[tuple[int, int, memoryview, int]], problems: li
     run meanwhile, so chunks are decoded one thread per CPU.  A chunk that fails is left out, and its problem
     goes where a decode in file order would have put it."""
     out: dict[int, np.ndarray] = {}
+    alone: dict[int, list[np.ndarray]] = {}  # kinds whose rows did not fit one array: a table per chunk
     spans: list[tuple[int, int, int, int, Future]] = []  # (kind, problems before it, start, rows, job)
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         for kind in {k for k, *_ in pending}:
-            out[kind] = np.empty(sum(rows for k, _at, _p, rows in pending if k == kind), dtypes[kind])
+            try:
+                out[kind] = np.empty(sum(rows for k, _at, _p, rows in pending if k == kind), dtypes[kind])
+            except MemoryError:  # chunks stating more rows than memory holds (each within its bounds): the ones
+                alone[kind] = []  # that lie fail on their own, the rest are joined after
         filled = dict.fromkeys(out, 0)
         for kind, at, payload, rows in pending:
-            start = filled[kind]
-            filled[kind] += rows
-            spans.append((kind, at, start, rows,
-                          pool.submit(_decode_table, payload, dtypes[kind], out[kind][start:start + rows])))
+            start = filled.get(kind, 0)
+            into = None if kind in alone else out[kind][start:start + rows]
+            if kind not in alone:
+                filled[kind] += rows
+            spans.append((kind, at, start, rows, pool.submit(_decode_table, payload, dtypes[kind], into)))
         failed: dict[int, list[tuple[int, int]]] = {}
         for kind, at, start, rows, job in spans:
             try:
-                job.result()
+                table = job.result()
             except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
                 problems.insert(at + sum(map(len, failed.values())),
                                 f"unreadable {KIND_NAMES.get(kind, kind)} chunk skipped: {e}")
                 failed.setdefault(kind, []).append((start, rows))
+                continue
+            if kind in alone:
+                alone[kind].append(table)
     for kind, gaps in failed.items():
+        if kind in alone:
+            continue
         keep = np.ones(len(out[kind]), bool)
         for start, rows in gaps:
             keep[start:start + rows] = False
         out[kind] = out[kind][keep]
+    for kind, tables in alone.items():
+        try:
+            out[kind] = np.concatenate(tables) if tables else np.empty(0, dtypes[kind])
+        except MemoryError:
+            raise RecordingError(f"the {KIND_NAMES.get(kind, kind)} rows of this recording do not fit in "
+                                 "memory") from None
     return out
 
 
@@ -562,6 +540,8 @@ def load(path: Path) -> Recording:
                 rec.host_stacks.update(_decode_host_stacks(payload))
         except (ValueError, KeyError, TypeError, struct.error, zlib.error, RecordingError) as e:
             rec.problems.append(f"unreadable {what} skipped: {e}")
+        except MemoryError:  # a size within its bounds that this host cannot hold now: the chunk only is lost
+            rec.problems.append(f"unreadable {what} skipped: it does not fit in memory")
     joined = _decode_tables(pending, rec.problems, dtypes)
     payload = view = data = pending = None  # the file's bytes go
     if meta is None:

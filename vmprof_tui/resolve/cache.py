@@ -18,10 +18,11 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -35,34 +36,70 @@ def cache_dir() -> Path:
     return Path(root) / "symbols"
 
 
+class SameBytes(Generic[T]):
+    """Values made from large contents, found again by contents equal byte for byte (compared, not hashed), the
+    last ones up to `held` bytes in all.  Thread-safe: the TUI's workers and `vmprof analyze`'s threads share one
+    (the lock guards the dict and its running byte total; the comparison runs outside it)."""
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+        self._lock = threading.Lock()
+        self._items: dict[tuple[str, int, bytes, bytes], tuple[bytes, T]] = {}
+        self._bytes = 0  # of the contents held
+
+    @staticmethod
+    def _probe(kind: str, data: bytes | memoryview) -> tuple[str, int, bytes, bytes]:
+        return kind, len(data), bytes(data[:64]), bytes(data[-64:])
+
+    def get(self, kind: str, data: bytes | memoryview) -> T | None:
+        with self._lock:
+            seen = self._items.get(self._probe(kind, data))
+        return seen[1] if seen is not None and seen[0] == data else None
+
+    def put(self, kind: str, data: bytes | memoryview, value: T) -> None:
+        if len(data) > self.held:
+            return
+        probe = self._probe(kind, data)
+        data = data if isinstance(data, bytes) else bytes(data)
+        with self._lock:
+            if (old := self._items.pop(probe, None)) is not None:
+                self._bytes -= len(old[0])
+            while self._items and self._bytes + len(data) > self.held:
+                oldest = self._items.pop(next(iter(self._items)))
+                self._bytes -= len(oldest[0])
+            self._items[probe] = (data, value)
+            self._bytes += len(data)
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+
 def content_key(kind: str, data: bytes | memoryview) -> str:
     # SHA-256: collision-resistant (guests are hostile and share the cache), and on CPUs with SHA extensions
     # faster than BLAKE2 (docs/performance.md)
     big = len(data) >= SAME_BYTES_MIN
-    if big:  # VMs of one image carry the same kallsyms and libraries: compared byte for byte, not hashed again
-        probe = (kind, len(data), bytes(data[:64]), bytes(data[-64:]))
-        seen = _recent.get(probe)
-        if seen is not None and seen[0] == data:
-            return seen[1]
+    # VMs of one image carry the same kallsyms and libraries: compared byte for byte, not hashed again
+    if big and (seen := _recent.get(kind, data)) is not None:
+        return seen
     key = f"{kind}-v{VERSION}-{hashlib.sha256(data).hexdigest()[:32]}"
-    if big and len(data) <= SAME_BYTES_HELD:
-        while sum(len(d) for d, _k in _recent.values()) + len(data) > SAME_BYTES_HELD:
-            del _recent[next(iter(_recent))]  # the oldest
-        _recent[probe] = (data if isinstance(data, bytes) else bytes(data), key)
+    if big:
+        _recent.put(kind, data, key)
     return key
 
 
 SAME_BYTES_MIN = 1 << 20  # contents this large are remembered with their key (content_key), the last ones ...
 SAME_BYTES_HELD = 64 << 20  # ... up to this many bytes
-_recent: dict[tuple[str, int, bytes, bytes], tuple[bytes, str]] = {}
+_recent: SameBytes[str] = SameBytes(SAME_BYTES_HELD)
 
 
 def parsed(key: str, parse: Callable[[], T], to_arrays: Callable[[T], dict[str, np.ndarray]],
            from_arrays: Callable[[dict[str, np.ndarray]], T]) -> T:
     """parse() once per key: made once in this process (20 guest bundles with one libc share one table),
     else read from the cache folder, else parsed and stored there."""
-    if key in _made:
-        return _made[key]
+    with _made_lock:
+        if key in _made:
+            return _made[key]
     arrays = load(key)
     made = None
     if arrays is not None:
@@ -73,13 +110,15 @@ def parsed(key: str, parse: Callable[[], T], to_arrays: Callable[[T], dict[str, 
     if made is None:
         made = parse()
         store(key, to_arrays(made))
-    if len(_made) >= 64:
-        del _made[next(iter(_made))]
-    _made[key] = made
+    with _made_lock:
+        if len(_made) >= 64 and key not in _made:
+            _made.pop(next(iter(_made)))
+        _made[key] = made
     return made
 
 
 _made: dict[str, Any] = {}
+_made_lock = threading.Lock()
 
 
 def load(key: str) -> dict[str, np.ndarray] | None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from vmprof_tui.arrays import group_by
 from vmprof_tui.mapping import Mapping
+from vmprof_tui.resolve import cache
 from vmprof_tui.resolve.bundle import GuestBundle, load_bundle
 from vmprof_tui.resolve.elf import ElfSymbols, read_elf_symbols
 from vmprof_tui.resolve.object_table import decode_object_table
@@ -240,24 +241,25 @@ class GuestSymbols:
 
 
 # Bundles loaded from a recording's bytes, the last ones up to BUNDLE_BYTES_HELD: VMs of one image store the same
-# bundle, which is then extracted once (its objects, at one path, are read once by the ObjectCache too).
+# bundle, which is then extracted once (its objects, at one path, are read once by the ObjectCache too).  An extraction
+# folder goes when its bundle is evicted and no GuestSymbols holds it, else at exit (bundle.py's finalizer).
 BUNDLE_BYTES_HELD = 64 << 20
-_bundles: dict[tuple[int, bytes, bytes], tuple[bytes, GuestBundle]] = {}
+_bundles: cache.SameBytes[GuestBundle] = cache.SameBytes(BUNDLE_BYTES_HELD)
+
+
+def _extracted_whole(b: GuestBundle) -> bool:
+    """Whether every object file of a bundle's extraction is still there (a tmp cleaner may remove files and leave
+    the folder: its samples would turn [unknown] with no note)."""
+    paths = [m.object_path for p in b.processes for m in p.maps]
+    paths.append(b.kernel.object_path if b.kernel is not None else None)
+    return b.root.is_dir() and all(path.is_file() for path in paths if path is not None)
 
 
 def _same_bundle(source: bytes) -> GuestBundle | None:
-    """The bundle loaded from bytes equal to `source` (compared whole), if one is remembered."""
-    seen = _bundles.get((len(source), source[:64], source[-64:]))
-    # (a bundle closed since has no folder: loaded again)
-    return seen[1] if seen is not None and seen[0] == source and seen[1].root.is_dir() else None
-
-
-def _remember_bundle(source: bytes, bundle: GuestBundle) -> None:
-    if len(source) > BUNDLE_BYTES_HELD:
-        return
-    while sum(len(data) for data, _b in _bundles.values()) + len(source) > BUNDLE_BYTES_HELD:
-        del _bundles[next(iter(_bundles))]  # the oldest
-    _bundles[(len(source), source[:64], source[-64:])] = (source, bundle)
+    """The bundle loaded from bytes equal to `source` (compared whole), if one is remembered and whole (a bundle
+    closed since, or whose files were removed, is loaded again)."""
+    seen = _bundles.get("bundle", source)
+    return seen if seen is not None and _extracted_whole(seen) else None
 
 
 def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
@@ -270,7 +272,7 @@ def guest_symbols(vm: str, source: Path | bytes) -> GuestSymbols:
                     f.write(source)
                     f.flush()
                     b = load_bundle(Path(f.name))
-                _remember_bundle(source, b)
+                _bundles.put("bundle", source, b)
         else:
             b = load_bundle(Path(source))
     except (BundleError, OSError) as e:
