@@ -17,7 +17,7 @@ from vmprof_tui.analyse import stream
 from vmprof_tui.analyse.analysis import Analysis
 from vmprof_tui.analyse.stream_steal import StreamedSteal
 from vmprof_tui.cli import main
-from vmprof_tui.record.bpf_records import SCHED_NOT_SWITCH
+from vmprof_tui.record.bpf_records import SCHED_HALT_END, SCHED_NOT_SWITCH, SCHED_PREV_RUNNABLE
 from vmprof_tui.record.recording import load
 from vmprof_tui.record.stream import pieces, scan
 from vmprof_tui.resolve.prepare import prepare, recording_end, recording_span
@@ -410,7 +410,7 @@ def test_streamed_steal_of_a_time_range_of_the_demo_recording_is_the_whole_steal
 def test_streamed_steal_of_a_time_range_reads_no_samples_after_it(varied: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a piece reaches past the range's end no more pieces of samples are read, but every sched event is (the
-    whole read counts a vCPU's halts over the whole recording); a range to the end reads every piece."""
+    timelines' ends need the switches after it); a range to the end reads every piece."""
     from vmprof_tui.analyse import stream_steal
     from vmprof_tui.record import recording as fmt
     from vmprof_tui.record import stream as record_stream
@@ -436,7 +436,7 @@ def test_streamed_steal_of_a_time_range_reads_no_samples_after_it(varied: Path,
     assert len(read) == 6 < all_pieces
     sched = [c.offset for c in scanned.chunks if c.kind == fmt.SCHED]
     assert sorted(c.offset for c in inflated if c.kind == fmt.SCHED) == sorted(sched)
-    assert [v["halts"] for v in an.steal_report("db")["vcpus"]] == [v["halts"] for v in whole.steal_report("db")[
+    assert [v["halts"] for v in an.steal_report("db")["vcpus"]] < [v["halts"] for v in whole.steal_report("db")[
         "vcpus"]]
     read.clear()
     StreamedSteal(scanned, piece_rows=1000, time_range=(4.2, 100.0))
@@ -490,3 +490,33 @@ def test_holders_of_a_blank_never_closed_are_summed_not_kept(tmp_path: Path, cap
             whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
             assert steal(args, 2000, capsys, monkeypatch, streamed=True) == whole
             assert "hogb" in whole and "hoga" in whole
+
+
+def test_steal_of_a_time_range_counts_the_halts_and_irq_time_in_it(varied: Path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --time-range, `halts` and `halts_ended_by_polling` count the halts that ended in the range [A, B], and
+    `irq_while_running_s` is the runs' IRQ time inside it (a run's share in proportion, so that of two ranges that
+    meet adds up to the whole's), read whole and in pieces alike; before, all three were of the whole recording."""
+    rec = load(varied)
+    halt_ends = rec.sched[(rec.sched["flags"] & SCHED_NOT_SWITCH) == SCHED_HALT_END]
+
+    def vcpus(span: str | None) -> dict[int, dict]:
+        args = [str(varied), "--format", "json", *(["--time-range", span] if span else [])]
+        whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+        assert steal(args, 1000, capsys, monkeypatch, streamed=True) == whole
+        return {v["tid"]: v for r in json.loads(whole) for v in r["vcpus"]}
+
+    full = vcpus(None)
+    parts = {span: vcpus(span) for span in ("0:2.5", "2.5:6", "1:2")}
+    for span, got in parts.items():
+        lo, hi = Analysis(prepare(rec, time_range=tuple(map(float, span.split(":"))))).range_ns
+        for tid, v in got.items():
+            t = halt_ends["time_ns"].astype(np.int64)
+            mine = halt_ends[(halt_ends["prev_tid"] == tid) & (t >= lo) & (t <= hi)]
+            assert v["halts"] == len(mine) < full[tid]["halts"], (span, tid)
+            assert v["halts_ended_by_polling"] == int(np.count_nonzero(mine["flags"] & SCHED_PREV_RUNNABLE))
+    for tid, v in full.items():
+        assert parts["0:2.5"][tid]["halts"] + parts["2.5:6"][tid]["halts"] == v["halts"]
+        irq = parts["0:2.5"][tid]["irq_while_running_s"] + parts["2.5:6"][tid]["irq_while_running_s"]
+        assert irq == pytest.approx(v["irq_while_running_s"], rel=1e-12, abs=0), tid
+        assert parts["1:2"][tid]["irq_while_running_s"] < v["irq_while_running_s"]

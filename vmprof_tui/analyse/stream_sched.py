@@ -33,6 +33,7 @@ from vmprof_tui.analyse.timeline import (
     clip_blanks,
     clip_span,
     irq_between,
+    irq_in_range,
     overlap,
 )
 from vmprof_tui.record.bpf_records import (
@@ -133,8 +134,7 @@ class SchedStream:
         self.pending = _empty_table()  # each thread's last closed blank, until its next closes
         self.holders = PcpuHolders(self)  # who held the pCPU while a preempted blank waited
         # --time-range [lo, hi] on the host clock (None: all of it): what is measured is cut to it as Schedule cuts
-        # the timelines (set once the recording's first record is known; every record is still read: the counts
-        # of halts and the IRQ time while running are of the whole recording, as the whole read gives them)
+        # the timelines (set once the recording's first record is known)
         self.range_ns: tuple[int, int] | None = None
 
     def _within(self, since: np.ndarray, until: np.ndarray) -> np.ndarray:
@@ -225,6 +225,8 @@ class SchedStream:
         p = prev[ran]
         irq_ns = np.minimum(irq_between(p["cpu_irq_ns"].astype(np.int64), irq[ran]),
                             t[ran] - p["time_ns"].astype(np.int64))
+        if self.range_ns is not None:  # that of the runs in the range
+            irq_ns = irq_in_range(irq_ns, p["time_ns"].astype(np.int64), t[ran], *self.range_ns)
         same = p["cpu"].astype(np.int64) == cpu[ran]
         np.add.at(self.irq_running, thread[ran][same], irq_ns[same])
         runs = (thread[closes_run], since[closes_run], t[closes_run])
@@ -332,8 +334,10 @@ class SchedStream:
             halt_ns = mine["prev_exit_reason"].astype(np.int64)
             known = halt_ns != HALT_NS_UNKNOWN
             ok = (mine["flags"] & SCHED_PREV_RUNNABLE) != 0
-            self.halts[i] += len(mine)
-            self.polls_ok[i] += int(np.count_nonzero(ok))
+            since, upto = self.range_ns or (MIN, MAX)  # the halts that ended in the range count
+            counted = (t >= since) & (t <= upto)
+            self.halts[i] += int(np.count_nonzero(counted))
+            self.polls_ok[i] += int(np.count_nonzero(ok & counted))
             poll = np.where(ok, halt_ns, 0)
             if len(starts):
                 halt_start = t - halt_ns
