@@ -520,3 +520,15 @@ def test_steal_of_a_time_range_counts_the_halts_and_irq_time_in_it(varied: Path,
         irq = parts["0:2.5"][tid]["irq_while_running_s"] + parts["2.5:6"][tid]["irq_while_running_s"]
         assert irq == pytest.approx(v["irq_while_running_s"], rel=1e-12, abs=0), tid
         assert parts["1:2"][tid]["irq_while_running_s"] < v["irq_while_running_s"]
+
+
+def test_irq_time_while_running_of_pieces_adds_up_to_the_whole(varied: Path) -> None:
+    """The fleet's one pass analyses a window in pieces, each a Schedule cut to the piece's span: a run across a
+    piece's edge gives each piece its part of its IRQ time (it was counted whole in both), so they add up to the
+    whole read's exactly."""
+    from vmprof_tui.fleet.one_pass import WindowPass
+
+    whole = {(tl.vm, tl.vcpu): tl.irq_running_ns for tl in Analysis(prepare(load(varied))).timelines.values()}
+    one = WindowPass(varied, piece_rows=1000)
+    assert one.pieces > 5 and all(whole.values())
+    assert {(vm, vcpu): s.irq_running_ns for (vm, vcpu, _tid), s in one.steal.items()} == whole
