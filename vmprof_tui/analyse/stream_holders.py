@@ -67,7 +67,8 @@ class PcpuHolders:
             row_of[closed.timeline[began]] = began
             row = row_of[so_far[0]]
             before = tuple(c[row >= 0] for c in (row, *so_far[1:]))
-            self._set(closed, joined(before, self._rows(closed, waits, known)))
+            row, *rest = self._rows(*(c[waits] for c in (closed.timeline, closed.start, closed.end, closed.cpu)), known)
+            self._set(closed, joined(before, (waits[row], *rest)))
         # what held the blanks still open in the piece, added to what held them before (a switch-out after the
         # one a blank began with: that was no blank, and what held it is dropped)
         start = s.last["time_ns"][preempted].astype(np.int64)
@@ -76,8 +77,8 @@ class PcpuHolders:
         self.start[:] = MIN
         self.start[preempted] = start
         before = tuple(c[same[so_far[0]]] for c in so_far)
-        still = s.blank_table(preempted, s.last[preempted], np.full(len(preempted), MAX))
-        row, holder, name, ns = self._rows(still, np.arange(len(preempted)), known[known["until"] != MAX])
+        row, holder, name, ns = self._rows(preempted, start, np.full(len(preempted), MAX),
+                                           s.last["cpu"][preempted].astype(np.int64), known[known["until"] != MAX])
         self.so_far = self._summed(*joined(before, (preempted[row], holder, name, ns)))
 
     def _known(self, switches: np.ndarray) -> np.ndarray:
@@ -109,20 +110,21 @@ class PcpuHolders:
         self.cpu_seen[cpu[last]] = True
         return known
 
-    def _rows(self, table: BlankTable, waits: np.ndarray, known: np.ndarray) -> Rows:
-        """Per switch of `known` inside a wait (rows of `table`): the wait's row, the vCPU thread it gave the CPU
-        to (-1: a host task), that task's name, and how long it held the CPU in the wait (not the wait's own
-        thread, no zero times), by wait and then in time order."""
+    def _rows(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray, cpu: np.ndarray,
+              known: np.ndarray) -> Rows:
+        """Per switch of `known` inside a wait (of `thread`, from `start` to `end` on `cpu`): the wait's index, the
+        vCPU thread it gave the CPU to (-1: a host task), that task's name, and how long it held the CPU in the
+        wait (not the wait's own thread, no zero times), by wait and then in time order."""
         s = self.sched
-        if not len(waits):
+        if not len(thread):
             return no_holders()
         known = known[np.lexsort((known["start"], known["cpu"]))]
         rows, picks, ns = [], [], []
-        for c in np.unique(table.cpu[waits]).tolist():
-            mine = waits[table.cpu[waits] == c]
+        for c in np.unique(cpu).tolist():
+            mine = np.flatnonzero(cpu == c)
             a, z = np.searchsorted(known["cpu"], [c, c + 1])
             begin, until = known["start"][a:z], known["until"][a:z]
-            lo, hi = table.start[mine], table.end[mine]
+            lo, hi = start[mine], end[mine]
             if s.range_ns is not None:  # what held it in the range
                 lo, hi = lo.clip(s.range_ns[0]), hi.clip(None, s.range_ns[1])
             first = np.searchsorted(until, lo, side="right")
@@ -139,7 +141,7 @@ class PcpuHolders:
         sw = known[pick]
         holder = s.thread_of(sw["next_pid"], sw["next_tid"])
         # a switch to the waiting vCPU itself ends its wait: inside one, the records contradict each other
-        ok = (ns > 0) & ((holder < 0) | (s.keys[holder.clip(0)] != s.keys[table.timeline[row]]))
+        ok = (ns > 0) & ((holder < 0) | (s.keys[holder.clip(0)] != s.keys[thread[row]]))
         row, holder, ns, sw = row[ok], holder[ok], ns[ok], sw[ok]
         name = np.full(len(row), None, object)
         host = holder < 0
