@@ -60,26 +60,35 @@ class PcpuHolders:
         known = self._known(switches)
         waits = np.flatnonzero(closed.kind == bt.PREEMPTED)
         so_far = self.so_far
+        # the open blanks wait until their CPU's last switch (the one still holding it: not yet summed)
+        start = s.last["time_ns"][preempted].astype(np.int64)
+        cpu = s.last["cpu"][preempted].astype(np.int64)
+        held_now = known[known["until"] == MAX]
+        until = held_now["start"][np.searchsorted(held_now["cpu"], cpu).clip(0, max(len(held_now) - 1, 0))] \
+            if len(held_now) else start
+        # the closed waits and the open ones at once (one pass over their CPUs)
+        row, holder, name, ns = self._rows(*(np.concatenate(c) for c in (
+            (closed.timeline[waits], preempted), (closed.start[waits], start), (closed.end[waits], until),
+            (closed.cpu[waits], cpu))), known)
+        now = row < len(waits)
         if len(waits):
             # the blanks open as the piece began: what held them before it comes first
             row_of = np.full(len(s.tids), -1, np.int64)
             began = waits[self.start[closed.timeline[waits]] == closed.start[waits]]
             row_of[closed.timeline[began]] = began
-            row = row_of[so_far[0]]
-            before = tuple(c[row >= 0] for c in (row, *so_far[1:]))
-            row, *rest = self._rows(*(c[waits] for c in (closed.timeline, closed.start, closed.end, closed.cpu)), known)
-            self._set(closed, joined(before, (waits[row], *rest)))
+            at = row_of[so_far[0]]
+            before = tuple(c[at >= 0] for c in (at, *so_far[1:]))
+            self._set(closed, joined(before, (waits[row[now]], holder[now], name[now], ns[now])))
         # what held the blanks still open in the piece, added to what held them before (a switch-out after the
         # one a blank began with: that was no blank, and what held it is dropped)
-        start = s.last["time_ns"][preempted].astype(np.int64)
         same = np.zeros(len(s.tids), bool)
         same[preempted[self.start[preempted] == start]] = True
         self.start[:] = MIN
         self.start[preempted] = start
         before = tuple(c[same[so_far[0]]] for c in so_far)
-        row, holder, name, ns = self._rows(preempted, start, np.full(len(preempted), MAX),
-                                           s.last["cpu"][preempted].astype(np.int64), known[known["until"] != MAX])
-        self.so_far = self._summed(*joined(before, (preempted[row], holder, name, ns)))
+        later = ~now
+        self.so_far = self._summed(*joined(before, (preempted[row[later] - len(waits)], holder[later], name[later],
+                                                    ns[later])))
 
     def _known(self, switches: np.ndarray) -> np.ndarray:
         """The piece's switches with each CPU's last before, each held until the next on its CPU (by CPU, then
