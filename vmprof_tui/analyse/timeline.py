@@ -476,8 +476,7 @@ class Schedule:
             ok = (halt_ends["flags"] & SCHED_PREV_RUNNABLE) != 0
             since, upto = self.range_ns or (-(1 << 63), (1 << 63) - 1)  # the halts that ended in the range count
             counted = (t >= since) & (t <= upto)
-            tl.halts = int(np.count_nonzero(counted))
-            tl.halt_polls_ok = int(np.count_nonzero(ok & counted))
+            tl.halts, tl.halt_polls_ok = int(np.count_nonzero(counted)), int(np.count_nonzero(ok & counted))
             poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
             if len(idle):  # one that blocked polled from its start until it first left the CPU (a halt can span
                 # several blanks: the thread wakes, finds nothing to do and blocks again)
