@@ -7,8 +7,8 @@ Each piece's switches continue each vCPU thread's records from its last one befo
 switch-in after a switch-out closes a blank, a switch-out after a switch-in a run, as Schedule pairs them.  A blank
 is given out (``Step.finished``) once nothing later changes it: a kernel's throttled-time record counts for the last
 blank that ended before it, so a thread's last closed blank waits for its next one to close (or the end).  What a
-blank needs from before the piece is carried with it: its first wake-ups, and per CPU the switches that held it
-while a preempted blank on that CPU is open.  Co-stop is a measure of time (a wait's overlap with the runs of its
+blank needs from before the piece is carried with it: its first wake-ups, and what held its CPU, summed by holder
+(analyse/stream_holders.py).  Co-stop is a measure of time (a wait's overlap with the runs of its
 VM's vCPUs), so it adds piece by piece, with what is open at the edge cut there; should an open stretch later turn
 out not to be a run or a blank (a switch-in after a switch-in: unrecorded switches) after it counted, the piece
 analysis gives up (WholeNeeded) and the recording is read whole.  So does a halt's end that counted on an open
@@ -24,13 +24,16 @@ import numpy as np
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import NO_TIME, BlankTable
 from vmprof_tui.analyse.stream import WholeNeeded
+from vmprof_tui.analyse.stream_holders import PcpuHolders
 from vmprof_tui.analyse.timeline import (
     HALT_NS_UNKNOWN,
     Schedule,
     VcpuTimeline,
+    _first_inside,
     clip_blanks,
     clip_span,
     irq_between,
+    irq_in_range,
     overlap,
 )
 from vmprof_tui.record.bpf_records import (
@@ -42,7 +45,6 @@ from vmprof_tui.record.bpf_records import (
     SCHED_PREV_THROTTLED,
     SCHED_THROTTLE_END,
     SCHED_WAKEUP,
-    cpu_order,
 )
 
 MAX = np.iinfo(np.int64).max
@@ -57,15 +59,6 @@ def blank_kind(flags: np.ndarray) -> np.ndarray:
     kind[(flags & SCHED_PREV_THROTTLED) != 0] = bt.THROTTLED
     kind[(flags & SCHED_PREV_HALTED) != 0] = bt.IDLE
     return kind
-
-
-def _first_inside(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Per [start, end], the first of the sorted `times` inside it, or NO_TIME."""
-    if not len(times):
-        return np.full(len(starts), NO_TIME, np.int64)
-    k = np.searchsorted(times, starts)
-    t = times[k.clip(0, len(times) - 1)]
-    return np.where((k < len(times)) & (t <= ends), t, NO_TIME)
 
 
 def concat_tables(tables: list[BlankTable]) -> BlankTable:
@@ -139,14 +132,9 @@ class SchedStream:
         self.poll_from = np.full(n, MIN)  # no stretch recorded later begins before this
         self.idle_starts = [np.empty(0, np.int64) for _ in range(n)]  # its recent idle blanks' starts
         self.pending = _empty_table()  # each thread's last closed blank, until its next closes
-        self.cpu_last = np.zeros(0, SCHED_DTYPE)  # each CPU's last switch (by CPU number; valid where seen)
-        self.cpu_seen = np.zeros(0, bool)
-        self.start = self.end = np.empty(0, np.int64)  # each thread's span, at the end
-        self.held = np.zeros(0, [("cpu", "<i8"), ("start", "<i8"), ("until", "<i8"), ("next_pid", "<u4"),
-                                 ("next_tid", "<u4"), ("next_comm", "S16")])  # switches preempted waits need
+        self.holders = PcpuHolders(self)  # who held the pCPU while a preempted blank waited
         # --time-range [lo, hi] on the host clock (None: all of it): what is measured is cut to it as Schedule cuts
-        # the timelines (set once the recording's first record is known; every record is still read: the counts
-        # of halts and the IRQ time while running are of the whole recording, as the whole read gives them)
+        # the timelines (set once the recording's first record is known)
         self.range_ns: tuple[int, int] | None = None
 
     def _within(self, since: np.ndarray, until: np.ndarray) -> np.ndarray:
@@ -178,7 +166,8 @@ class SchedStream:
         if last:
             closed = concat_tables([closed, self._tails(hi)])
         self._wakeups(closed, wakes, touched)
-        self._holders(closed, switches)
+        out = self.open_out()
+        self.holders.advance(closed, switches, out[blank_kind(self.last["flags"][out]) == bt.PREEMPTED])
         table = concat_tables([self.pending, closed])
         if np.any(np.diff(table.timeline) < 0):  # by thread: each one's pending blank before its closed ones
             table = select_rows(table, np.argsort(table.timeline, kind="stable"))
@@ -236,13 +225,15 @@ class SchedStream:
         p = prev[ran]
         irq_ns = np.minimum(irq_between(p["cpu_irq_ns"].astype(np.int64), irq[ran]),
                             t[ran] - p["time_ns"].astype(np.int64))
+        if self.range_ns is not None:  # that of the runs in the range
+            irq_ns = irq_in_range(irq_ns, p["time_ns"].astype(np.int64), t[ran], *self.range_ns)
         same = p["cpu"].astype(np.int64) == cpu[ran]
         np.add.at(self.irq_running, thread[ran][same], irq_ns[same])
         runs = (thread[closes_run], since[closes_run], t[closes_run])
         # the blanks closed: from the switch-out before each closing switch-in
         at = np.flatnonzero(closes_blank)
         out, back = prev[at], ev[at]
-        closed = self._table(thread[at], out, t[at])
+        closed = self.blank_table(thread[at], out, t[at])
         irq_ns = np.minimum(irq_between(out["cpu_irq_ns"].astype(np.int64), irq[at]),
                             t[at] - out["time_ns"].astype(np.int64))
         closed.irq[:] = np.where((out["cpu"] == back["cpu"]) & (closed.kind == bt.PREEMPTED), irq_ns, 0)
@@ -252,7 +243,7 @@ class SchedStream:
         self.last[gone], self.last_in[gone], self.last_rec[gone] = ev[ends], is_in[ends], t[ends]
         return closed, runs, gone
 
-    def _table(self, thread: np.ndarray, out: np.ndarray, end: np.ndarray) -> BlankTable:
+    def blank_table(self, thread: np.ndarray, out: np.ndarray, end: np.ndarray) -> BlankTable:
         """Blanks of `thread` that began with the switch-outs `out` and end at `end` (Schedule._blank_table)."""
         table = _empty_table()
         none = np.full(len(out), NO_TIME, np.int64)
@@ -271,9 +262,9 @@ class SchedStream:
             raise WholeNeeded("an open switch-out of a vCPU thread that was no blank")
         tail = open_out[left]
         out = self.last[tail]
-        return self._table(tail, out, np.maximum(out["time_ns"].astype(np.int64), end))
+        return self.blank_table(tail, out, np.maximum(out["time_ns"].astype(np.int64), end))
 
-    def _open_out(self) -> np.ndarray:
+    def open_out(self) -> np.ndarray:
         """The threads whose last record is a switch-out."""
         return np.flatnonzero((self.last_rec != MIN) & ~self.last_in)
 
@@ -288,12 +279,12 @@ class SchedStream:
         woke = mine & (kind == SCHED_WAKEUP)
         w_thread, w_time = thread[woke], wakes["time_ns"][woke].astype(np.int64)
         w_thr = (wakes["flags"][woke] & SCHED_PREV_THROTTLED) != 0
-        open_out = self._open_out()
+        open_out = self.open_out()
         for i in np.unique(np.concatenate([w_thread, closed.timeline])).tolist():
             times = w_time[w_thread == i]
             rows = np.flatnonzero(closed.timeline == i)
             starts = closed.start[rows]
-            first = [_first_inside(np.concatenate([[c], ts]) if c != NO_TIME else ts, starts, closed.end[rows])
+            first = [_first_inside(starts, closed.end[rows], np.concatenate([[c], ts]) if c != NO_TIME else ts)
                      for c, ts in ((self.wake[i], times), (self.thr_wake[i], times[w_thr[w_thread == i]]))]
             kinds = closed.kind[rows]
             closed.wakeup[rows] = np.where(kinds == bt.IDLE, first[0], NO_TIME)
@@ -304,7 +295,7 @@ class SchedStream:
             times = w_time[w_thread == i]
             for column, ts in ((self.wake, times), (self.thr_wake, times[w_thr[w_thread == i]])):
                 c = int(column[i])
-                column[i] = _first_inside(np.concatenate([[c], ts]) if c != NO_TIME else ts, a, np.array([MAX]))[0]
+                column[i] = _first_inside(a, np.array([MAX]), np.concatenate([[c], ts]) if c != NO_TIME else ts)[0]
         gone = np.setdiff1d(touched, open_out)
         self.wake[gone] = self.thr_wake[gone] = NO_TIME
 
@@ -329,7 +320,7 @@ class SchedStream:
         until the thread first left its CPU halted after the halt began."""
         thread = self.thread_of(halts["prev_pid"], halts["prev_tid"])
         idle = closed.kind == bt.IDLE
-        open_out = self._open_out()
+        open_out = self.open_out()
         for i in np.unique(np.concatenate([thread[thread >= 0], closed.timeline[idle]])).tolist():
             starts = np.concatenate([self.idle_starts[i], closed.start[idle & (closed.timeline == i)]])
             self.idle_starts[i] = starts[starts >= hi - HALT_REACH]
@@ -343,8 +334,10 @@ class SchedStream:
             halt_ns = mine["prev_exit_reason"].astype(np.int64)
             known = halt_ns != HALT_NS_UNKNOWN
             ok = (mine["flags"] & SCHED_PREV_RUNNABLE) != 0
-            self.halts[i] += len(mine)
-            self.polls_ok[i] += int(np.count_nonzero(ok))
+            since, upto = self.range_ns or (MIN, MAX)  # the halts that ended in the range count
+            counted = (t >= since) & (t <= upto)
+            self.halts[i] += int(np.count_nonzero(counted))
+            self.polls_ok[i] += int(np.count_nonzero(ok & counted))
             poll = np.where(ok, halt_ns, 0)
             if len(starts):
                 halt_start = t - halt_ns
@@ -390,88 +383,6 @@ class SchedStream:
         iv = self.poll_iv[i]
         self.poll_iv[i] = iv[iv[:, 1] > before]
 
-    # -- holders of the pCPU -------------------------------------------------------------------------------
-    def _holders(self, closed: BlankTable, switches: np.ndarray) -> None:
-        """Who held the pCPU while each closed preempted blank waited (Schedule._pcpu_holders): the switches on its
-        CPU from the last at or before its start to the last before its end, each until the next there."""
-        order = cpu_order(switches)
-        ev = switches[order]
-        cpu = ev["cpu"].astype(np.int64)
-        top = int(cpu.max(initial=-1)) + 1
-        if top > len(self.cpu_last):
-            self.cpu_last = np.concatenate([self.cpu_last, np.zeros(top - len(self.cpu_last), SCHED_DTYPE)])
-            self.cpu_seen = np.concatenate([self.cpu_seen, np.zeros(top - len(self.cpu_seen), bool)])
-        # the switches of the piece with each CPU's last before, each held until the next on its CPU
-        first = np.ones(len(ev), bool)
-        first[1:] = cpu[1:] != cpu[:-1]
-        carried = self.cpu_last[self.cpu_seen]  # each CPU's last switch before: open until its next
-        all_ev = np.concatenate([carried, ev])
-        all_cpu = all_ev["cpu"].astype(np.int64)
-        o = np.lexsort((np.arange(len(all_ev)) >= len(carried), all_cpu))  # by CPU, the carried first
-        all_ev, all_cpu = all_ev[o], all_cpu[o]
-        until = np.append(all_ev["time_ns"][1:].astype(np.int64), MAX)
-        until[:-1][all_cpu[1:] != all_cpu[:-1]] = MAX
-        piece = np.zeros(len(all_ev), self.held.dtype)
-        piece["cpu"], piece["start"], piece["until"] = all_cpu, all_ev["time_ns"].astype(np.int64), until
-        for f in ("next_pid", "next_tid", "next_comm"):
-            piece[f] = all_ev[f]
-        last = np.flatnonzero(first)[1:] - 1 if len(ev) else np.empty(0, np.int64)
-        last = np.append(last, len(ev) - 1) if len(ev) else last
-        self.cpu_last[cpu[last]] = ev[last]
-        self.cpu_seen[cpu[last]] = True
-        known = np.concatenate([self.held, piece])
-        waits = np.flatnonzero(closed.kind == bt.PREEMPTED)
-        if len(waits):
-            self._held_in(closed, waits, known)
-        # kept: the switches with an end that an open preempted blank on their CPU may still need
-        open_out = self._open_out()
-        preempted = open_out[blank_kind(self.last["flags"][open_out]) == bt.PREEMPTED]
-        need = np.full(len(self.cpu_last), MAX)
-        np.minimum.at(need, self.last["cpu"][preempted].astype(np.int64),
-                      self.last["time_ns"][preempted].astype(np.int64))
-        k = known[known["until"] != MAX]
-        self.held = k[k["until"] > need[k["cpu"]]]
-
-    def _held_in(self, table: BlankTable, waits: np.ndarray, known: np.ndarray) -> None:
-        o = np.lexsort((known["start"], known["cpu"]))
-        known = known[o]
-        rows, picks, ns = [], [], []
-        for c in np.unique(table.cpu[waits]).tolist():
-            mine = waits[table.cpu[waits] == c]
-            a, z = np.searchsorted(known["cpu"], [c, c + 1])
-            s, u = known["start"][a:z], known["until"][a:z]
-            lo, hi = table.start[mine], table.end[mine]
-            if self.range_ns is not None:  # what held it in the range
-                lo, hi = lo.clip(self.range_ns[0]), hi.clip(None, self.range_ns[1])
-            first = np.searchsorted(u, lo, side="right")
-            upto = np.searchsorted(s, hi, side="left")
-            many = (upto - first).clip(0)
-            w = np.repeat(np.arange(len(mine)), many)
-            k = first[w] + np.arange(len(w)) - np.repeat(np.cumsum(many) - many, many)
-            rows.append(mine[w])
-            picks.append(a + k)
-            ns.append(np.minimum(u[k], hi[w]) - np.maximum(s[k], lo[w]))
-        row, pick, ns = (np.concatenate(c) for c in (rows, picks, ns))
-        by_blank = np.argsort(row, kind="stable")
-        row, pick, ns = row[by_blank], pick[by_blank], ns[by_blank]
-        sw = known[pick]
-        holder = self.thread_of(sw["next_pid"], sw["next_tid"])
-        own = self.keys[table.timeline[row]]
-        vcpu = (holder >= 0) & (ns > 0) & (self.keys[holder.clip(0)] != own)
-        if vcpu.any():
-            r, h, n = row[vcpu], holder[vcpu], ns[vcpu]
-            o = np.lexsort((h, r))
-            r, h, n = r[o], h[o], n[o]
-            new = np.ones(len(r), bool)
-            new[1:] = (r[1:] != r[:-1]) | (h[1:] != h[:-1])
-            runs = np.flatnonzero(new)
-            r, h, n = r[runs], h[runs], np.add.reduceat(n, runs)
-            table.held_blank, table.held_same_vm, table.held_ns = r, self.pid[h] == self.pid[table.timeline[r]], n
-            table.held_vcpu, table.held_vm = self.vcpu[h], self.vm[h]
-        ok = (holder < 0) & (ns > 0)
-        table.host_blank, table.host_holder, table.host_ns = row[ok], self.namer.holders_of(
-            sw["next_pid"][ok], sw["next_comm"][ok]), ns[ok]
-
     # -- co-stop -------------------------------------------------------------------------------------------
     def _costop(self, closed: BlankTable, runs: tuple[np.ndarray, ...], lo: int, hi: int, last: bool) -> None:
         """Each vCPU's waits' overlap with the runs of its VM's vCPUs within [lo, hi) (Schedule._costop: a measure
@@ -493,7 +404,7 @@ class SchedStream:
         w_hi = closed.end[waiting]
         open_waits = np.empty(0, np.int64)
         if not last:
-            out = self._open_out()
+            out = self.open_out()
             kind = blank_kind(self.last["flags"][out])
             wait_from = np.where(kind == bt.IDLE, self.wake[out], self.last["time_ns"][out].astype(np.int64))
             out, wait_from = out[wait_from != NO_TIME], wait_from[wait_from != NO_TIME]
@@ -559,7 +470,7 @@ class SchedStream:
             start, end, keep = clip_span(start, end, *self.range_ns)
             thread, start, end, type1, own = thread[keep], start[keep], end[keep], type1[keep], own[keep]
         if not last:
-            out = self._open_out()
+            out = self.open_out()
             kind = blank_kind(self.last["flags"][out])
             out, kind = out[kind != bt.IDLE], kind[kind != bt.IDLE]
             began = self.last["time_ns"][out].astype(np.int64)

@@ -143,6 +143,15 @@ def clip_span(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.
     return start, end, ~cut | (end > start)
 
 
+def irq_in_range(irq: np.ndarray, since: np.ndarray, until: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """IRQ time of runs [since, until] inside [lo, hi], known for the whole run only: F(b) - F(a), F(x) its share up
+    to x rounded down, so a run's parts in adjacent spans add up to it exactly (Python ints: can pass 2^63)."""
+    cut, out = np.flatnonzero((since < lo) | (until > hi)), irq.copy()
+    out[cut] = [max(i * (min(u, hi) - s) // (u - s) - i * (max(s, lo) - s) // (u - s), 0) if u > s else 0
+                for i, s, u in zip(irq[cut].tolist(), since[cut].tolist(), until[cut].tolist(), strict=True)]
+    return out
+
+
 def clip_blanks(table: BlankTable, lo: int, hi: int) -> np.ndarray:
     """A table's blanks cut to [lo, hi] in place (clip_span; the IRQ time of a cut wait in proportion, a wake-up
     before the range at its start, one at or after a blank's end there none); which are kept."""
@@ -248,6 +257,8 @@ class Schedule:
         ran = np.flatnonzero(closes_run & ~first)
         run_in, run_out = event[ran - 1], event[ran]
         irq = np.minimum(irq_between(ev_irq[run_in], ev_irq[run_out]), ev_time[run_out] - ev_time[run_in])
+        if self.range_ns is not None:  # that of the runs in the range
+            irq = irq_in_range(irq, ev_time[run_in], ev_time[run_out], *self.range_ns)
         irq_running = np.zeros(count, np.int64)
         same_cpu = ev_cpu[run_in] == ev_cpu[run_out]
         np.add.at(irq_running, thread[ran][same_cpu], irq[same_cpu])
@@ -463,8 +474,9 @@ class Schedule:
             t = halt_ends["time_ns"].astype(np.int64)
             halt_ns = halt_ends["prev_exit_reason"].astype(np.int64)
             ok = (halt_ends["flags"] & SCHED_PREV_RUNNABLE) != 0
-            tl.halts = len(halt_ends)
-            tl.halt_polls_ok = int(np.count_nonzero(ok))
+            since, upto = self.range_ns or (-(1 << 63), (1 << 63) - 1)  # the halts that ended in the range count
+            counted = (t >= since) & (t <= upto)
+            tl.halts, tl.halt_polls_ok = int(np.count_nonzero(counted)), int(np.count_nonzero(ok & counted))
             poll = np.where(ok, halt_ns, 0)  # a halt that polling ended was polling all along
             if len(idle):  # one that blocked polled from its start until it first left the CPU (a halt can span
                 # several blanks: the thread wakes, finds nothing to do and blocks again)
