@@ -294,3 +294,36 @@ def steal_split(table: BlankTable, units: np.ndarray,
 def steal_of_type(split: dict[Cause, float], steal_type: int) -> float:
     """The part of a split that is steal of type 1 or 2."""
     return sum(v for (kind, _v), v in split.items() if kind.steal_type == steal_type)
+
+
+def clip_span(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blanks [start, end] cut to a time range [lo, hi] (timeline.Schedule._clip): their start and end there, and which are
+    kept (those inside it, and those cut to a part of positive length)."""
+    cut = (start < lo) | (end > hi)
+    start, end = np.where(cut, start.clip(lo), start), np.where(cut, end.clip(None, hi), end)
+    return start, end, ~cut | (end > start)
+
+
+def irq_in_range(irq: np.ndarray, since: np.ndarray, until: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """IRQ time of runs [since, until] inside [lo, hi], known for the whole run only: F(b) - F(a), F(x) its share up
+    to x rounded down, so a run's parts in adjacent spans add up to it exactly (Python ints: can pass 2^63)."""
+    cut, out = np.flatnonzero((since < lo) | (until > hi)), irq.copy()
+    out[cut] = [max(i * (min(u, hi) - s) // (u - s) - i * (max(s, lo) - s) // (u - s), 0) if u > s else 0
+                for i, s, u in zip(irq[cut].tolist(), since[cut].tolist(), until[cut].tolist(), strict=True)]
+    return out
+
+
+def clip_blanks(table: BlankTable, lo: int, hi: int) -> np.ndarray:
+    """A table's blanks cut to [lo, hi] in place (clip_span; the IRQ time of a cut wait in proportion, a wake-up
+    before the range at its start, one at or after a blank's end there none); which are kept."""
+    cut = np.flatnonzero((table.start < lo) | (table.end > hi))
+    full = table.end[cut] - table.start[cut]
+    start, end, keep = clip_span(table.start, table.end, lo, hi)
+    table.start, table.end = start, end
+    start, end = start[cut], end[cut]
+    part = (end - start > 0) & (end - start < full)  # IRQ time is known for the whole wait only: its share here
+    table.irq[cut[part]] = table.irq[cut[part]] * (end - start)[part] // full[part]
+    for column in (table.wakeup, table.throttled_wakeup):
+        w = column[cut]
+        column[cut] = np.where((w == NO_TIME) | (w >= end), NO_TIME, np.maximum(w, start))
+    return keep

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from vmprof_tui.analyse import blanks as bt
-from vmprof_tui.analyse.blanks import NO_TIME, BlankTable
+from vmprof_tui.analyse.blanks import NO_TIME, BlankTable, clip_blanks, clip_span, irq_in_range
 from vmprof_tui.analyse.stream import WholeNeeded
 from vmprof_tui.analyse.stream_holders import PcpuHolders
 from vmprof_tui.analyse.timeline import (
@@ -30,10 +30,7 @@ from vmprof_tui.analyse.timeline import (
     Schedule,
     VcpuTimeline,
     _first_inside,
-    clip_blanks,
-    clip_span,
     irq_between,
-    irq_in_range,
     overlap,
 )
 from vmprof_tui.record.bpf_records import (
