@@ -297,8 +297,8 @@ def steal_of_type(split: dict[Cause, float], steal_type: int) -> float:
 
 
 def clip_span(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Blanks [start, end] cut to a time range [lo, hi] (timeline.Schedule._clip): their start and end there, and which are
-    kept (those inside it, and those cut to a part of positive length)."""
+    """Blanks [start, end] cut to a time range [lo, hi] (timeline.Schedule._clip): their start and end there, and
+    which are kept (those inside it, and those cut to a part of positive length)."""
     cut = (start < lo) | (end > hi)
     start, end = np.where(cut, start.clip(lo), start), np.where(cut, end.clip(None, hi), end)
     return start, end, ~cut | (end > start)

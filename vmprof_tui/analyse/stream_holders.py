@@ -9,17 +9,16 @@ task that held its CPU, not the CPU's switches since it began."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from vmprof_tui import arrays
 from vmprof_tui.analyse import blanks as bt
 from vmprof_tui.analyse.blanks import BlankTable
+from vmprof_tui.analyse.timeline import Schedule
 from vmprof_tui.record.bpf_records import SCHED_DTYPE, cpu_order
 
-if TYPE_CHECKING:
-    from vmprof_tui.analyse.stream_sched import SchedStream
 
 MAX = np.iinfo(np.int64).max
 MIN = np.iinfo(np.int64).min
@@ -41,10 +40,24 @@ def joined(a: Rows, b: Rows) -> Rows:
     return tuple(c[order] for c in out)
 
 
+class Threads(Protocol):
+    """What PcpuHolders reads of its SchedStream (analyse/stream_sched.py imports this module, not the reverse)."""
+    tids: np.ndarray  # per vCPU thread: its tid, pid, pid << 32 | tid, vCPU id, VM name, last sched record
+    pid: np.ndarray
+    keys: np.ndarray
+    vcpu: np.ndarray
+    vm: np.ndarray
+    last: np.ndarray
+    namer: Schedule
+    range_ns: tuple[int, int] | None
+
+    def thread_of(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray: ...
+
+
 class PcpuHolders:
     """The holders of the preempted blanks of a SchedStream, given its pieces' closed blanks and switches."""
 
-    def __init__(self, sched: SchedStream) -> None:
+    def __init__(self, sched: Threads) -> None:
         self.sched = sched
         self.cpu_last = np.zeros(0, SCHED_DTYPE)  # each CPU's last switch (by CPU number; valid where seen)
         self.cpu_seen = np.zeros(0, bool)
