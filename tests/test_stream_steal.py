@@ -464,7 +464,7 @@ def far_recording(path: Path, far_ns: int, monkeypatch: pytest.MonkeyPatch) -> P
 
     add, flushes = Writer.add, []
 
-    def one_far(self: Writer, samples: np.ndarray, sched: np.ndarray, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def one_far(self: Writer, samples: np.ndarray, sched: np.ndarray, *args: object, **kwargs: object) -> None:
         flushes.append(1)
         if len(flushes) == 3:
             far = sched[-1:].copy()
@@ -492,7 +492,7 @@ def test_streamed_steal_of_a_time_range_skips_a_gap_with_no_sched_events(
     stretches = []
     advance = SchedStream.advance
 
-    def counted(self: SchedStream, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def counted(self: SchedStream, *args: object, **kwargs: object) -> object:
         stretches.append(1)
         assert len(stretches) < 1000, "the stretches follow the clock"
         return advance(self, *args, **kwargs)
