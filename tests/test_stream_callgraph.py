@@ -135,7 +135,8 @@ CUTS = [["--cpu", "0"], ["--cpu", "1", "-K"], ["--time-range", "0.7:2.1"], ["--t
         ["--time-range", "0.5:2", "--cpu", "1"]]
 
 
-# the VM's CPU is the host's choice: on the other one no call path has `solve` (--callers of one CPU: left out)
+# the VM's CPU is the host's choice: on the other one no call path has `solve` (--callers of one CPU: the test
+# after, on the CPU where it ran)
 CUT_CASES = [[*fmt, *cut] for fmt in (["--format", "collapsed"], ["--format", "json"], ["--children"],
                                       ["--callers", "solve"]) for cut in CUTS
              if not ("--callers" in fmt and "--cpu" in cut)]
@@ -147,6 +148,30 @@ def test_streamed_cut_call_stack_report_is_the_whole_one(fp: Path, case: list[st
     """--cpu and --time-range of a recording with call stacks, read a piece at a time: its paths and stack notes
     are cut as its samples, byte for byte the whole read's."""
     same_both_ways(fp, case, (8000, 14283), tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def solve_cpu(fp: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The CPU with the most samples whose call path has `solve` (where the host ran the demo VM's vCPU)."""
+    out = tmp_path_factory.mktemp("solve_cpu") / "collapsed"
+    solves = {}
+    for cpu in np.unique(load(fp).samples["cpu"]).tolist():
+        assert main(["report", str(fp), "--format", "collapsed", "--cpu", str(cpu), "-o", str(out)]) == 0
+        paths = (line.rsplit(b" ", 1) for line in out.read_bytes().splitlines())
+        solves[str(cpu)] = sum(int(n) for path, n in paths if b"solve" in path.split(b";"))
+    cpu = max(solves, key=solves.get)
+    assert solves[cpu] > 100, solves
+    return cpu
+
+
+@pytest.mark.parametrize("cut", [[], ["-K"], ["--time-range", "0.5:2"], ["--time-range", "1:2.5", "-K"]], ids=" ".join)
+def test_streamed_callers_of_the_cpu_that_ran_solve_are_the_whole_ones(fp: Path, solve_cpu: str, cut: list[str],
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """--callers solve --cpu of the CPU where solve ran the most (taken from the recording): paths cut by CPU."""
+    whole = same_both_ways(fp, ["--callers", "solve", "--cpu", solve_cpu, *cut], (8000, 14283), tmp_path,
+                           monkeypatch)
+    assert b"solve" in whole
 
 
 def test_streamed_cut_report_of_stack_copies_is_the_whole_one(cfi: Path, tmp_path: Path,

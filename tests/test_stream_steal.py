@@ -532,3 +532,52 @@ def test_irq_time_while_running_of_pieces_adds_up_to_the_whole(varied: Path) -> 
     one = WindowPass(varied, piece_rows=1000)
     assert one.pieces > 5 and all(whole.values())
     assert {(vm, vcpu): s.irq_running_ns for (vm, vcpu, _tid), s in one.steal.items()} == whole
+
+
+def far_recording(path: Path, far_ns: int, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """busy_recording with one more sched event, at far_ns of the host clock (a copy of the last one of the 3rd
+    flush, at 1-1.5 s): a hostile timestamp far after every other record."""
+    from vmprof_tui.record.writer import Writer
+
+    add, flushes = Writer.add, []
+
+    def one_far(self: Writer, samples: np.ndarray, sched: np.ndarray, *args: object, **kwargs: object) -> None:
+        flushes.append(1)
+        if len(flushes) == 3:
+            far = sched[-1:].copy()
+            far["time_ns"] = far_ns
+            sched = np.concatenate([sched, far])
+        add(self, samples, sched, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(Writer, "add", one_far)
+        busy_recording(path, 6.0)
+    assert int(load(path).sched["time_ns"].max()) > BASE_NS + 10**13
+    return path
+
+
+@pytest.mark.parametrize("far_ns", [BASE_NS + 10**14, 1 << 62, (1 << 64) - 1])
+def test_streamed_steal_of_a_time_range_skips_a_gap_with_no_sched_events(
+        tmp_path: Path, far_ns: int, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the range's end the sched events are read in stretches that follow them, not the clock: a gap of
+    1e14 or 2^62 ns before the last one is one stretch more than the whole recording's pieces (not gap ÷ the
+    pieces' length), and the report is the whole read's.  One past 2^63 ns (the int64 clock the stretches end on)
+    is left to the whole read."""
+    from vmprof_tui.analyse.stream_sched import SchedStream
+
+    rec = far_recording(tmp_path / "far.vmprof", far_ns, monkeypatch)
+    stretches = []
+    advance = SchedStream.advance
+
+    def counted(self: SchedStream, *args: object, **kwargs: object) -> object:
+        stretches.append(1)
+        assert len(stretches) < 1000, "the stretches follow the clock"
+        return advance(self, *args, **kwargs)
+
+    monkeypatch.setattr(SchedStream, "advance", counted)
+    pieces_of_all = len(list(pieces(scan(rec), 1000, lambda a, z: z, sched=False)))
+    args = [str(rec), "--time-range", "1:2", "--format", "json"]
+    whole = steal(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    stretches.clear()
+    assert steal(args, 1000, capsys, monkeypatch, streamed=far_ns < 1 << 63) == whole
+    assert 0 < len(stretches) <= pieces_of_all + 1

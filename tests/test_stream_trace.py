@@ -92,3 +92,16 @@ def test_streamed_trace_keeps_no_sample(recording: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(stream_trace, "VMS_AT_ONCE", 1)
     assert runs(257) == runs(WHOLE) and sum(runs(WHOLE)) > 100
+
+
+@pytest.mark.parametrize(("which", "vms"), [("busy", 2), ("golden", 3)])
+def test_streamed_chrome_trace_with_timelines_built_a_vm_at_a_time_is_the_whole_one(
+        which: str, vms: int, recording: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VMS_AT_ONCE below the VM count: the timelines are built in several groups (a VM each), and the trace is the
+    whole read's byte for byte."""
+    groups = []
+    schedule = stream_trace.Schedule
+    monkeypatch.setattr(stream_trace, "VMS_AT_ONCE", 1)
+    monkeypatch.setattr(stream_trace, "Schedule", lambda *a, **k: groups.append(k["only"]) or schedule(*a, **k))
+    same_trace(recording if which == "busy" else GOLDEN, [], capsys, monkeypatch, rows=(1000,))
+    assert len(groups) == vms and all(groups)

@@ -43,8 +43,26 @@ class Segment:
         return max(holders, key=holders.get) if holders else self.blank.first_holder
 
 
+def segment_bounds(tl: VcpuTimeline) -> tuple[list[Blank], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A vCPU's blanks in time order, their starts and ends, and the bounds of its on-CPU segments: segment k runs
+    from the end of blank k-1 to the start of blank k."""
+    blanks = sorted(tl.blanks, key=lambda b: b.start_ns)
+    b_start = np.array([b.start_ns for b in blanks], np.int64)
+    b_end = np.array([b.end_ns for b in blanks], np.int64)
+    seg_lo = np.concatenate([[tl.start_ns], b_end]).astype(np.int64)
+    seg_hi = np.concatenate([b_start, [tl.end_ns]]).astype(np.int64)
+    return blanks, b_start, b_end, seg_lo, seg_hi
+
+
+def on_cpu_segments(b_start: np.ndarray, b_end: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The on-CPU segment of each sample time (segment_bounds), and which samples to keep: a sample inside a blank
+    contradicts the sched events."""
+    seg = np.searchsorted(b_end, times, side="right")
+    return seg, np.searchsorted(b_start, times, side="right") <= seg
+
+
 def sample_runs(times: np.ndarray, codes: np.ndarray, seg: np.ndarray, seg_lo: np.ndarray,
-                seg_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                seg_hi: np.ndarray, every: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Merge consecutive samples with the same code into runs that tile their on-CPU segments (vectorised).
 
     ``times`` are sorted sample times, ``seg`` the on-CPU segment of each sample and
@@ -53,7 +71,8 @@ def sample_runs(times: np.ndarray, codes: np.ndarray, seg: np.ndarray, seg_lo: n
     their neighbouring samples; the first run of a segment starts where the segment
     starts and the last one ends where it ends, so the runs cover the on-CPU time.
     Returns (first sample index, sample count, start ns, end ns) per run, runs with
-    no duration left out.
+    no duration left out (every: kept, for a caller that carries a piece's first and
+    last runs on: analyse/stream_trace.py).
     """
     n = len(times)
     if not n:
@@ -72,6 +91,8 @@ def sample_runs(times: np.ndarray, codes: np.ndarray, seg: np.ndarray, seg_lo: n
     seg_end = np.append(new_seg[1:], True)
     start = np.where(new_seg[first], seg_lo[seg[first]], before[first])
     end = np.where(seg_end[last], seg_hi[seg[last]], after[last])
+    if every:
+        return first, last - first + 1, start, end
     ok = end > start
     return first[ok], (last - first + 1)[ok], start[ok], end[ok]
 
@@ -84,16 +105,10 @@ def vcpu_segments(an: Analysis, tl: VcpuTimeline) -> list[Segment]:
     the segments cover the vCPU's life with no hole and no overlap.  A sample inside a blank
     contradicts the sched events and is left out.
     """
-    blanks = sorted(tl.blanks, key=lambda b: b.start_ns)
-    b_start = np.array([b.start_ns for b in blanks], np.int64)
-    b_end = np.array([b.end_ns for b in blanks], np.int64)
-    # on-CPU interval k runs from the end of blank k-1 to the start of blank k
-    seg_lo = np.concatenate([[tl.start_ns], b_end]).astype(np.int64)
-    seg_hi = np.concatenate([b_start, [tl.end_ns]]).astype(np.int64)
+    blanks, b_start, b_end, seg_lo, seg_hi = segment_bounds(tl)
     idx = np.nonzero(an.vcpus.thread_mask(tl))[0]
     times = an.samples["time_ns"][idx].astype(np.int64)
-    seg = np.searchsorted(b_end, times, side="right")
-    keep = np.searchsorted(b_start, times, side="right") <= seg
+    seg, keep = on_cpu_segments(b_start, b_end, times)
     idx, times, seg = idx[keep], times[keep], seg[keep]
     guest = an.is_guest[idx]
     # a run is one guest (process, function), or the VMM at work (all non-guest samples alike)

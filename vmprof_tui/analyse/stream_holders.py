@@ -19,7 +19,6 @@ from vmprof_tui.analyse.blanks import BlankTable
 from vmprof_tui.analyse.timeline import Schedule
 from vmprof_tui.record.bpf_records import SCHED_DTYPE, cpu_order
 
-
 MAX = np.iinfo(np.int64).max
 MIN = np.iinfo(np.int64).min
 # a switch and until when it held its CPU (MAX: the CPU's last so far)

@@ -377,8 +377,9 @@ def _stretches(scanned: Scanned, piece_rows: int, events: SchedReader, time_rang
     """Each piece of samples with the sched events before its end, the recording's first record, where the
     stretch ends and the recording's end (known at its last piece, else None), and whether it is the last.  With a
     time range, once a piece reaches past the range's end no more samples are read: the rest of the sched events
-    come in stretches of the pieces' mean length with no samples (the whole read counts every halt of a vCPU and
-    its IRQ time while running over the whole recording), the last one ending after every record it gives."""
+    come in stretches of the pieces' mean length (or to the next event) with no samples (the whole read counts
+    every halt of a vCPU and its IRQ time while running over the whole recording), the last one ending after every
+    record it gives."""
     def end_of(first: int, last: int) -> int:
         return recording_end(first, last, scanned.rec.end)
 
@@ -405,7 +406,11 @@ def _stretches(scanned: Scanned, piece_rows: int, events: SchedReader, time_rang
     lo, mean = piece.hi, max((piece.hi - first) // count, 1)
     no_samples = piece.samples[:0]
     while True:
-        hi = lo + mean
+        # to the next event at least: a gap with none (a hostile timestamp far out) is one stretch, not many
+        after = events.next_time()
+        if after is not None and after >= MAX:  # past the int64 clock the stretches end on
+            raise WholeNeeded("a sched event after 2^63 ns")
+        hi = lo + mean if after is None else max(lo + mean, after + 1)
         sched = events.until(hi)
         last = events.done()
         yield Piece(lo, hi, no_samples, sched[:0], sched[:0]), sched, first, (hi, None), last

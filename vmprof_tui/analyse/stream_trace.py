@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from vmprof_tui.analyse.analysis import Analysis
+from vmprof_tui.analyse.segments import on_cpu_segments, sample_runs, segment_bounds
 from vmprof_tui.analyse.stream import PIECE_ROWS, StreamedAnalysis, WholeNeeded
 from vmprof_tui.analyse.timeline import Schedule, VcpuTimeline
 from vmprof_tui.arrays import rank_among
@@ -71,14 +72,10 @@ class StreamedTrace(StreamedAnalysis):
         for tl in self.timelines.values():
             if vm not in (None, tl.vm) or vcpu not in (None, tl.vcpu):
                 continue
-            blanks = sorted(tl.blanks, key=lambda b: b.start_ns)
-            b_start = np.array([b.start_ns for b in blanks], np.int64)
-            b_end = np.array([b.end_ns for b in blanks], np.int64)
+            _blanks, b_start, b_end, seg_lo, seg_hi = segment_bounds(tl)
             tl.forget_blanks()  # made again for its slices once the samples are done
             self.tracks[tl.tid] = Track(tl, self.vms.index.get(tl.vm, 0) or len(self.vms.index) + 1, b_start, b_end,
-                                        np.concatenate([[tl.start_ns], b_end]).astype(np.int64),
-                                        np.concatenate([b_start, [tl.end_ns]]).astype(np.int64),
-                                        np.zeros(len(blanks) + 1, bool))
+                                        seg_lo, seg_hi, np.zeros(len(seg_lo), bool))
         super().__init__(scanned, guest_bundles, level, vm, piece_rows, kernel=False, cpu=cpu)
         for track in self.tracks.values():
             if track.open is not None:  # the thread's last sample: its run ends with its segment
@@ -105,8 +102,7 @@ class StreamedTrace(StreamedAnalysis):
     def _runs(self, an: Analysis, track: Track, idx: np.ndarray) -> None:
         """A piece's samples of a thread cut into runs as sample_runs cuts the whole thread's (vcpu_segments)."""
         times = an.samples["time_ns"][idx].astype(np.int64)
-        seg = np.searchsorted(track.b_end, times, side="right")
-        keep = np.searchsorted(track.b_start, times, side="right") <= seg  # a sample inside a blank: left out
+        seg, keep = on_cpu_segments(track.b_start, track.b_end, times)
         idx, times, seg = idx[keep], times[keep], seg[keep]
         if not len(idx):
             return
@@ -122,19 +118,8 @@ class StreamedTrace(StreamedAnalysis):
             times = np.concatenate([[t_last], times])
             codes = np.concatenate([[code_last], codes])
             seg = np.concatenate([[seg_last], seg])
-        n = len(times)
-        new_seg = np.ones(n, bool)
-        new_seg[1:] = seg[1:] != seg[:-1]
-        brk = new_seg.copy()
-        brk[1:] |= codes[1:] != codes[:-1]
-        first = np.nonzero(brk)[0]
-        last = np.append(first[1:] - 1, n - 1)
-        mid = times[:-1] + (times[1:] - times[:-1]) // 2
-        before = np.concatenate([times[:1], mid])
-        after = np.concatenate([mid, times[-1:]])
-        seg_end = np.append(new_seg[1:], True)  # the last run's is not known yet: it stays open
-        start = np.where(new_seg[first], track.seg_lo[seg[first]], before[first])
-        end = np.where(seg_end[last], track.seg_hi[seg[last]], after[last])
+        # every run, the last one's end not known yet (it stays open), the first's start carried when it goes on
+        first, _count, start, end = sample_runs(times, codes, seg, track.seg_lo, track.seg_hi, every=True)
         labels = [label0 if carry and f == 0 else self._first_label(an, track, int(idx[f - carry]), guest[f - carry],
                                                                       int(codes[f]))
                   for f in first.tolist()]

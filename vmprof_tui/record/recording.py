@@ -157,7 +157,7 @@ def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None
             columns.append((name, col.reshape(table[name].shape)))
         pos += rows * field_dtype.itemsize
     # the columns into the rows a block of rows at a time: a block's rows stay in the cache while each column is
-    # written into them (column by column over all the rows was 3-4 times slower)
+    # written into them (column by column over all the rows is slower: docs/scale.md, the window task's 4th round)
     step = max(1, _BLOCK_BYTES // dtype.itemsize)
     for lo in range(0, rows, step):
         block = table[lo:lo + step]

@@ -370,6 +370,18 @@ class SchedReader:
         """Every event given: none held, no chunk left to read."""
         return not len(self.held) and self.ahead is None and self.read >= len(self.chunks)
 
+    def next_time(self) -> int | None:
+        """The time of the first event not given yet, among those held and the chunk read ahead (a chunk is read
+        if none is); None when every event is given."""
+        while self.ahead is None or not len(self.ahead):
+            if self.ahead is not None:  # an empty chunk: nothing to keep
+                self.ahead = None
+            if self.read >= len(self.chunks):
+                break
+            self.ahead = self._chunk()
+        times = [int(t["time_ns"].min()) for t in (self.held, self.ahead) if t is not None and len(t)]
+        return min(times) if times else None
+
     def until(self, t: int | None) -> np.ndarray:
         """The events before t (None: all that are left), in prepare's order."""
         while True:
