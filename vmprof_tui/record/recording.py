@@ -107,7 +107,8 @@ def encode_table(table: np.ndarray, codec: str = "zlib") -> bytes:
     for name in table.dtype.names:
         col = table[name]
         if name == "time_ns" and len(col):
-            col = np.concatenate(([col[0]], np.diff(col.astype(np.int64)))).astype("<i8")
+            signed = col.astype("<i8")  # all int64 (mod 2^64): uint64 beside int64 would make float64 of it
+            col = np.concatenate((signed[:1], np.diff(signed)))
         columns.append((col, body[pos:pos + rows * table.dtype.fields[name][0].itemsize].view(col.dtype)
                         .reshape(col.shape)))
         pos += rows * table.dtype.fields[name][0].itemsize
