@@ -60,6 +60,19 @@ def start_sampling(*args: str, timeout: float = 120) -> subprocess.Popen:
     pytest.fail(f"vmprof {args[0]} did not attach: {''.join(seen)}")
 
 
+def fuzz_process(target: str, seconds: int, work: Path) -> subprocess.Popen:
+    """The atheris target `target` of tests/fuzz/fuzz_bundle.py run for `seconds` in `work` (its corpus and crash
+    files there), stderr piped.  It starts through a shell that forks it: a process started straight from pytest
+    inherits pytest's peak RSS as its own (Linux keeps ru_maxrss across fork and exec), and libFuzzer's
+    -rss_limit_mb reads that peak."""
+    (work / "corpus").mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(ROOT / "tests" / "fuzz" / "fuzz_bundle.py"), target, f"-max_total_time={seconds}",
+            "-timeout=10", "-rss_limit_mb=4096", f"-artifact_prefix={work}/", str(work / "corpus")]
+    return subprocess.Popen(["sh", "-c", '"$@"; exit $?', "sh", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=work,
+                            env={**os.environ, "VMPROF_FUZZ_SCRATCH": str(work)})
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.fail("this test needs root (CI runs as root); run the suite with sudo")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, fuzz_process
 
 from vmprof_tui.collect import guest_fetch
 from vmprof_tui.mapping import Mapping
@@ -360,16 +360,8 @@ def test_fuzz(tmp_path: Path) -> None:
         import atheris  # noqa: F401
     except ImportError:
         pytest.fail("atheris is not installed: pip install atheris (a manylinux wheel; it is a test dependency)")
-    script = ROOT / "tests" / "fuzz" / "fuzz_bundle.py"
-    procs = {}
-    for target in ("json", "tar", "bundle", "elf"):
-        work = tmp_path / target
-        (work / "corpus").mkdir(parents=True)
-        procs[target] = subprocess.Popen(
-            [sys.executable, str(script), target, f"-max_total_time={FUZZ_SECONDS}", "-timeout=10",
-             "-rss_limit_mb=4096", f"-artifact_prefix={work}/", str(work / "corpus")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=work,
-            env={**os.environ, "VMPROF_FUZZ_SCRATCH": str(work)})
+    procs = {target: fuzz_process(target, FUZZ_SECONDS, tmp_path / target)
+             for target in ("json", "tar", "bundle", "elf")}
     failures = []
     for target, proc in procs.items():
         _, err = proc.communicate(timeout=FUZZ_SECONDS + 90)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, Recorded, record_scenario, require_root, start_recording, vmprof
+from conftest import ROOT, Recorded, fuzz_process, record_scenario, require_root, start_recording, vmprof
 from test_stacks import CHAINS, DEPTHS, assert_shares, drive_flame_and_callers
 
 from vmprof_tui.analyse.analysis import analyse
@@ -519,19 +519,12 @@ def test_a_hostile_guest_table_is_one_note(space: tuple[AddressSpace, Rules, int
 
 def test_fuzz_cfi_parser(tmp_path: Path) -> None:
     """The atheris target `cfi` (tests/fuzz/fuzz_bundle.py) for a bounded time: no crash, hang or OOM."""
-    import os
-    import sys
-
-    script = ROOT / "tests" / "fuzz" / "fuzz_bundle.py"
-    (tmp_path / "corpus").mkdir()
-    proc = subprocess.run([sys.executable, str(script), "cfi", "-max_total_time=8", "-timeout=10", "-rss_limit_mb=4096",
-                           f"-artifact_prefix={tmp_path}/", str(tmp_path / "corpus")], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=180,
-                          env={**os.environ, "VMPROF_FUZZ_SCRATCH": str(tmp_path)})
-    done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
+    proc = fuzz_process("cfi", 8, tmp_path)
+    _, err = proc.communicate(timeout=180)
+    done = [line for line in err.splitlines() if line.startswith("Done ")]
     crashes = [c.name for c in tmp_path.iterdir() if c.name.startswith(("crash-", "timeout-", "oom-"))]
-    print(done[-1] if done else proc.stderr[-2000:])
-    assert proc.returncode == 0 and done and not crashes, proc.stderr[-3000:]
+    print(done[-1] if done else err[-2000:])
+    assert proc.returncode == 0 and done and not crashes, err[-3000:]
 
 
 def test_stack_copies_round_trip_and_a_corrupt_chunk_is_one_problem(tmp_path: Path) -> None:

@@ -4,16 +4,13 @@ static programs whose libraries (Debian's libquantum and libsqlite3) have no fra
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import Recorded, record_scenario
+from conftest import Recorded, fuzz_process, record_scenario
 from test_cfi import frames_of_vm
 
 from vmprof_tui.analyse.analysis import analyse
@@ -171,13 +168,9 @@ def test_a_hostile_guest_kernel_stack_or_table_ends_partial(tmp_path: Path) -> N
 def test_fuzz_guest_kernel_stack(tmp_path: Path) -> None:
     """The atheris target `kstack` (tests/fuzz/fuzz_bundle.py): any kernel stack bytes and leaf unwound by the demo
     kernel's CFI end within the chain's limit, for a bounded time: no crash, hang or OOM."""
-    script = Path(__file__).resolve().parent / "fuzz" / "fuzz_bundle.py"
-    (tmp_path / "corpus").mkdir()
-    proc = subprocess.run([sys.executable, str(script), "kstack", "-max_total_time=6", "-timeout=10",
-                           "-rss_limit_mb=4096", f"-artifact_prefix={tmp_path}/", str(tmp_path / "corpus")],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=180,
-                          env={**os.environ, "VMPROF_FUZZ_SCRATCH": str(tmp_path)})
-    done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
+    proc = fuzz_process("kstack", 6, tmp_path)
+    _, err = proc.communicate(timeout=180)
+    done = [line for line in err.splitlines() if line.startswith("Done ")]
     crashes = [c.name for c in tmp_path.iterdir() if c.name.startswith(("crash-", "timeout-", "oom-"))]
-    print(done[-1] if done else proc.stderr[-2000:])
-    assert proc.returncode == 0 and done and not crashes, proc.stderr[-3000:]
+    print(done[-1] if done else err[-2000:])
+    assert proc.returncode == 0 and done and not crashes, err[-3000:]
