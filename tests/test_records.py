@@ -300,11 +300,16 @@ def test_table_decoded_a_block_of_rows_at_a_time_equals_the_table_encoded(codec:
 
 def test_times_past_2_to_the_53_ns_are_stored_exactly() -> None:
     """A table's times are stored as int64 deltas, never through float64: a host up more than 104 days has clock
-    times past 2^53 ns, and times up to 2^64 - 1 come back to the nanosecond."""
+    times past 2^53 ns, and times up to 2^63 - 1 come back to the nanosecond; one past that (no host clock's) is
+    refused."""
     from vmprof_tui.record import recording
 
-    table = np.zeros(6, records.SAMPLE_DTYPE)
-    table["time_ns"] = [2**53 + 1, 2**53 + 2, 2**53 + 3, 2**62 + 1, 2**63 + 5, 2**64 - 1]
+    table = np.zeros(5, records.SAMPLE_DTYPE)
+    table["time_ns"] = [2**53 + 1, 2**53 + 2, 2**53 + 3, 2**62 + 1, 2**63 - 1]
     for codec in ("zlib", "zstd"):
         decoded = recording._decode_table(recording.encode_table(table, codec=codec), records.SAMPLE_DTYPE)
         assert decoded["time_ns"].tolist() == table["time_ns"].tolist(), codec
+        table["time_ns"][-1] = 2**64 - 1
+        with pytest.raises(recording.RecordingError, match="past 2\\^63 ns"):
+            recording._decode_table(recording.encode_table(table, codec=codec), records.SAMPLE_DTYPE)
+        table["time_ns"][-1] = 2**63 - 1

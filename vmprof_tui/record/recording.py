@@ -154,6 +154,8 @@ def _decode_table(payload: bytes, dtype: np.dtype, out: np.ndarray | None = None
         col = np.frombuffer(raw, dtype=field_dtype if name != "time_ns" else "<i8", count=rows, offset=pos)
         if name == "time_ns":  # deltas: summed straight into the field
             np.cumsum(col, out=table[name].view("<i8"))
+            if rows and table[name].view("<i8").min() < 0:  # no clock of a host reads 2^63 ns (292 years)
+                raise RecordingError("it holds a time past 2^63 ns, which no host clock reads")
         else:
             columns.append((name, col.reshape(table[name].shape)))
         pos += rows * field_dtype.itemsize

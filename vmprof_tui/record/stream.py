@@ -189,8 +189,8 @@ def _read_tables(fd: int, group: list[TableChunk], dtypes: dict[int, np.dtype]) 
     pending = [(c.kind, 0, memoryview(os.pread(fd, c.length, c.offset)), c.rows) for c in group]
     problems: list[str] = []
     tables = fmt._decode_tables(pending, problems, dtypes)
-    if problems:  # scan checked every checksum: the file changed since
-        raise fmt.RecordingError(problems[0])
+    if problems:  # checksums that hold over rows that do not (or the file changed since scan): the whole read
+        raise WholeNeeded(problems[0])  # skips those chunks with a note each
     return {kind: tables.get(kind, np.empty(0, dtype)) for kind, dtype in dtypes.items()}
 
 
