@@ -240,8 +240,7 @@ class StreamedAnalysis:
                 break
         if time_range is not None and first_ns is not None:
             # ended before the recording's end, the range is as given: it ends before the recording does
-            self.range_ns = range_span(time_range, first_ns, ends[0]) if ends else \
-                given_span(time_range, first_ns)
+            self.range_ns = range_now(time_range, first_ns, ends[0] if ends else None)
         self.notes = _in_walk_order(self.notes, resolver.objects.places)
 
     def _add(self, an: Analysis, lo: int) -> None:
@@ -364,12 +363,10 @@ class StreamedAnalysis:
             order = np.concatenate([np.flatnonzero(vm_code == v) for v in vms.tolist()])
             codes, samples, pids = counts.codes[order], counts.counts[order], pid_of_proc[proc[order]]
         del proc, vm_code
+        kernel = np.zeros(len(counts.codes))
         if len(in_kernel.codes):
-            kernel = np.zeros(len(counts.codes))
             kernel[np.searchsorted(counts.codes, in_kernel.codes)] = in_kernel.counts  # of some of the codes
             kernel = kernel if order is None else kernel[order]
-        else:
-            kernel = np.zeros(len(counts.codes))
         return RowColumns(samples, {c: names.ids(codes, c) for c in ("func", "module", "process")},
                           names.strings.array(), pids, names.unknown(codes), kernel)
 
@@ -442,15 +439,17 @@ def given_span(time_range: tuple[float, float], first_ns: int) -> tuple[int, int
     return lo, hi
 
 
+def range_now(time_range: tuple[float, float], first_ns: int, end_ns: int | None) -> tuple[int, int]:
+    """range_span once the recording's end (end_ns) is known, given_span before."""
+    return range_span(time_range, first_ns, end_ns) if end_ns is not None else given_span(time_range, first_ns)
+
+
 def in_range(piece: Piece, time_range: tuple[float, float], first_ns: int,
               end_ns: int | None) -> tuple[tuple[int, int], np.ndarray]:
     """The span of a piece inside --time-range and its samples there, as prepare cuts the whole recording (end_ns:
     the recording's end, known at its last piece; before it, the range's end is as given, which no earlier piece
     reaches past the recording's end)."""
-    if end_ns is not None:
-        lo, hi = range_span(time_range, first_ns, end_ns)
-    else:
-        lo, hi = given_span(time_range, first_ns)
+    lo, hi = range_now(time_range, first_ns, end_ns)
     t = piece.samples["time_ns"]
     inside = (t >= lo) & ((t < hi) | (end_ns is not None and hi >= end_ns))
     return (max(piece.lo, lo), min(piece.hi, hi)), piece.samples[inside]

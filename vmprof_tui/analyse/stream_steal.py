@@ -33,7 +33,7 @@ from vmprof_tui.analyse.steal import (
     vcpu_counts,
     vcpu_entry,
 )
-from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded, given_span, in_range, range_span
+from vmprof_tui.analyse.stream import PIECE_ROWS, WholeNeeded, given_span, in_range, range_now
 from vmprof_tui.analyse.stream_sched import HALT_REACH, MAX, MIN, SchedStream, select_rows
 from vmprof_tui.analyse.timeline import VcpuTimeline
 from vmprof_tui.analyse.vcpu_samples import inside, maybe_polled, thread_sample_ns
@@ -185,8 +185,7 @@ class StreamedSteal:
                 raise WholeNeeded("sched events out of order across pieces")
             if time_range is not None:
                 _span, s = in_range(piece, time_range, first, end)
-                self.sched.range_ns = range_span(time_range, first, end) if end is not None else \
-                    given_span(time_range, first)
+                self.sched.range_ns = range_now(time_range, first, end)
             thread = self.sched.thread_of(s["pid"], s["tid"])
             self.sched.saw_samples(thread[thread >= 0], s["time_ns"][thread >= 0].astype(np.int64))
             step = self.sched.advance(sched, MIN if lo is None else lo, hi, last)
