@@ -70,6 +70,8 @@ int on_sample(struct bpf_perf_event_data *ctx)
 	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
 	if (pid)
 		remember_comm(pid, tid);
+	if (!pid || vcpu || vcpu_tids.lookup(&tid))
+		seen_running(pid, tid, pid != 0);
 #ifdef HOST_COUNTS
 	if (counted(pid, tid, flags, ip, vcpu))
 		return 0;

@@ -205,6 +205,70 @@ RAW_TRACEPOINT_PROBE(kvm_vcpu_wakeup)
 
 #endif
 
+/* Per CPU: the thread the last context switch put there, when, and whether that switch was recorded.  Two
+ * kinds of switch-in of a vCPU thread are not recorded when they happen: one before the thread is known as a
+ * vCPU thread (not in KVM_RUN yet, not yet in vcpu_tids), and one from a task that emits no trace events at
+ * all (on these machines, the sandbox's own agent: docs/backends.md).  The sampler, which runs in the
+ * switched-in thread's context, finds either and records it (seen_running). */
+struct cpu_thread {
+	u64 since_ns;
+	u32 pid;
+	u32 tid;
+	u32 prev_pid;    /* of the switch not recorded */
+	u32 prev_tid;
+	u32 irq_ns;      /* cpu_irq_ns() at that switch */
+	u8 known;        /* 0 until this CPU's first switch since the programs were attached */
+	u8 recorded;
+	u8 prev_flags;   /* SCHED_PREV_RUNNABLE or 0 */
+	u8 pad;
+};
+BPF_PERCPU_ARRAY(cpu_threads, struct cpu_thread, 1);
+
+static __always_inline struct cpu_thread *cpu_thread(void)
+{
+	int zero = 0;
+	return cpu_threads.lookup(&zero);
+}
+
+/* The sampler found vCPU (or idle) thread pid/tid running: record its switch-in if that was not recorded.
+ * Not yet known as a vCPU thread: the switch is the one kept here, with its own time.  From a task that
+ * emits no events: it came after the last switch seen and after the CPU's previous sampling tick (such a
+ * task takes no samples either): the middle of that stretch. */
+static __always_inline void seen_running(u32 pid, u32 tid, bool vcpu)
+{
+	struct cpu_thread *c = cpu_thread();
+	if (!c || !c->known || (c->tid == tid && c->recorded))
+		return;
+	struct vmprof_sched_event *e = new_event();
+	if (!e)
+		return;
+	if (c->tid == tid) {
+		e->time_ns = c->since_ns;
+		e->prev_pid = c->prev_pid;
+		e->prev_tid = c->prev_tid;
+		e->flags = c->prev_flags;
+		e->cpu_irq_ns = c->irq_ns;
+	} else {
+		u64 after = e->time_ns - SAMPLE_PERIOD_NS;
+		if (after <= c->since_ns)
+			after = c->since_ns + 1;
+		e->time_ns = after + (e->time_ns - after) / 2;
+		e->prev_pid = c->pid;
+		e->prev_tid = c->tid;
+		e->flags = 0;
+	}
+	e->next_pid = pid;
+	e->next_tid = tid;
+	if (vcpu)
+		e->flags |= SCHED_NEXT_VCPU;
+	bpf_get_current_comm(e->next_comm, sizeof(e->next_comm));
+	c->since_ns = e->time_ns;
+	c->pid = pid;
+	c->tid = tid;
+	c->recorded = 1;
+	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
 	/* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -217,6 +281,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	u32 next_tid = read_u32(next + TASK_PID);
 	void *prev_vcpu = loaded_vcpu(prev);
 	u8 flags = 0;
+	struct cpu_thread *now = cpu_thread();
 
 	if (prev_vcpu || vcpu_tids.lookup(&prev_tid))
 		flags |= SCHED_PREV_VCPU;
@@ -224,15 +289,32 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 		flags |= SCHED_NEXT_VCPU;
 	/* also every switch to or from the idle task (pid 0): the host level measures idle
 	 * from these, since an idle CPU may take no sampling interrupts at all */
-	if (!flags && prev_tid != 0 && next_tid != 0)
+	bool record = flags || prev_tid == 0 || next_tid == 0;
+	u32 next_pid = read_u32(next + TASK_TGID);
+	if (now) { /* kept whether or not the ring has room: a lost record is counted, never guessed */
+		now->since_ns = bpf_ktime_get_ns();
+		now->pid = next_pid;
+		now->tid = next_tid;
+		now->known = 1;
+		now->recorded = record;
+		if (!record) {
+			now->prev_pid = read_u32(prev + TASK_TGID);
+			now->prev_tid = prev_tid;
+			now->irq_ns = cpu_irq_ns();
+			now->prev_flags = preempt || prev_state == 0 ? SCHED_PREV_RUNNABLE : 0;
+		}
+	}
+	if (!record)
 		return 0;
 
 	struct vmprof_sched_event *e = new_event();
 	if (!e)
 		return 0;
+	if (now)
+		now->since_ns = e->time_ns; /* what follows it on this CPU comes after it */
 	e->prev_pid = read_u32(prev + TASK_TGID);
 	e->prev_tid = prev_tid;
-	e->next_pid = read_u32(next + TASK_TGID);
+	e->next_pid = next_pid;
 	e->next_tid = next_tid;
 	if (preempt || prev_state == 0) {
 		flags |= SCHED_PREV_RUNNABLE;

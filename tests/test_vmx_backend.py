@@ -77,7 +77,7 @@ def test_backend_programs_pass_the_verifier(name: str, extra: dict, helper: dict
 
     b = backends.Backend(name, kvm_sched_in=0xFFFFFFFF81000000, offsets={**FAKE, **extra}, vmx_helper=helper)
     cflags = [f"-I{collect.BPF_DIR}", "-DSAMPLE_RING_PAGES=16", "-DSCHED_RING_PAGES=16",
-              "-DEXPECTED_HANDLING=1", *b.cflags()]
+              "-DEXPECTED_HANDLING=1", "-DSAMPLE_PERIOD_NS=1000000", *b.cflags()]
     text = collect.bpf_source().replace("RAW_TRACEPOINT_PROBE(sched_switch)", "int sched_switch_unattached(void *x)")
     text = text.replace("bool preempt = (bool)ctx->args[0];", "struct bpf_raw_tracepoint_args *ctx = x;\n"
                         "\tbool preempt = (bool)ctx->args[0];")

@@ -38,11 +38,12 @@ class CollectError(RuntimeError):
 
 
 def bpf_source() -> str:
-    """sampler.bpf.c + sched.bpf.c as one text, with vcpu.h and stacks.h inlined.
+    """sched.bpf.c + sampler.bpf.c as one text (the sampler calls seen_running), with vcpu.h and
+    stacks.h inlined.
 
     bcc rewrites its map helpers (``map.lookup()``) only in the main source
     text, not in #included files, so files that use them are pasted in."""
-    texts = [(BPF_DIR / name).read_text() for name in ("sampler.bpf.c", "sched.bpf.c")]
+    texts = [(BPF_DIR / name).read_text() for name in ("sched.bpf.c", "sampler.bpf.c")]
     for header in ("vcpu.h", "stacks.h"):  # include guards: pasting one twice is harmless
         body = (BPF_DIR / header).read_text()
         texts = [t.replace(f'#include "{header}"', body) for t in texts]
@@ -175,6 +176,7 @@ class Collector:
         cflags = [f"-I{BPF_DIR}", f"-DSAMPLE_RING_PAGES={self.ring_pages}",
                   f"-DSCHED_RING_PAGES={max(self.ring_pages // 4, 16)}", "-Wno-macro-redefined",
                   f"-DEXPECTED_HANDLING={2 if self.event == 'cycles' else 1}",
+                  f"-DSAMPLE_PERIOD_NS={10**9 // self.frequency}",
                   *self.backend.cflags()]
         if self.stacks:
             # a stack record is 14x a sample: its ring gets 4x the pages (drained on the same timer)
