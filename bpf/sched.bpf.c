@@ -205,22 +205,22 @@ RAW_TRACEPOINT_PROBE(kvm_vcpu_wakeup)
 
 #endif
 
-/* Per CPU: the thread the last context switch put there, when, and whether that switch was recorded.  Two
- * kinds of switch-in of a vCPU thread are not recorded when they happen: one before the thread is known as a
- * vCPU thread (not in KVM_RUN yet, not yet in vcpu_tids), and one from a task that emits no trace events at
- * all (on these machines, the sandbox's own agent: docs/backends.md).  The sampler, which runs in the
- * switched-in thread's context, finds either and records it (seen_running). */
+/* Per CPU: the thread the last context switch put there, and whether that switch was recorded.  Two kinds of
+ * switch-in of a vCPU thread are not recorded when they happen: one before the thread is known as a vCPU thread
+ * (not in KVM_RUN yet, not yet in vcpu_tids), and one from a task that emits no trace events at all (on these
+ * machines, the sandbox's own agent: docs/analysis.md).  The sampler, which runs in the switched-in thread's
+ * context, finds either and records it (seen_running).  A switch not recorded costs no helper call here: the
+ * tasks are kept as pointers and read only when the sampler needs them. */
 struct cpu_thread {
-	u64 since_ns;
-	u32 pid;
+	u64 since_ns;   /* of the last recorded switch */
+	u64 task;       /* the task_struct the last switch put here */
+	u64 prev_task;  /* and the one it took the CPU from, when that switch was not recorded */
 	u32 tid;
-	u32 prev_pid;    /* of the switch not recorded */
 	u32 prev_tid;
-	u32 irq_ns;      /* cpu_irq_ns() at that switch */
-	u8 known;        /* 0 until this CPU's first switch since the programs were attached */
+	u8 known;       /* 0 until this CPU's first switch since the programs were attached */
 	u8 recorded;
-	u8 prev_flags;   /* SCHED_PREV_RUNNABLE or 0 */
-	u8 pad;
+	u8 prev_flags;  /* SCHED_PREV_RUNNABLE or 0 */
+	u8 pad[5];
 };
 BPF_PERCPU_ARRAY(cpu_threads, struct cpu_thread, 1);
 
@@ -230,10 +230,15 @@ static __always_inline struct cpu_thread *cpu_thread(void)
 	return cpu_threads.lookup(&zero);
 }
 
-/* The sampler found vCPU (or idle) thread pid/tid running: record its switch-in if that was not recorded.
- * Not yet known as a vCPU thread: the switch is the one kept here, with its own time.  From a task that
- * emits no events: it came after the last switch seen and after the CPU's previous sampling tick (such a
- * task takes no samples either): the middle of that stretch. */
+/* The process of `task`, if it is still thread `tid` (it may have exited since it was kept); else `tid`. */
+static __always_inline u32 kept_pid(u64 task, u32 tid)
+{
+	return read_u32((void *)task + TASK_PID) == tid ? read_u32((void *)task + TASK_TGID) : tid;
+}
+
+/* The sampler found vCPU (or idle) thread pid/tid running: record its switch-in if that was not recorded.  It
+ * came after the last recorded switch and after the CPU's previous sampling tick (the thread itself would have
+ * taken that sample; a task that emits no events takes none): the middle of that stretch. */
 static __always_inline void seen_running(u32 pid, u32 tid, bool vcpu)
 {
 	struct cpu_thread *c = cpu_thread();
@@ -242,18 +247,16 @@ static __always_inline void seen_running(u32 pid, u32 tid, bool vcpu)
 	struct vmprof_sched_event *e = new_event();
 	if (!e)
 		return;
-	if (c->tid == tid) {
-		e->time_ns = c->since_ns;
-		e->prev_pid = c->prev_pid;
+	u64 after = e->time_ns - SAMPLE_PERIOD_NS;
+	if (after <= c->since_ns)
+		after = c->since_ns + 1;
+	e->time_ns = after + (e->time_ns - after) / 2;
+	if (c->tid == tid) { /* the switch kept here, of a thread not yet known as a vCPU thread */
+		e->prev_pid = kept_pid(c->prev_task, c->prev_tid);
 		e->prev_tid = c->prev_tid;
 		e->flags = c->prev_flags;
-		e->cpu_irq_ns = c->irq_ns;
-	} else {
-		u64 after = e->time_ns - SAMPLE_PERIOD_NS;
-		if (after <= c->since_ns)
-			after = c->since_ns + 1;
-		e->time_ns = after + (e->time_ns - after) / 2;
-		e->prev_pid = c->pid;
+	} else { /* from the thread the last switch put here, which then emitted nothing */
+		e->prev_pid = kept_pid(c->task, c->tid);
 		e->prev_tid = c->tid;
 		e->flags = 0;
 	}
@@ -263,7 +266,7 @@ static __always_inline void seen_running(u32 pid, u32 tid, bool vcpu)
 		e->flags |= SCHED_NEXT_VCPU;
 	bpf_get_current_comm(e->next_comm, sizeof(e->next_comm));
 	c->since_ns = e->time_ns;
-	c->pid = pid;
+	c->task = bpf_get_current_task();
 	c->tid = tid;
 	c->recorded = 1;
 	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -290,17 +293,14 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	/* also every switch to or from the idle task (pid 0): the host level measures idle
 	 * from these, since an idle CPU may take no sampling interrupts at all */
 	bool record = flags || prev_tid == 0 || next_tid == 0;
-	u32 next_pid = read_u32(next + TASK_TGID);
 	if (now) { /* kept whether or not the ring has room: a lost record is counted, never guessed */
-		now->since_ns = bpf_ktime_get_ns();
-		now->pid = next_pid;
+		now->task = (u64)next;
 		now->tid = next_tid;
 		now->known = 1;
 		now->recorded = record;
 		if (!record) {
-			now->prev_pid = read_u32(prev + TASK_TGID);
+			now->prev_task = (u64)prev;
 			now->prev_tid = prev_tid;
-			now->irq_ns = cpu_irq_ns();
 			now->prev_flags = preempt || prev_state == 0 ? SCHED_PREV_RUNNABLE : 0;
 		}
 	}
@@ -311,10 +311,10 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	if (!e)
 		return 0;
 	if (now)
-		now->since_ns = e->time_ns; /* what follows it on this CPU comes after it */
+		now->since_ns = e->time_ns;
 	e->prev_pid = read_u32(prev + TASK_TGID);
 	e->prev_tid = prev_tid;
-	e->next_pid = next_pid;
+	e->next_pid = read_u32(next + TASK_TGID);
 	e->next_tid = next_tid;
 	if (preempt || prev_state == 0) {
 		flags |= SCHED_PREV_RUNNABLE;
