@@ -127,6 +127,28 @@ def test_sched_events_reproduce_vcpu_run_time(which: str, request: pytest.Fixtur
             assert abs(measured - v["thread_cpu_ns"]) <= 0.02 * v["thread_cpu_ns"]
 
 
+@pytest.mark.parametrize("which", ["alone", "vcpu2"])
+def test_every_vcpu_sample_falls_in_a_recorded_run(which: str, request: pytest.FixtureRequest) -> None:
+    """A sample of a vCPU thread lies between a recorded switch-in and the next switch-out, including where the
+    kernel showed no switch-in (from a task that emits no trace events, or before the thread was known as a vCPU
+    thread): the sampler records those (bpf/sched.bpf.c seen_running)."""
+    recorded: Recorded = request.getfixturevalue(which)
+    switches = context_switches(np.sort(recorded.rec.sched, order="time_ns"))
+    for vm in recorded.truth.values():
+        for v in vm["vcpus"]:
+            tid = v["tid"]
+            mine = switches[(switches["next_tid"] == tid) | (switches["prev_tid"] == tid)]
+            times = mine["time_ns"].astype(np.int64)
+            went_in = mine["next_tid"] == tid
+            samples = recorded.rec.samples["time_ns"][recorded.rec.samples["tid"] == tid].astype(np.int64)
+            first_in = times[np.argmax(went_in)]
+            samples = samples[(samples > first_in) & (samples < times[-1])]
+            last = np.searchsorted(times, samples) - 1  # the thread's last switch before each sample
+            outside = samples[~went_in[last]]
+            print(f"vcpu{v['vcpu']}: {len(samples)} samples, {len(outside)} after a switch-out with no switch-in")
+            assert len(outside) == 0, [(int(t) - int(times[0])) / 1e6 for t in outside[:5]]
+
+
 def test_vcpu_samples_name_the_vm(vcpu2: Recorded) -> None:
     rec = vcpu2.rec
     vms = {vm["name"]: vm for vm in rec.vms()}
