@@ -44,9 +44,9 @@ BPF_PERCPU_ARRAY(host_counts_lost, u64, 1);
 /* A host task's sample, counted here; false for a sample the ring buffer must carry (a vCPU thread's:
  * the guest profile and the steal split need each one with its time; the idle task's: CPU idle comes from
  * the sched events, per CPU). */
-static __always_inline bool counted(u32 pid, u32 tid, u16 flags, u64 ip, void *vcpu)
+static __always_inline bool counted(u32 pid, u16 flags, u64 ip, bool vcpu_thread)
 {
-	if (vcpu || !pid || vcpu_tids.lookup(&tid))
+	if (vcpu_thread || !pid)
 		return false;
 	struct vmprof_host_count_key key = {.pid = pid, .flags = flags, .ip = ip};
 	u64 one = 1;
@@ -68,12 +68,15 @@ int on_sample(struct bpf_perf_event_data *ctx)
 	u64 id = bpf_get_current_pid_tgid();
 	u32 pid = id >> 32, tid = (u32)id;
 	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
+	bool vcpu_thread = vcpu || (pid && vcpu_tids.lookup(&tid));
 	if (pid)
 		remember_comm(pid, tid);
-	if (!pid || vcpu || vcpu_tids.lookup(&tid))
+#ifdef RECOVER_SWITCHES
+	if (!pid || vcpu_thread)
 		seen_running(pid, tid, pid != 0);
+#endif
 #ifdef HOST_COUNTS
-	if (counted(pid, tid, flags, ip, vcpu))
+	if (counted(pid, flags, ip, vcpu_thread))
 		return 0;
 #endif
 	struct vmprof_sample *s = samples.ringbuf_reserve(sizeof(struct vmprof_sample));

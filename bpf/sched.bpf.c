@@ -209,15 +209,21 @@ RAW_TRACEPOINT_PROBE(kvm_vcpu_wakeup)
  * switch-in of a vCPU thread are not recorded when they happen: one before the thread is known as a vCPU thread
  * (not in KVM_RUN yet, not yet in vcpu_tids), and one from a task that emits no trace events at all (on these
  * machines, the sandbox's own agent: docs/analysis.md).  The sampler, which runs in the switched-in thread's
- * context, finds either and records it (seen_running).  A switch not recorded costs no helper call here: the
- * tasks are kept as pointers and read only when the sampler needs them. */
+ * context, finds either and records it (seen_running).  Only with the cpu-clock sampler (EXPECTED_HANDLING 1):
+ * its interrupt is masked from the sched_switch tracepoint until the new thread runs, where a cycles NMI could
+ * sample the thread that is leaving and take it for one that arrived. */
+#if EXPECTED_HANDLING == 1
+#define RECOVER_SWITCHES
+#ifndef SAMPLE_PERIOD_NS
+#error "SAMPLE_PERIOD_NS: the cpu-clock sampling period, in ns"
+#endif
 struct cpu_thread {
 	u64 since_ns;   /* of the last recorded switch */
 	u64 task;       /* the task_struct the last switch put here */
 	u64 prev_task;  /* and the one it took the CPU from, when that switch was not recorded */
 	u32 tid;
 	u32 prev_tid;
-	u8 known;       /* 0 until this CPU's first switch since the programs were attached */
+	u8 known;       /* 0 until this CPU's first switch since the programs were attached, or after a lost one */
 	u8 recorded;
 	u8 prev_flags;  /* SCHED_PREV_RUNNABLE or 0 */
 	u8 pad[5];
@@ -236,9 +242,11 @@ static __always_inline u32 kept_pid(u64 task, u32 tid)
 	return read_u32((void *)task + TASK_PID) == tid ? read_u32((void *)task + TASK_TGID) : tid;
 }
 
-/* The sampler found vCPU (or idle) thread pid/tid running: record its switch-in if that was not recorded.  It
- * came after the last recorded switch and after the CPU's previous sampling tick (the thread itself would have
- * taken that sample; a task that emits no events takes none): the middle of that stretch. */
+/* The sampler found vCPU (or idle) thread pid/tid running: record its switch-in if that was not recorded, at
+ * the middle of the stretch after the last recorded switch and the CPU's previous sampling tick.  From a task
+ * that emits no events (it takes no samples either), the switch came in that stretch.  Of a thread not yet known
+ * as a vCPU thread, the switch kept here may be older (its time is not taken, to keep switches that are not
+ * recorded cheap): the thread's time before, as a plain VMM thread, is left to its host samples. */
 static __always_inline void seen_running(u32 pid, u32 tid, bool vcpu)
 {
 	struct cpu_thread *c = cpu_thread();
@@ -247,15 +255,15 @@ static __always_inline void seen_running(u32 pid, u32 tid, bool vcpu)
 	struct vmprof_sched_event *e = new_event();
 	if (!e)
 		return;
-	u64 after = e->time_ns - SAMPLE_PERIOD_NS;
+	u64 now = e->time_ns, after = now - SAMPLE_PERIOD_NS;
 	if (after <= c->since_ns)
-		after = c->since_ns + 1;
-	e->time_ns = after + (e->time_ns - after) / 2;
-	if (c->tid == tid) { /* the switch kept here, of a thread not yet known as a vCPU thread */
+		after = c->since_ns < now ? c->since_ns + 1 : now;
+	e->time_ns = after + (now - after) / 2;
+	if (c->tid == tid) {
 		e->prev_pid = kept_pid(c->prev_task, c->prev_tid);
 		e->prev_tid = c->prev_tid;
 		e->flags = c->prev_flags;
-	} else { /* from the thread the last switch put here, which then emitted nothing */
+	} else {
 		e->prev_pid = kept_pid(c->task, c->tid);
 		e->prev_tid = c->tid;
 		e->flags = 0;
@@ -270,7 +278,10 @@ static __always_inline void seen_running(u32 pid, u32 tid, bool vcpu)
 	c->tid = tid;
 	c->recorded = 1;
 	sched_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	if (vcpu)
+		throttle_end((void *)c->task, tid);
 }
+#endif
 
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
@@ -284,7 +295,6 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	u32 next_tid = read_u32(next + TASK_PID);
 	void *prev_vcpu = loaded_vcpu(prev);
 	u8 flags = 0;
-	struct cpu_thread *now = cpu_thread();
 
 	if (prev_vcpu || vcpu_tids.lookup(&prev_tid))
 		flags |= SCHED_PREV_VCPU;
@@ -293,7 +303,9 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	/* also every switch to or from the idle task (pid 0): the host level measures idle
 	 * from these, since an idle CPU may take no sampling interrupts at all */
 	bool record = flags || prev_tid == 0 || next_tid == 0;
-	if (now) { /* kept whether or not the ring has room: a lost record is counted, never guessed */
+#ifdef RECOVER_SWITCHES
+	struct cpu_thread *now = cpu_thread();
+	if (now) {
 		now->task = (u64)next;
 		now->tid = next_tid;
 		now->known = 1;
@@ -304,14 +316,19 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 			now->prev_flags = preempt || prev_state == 0 ? SCHED_PREV_RUNNABLE : 0;
 		}
 	}
+#endif
 	if (!record)
 		return 0;
 
 	struct vmprof_sched_event *e = new_event();
+#ifdef RECOVER_SWITCHES
+	if (now) {
+		now->since_ns = e ? e->time_ns : 0;
+		now->known = e != 0; /* a lost switch is counted, never guessed: nothing is recovered until the next */
+	}
+#endif
 	if (!e)
 		return 0;
-	if (now)
-		now->since_ns = e->time_ns;
 	e->prev_pid = read_u32(prev + TASK_TGID);
 	e->prev_tid = prev_tid;
 	e->next_pid = read_u32(next + TASK_TGID);

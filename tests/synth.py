@@ -53,12 +53,15 @@ of a CPU set ``cpu_irq_ns`` of its events (the CPU's IRQ clock).
 
 Not modelled: halt polling samples (``SAMPLE_HALTED``), VMX without helper_kmod (``SAMPLE_GUEST_UNKNOWN``),
 host and guest stacks, LBR, lost records, ring-buffer reordering (samples are written in time order),
-VMM threads that load a vCPU for an ioctl, threads first learnt by the sampler mid-recording.
+VMM threads that load a vCPU for an ioctl, threads first learnt by the sampler mid-recording, tasks that emit no
+trace events (whose switch-ins the sampler recovers).  The switch-in of a vCPU thread not known yet is recovered
+as the sampler does: at its first sample as a vCPU thread.
 
 ``vm(discovered_ns=)``: the recorder discovers the VM's vCPU threads at that time (a /proc scan every
 DISCOVER_S; the window's snapshot, written when it closes, names them all the same).  Before it the sched
 program knows such a thread only by its loaded vCPU: a switch in which it leaves or arrives in VMM user
-space is recorded only if the other side is a known vCPU thread or the idle task.
+space is recorded only if the other side is a known vCPU thread or the idle task (an arrival from a host task
+is recovered at the thread's first sample as a vCPU thread, above).
 
 How a vCPU thread leaves its CPU is given by what follows: ``halt``, ``preempt`` or ``block`` starting
 where its on-CPU time ends.  A gap with none of them is a preemption; after its last on-CPU time with
@@ -68,6 +71,7 @@ places there (``host_task``, ``run`` of another vCPU), else the idle task.
 
 from __future__ import annotations
 
+import itertools
 import json
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -361,7 +365,8 @@ class SynthRecording:
         rows = []
         for cpu in range(self.cpus):
             slices = self._cpu_slices(cpu)
-            for prev, nxt in zip(slices, slices[1:], strict=False):
+            last_recorded = -1
+            for i, (prev, nxt) in enumerate(zip(slices, slices[1:], strict=False)):
                 if prev.tid == nxt.tid:
                     continue  # the same thread goes on (guest code, then KVM, then the VMM...)
                 flags, reason = self._leaving(prev)  # SCHED_PREV_VCPU for vCPU threads only
@@ -370,10 +375,16 @@ class SynthRecording:
                 if nxt.tid in vcpu_tids and self._known(nxt, nxt.start):
                     flags |= SCHED_NEXT_VCPU
                 if not flags & (SCHED_PREV_VCPU | SCHED_NEXT_VCPU) and prev.tid != 0 and nxt.tid != 0:
-                    continue  # host task to host task: not recorded
+                    if nxt.tid in vcpu_tids and (t := self._first_known_sample(slices, i + 1, last_recorded)):
+                        rows.append((BASE_NS + t, prev.pid, prev.tid, nxt.pid, nxt.tid, 0, cpu, 0,
+                                     (flags & SCHED_PREV_RUNNABLE) | SCHED_NEXT_VCPU, (0,) * 3, 0,
+                                     nxt.comm.encode()[:15]))
+                        last_recorded = t
+                    continue  # host task to host task, or to a vCPU thread not known yet: not recorded
                 loaded = flags & SCHED_PREV_LOADED
                 rows.append((BASE_NS + prev.end, prev.pid, prev.tid, nxt.pid, nxt.tid, reason, cpu,
                              prev.vcpu if loaded else 0, flags, (0,) * 3, 0, nxt.comm.encode()[:15]))
+                last_recorded = prev.end
         table = np.array(rows + self._extra, dtype=SCHED_DTYPE)
         for cpu, irqs in self._irqs.items():  # the CPU's IRQ clock at each of its events
             mine = table["cpu"] == cpu
@@ -381,14 +392,29 @@ class SynthRecording:
             table["cpu_irq_ns"][mine] = sum(np.clip(t, a, z) - a for a, z in irqs) & 0xFFFFFFFF
         return table[np.argsort(table["time_ns"], kind="stable")]
 
+    def _sample_times(self) -> list[int]:
+        n = 0
+        while round(self.phase_ns + n * self.period_ns) < self.duration_ns:
+            n += 1
+        return [round(self.phase_ns + k * self.period_ns) for k in range(n)]
+
+    def _first_known_sample(self, slices: list[_Slice], first: int, last_recorded: int) -> int | None:
+        """The switch-in the sampler records for a vCPU thread whose switch-in was not (bpf/sched.bpf.c
+        seen_running): at its first sample as a vCPU thread before it leaves (its vCPU loaded, or discovered),
+        timed in the middle of the stretch after the CPU's last recorded switch and the tick before."""
+        tid = slices[first].tid
+        for s in itertools.takewhile(lambda s: s.tid == tid, slices[first:]):
+            for t in self._sample_times():
+                if s.start <= t < s.end and self._known(s, t):
+                    after = max(t - round(self.period_ns), last_recorded + 1)
+                    return after + (t - after) // 2
+        return None
+
     def samples(self) -> np.ndarray:
         """The samples bpf/sampler.bpf.c would emit: one per CPU per period, in time order."""
         exits = EXITS[self.backend]
         rows = []
-        n = 0
-        while round(self.phase_ns + n * self.period_ns) < self.duration_ns:
-            n += 1
-        times = [round(self.phase_ns + k * self.period_ns) for k in range(n)]
+        times = self._sample_times()
         for cpu in range(self.cpus):
             slices = self._cpu_slices(cpu)
             starts = [s.start for s in slices]

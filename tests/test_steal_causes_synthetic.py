@@ -194,14 +194,16 @@ def test_costop_counts_siblings_on_other_pcpus(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("time_range", "held"), [
-    (None, {"db": 25, "app": 5, "vcpu1": 5, "other": 15}),
-    ((0.030, 0.080), {"db": 5, "app": 5, "vcpu1": 5, "other": 15}),  # the wait cut at the range's start
+    (None, {"db": 33.5, "app": 5, "vcpu1": 5, "other": 6.5}),
+    ((0.030, 0.080), {"db": 13.5, "app": 5, "vcpu1": 5, "other": 6.5}),  # the wait cut at the range's start
 ], ids=["whole", "range-cuts-the-wait"])
 def test_holders_add_up_to_a_preemption_when_a_vcpu_thread_was_discovered_late(
         tmp_path: Path, time_range: tuple[float, float] | None, held: dict[str, int]) -> None:
     """A VM started just before the window: until the recorder discovers its vCPU thread (at 70 ms), the sched
     program records its switches only inside KVM_RUN, so db's thread is seen arriving at 10 ms and leaving at
-    60 ms, though host tasks and other vCPUs held the pCPU in between.  Who held it while web's vCPU 0 waited
+    60 ms, though host tasks and other vCPUs held the pCPU in between; its return at 50 ms, into VMM user space,
+    is recorded by the sampler at its first sample in KVM_RUN (52 ms), as from 51.5 ms (the middle of the
+    stretch after the tick before).  Who held it while web's vCPU 0 waited
     adds up to that wait, as the store's steal_holder rows must add up to the vCPU's type-1 steal; each
     holder keeps the pCPU until the next recorded switch on it."""
     from vmprof_tui.fleet.tasks import vcpu_seconds

@@ -125,3 +125,27 @@ def test_vmx_without_helper_is_reported_not_dropped(tmp_path: Path) -> None:
     by_exit = rep["vcpus"][0]["type2_by_exit_s"]
     # 50 samples each, at the vCPU's measured rate (3000 samples in 2999 ms on the CPU)
     assert by_exit == pytest.approx({"io": 0.05, "ept": 0.05}, rel=1e-3)
+
+
+@pytest.mark.parametrize(("handling", "recovers"), [(1, True), (2, False)], ids=["cpu-clock", "cycles"])
+def test_missed_switch_ins_are_recovered_only_with_the_cpu_clock_sampler(handling: int, recovers: bool) -> None:
+    """A cycles NMI can land between the sched_switch tracepoint and the switch itself and sample the thread
+    leaving: with it the sampler must not take that thread for one that arrived (bpf/sched.bpf.c seen_running)."""
+    require_root()
+    import bcc
+
+    b = backends.Backend("svm", kvm_sched_in=0xFFFFFFFF81000000, offsets={
+        **FAKE, "SVM_VCPU": 0, "SVM_VMCB": 8000, "VMCB_SAVE_CR3": 1360, "VMCB_SAVE_CPL": 1227, "VMCB_EXIT_CODE": 112})
+    cflags = [f"-I{collect.BPF_DIR}", "-DSAMPLE_RING_PAGES=16", "-DSCHED_RING_PAGES=16",
+              f"-DEXPECTED_HANDLING={handling}", "-DSAMPLE_PERIOD_NS=1000000", *b.cflags()]
+    bpf = bcc.BPF(text=collect.bpf_source(), cflags=cflags)
+    try:
+        bpf.load_func("on_sample", bcc.BPF.PERF_EVENT)
+        try:
+            bpf["cpu_threads"]
+            present = True
+        except KeyError:
+            present = False
+        assert present == recovers
+    finally:
+        bpf.cleanup()
