@@ -108,8 +108,8 @@ class NameCodes:
 
     def _merge(self) -> None:
         at = np.searchsorted(self.keys, self._recent_keys)
-        self.keys, self.codes = np.insert(self.keys, at, self._recent_keys), np.insert(self.codes, at,
-                                                                                        self._recent_codes)
+        self.keys = arrays.insert_in_place(self.keys, at, self._recent_keys)
+        self.codes = arrays.insert_in_place(self.codes, at, self._recent_codes)
         self._recent_keys, self._recent_codes = self._recent_keys[:0], self._recent_codes[:0]
 
     def _encode_slowly(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
@@ -221,12 +221,13 @@ class RowNames:
 
 
 def _grown(columns: dict[str, np.ndarray], size: int, growth: float) -> dict[str, np.ndarray]:
-    """int32 columns at least `size` long, grown by `growth` times at least (zeros past the old ones)."""
+    """int32 columns at least `size` long, grown by `growth` times at least (zeros past the old ones; in pages of
+    their own with room ahead once large, arrays.longer)."""
     have = len(next(iter(columns.values())))
     if size <= have:
         return columns
     grown = max(size, int(have * growth))
-    return {f: np.concatenate([a, np.zeros(grown - have, np.int32)]) for f, a in columns.items()}
+    return {f: arrays.longer(a, grown) for f, a in columns.items()}
 
 
 def _column(name: str, strings: bool = False) -> property:
