@@ -74,14 +74,21 @@ def test_streamed_report_with_its_sums_in_own_pages_is_the_whole_report(recordin
     assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
 
 
-def test_host_rows_summed_by_code_are_the_rows_merged_by_sorted_code() -> None:
-    """_Rows(by_code=True) (the host's: sums indexed by name code) reads as the sorted codes merged piece by piece,
-    rows whose counts cancel out (idle samples taken back) left out."""
+@pytest.mark.parametrize("case", ["int32", "past int32", "fractions"])
+def test_host_rows_summed_by_code_are_the_rows_merged_by_sorted_code(case: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """_Rows(by_code=True) (the host's: sums indexed by name code, int32 while no sum can overflow and the counts
+    are whole) reads as the sorted codes merged piece by piece, rows whose counts cancel out (idle samples taken
+    back) left out."""
+    if case == "past int32":
+        monkeypatch.setattr(stream, "INT32_MAX", 5000)  # the sums widened to float midway
     rng = np.random.default_rng(5)
     by_code, merged = stream._Rows(by_code=True), stream._Rows()
     for size in (5, 300, 0, 2000, 40):
         codes = np.unique(rng.integers(0, 3000, size))
         counts = rng.integers(1, 9, len(codes)).astype(float)
+        if case == "fractions" and size == 2000:
+            counts[::3] += 0.25
         rows = RowCounts(codes, counts, None)
         kernel = RowCounts(codes[::2], np.minimum(counts[::2], 2), None)
         for r in (by_code, merged):
@@ -93,6 +100,9 @@ def test_host_rows_summed_by_code_are_the_rows_merged_by_sorted_code() -> None:
         keep = want.counts != 0
         assert got.codes.tolist() == want.codes[keep].tolist()
         assert got.counts.tolist() == want.counts[keep].tolist()
+        assert got.counts.dtype == want.counts.dtype
+    assert by_code._by_code is not None
+    assert by_code._by_code[0].dtype == (np.int32 if case == "int32" else float)
 
 
 def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> None:

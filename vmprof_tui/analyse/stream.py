@@ -34,6 +34,7 @@ from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
 from vmprof_tui.resolve.resolver import Resolver, RowNames
 
+INT32_MAX = (1 << 31) - 1
 PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory of a piece against its time)
 
 
@@ -48,7 +49,10 @@ class _Rows:
         self._all = rows if rows is not None else _empty_rows()
         self._kernel = kernel if kernel is not None else _empty_rows()
         self._pending: list[tuple[RowCounts, RowCounts | None]] = []
-        self._by_code: list[np.ndarray] | None = [np.zeros(0), np.zeros(0)] if by_code else None  # all, kernel
+        # all, kernel: int32 while every count added is whole and their magnitudes sum below 2**31 (no sum can
+        # then overflow), else float (the counts' own type)
+        self._by_code: list[np.ndarray] | None = [np.zeros(0, np.int32), np.zeros(0, np.int32)] if by_code else None
+        self._int32_room = [INT32_MAX, INT32_MAX]
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
         # kept aside until read or settled: merging copies the sums, which the loop does once the piece the rows
@@ -65,7 +69,7 @@ class _Rows:
             for rows, kernel in pending:
                 for i, part in ((0, rows), (1, kernel)):
                     if part is not None and len(part.codes):
-                        self._by_code[i] = _added(self._by_code[i], part)
+                        self._by_code[i] = self._added(i, part)
                         self._all = replace(self._all, names=self._all.names or part.names)
             return
         self._all = self._all.plus(RowCounts.combine([rows for rows, _kernel in pending]))
@@ -82,16 +86,24 @@ class _Rows:
         self.settle()
         return self._kernel if self._by_code is None else _of_codes(self._by_code[1], self._all.names)
 
+    def _added(self, i: int, rows: RowCounts) -> np.ndarray:
+        """Sums by name code (all: i=0, kernel: 1) with `rows` added, in place (arrays.longer: in the same pages
+        while they have room)."""
+        assert self._by_code is not None
+        sums = self._by_code[i]
+        if sums.dtype == np.int32:
+            self._int32_room[i] -= float(np.abs(rows.counts).sum())
+            if self._int32_room[i] < 0 or not np.array_equal(np.floor(rows.counts), rows.counts):
+                wide = arrays.own_pages(len(sums), rows.counts.dtype, room=2 * len(sums))
+                wide[:] = sums
+                sums = wide
+        sums = arrays.longer(sums, int(rows.codes[-1]) + 1)  # the codes ascend
+        sums[rows.codes] += rows.counts.astype(sums.dtype, copy=False)  # each code once
+        return sums
+
     @staticmethod
     def joined(parts: list[_Rows]) -> _Rows:
         return _Rows(RowCounts.combine([p.all for p in parts]), RowCounts.combine([p.kernel for p in parts]))
-
-
-def _added(sums: np.ndarray, rows: RowCounts) -> np.ndarray:
-    """Sums by name code with `rows` added, in place (arrays.longer: in the same pages while they have room)."""
-    sums = arrays.longer(sums, int(rows.codes[-1]) + 1)  # the codes ascend
-    sums[rows.codes] += rows.counts  # each code once
-    return sums
 
 
 def _of_codes(sums: np.ndarray, names: RowNames | None) -> RowCounts:
@@ -99,7 +111,7 @@ def _of_codes(sums: np.ndarray, names: RowNames | None) -> RowCounts:
     codes = np.flatnonzero(sums)
     if not len(codes):
         return _empty_rows()
-    return RowCounts(codes, sums[codes], names)
+    return RowCounts(codes, sums[codes].astype(float), names)
 
 
 @dataclass
