@@ -55,8 +55,8 @@ class _Rows:
         self._int32_room = [INT32_MAX, INT32_MAX]
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
-        # kept aside until read or settled: merging copies the sums, which the loop does once the piece the rows
-        # came from is let go (its peak is then not the piece's plus the copy)
+        # kept aside until read or settled: a merge of sorted codes copies the sums, which the loop does once the
+        # piece the rows came from is let go (its peak is then not the piece's plus the copy)
         self._pending.append((rows, kernel))
 
     def settle(self) -> None:
