@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,16 @@ def test_longer_keeps_the_items_and_grows_in_the_room_of_its_pages(monkeypatch: 
     c = arrays.longer(b, 101)  # past the room: copied, with room for twice as many
     assert c.tolist() == b.tolist() + [0] * 51 and not np.shares_memory(b, c)
     assert np.shares_memory(arrays.longer(c, 202), c)
+
+
+def test_own_pages_are_private_to_a_forked_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table in own pages written by a forked child (the analysis node's workers) stays as it was in the parent."""
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", 1)
+    a = arrays.own_pages(1000, np.int64)
+    a[:] = 7
+    pid = os.fork()
+    if pid == 0:  # the child writes and leaves at once
+        a[:] = 9
+        os._exit(0 if a[0] == 9 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert a.tolist() == [7] * 1000

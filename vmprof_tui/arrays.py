@@ -178,7 +178,8 @@ def own_pages(size: int, dtype: np.dtype | type, room: int = 0) -> np.ndarray:
     nbytes = max(size, room) * dtype.itemsize
     if nbytes < OWN_PAGES_BYTES:
         return np.zeros(size, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype, count=size)
+    # private: a forked process gets its own copy on write, as of the heap (an anonymous map is shared by default)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype, count=size)
 
 
 def longer(a: np.ndarray, size: int) -> np.ndarray:
