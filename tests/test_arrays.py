@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -52,3 +54,42 @@ def test_thread_keys_tell_threads_apart_and_unique_gives_numpys_first_switches()
         assert len(np.unique(keys)) == len(set(zip(pid.tolist(), tid.tolist(), strict=True)))
         for got, want in zip(arrays.unique(keys, return_index=True), np.unique(keys, return_index=True), strict=True):
             assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("own_pages_bytes", [1 << 40, 1], ids=["on the heap", "in own pages"])
+def test_insert_in_place_is_numpys_insert(own_pages_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", own_pages_bytes)
+    monkeypatch.setattr(arrays, "MOVE_BLOCK", 1000)  # many blocks moved
+    rng = np.random.default_rng(9)
+    table = np.empty(0, np.int64)
+    want = table.copy()
+    for size in (0, 7, 3000, 1, 5000, 20_000, 0, 4):
+        values = np.sort(rng.integers(0, 50_000, size))  # repeats, and values equal to those in the table
+        at = np.searchsorted(want, values)
+        want = np.insert(want, at, values)
+        table = arrays.insert_in_place(table, at, values)
+        assert table.tolist() == want.tolist()
+
+
+def test_longer_keeps_the_items_and_grows_in_the_room_of_its_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", 1)
+    a = arrays.own_pages(3, np.int32, room=100)
+    a[:] = [4, 5, 6]
+    b = arrays.longer(a, 50)  # in the same pages: no copy
+    assert b.tolist() == [4, 5, 6] + [0] * 47 and np.shares_memory(a, b)
+    c = arrays.longer(b, 101)  # past the room: copied, with room for twice as many
+    assert c.tolist() == b.tolist() + [0] * 51 and not np.shares_memory(b, c)
+    assert np.shares_memory(arrays.longer(c, 202), c)
+
+
+def test_own_pages_are_private_to_a_forked_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table in own pages written by a forked child (the analysis node's workers) stays as it was in the parent."""
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", 1)
+    a = arrays.own_pages(1000, np.int64)
+    a[:] = 7
+    pid = os.fork()
+    if pid == 0:  # the child writes and leaves at once
+        a[:] = 9
+        os._exit(0 if a[0] == 9 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert a.tolist() == [7] * 1000

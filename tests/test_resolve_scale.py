@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse.analysis import analyse
 from vmprof_tui.analyse.window import ReplayWindow, _window_recording
 from vmprof_tui.arrays import first_and_counts
@@ -42,7 +43,11 @@ def test_name_codes_number_names_as_a_walk_over_the_samples_would(monkeypatch: p
     assert merges >= 2 and codes._fallback
 
 
-def test_row_names_keep_each_codes_names_by_code_and_by_process() -> None:
+@pytest.mark.parametrize("own_pages_bytes", [1 << 40, 1], ids=["on the heap", "in own pages"])
+def test_row_names_keep_each_codes_names_by_code_and_by_process(own_pages_bytes: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also past the ids a uint16 column by code holds (func ids up to 50,000, then past 65,535)."""
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", own_pages_bytes)
     rng = np.random.default_rng(11)
     names = RowNames(StringTable())
     want: dict[int, dict[str, int]] = {}
@@ -53,7 +58,7 @@ def test_row_names_keep_each_codes_names_by_code_and_by_process() -> None:
         codes = np.concatenate([np.arange(top, top + size), rng.integers(0, top + size, size // 2)])
         top += size
         proc = np.array([want[c]["proc_code"] if c in want else int(rng.integers(0, 300)) for c in codes.tolist()])
-        func, module = rng.integers(0, 50_000, len(codes)), rng.integers(0, 900, len(codes))
+        func, module = rng.integers(0, 50_000 if size < 3000 else 90_000, len(codes)), rng.integers(0, 900, len(codes))
         for c, p, f, m in zip(codes.tolist(), proc.tolist(), func.tolist(), module.tolist(), strict=True):
             want.setdefault(c, {"func": f, "module": m, "proc_code": p, **of_proc[p]})
         first = [want[c] for c in codes.tolist()]  # a repeated code comes with the names it had
@@ -61,6 +66,10 @@ def test_row_names_keep_each_codes_names_by_code_and_by_process() -> None:
         every = np.arange(top)
         for f in RowNames.FIELDS:
             assert names.ids(every, f).tolist() == [want[c][f] for c in range(top)], f
+            assert names.ids(every, f).dtype == np.int32
+        wide = max(w["func"] for w in want.values()) > 65_535
+        assert names._columns["func"].dtype == (np.int32 if wide else np.uint16)
+        assert names._columns["module"].dtype == np.uint16
     assert len(names._columns["func"]) < 1.5 * top  # grown by a quarter, not doubled
 
 

@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 from synth import busy_recording
 
+from vmprof_tui import arrays
 from vmprof_tui.analyse import stream
+from vmprof_tui.analyse.shares import RowCounts
 from vmprof_tui.analyse.stream import StreamedAnalysis
 from vmprof_tui.cli import main
 from vmprof_tui.record.bpf_records import SCHED_DTYPE
 from vmprof_tui.record.stream import scan, sort_sched
+from vmprof_tui.resolve.resolver import NameCodes
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,51 @@ def test_streamed_report_is_the_whole_report(recording: Path, case: list[str], c
     assert len(whole.splitlines()) >= 4  # rows, not only a header
     assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
     assert report(args, 1733, capsys, monkeypatch, streamed=True) == whole
+
+
+
+@pytest.mark.parametrize("case", [["table"], ["csv", "-K"], ["json", "--vm", "web"]], ids=" ".join)
+def test_streamed_report_with_its_sums_in_own_pages_is_the_whole_report(recording: Path, case: list[str],
+                                                                         capsys: pytest.CaptureFixture,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's sums by name code, the name tables and the names by code in pages of their own (arrays.own_pages,
+    there from 1 MB on), grown in them and merged in place: the same report."""
+    args = [str(recording), "--format", *case]
+    whole = report(args, 1 << 30, capsys, monkeypatch, streamed=False)
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", 1)
+    monkeypatch.setattr(NameCodes, "RECENT_MIN", 8)  # the names merged into the sorted table many times
+    assert report(args, 1000, capsys, monkeypatch, streamed=True) == whole
+
+
+@pytest.mark.parametrize("case", ["int32", "past int32", "fractions"])
+def test_host_rows_summed_by_code_are_the_rows_merged_by_sorted_code(case: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """_Rows(by_code=True) (the host's: sums indexed by name code, int32 while no sum can overflow and the counts
+    are whole) reads as the sorted codes merged piece by piece, rows whose counts cancel out (idle samples taken
+    back) left out."""
+    if case == "past int32":
+        monkeypatch.setattr(stream, "INT32_MAX", 5000)  # the sums widened to float midway
+    rng = np.random.default_rng(5)
+    by_code, merged = stream._Rows(by_code=True), stream._Rows()
+    for size in (5, 300, 0, 2000, 40):
+        codes = np.unique(rng.integers(0, 3000, size))
+        counts = rng.integers(1, 9, len(codes)).astype(float)
+        if case == "fractions" and size == 2000:
+            counts[::3] += 0.25
+        rows = RowCounts(codes, counts, None)
+        kernel = RowCounts(codes[::2], np.minimum(counts[::2], 2), None)
+        for r in (by_code, merged):
+            r.add(rows, kernel)
+            r.settle()
+            if size == 40:  # a piece's rows taken away again
+                r.add(rows.negated(), kernel.negated())
+    for got, want in ((by_code.all, merged.all), (by_code.kernel, merged.kernel)):
+        keep = want.counts != 0
+        assert got.codes.tolist() == want.codes[keep].tolist()
+        assert got.counts.tolist() == want.counts[keep].tolist()
+        assert got.counts.dtype == want.counts.dtype
+    assert by_code._by_code is not None
+    assert by_code._by_code[0].dtype == (np.int32 if case == "int32" else float)
 
 
 def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> None:

@@ -13,6 +13,7 @@ counts of small keys (the dense ranks an analysis groups its samples by).
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 
 import numpy as np
@@ -162,3 +163,54 @@ def positions_by_key(keys: np.ndarray, wanted: np.ndarray) -> dict[int, np.ndarr
         return {}
     wanted, rank, found = rank_among(keys, wanted)
     return {int(wanted[r]): at for r, at in group_by(rank, np.flatnonzero(found))}
+
+
+OWN_PAGES_BYTES = 1 << 20  # a long-lived array that grows gets pages of its own from this size on
+MOVE_BLOCK = 1 << 16  # items moved at once by insert_in_place (numpy copies what overlaps: a block, not the table)
+
+
+def own_pages(size: int, dtype: np.dtype | type, room: int = 0) -> np.ndarray:
+    """An array of `size` zeros in pages of its own (an anonymous mmap, unmapped when the array goes) with room for
+    `room` items in all, when that is OWN_PAGES_BYTES or more, else on the heap.  For the tables and sums that grow
+    through a long recording: each larger copy placed on the heap left the last one a hole that the pieces' arrays
+    did not fill (docs/scale.md), and pages never written (the room) cost no memory."""
+    dtype = np.dtype(dtype)
+    nbytes = max(size, room) * dtype.itemsize
+    if nbytes < OWN_PAGES_BYTES:
+        return np.zeros(size, dtype)
+    # private: a forked process gets its own copy on write, as of the heap (an anonymous map is shared by default)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype, count=size)
+
+
+def longer(a: np.ndarray, size: int) -> np.ndarray:
+    """`a` made `size` long, its items then zeros: in its own pages when they have room (no copy: the result shares
+    them, `a` is to be dropped), else copied into own_pages with room for twice as many."""
+    if size <= len(a):
+        return a
+    base = a.base
+    if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap) and base.nbytes >= size * a.itemsize:
+        return np.frombuffer(base.obj, a.dtype, count=size)  # own_pages made `a` from the start of its pages
+    out = own_pages(size, a.dtype, room=2 * size)
+    out[:len(a)] = a
+    return out
+
+
+def insert_in_place(a: np.ndarray, at: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """np.insert(a, at, values) for ascending `at` (values[i] before a[at[i]], ties in the order of values), in a's
+    pages when they have room (longer; `a` is to be dropped): a sorted table that grows through a long recording is
+    not copied whole each time, nor held twice."""
+    n, m = len(a), len(at)
+    if not m:
+        return a
+    out = longer(a, n + m)
+    # each item moves right by the values inserted before it: from the back, a block at a time, no block's places
+    # reach the items not moved yet (before it); those before the first value stay
+    for hi in range(n, int(at[0]), -MOVE_BLOCK):
+        lo = max(hi - MOVE_BLOCK, int(at[0]))
+        first, last = np.searchsorted(at, [lo, hi])  # the values inserted among these items
+        shift = np.bincount(at[first:last] - lo, minlength=hi - lo).cumsum()
+        shift += first + np.arange(lo, hi)  # where each item goes
+        out[shift] = out[lo:hi]
+    out[at + np.arange(m)] = values
+    return out
+

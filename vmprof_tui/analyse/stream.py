@@ -32,47 +32,86 @@ from vmprof_tui.record.recording import KALLSYMS_KEY, STACKS, USTACKS, Recording
 from vmprof_tui.record.stream import Piece, Scanned, WholeNeeded, pieces
 from vmprof_tui.resolve.memo import new_memo
 from vmprof_tui.resolve.prepare import learn_vms, prepare, recording_end
-from vmprof_tui.resolve.resolver import Resolver
+from vmprof_tui.resolve.resolver import Resolver, RowNames
 
+INT32_MAX = (1 << 31) - 1
 PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory of a piece against its time)
 
 
 class _Rows:
     """A profile's function rows summed so far: samples, and of them those in kernel mode (Row.kernel: the ratios
-    of a filtered profile are made of it), by the resolver's name codes."""
+    of a filtered profile are made of it), by the resolver's name codes.
 
-    def __init__(self, rows: RowCounts | None = None, kernel: RowCounts | None = None) -> None:
+    by_code: summed in arrays indexed by name code (a sum added in place; for the host, whose rows are most of the
+    names) instead of sorted codes and their counts (merged into a copy each piece)."""
+
+    def __init__(self, rows: RowCounts | None = None, kernel: RowCounts | None = None, by_code: bool = False) -> None:
         self._all = rows if rows is not None else _empty_rows()
         self._kernel = kernel if kernel is not None else _empty_rows()
         self._pending: list[tuple[RowCounts, RowCounts | None]] = []
+        # all, kernel: int32 while every count added is whole and their magnitudes sum below 2**31 (no sum can
+        # then overflow), else float (the counts' own type)
+        self._by_code: list[np.ndarray] | None = [np.zeros(0, np.int32), np.zeros(0, np.int32)] if by_code else None
+        self._int32_room = [INT32_MAX, INT32_MAX]
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
-        # kept aside until read or settled: merging copies the sums, which the loop does once the piece the rows
-        # came from is let go (its peak is then not the piece's plus the copy)
+        # kept aside until read or settled: a merge of sorted codes copies the sums, which the loop does once the
+        # piece the rows came from is let go (its peak is then not the piece's plus the copy)
         self._pending.append((rows, kernel))
 
     def settle(self) -> None:
         """The rows added so far merged into the sums (no sort of them again: 150 pieces of a host of 900,000
         rows); rows that cancel out (_add_idle) are dropped at the end (StreamedAnalysis.row_columns)."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self._all = self._all.plus(RowCounts.combine([rows for rows, _kernel in pending]))
-            if kernels := [kernel for _rows, kernel in pending if kernel is not None]:
-                self._kernel = self._kernel.plus(RowCounts.combine(kernels))
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        if self._by_code is not None:
+            for rows, kernel in pending:
+                for i, part in ((0, rows), (1, kernel)):
+                    if part is not None and len(part.codes):
+                        self._by_code[i] = self._added(i, part)
+                        self._all = replace(self._all, names=self._all.names or part.names)
+            return
+        self._all = self._all.plus(RowCounts.combine([rows for rows, _kernel in pending]))
+        if kernels := [kernel for _rows, kernel in pending if kernel is not None]:
+            self._kernel = self._kernel.plus(RowCounts.combine(kernels))
 
     @property
     def all(self) -> RowCounts:
         self.settle()
-        return self._all
+        return self._all if self._by_code is None else _of_codes(self._by_code[0], self._all.names)
 
     @property
     def kernel(self) -> RowCounts:
         self.settle()
-        return self._kernel
+        return self._kernel if self._by_code is None else _of_codes(self._by_code[1], self._all.names)
+
+    def _added(self, i: int, rows: RowCounts) -> np.ndarray:
+        """Sums by name code (all: i=0, kernel: 1) with `rows` added, in place (arrays.longer: in the same pages
+        while they have room)."""
+        assert self._by_code is not None
+        sums = self._by_code[i]
+        if sums.dtype == np.int32:
+            self._int32_room[i] -= float(np.abs(rows.counts).sum())
+            if self._int32_room[i] < 0 or not np.array_equal(np.floor(rows.counts), rows.counts):
+                wide = arrays.own_pages(len(sums), rows.counts.dtype, room=2 * len(sums))
+                wide[:] = sums
+                sums = wide
+        sums = arrays.longer(sums, int(rows.codes[-1]) + 1)  # the codes ascend
+        sums[rows.codes] += rows.counts.astype(sums.dtype, copy=False)  # each code once
+        return sums
 
     @staticmethod
     def joined(parts: list[_Rows]) -> _Rows:
         return _Rows(RowCounts.combine([p.all for p in parts]), RowCounts.combine([p.kernel for p in parts]))
+
+
+def _of_codes(sums: np.ndarray, names: RowNames | None) -> RowCounts:
+    """The rows of sums by name code (those whose counts are not 0)."""
+    codes = np.flatnonzero(sums)
+    if not len(codes):
+        return _empty_rows()
+    return RowCounts(codes, sums[codes].astype(float), names)
 
 
 @dataclass
@@ -161,7 +200,7 @@ class StreamedAnalysis:
         self.level, self.vm = level, vm
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.host = HostParts()
-        self.host_rows = _Rows()
+        self.host_rows = _Rows(by_code=True)
         self.others: dict[tuple, Row] = {}  # CPU idle, one row per VM (by pid)
         self.vcpus: dict[tuple[str, int, int], _Vcpu] = {}  # by VM, vCPU and thread (a VM's name can be two VMs')
         self.vm_index: dict[str, int] = {}

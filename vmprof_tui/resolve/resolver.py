@@ -108,8 +108,8 @@ class NameCodes:
 
     def _merge(self) -> None:
         at = np.searchsorted(self.keys, self._recent_keys)
-        self.keys, self.codes = np.insert(self.keys, at, self._recent_keys), np.insert(self.codes, at,
-                                                                                        self._recent_codes)
+        self.keys = arrays.insert_in_place(self.keys, at, self._recent_keys)
+        self.codes = arrays.insert_in_place(self.codes, at, self._recent_codes)
         self._recent_keys, self._recent_codes = self._recent_keys[:0], self._recent_codes[:0]
 
     def _encode_slowly(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
@@ -176,9 +176,9 @@ class RowNames:
     row sums carry is codes and counts only; names are looked up here for the rows a screen shows (names per row
     merged every second were most of summing a 64-CPU window).
 
-    By code only the function, module and process code are kept (12 bytes a name: a long recording has over a
-    million names); the process, its name's code and the pid are the process code's, kept by it (processes are
-    few)."""
+    By code only the function, module and process code are kept (a long recording has over a million names), as
+    uint16 while their ids fit (6 bytes a name: string ids and processes number thousands), else int32; the
+    process, its name's code and the pid are the process code's, kept by it (processes are few)."""
 
     FIELDS = ("func", "module", "process", "process_name_code", "pid", "proc_code")
     BY_CODE = ("func", "module", "proc_code")
@@ -186,7 +186,7 @@ class RowNames:
 
     def __init__(self, strings: StringTable) -> None:
         self.strings = strings
-        self._columns = {f: np.zeros(1024, np.int32) for f in self.BY_CODE}
+        self._columns = {f: np.zeros(1024, np.uint16) for f in self.BY_CODE}
         self._by_proc = {f: np.zeros(64, np.int32) for f in self.FIELDS if f not in self.BY_CODE}
 
     def add(self, codes: np.ndarray, **columns: np.ndarray) -> None:
@@ -195,6 +195,8 @@ class RowNames:
             return
         self._columns = _grown(self._columns, int(codes.max()) + 1, self.GROWTH)
         for f, a in self._columns.items():
+            if a.dtype == np.uint16 and not 0 <= columns[f].min() <= columns[f].max() <= NARROW_MAX:
+                a = self._columns[f] = _widened(a)
             a[codes] = columns[f]
         procs = columns["proc_code"]
         self._by_proc = _grown(self._by_proc, int(procs.max()) + 1, 2)
@@ -202,9 +204,9 @@ class RowNames:
             a[procs] = columns[f]
 
     def ids(self, codes: np.ndarray, column: str) -> np.ndarray:
-        """A column of `codes` (string ids, codes or pids)."""
+        """A column of `codes` (string ids, codes or pids), as int32."""
         if column in self._columns:
-            return self._columns[column][codes]
+            return self._columns[column][codes].astype(np.int32, copy=False)
         return self._by_proc[column][self._columns["proc_code"][codes]]
 
     def of_processes(self, column: str) -> np.ndarray:
@@ -220,13 +222,24 @@ class RowNames:
         return self.strings.array()[self.ids(codes, column)]
 
 
+NARROW_MAX = (1 << 16) - 1  # the largest id RowNames keeps by code in a uint16
+
+
+def _widened(a: np.ndarray) -> np.ndarray:
+    """A uint16 column as int32."""
+    wide = arrays.own_pages(len(a), np.int32, room=2 * len(a))
+    wide[:] = a
+    return wide
+
+
 def _grown(columns: dict[str, np.ndarray], size: int, growth: float) -> dict[str, np.ndarray]:
-    """int32 columns at least `size` long, grown by `growth` times at least (zeros past the old ones)."""
+    """Columns at least `size` long, grown by `growth` times at least (zeros past the old ones; in pages of
+    their own with room ahead once large, arrays.longer)."""
     have = len(next(iter(columns.values())))
     if size <= have:
         return columns
     grown = max(size, int(have * growth))
-    return {f: np.concatenate([a, np.zeros(grown - have, np.int32)]) for f, a in columns.items()}
+    return {f: arrays.longer(a, grown) for f, a in columns.items()}
 
 
 def _column(name: str, strings: bool = False) -> property:
