@@ -93,3 +93,27 @@ def test_own_pages_are_private_to_a_forked_process(monkeypatch: pytest.MonkeyPat
         os._exit(0 if a[0] == 9 else 1)
     assert os.waitpid(pid, 0)[1] == 0
     assert a.tolist() == [7] * 1000
+
+
+def test_own_pages_fall_back_to_the_heap_when_no_map_can_be_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No room for another map (vm.max_map_count, ulimit -v, strict overcommit): the table goes on the heap,
+    nothing fails."""
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", 1)
+
+    def no_map(*_args: object, **_kwargs: object) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(arrays.mmap, "mmap", no_map)
+    a = arrays.own_pages(5, np.int64, room=1 << 40)
+    assert a.tolist() == [0] * 5
+    a[:] = 3
+    assert arrays.longer(a, 7).tolist() == [3] * 5 + [0] * 2
+
+
+def test_longer_copies_a_view_into_pages_at_an_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an array at the start of its own pages grows in them: one further in is copied, its items kept."""
+    import mmap
+
+    c = np.frombuffer(mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE), np.int64, count=4, offset=64)
+    c[:] = [5, 6, 7, 8]
+    assert arrays.longer(c, 6).tolist() == [5, 6, 7, 8, 0, 0]

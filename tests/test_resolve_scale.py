@@ -379,3 +379,42 @@ def test_extracted_bundle_folders_are_removed_at_exit(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script, str(GOLDEN)], capture_output=True, text=True, check=True,
                          env={**os.environ, "TMPDIR": str(tmp_path)}).stdout.split()
     assert out[1] == "True" and out[0].startswith(str(tmp_path)) and not Path(out[0]).exists()
+
+
+def test_name_codes_stay_whole_when_a_merge_cannot_get_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The room for both sorted tables is taken before either is changed: a merge that fails for memory leaves
+    the codes as they were, and the next call codes names as before."""
+    monkeypatch.setattr(arrays, "OWN_PAGES_BYTES", 1)
+    monkeypatch.setattr(NameCodes, "RECENT_MIN", 64)
+    codes = NameCodes()
+    codes.procs = {("a", 1): 0}
+    walk: dict[tuple, int] = {}
+
+    def coded(func: np.ndarray) -> list[int]:
+        proc, module = np.zeros(len(func), np.int64), np.zeros(len(func), np.int64)
+        return codes.encode(proc, func, module).tolist()
+
+    def walked(func: np.ndarray) -> list[int]:
+        return [walk.setdefault((0, f, 0), len(walk)) for f in func.tolist()]
+
+    first = np.arange(500)
+    assert coded(first) == walked(first)
+    real = arrays.own_pages
+    calls = {"n": 0}
+
+    def fails_on_the_second(*args: object, **kwargs: object) -> np.ndarray:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MemoryError
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(arrays, "own_pages", fails_on_the_second)
+    more = np.arange(500, 1200)
+    with pytest.raises(MemoryError):
+        coded(more)
+    monkeypatch.setattr(arrays, "own_pages", real)
+    assert len(codes.keys) == len(codes.codes) == 500 and np.all(np.diff(codes.keys) > 0)
+    fresh = NameCodes()
+    fresh.procs = {("a", 1): 0}
+    again = np.concatenate([first, more, np.arange(100)])
+    assert coded(again) == fresh.encode(np.zeros(len(again), np.int64), again, np.zeros(len(again), np.int64)).tolist()

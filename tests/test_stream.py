@@ -60,7 +60,6 @@ def test_streamed_report_is_the_whole_report(recording: Path, case: list[str], c
     assert report(args, 1733, capsys, monkeypatch, streamed=True) == whole
 
 
-
 @pytest.mark.parametrize("case", [["table"], ["csv", "-K"], ["json", "--vm", "web"]], ids=" ".join)
 def test_streamed_report_with_its_sums_in_own_pages_is_the_whole_report(recording: Path, case: list[str],
                                                                          capsys: pytest.CaptureFixture,

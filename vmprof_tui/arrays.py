@@ -8,7 +8,8 @@ functions, so results are the same.  The measured costs, and why not pandas' fac
 at scale".
 
 Below them, the grouping every stage shares: by key (group_by), dense ranks, membership among few keys, and
-counts of small keys (the dense ranks an analysis groups its samples by).
+counts of small keys (the dense ranks an analysis groups its samples by).  Last, tables that grow through a long
+recording in pages of their own (own_pages, longer, insert_in_place: docs/scale.md).
 """
 
 from __future__ import annotations
@@ -178,8 +179,20 @@ def own_pages(size: int, dtype: np.dtype | type, room: int = 0) -> np.ndarray:
     nbytes = max(size, room) * dtype.itemsize
     if nbytes < OWN_PAGES_BYTES:
         return np.zeros(size, dtype)
-    # private: a forked process gets its own copy on write, as of the heap (an anonymous map is shared by default)
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype, count=size)
+    try:  # private: a forked process gets its own copy on write, as of the heap (an anonymous map is shared)
+        pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    except OSError:  # no room for the map (vm.max_map_count, ulimit -v, strict overcommit): the heap will do
+        return np.zeros(size, dtype)
+    return np.frombuffer(pages, dtype, count=size)
+
+
+def _own_pages_of(a: np.ndarray) -> mmap.mmap | None:
+    """The pages own_pages made `a` at the start of, if it was (not a view at an offset into them)."""
+    base = a.base
+    if not (isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)):
+        return None
+    start = np.frombuffer(base.obj, np.uint8, count=1).ctypes.data
+    return base.obj if a.ctypes.data == start else None
 
 
 def longer(a: np.ndarray, size: int) -> np.ndarray:
@@ -187,12 +200,32 @@ def longer(a: np.ndarray, size: int) -> np.ndarray:
     them, `a` is to be dropped), else copied into own_pages with room for twice as many."""
     if size <= len(a):
         return a
-    base = a.base
-    if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap) and base.nbytes >= size * a.itemsize:
-        return np.frombuffer(base.obj, a.dtype, count=size)  # own_pages made `a` from the start of its pages
+    pages = _own_pages_of(a)
+    if pages is not None and len(pages) >= size * a.itemsize:
+        return np.frombuffer(pages, a.dtype, count=size)
     out = own_pages(size, a.dtype, room=2 * size)
     out[:len(a)] = a
     return out
+
+
+def with_room(a: np.ndarray, size: int) -> np.ndarray:
+    """`a`, or when it is large and its pages have no room for `size` items, its items copied into own_pages with
+    that room: growing it to `size` (longer, insert_in_place) then allocates nothing large, so cannot fail."""
+    if size * a.itemsize < OWN_PAGES_BYTES:
+        return a
+    pages = _own_pages_of(a)
+    if pages is not None and len(pages) >= size * a.itemsize:
+        return a
+    out = own_pages(len(a), a.dtype, room=2 * size)
+    out[:] = a
+    return out
+
+
+def widened(a: np.ndarray, dtype: np.dtype | type) -> np.ndarray:
+    """`a` as `dtype` (wider), in own_pages with room for twice as many."""
+    wide = own_pages(len(a), dtype, room=2 * len(a))
+    wide[:] = a
+    return wide
 
 
 def insert_in_place(a: np.ndarray, at: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -213,4 +246,3 @@ def insert_in_place(a: np.ndarray, at: np.ndarray, values: np.ndarray) -> np.nda
         out[shift] = out[lo:hi]
     out[at + np.arange(m)] = values
     return out
-

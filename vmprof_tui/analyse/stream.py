@@ -46,6 +46,7 @@ class _Rows:
     names) instead of sorted codes and their counts (merged into a copy each piece)."""
 
     def __init__(self, rows: RowCounts | None = None, kernel: RowCounts | None = None, by_code: bool = False) -> None:
+        assert not by_code or (rows is None and kernel is None), "sums by code start empty"
         self._all = rows if rows is not None else _empty_rows()
         self._kernel = kernel if kernel is not None else _empty_rows()
         self._pending: list[tuple[RowCounts, RowCounts | None]] = []
@@ -61,7 +62,8 @@ class _Rows:
 
     def settle(self) -> None:
         """The rows added so far merged into the sums (no sort of them again: 150 pieces of a host of 900,000
-        rows); rows that cancel out (_add_idle) are dropped at the end (StreamedAnalysis.row_columns)."""
+        rows); rows that cancel out (_add_idle) are dropped at the end (StreamedAnalysis.row_columns; by code,
+        _of_codes)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
@@ -94,9 +96,7 @@ class _Rows:
         if sums.dtype == np.int32:
             self._int32_room[i] -= float(np.abs(rows.counts).sum())
             if self._int32_room[i] < 0 or not np.array_equal(np.floor(rows.counts), rows.counts):
-                wide = arrays.own_pages(len(sums), rows.counts.dtype, room=2 * len(sums))
-                wide[:] = sums
-                sums = wide
+                sums = arrays.widened(sums, np.float64)
         sums = arrays.longer(sums, int(rows.codes[-1]) + 1)  # the codes ascend
         sums[rows.codes] += rows.counts.astype(sums.dtype, copy=False)  # each code once
         return sums

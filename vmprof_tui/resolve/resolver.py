@@ -107,9 +107,12 @@ class NameCodes:
         return code[inverse], first[new]
 
     def _merge(self) -> None:
-        at = np.searchsorted(self.keys, self._recent_keys)
-        self.keys = arrays.insert_in_place(self.keys, at, self._recent_keys)
-        self.codes = arrays.insert_in_place(self.codes, at, self._recent_codes)
+        # room for both tables first (where it can fail), then both filled: never one merged and the other not
+        n = len(self.keys) + len(self._recent_keys)
+        keys, codes = arrays.with_room(self.keys, n), arrays.with_room(self.codes, n)
+        at = np.searchsorted(keys, self._recent_keys)
+        self.keys = arrays.insert_in_place(keys, at, self._recent_keys)
+        self.codes = arrays.insert_in_place(codes, at, self._recent_codes)
         self._recent_keys, self._recent_codes = self._recent_keys[:0], self._recent_codes[:0]
 
     def _encode_slowly(self, proc_code: np.ndarray, func: np.ndarray, module: np.ndarray) -> np.ndarray:
@@ -182,7 +185,7 @@ class RowNames:
 
     FIELDS = ("func", "module", "process", "process_name_code", "pid", "proc_code")
     BY_CODE = ("func", "module", "proc_code")
-    GROWTH = 1.25  # capacity grown by a quarter: a name costs its 12 bytes, not up to twice that
+    GROWTH = 1.25  # capacity grown by a quarter: a name costs its 6 bytes, not up to twice that
 
     def __init__(self, strings: StringTable) -> None:
         self.strings = strings
@@ -196,7 +199,7 @@ class RowNames:
         self._columns = _grown(self._columns, int(codes.max()) + 1, self.GROWTH)
         for f, a in self._columns.items():
             if a.dtype == np.uint16 and not 0 <= columns[f].min() <= columns[f].max() <= NARROW_MAX:
-                a = self._columns[f] = _widened(a)
+                a = self._columns[f] = arrays.widened(a, np.int32)
             a[codes] = columns[f]
         procs = columns["proc_code"]
         self._by_proc = _grown(self._by_proc, int(procs.max()) + 1, 2)
@@ -223,13 +226,6 @@ class RowNames:
 
 
 NARROW_MAX = (1 << 16) - 1  # the largest id RowNames keeps by code in a uint16
-
-
-def _widened(a: np.ndarray) -> np.ndarray:
-    """A uint16 column as int32."""
-    wide = arrays.own_pages(len(a), np.int32, room=2 * len(a))
-    wide[:] = a
-    return wide
 
 
 def _grown(columns: dict[str, np.ndarray], size: int, growth: float) -> dict[str, np.ndarray]:
