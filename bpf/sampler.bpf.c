@@ -68,7 +68,9 @@ int on_sample(struct bpf_perf_event_data *ctx)
 	u64 id = bpf_get_current_pid_tgid();
 	u32 pid = id >> 32, tid = (u32)id;
 	void *vcpu = loaded_vcpu((void *)bpf_get_current_task());
-	bool vcpu_thread = vcpu || (pid && vcpu_tids.lookup(&tid));
+#if defined(RECOVER_SWITCHES) || defined(HOST_COUNTS)
+	bool vcpu_thread = vcpu || (pid && vcpu_tids.lookup(&tid)); /* loaded, or known outside KVM_RUN */
+#endif
 	if (pid)
 		remember_comm(pid, tid);
 #ifdef RECOVER_SWITCHES
