@@ -149,15 +149,21 @@ def test_halt(tmp_path: Path) -> None:
 
 
 def test_vcpu2_on_1(tmp_path: Path) -> None:
+    """Two vCPUs of one VM on one pCPU: while one runs, the other waits, preempted (`[steal] (on vcpuN)`) or, a
+    few dozen times a run, blocked in the VMM outside KVM_RUN as its sibling's thread runs (`[steal] (vmm
+    blocked)`: the kernel's own switch says so, not runnable and no vCPU loaded).  Together they are the sibling's
+    share of the wall time."""
     r = record_scenario(tmp_path, "vcpu2-on-1", 3.0)
     an = analyse(r.rec)
     for vcpu, other in ((0, 1), (1, 0)):
         g = an.guest_profile("vcpu2", vcpu=vcpu)
         on_other = share(g, function="[steal]", module=f"(on vcpu{other})")
+        blocked = share(g, function="[steal]", module="(vmm blocked)")
         truth = r.truth["vcpu2"]["vcpus"][other]
         want = 100 * truth["thread_cpu_ns"] / r.truth["vcpu2"]["vcpus"][vcpu]["wall_ns"]
-        print(f"vcpu{vcpu}: [steal] (on vcpu{other}) {on_other:.1f}% (other vCPU's share {want:.1f}%)")
-        assert abs(on_other - want) <= 3
+        print(f"vcpu{vcpu}: [steal] (on vcpu{other}) {on_other:.1f}% + (vmm blocked) {blocked:.1f}% "
+              f"(other vCPU's share {want:.1f}%)")
+        assert abs(on_other + blocked - want) <= 3
 
 
 def _fixed_work_spec(name: str, rounds: int) -> dict:
