@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -362,6 +362,7 @@ class SynthRecording:
         """The sched events bpf/sched.bpf.c would emit for the schedule, in time order."""
         self._check()
         vcpu_tids = self._vcpu_tids()
+        times = self._sample_times()
         rows = []
         for cpu in range(self.cpus):
             slices = self._cpu_slices(cpu)
@@ -375,7 +376,7 @@ class SynthRecording:
                 if nxt.tid in vcpu_tids and self._known(nxt, nxt.start):
                     flags |= SCHED_NEXT_VCPU
                 if not flags & (SCHED_PREV_VCPU | SCHED_NEXT_VCPU) and prev.tid != 0 and nxt.tid != 0:
-                    if nxt.tid in vcpu_tids and (t := self._first_known_sample(slices, i + 1, last_recorded)):
+                    if nxt.tid in vcpu_tids and (t := self._first_known_sample(slices, i + 1, last_recorded, times)):
                         rows.append((BASE_NS + t, prev.pid, prev.tid, nxt.pid, nxt.tid, 0, cpu, 0,
                                      (flags & SCHED_PREV_RUNNABLE) | SCHED_NEXT_VCPU, (0,) * 3, 0,
                                      nxt.comm.encode()[:15]))
@@ -398,14 +399,15 @@ class SynthRecording:
             n += 1
         return [round(self.phase_ns + k * self.period_ns) for k in range(n)]
 
-    def _first_known_sample(self, slices: list[_Slice], first: int, last_recorded: int) -> int | None:
+    def _first_known_sample(self, slices: list[_Slice], first: int, last_recorded: int,
+                            times: list[int]) -> int | None:
         """The switch-in the sampler records for a vCPU thread whose switch-in was not (bpf/sched.bpf.c
         seen_running): at its first sample as a vCPU thread before it leaves (its vCPU loaded, or discovered),
         timed in the middle of the stretch after the CPU's last recorded switch and the tick before."""
         tid = slices[first].tid
         for s in itertools.takewhile(lambda s: s.tid == tid, slices[first:]):
-            for t in self._sample_times():
-                if s.start <= t < s.end and self._known(s, t):
+            for t in times[bisect_left(times, s.start):bisect_left(times, s.end)]:
+                if self._known(s, t):
                     after = max(t - round(self.period_ns), last_recorded + 1)
                     return after + (t - after) // 2
         return None

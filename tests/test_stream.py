@@ -76,13 +76,13 @@ def test_streamed_report_with_its_sums_in_own_pages_is_the_whole_report(recordin
 @pytest.mark.parametrize("case", ["int32", "past int32", "fractions"])
 def test_host_rows_summed_by_code_are_the_rows_merged_by_sorted_code(case: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """_Rows(by_code=True) (the host's: sums indexed by name code, int32 while no sum can overflow and the counts
+    """_RowsByCode (the host's: sums indexed by name code, int32 while no sum can overflow and the counts
     are whole) reads as the sorted codes merged piece by piece, rows whose counts cancel out (idle samples taken
     back) left out."""
     if case == "past int32":
         monkeypatch.setattr(stream, "INT32_MAX", 5000)  # the sums widened to float midway
     rng = np.random.default_rng(5)
-    by_code, merged = stream._Rows(by_code=True), stream._Rows()
+    by_code, merged = stream._RowsByCode(), stream._Rows()
     for size in (5, 300, 0, 2000, 40):
         codes = np.unique(rng.integers(0, 3000, size))
         counts = rng.integers(1, 9, len(codes)).astype(float)
@@ -100,8 +100,7 @@ def test_host_rows_summed_by_code_are_the_rows_merged_by_sorted_code(case: str,
         assert got.codes.tolist() == want.codes[keep].tolist()
         assert got.counts.tolist() == want.counts[keep].tolist()
         assert got.counts.dtype == want.counts.dtype
-    assert by_code._by_code is not None
-    assert by_code._by_code[0].dtype == (np.int32 if case == "int32" else float)
+    assert by_code._sums[0].dtype == (np.int32 if case == "int32" else float)
 
 
 def test_streamed_analysis_reads_pieces_in_bounded_memory(recording: Path) -> None:
@@ -228,15 +227,15 @@ def test_streamed_pieces_are_let_go_before_the_next_is_prepared(recording: Path,
         return prepare(*args, **kwargs)
 
     an_rows: list = []
-    init_rows = stream._Rows.__init__
+    init_rows = stream._RowsByCode.__init__
 
     def first_rows(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         init_rows(self, *args, **kwargs)
-        an_rows.append(self)  # the host rows are the first made
+        an_rows.append(self)  # the host rows
 
     monkeypatch.setattr(stream, "Analysis", Tracked)
     monkeypatch.setattr(stream, "prepare", tracked_prepare)
-    monkeypatch.setattr(stream._Rows, "__init__", first_rows)
+    monkeypatch.setattr(stream._RowsByCode, "__init__", first_rows)
     an = StreamedAnalysis(scan(recording), piece_rows=1000)
     assert an.pieces == len(alive) > 1 and set(alive) == {0} and set(pending) == {0}
     assert an.host_rows is an_rows[0] and len(an.host_rows.all.codes)

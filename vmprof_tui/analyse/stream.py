@@ -40,59 +40,77 @@ PIECE_ROWS = 1 << 18  # samples analysed at once (docs/scale.md: the peak memory
 
 class _Rows:
     """A profile's function rows summed so far: samples, and of them those in kernel mode (Row.kernel: the ratios
-    of a filtered profile are made of it), by the resolver's name codes.
+    of a filtered profile are made of it), by the resolver's name codes."""
 
-    by_code: summed in arrays indexed by name code (a sum added in place; for the host, whose rows are most of the
-    names) instead of sorted codes and their counts (merged into a copy each piece)."""
-
-    def __init__(self, rows: RowCounts | None = None, kernel: RowCounts | None = None, by_code: bool = False) -> None:
-        assert not by_code or (rows is None and kernel is None), "sums by code start empty"
+    def __init__(self, rows: RowCounts | None = None, kernel: RowCounts | None = None) -> None:
         self._all = rows if rows is not None else _empty_rows()
         self._kernel = kernel if kernel is not None else _empty_rows()
         self._pending: list[tuple[RowCounts, RowCounts | None]] = []
-        # all, kernel: int32 while every count added is whole and their magnitudes sum below 2**31 (no sum can
-        # then overflow), else float (the counts' own type)
-        self._by_code: list[np.ndarray] | None = [np.zeros(0, np.int32), np.zeros(0, np.int32)] if by_code else None
-        self._int32_room = [INT32_MAX, INT32_MAX]
 
     def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
-        # kept aside until read or settled: a merge of sorted codes copies the sums, which the loop does once the
-        # piece the rows came from is let go (its peak is then not the piece's plus the copy)
+        # kept aside until read or settled: merging copies the sums, which the loop does once the piece the rows
+        # came from is let go (its peak is then not the piece's plus the copy)
         self._pending.append((rows, kernel))
 
     def settle(self) -> None:
         """The rows added so far merged into the sums (no sort of them again: 150 pieces of a host of 900,000
-        rows); rows that cancel out (_add_idle) are dropped at the end (StreamedAnalysis.row_columns; by code,
-        _of_codes)."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        if self._by_code is not None:
-            for rows, kernel in pending:
-                for i, part in ((0, rows), (1, kernel)):
-                    if part is not None and len(part.codes):
-                        self._by_code[i] = self._added(i, part)
-                        self._all = replace(self._all, names=self._all.names or part.names)
-            return
-        self._all = self._all.plus(RowCounts.combine([rows for rows, _kernel in pending]))
-        if kernels := [kernel for _rows, kernel in pending if kernel is not None]:
-            self._kernel = self._kernel.plus(RowCounts.combine(kernels))
+        rows); rows that cancel out (_add_idle) are dropped at the end (StreamedAnalysis.row_columns)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._all = self._all.plus(RowCounts.combine([rows for rows, _kernel in pending]))
+            if kernels := [kernel for _rows, kernel in pending if kernel is not None]:
+                self._kernel = self._kernel.plus(RowCounts.combine(kernels))
 
     @property
     def all(self) -> RowCounts:
         self.settle()
-        return self._all if self._by_code is None else _of_codes(self._by_code[0], self._all.names)
+        return self._all
 
     @property
     def kernel(self) -> RowCounts:
         self.settle()
-        return self._kernel if self._by_code is None else _of_codes(self._by_code[1], self._all.names)
+        return self._kernel
+
+    @staticmethod
+    def joined(parts: list[_Rows]) -> _Rows:
+        return _Rows(RowCounts.combine([p.all for p in parts]), RowCounts.combine([p.kernel for p in parts]))
+
+
+class _RowsByCode:
+    """_Rows for the host, whose rows are most of the names: summed in arrays indexed by name code, added to in
+    place (arrays.longer: in the same pages while they have room), not sorted codes and counts merged into a copy
+    each piece.  int32 while every count added is whole and their magnitudes sum below 2**31 (no sum can then
+    overflow), else float64."""
+
+    def __init__(self) -> None:
+        self._sums = [np.zeros(0, np.int32), np.zeros(0, np.int32)]  # all, kernel
+        self._int32_room = [INT32_MAX, INT32_MAX]
+        self._names: RowNames | None = None
+        self._pending: list[tuple[RowCounts, RowCounts | None]] = []
+
+    def add(self, rows: RowCounts, kernel: RowCounts | None) -> None:
+        self._pending.append((rows, kernel))  # as _Rows.add
+
+    def settle(self) -> None:
+        pending, self._pending = self._pending, []
+        for rows, kernel in pending:
+            for i, part in ((0, rows), (1, kernel)):
+                if part is not None and len(part.codes):
+                    self._sums[i] = self._added(i, part)
+                    self._names = self._names or part.names
+
+    @property
+    def all(self) -> RowCounts:
+        self.settle()
+        return _of_codes(self._sums[0], self._names)
+
+    @property
+    def kernel(self) -> RowCounts:
+        self.settle()
+        return _of_codes(self._sums[1], self._names)
 
     def _added(self, i: int, rows: RowCounts) -> np.ndarray:
-        """Sums by name code (all: i=0, kernel: 1) with `rows` added, in place (arrays.longer: in the same pages
-        while they have room)."""
-        assert self._by_code is not None
-        sums = self._by_code[i]
+        sums = self._sums[i]
         if sums.dtype == np.int32:
             self._int32_room[i] -= float(np.abs(rows.counts).sum())
             if self._int32_room[i] < 0 or not np.array_equal(np.floor(rows.counts), rows.counts):
@@ -100,10 +118,6 @@ class _Rows:
         sums = arrays.longer(sums, int(rows.codes[-1]) + 1)  # the codes ascend
         sums[rows.codes] += rows.counts.astype(sums.dtype, copy=False)  # each code once
         return sums
-
-    @staticmethod
-    def joined(parts: list[_Rows]) -> _Rows:
-        return _Rows(RowCounts.combine([p.all for p in parts]), RowCounts.combine([p.kernel for p in parts]))
 
 
 def _of_codes(sums: np.ndarray, names: RowNames | None) -> RowCounts:
@@ -200,7 +214,7 @@ class StreamedAnalysis:
         self.level, self.vm = level, vm
         self.period_ns = 1e9 / int(rec.meta.get("frequency", 1000))
         self.host = HostParts()
-        self.host_rows = _Rows(by_code=True)
+        self.host_rows = _RowsByCode()
         self.others: dict[tuple, Row] = {}  # CPU idle, one row per VM (by pid)
         self.vcpus: dict[tuple[str, int, int], _Vcpu] = {}  # by VM, vCPU and thread (a VM's name can be two VMs')
         self.vm_index: dict[str, int] = {}
@@ -367,19 +381,19 @@ class StreamedAnalysis:
     def vcpu_threads(self, vm: str) -> list[tuple[int, int]]:
         return sorted((vcpu, tid) for (v_vm, vcpu, tid) in self.vcpus if v_vm == vm)
 
-    def _rows(self, summed: _Rows, vm: str | None, by_vm: bool = True) -> list[Row]:
+    def _rows(self, summed: _Rows | _RowsByCode, vm: str | None, by_vm: bool = True) -> list[Row]:
         """Rows in the order Analysis.aggregate gives them: by VM code (of the row's process), then name code
         (by_vm=False: by name code, as aggregate orders samples of one VM's processes, analyse/stream_stacks.py)."""
         return self._table(summed, vm, by_vm).rows()
 
-    def _table(self, summed: _Rows, vm: str | None, by_vm: bool = True) -> RowTable:
+    def _table(self, summed: _Rows | _RowsByCode, vm: str | None, by_vm: bool = True) -> RowTable:
         """_rows as columns."""
         c = self.row_columns(summed, by_vm)
         if c is None:
             return RowTable.of_rows([])
         return RowTable.of_functions(c.samples, c.kernel, c.ids, c.pid, c.unknown, vm, c.strings)
 
-    def row_columns(self, summed: _Rows, by_vm: bool = True) -> RowColumns | None:
+    def row_columns(self, summed: _Rows | _RowsByCode, by_vm: bool = True) -> RowColumns | None:
         """The rows _rows makes, in its order, as columns (the fleet's store writes them so: a window's guest
         profiles have hundreds of thousands of rows); None when there are none."""
         counts = summed.all
